@@ -1,0 +1,314 @@
+//! The cluster as the controller sees it: Kubernetes objects filtered and converted the way
+//! kube-proxy does, independent of any one node.
+
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+};
+use splitproxy_proto::v1alpha1 as pb;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+/// Label that hands a Service to another proxy; default kube-proxy ignores Services that carry it.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// Label the EndpointSlice controller sets on the slices of headless Services.
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+/// Label naming the Service an EndpointSlice belongs to.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Annotation holding the time of the change that caused the slice's last update.
+pub const LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// A namespaced object's key.
+pub type Key = (String, String);
+
+/// Why an object was skipped. Each is logged once per object with its key.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Invalid {
+    /// The object has no name.
+    #[error("object has no name")]
+    MissingName,
+    /// A Service port's protocol is not TCP, UDP or SCTP.
+    #[error("unknown protocol {0:?}")]
+    Protocol(String),
+    /// A port number is outside 1-65535.
+    #[error("port {0} out of range")]
+    Port(i32),
+    /// A cluster IP does not parse.
+    #[error("invalid cluster IP {0:?}")]
+    ClusterIp(String),
+    /// A Service has no ports.
+    #[error("service has no ports")]
+    NoPorts,
+}
+
+/// Objects as read from a source, before filtering.
+#[derive(Debug, Clone, Default)]
+pub struct Objects {
+    /// Services by namespace and name.
+    pub services: BTreeMap<Key, Service>,
+    /// EndpointSlices by namespace and name.
+    pub slices: BTreeMap<Key, EndpointSlice>,
+    /// Nodes by name.
+    pub nodes: BTreeMap<String, Node>,
+}
+
+/// The node-independent state every view is computed from.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClusterState {
+    /// The Services kube-proxy would program, converted.
+    pub services: BTreeMap<Key, pb::Service>,
+    /// The merged endpoints of each Service that has any usable endpoint.
+    pub endpoints: BTreeMap<Key, ServiceBackends>,
+    /// The names of the known Nodes.
+    pub nodes: BTreeSet<String>,
+}
+
+/// The merged, deduplicated endpoints of one Service, before per-node locality is known.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServiceBackends {
+    /// One entry per (port name, protocol), sorted.
+    pub ports: Vec<PortBackends>,
+    /// The newest last-change-trigger-time of the Service's slices.
+    pub last_change_trigger_time: Option<prost_types::Timestamp>,
+}
+
+/// The endpoints of one Service port.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PortBackends {
+    /// The Service port name.
+    pub port_name: String,
+    /// The protocol.
+    pub protocol: pb::Protocol,
+    /// Endpoints sorted by address then port, each with the node it runs on.
+    pub endpoints: Vec<Backend>,
+}
+
+/// One endpoint and the node it runs on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backend {
+    /// The endpoint, with `is_local` unset.
+    pub endpoint: pb::Endpoint,
+    /// The node the endpoint runs on; empty when the slice does not say.
+    pub node_name: String,
+}
+
+impl ClusterState {
+    /// Filters and converts `objects` as kube-proxy does, skipping (and logging) invalid ones.
+    #[must_use]
+    pub fn build(objects: &Objects) -> Self {
+        let services: BTreeMap<Key, pb::Service> = objects
+            .services
+            .iter()
+            .filter_map(|(key, svc)| match convert_service(svc) {
+                Ok(Some(converted)) => Some((key.clone(), converted)),
+                Ok(None) => None,
+                Err(err) => {
+                    tracing::warn!(service = %format!("{}/{}", key.0, key.1), %err, "skipping invalid service");
+                    None
+                }
+            })
+            .collect();
+        let endpoints = merge_slices(objects.slices.values())
+            .into_iter()
+            .filter(|(key, _)| services.contains_key(key))
+            .collect();
+        Self {
+            services,
+            endpoints,
+            nodes: objects.nodes.keys().cloned().collect(),
+        }
+    }
+}
+
+/// Converts a Service; `Ok(None)` for Services kube-proxy does not program.
+fn convert_service(svc: &Service) -> Result<Option<pb::Service>, Invalid> {
+    let meta = &svc.metadata;
+    let name = meta.name.clone().ok_or(Invalid::MissingName)?;
+    let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
+    if meta
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL))
+    {
+        return Ok(None);
+    }
+    let Some(spec) = &svc.spec else {
+        return Ok(None);
+    };
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return Ok(None);
+    }
+    let cluster_ips: Vec<String> = match (&spec.cluster_ips, &spec.cluster_ip) {
+        (Some(ips), _) if !ips.is_empty() => ips.clone(),
+        (_, Some(ip)) => vec![ip.clone()],
+        _ => Vec::new(),
+    };
+    if cluster_ips.is_empty() || cluster_ips.iter().any(|ip| ip.is_empty() || ip == "None") {
+        return Ok(None);
+    }
+    for ip in &cluster_ips {
+        ip.parse::<IpAddr>()
+            .map_err(|_| Invalid::ClusterIp(ip.clone()))?;
+    }
+    let ports = spec
+        .ports
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|p| {
+            Ok(pb::ServicePort {
+                name: p.name.clone().unwrap_or_default(),
+                protocol: protocol(p.protocol.as_deref())? as i32,
+                port: port(p.port)?,
+                node_port: match p.node_port {
+                    None | Some(0) => 0,
+                    Some(np) => port(np)?,
+                },
+            })
+        })
+        .collect::<Result<Vec<_>, Invalid>>()?;
+    if ports.is_empty() {
+        return Err(Invalid::NoPorts);
+    }
+    Ok(Some(pb::Service {
+        key: Some(pb::ObjectKey { namespace, name }),
+        cluster_ips,
+        ports,
+    }))
+}
+
+fn protocol(name: Option<&str>) -> Result<pb::Protocol, Invalid> {
+    match name.unwrap_or("TCP") {
+        "TCP" => Ok(pb::Protocol::Tcp),
+        "UDP" => Ok(pb::Protocol::Udp),
+        "SCTP" => Ok(pb::Protocol::Sctp),
+        other => Err(Invalid::Protocol(other.to_owned())),
+    }
+}
+
+fn port(number: i32) -> Result<u32, Invalid> {
+    u16::try_from(number)
+        .ok()
+        .filter(|p| *p != 0)
+        .map(u32::from)
+        .ok_or(Invalid::Port(number))
+}
+
+/// Merges every slice of each Service into one deduplicated set per port.
+fn merge_slices<'a>(
+    slices: impl Iterator<Item = &'a EndpointSlice>,
+) -> BTreeMap<Key, ServiceBackends> {
+    // (service, port name, protocol) → (address, port) → backend
+    type PortMap = BTreeMap<(String, i32), BTreeMap<(String, u32), Backend>>;
+    let mut merged: BTreeMap<Key, (PortMap, Option<prost_types::Timestamp>)> = BTreeMap::new();
+    for slice in slices {
+        let meta = &slice.metadata;
+        let labels = meta.labels.as_ref();
+        let Some(service) = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)) else {
+            continue;
+        };
+        if labels.is_some_and(|l| l.contains_key(HEADLESS_LABEL))
+            || !matches!(slice.address_type.as_str(), "IPv4" | "IPv6")
+        {
+            continue;
+        }
+        let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
+        let entry = merged.entry((namespace, service.clone())).or_default();
+        let trigger = meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(LAST_CHANGE_TRIGGER_TIME))
+            .and_then(|t| parse_rfc3339(t));
+        if trigger.is_some() && newer(&trigger, &entry.1) {
+            entry.1 = trigger;
+        }
+        for slice_port in slice.ports.as_deref().unwrap_or_default() {
+            let (Ok(proto), Some(Ok(number))) = (
+                protocol(slice_port.protocol.as_deref()),
+                slice_port.port.map(port),
+            ) else {
+                continue;
+            };
+            let by_address = entry
+                .0
+                .entry((slice_port.name.clone().unwrap_or_default(), proto as i32))
+                .or_default();
+            for ep in &slice.endpoints {
+                let Some(address) = ep.addresses.first() else {
+                    continue;
+                };
+                if address.parse::<IpAddr>().is_err() {
+                    continue;
+                }
+                let conditions = conditions(ep.conditions.as_ref());
+                // Endpoints that are neither ready nor serving-while-terminating are never used.
+                if !(conditions.ready || conditions.serving && conditions.terminating) {
+                    continue;
+                }
+                by_address
+                    .entry((address.clone(), number))
+                    .or_insert_with(|| Backend {
+                        endpoint: pb::Endpoint {
+                            address: address.clone(),
+                            port: number,
+                            conditions: Some(conditions),
+                            is_local: false,
+                        },
+                        node_name: ep.node_name.clone().unwrap_or_default(),
+                    });
+            }
+        }
+    }
+    merged
+        .into_iter()
+        .filter_map(|(key, (ports, trigger))| {
+            let ports: Vec<PortBackends> = ports
+                .into_iter()
+                .filter(|(_, eps)| !eps.is_empty())
+                .map(|((port_name, protocol), eps)| PortBackends {
+                    port_name,
+                    protocol: pb::Protocol::try_from(protocol).unwrap_or_default(),
+                    endpoints: eps.into_values().collect(),
+                })
+                .collect();
+            (!ports.is_empty()).then(|| {
+                (
+                    key,
+                    ServiceBackends {
+                        ports,
+                        last_change_trigger_time: trigger,
+                    },
+                )
+            })
+        })
+        .collect()
+}
+
+/// kube-proxy's defaults: unset ready means ready; unset serving means the value of ready.
+fn conditions(
+    c: Option<&k8s_openapi::api::discovery::v1::EndpointConditions>,
+) -> pb::EndpointConditions {
+    let ready = c.and_then(|c| c.ready).unwrap_or(true);
+    pb::EndpointConditions {
+        ready,
+        serving: c.and_then(|c| c.serving).unwrap_or(ready),
+        terminating: c.and_then(|c| c.terminating).unwrap_or(false),
+    }
+}
+
+fn newer(a: &Option<prost_types::Timestamp>, b: &Option<prost_types::Timestamp>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => (a.seconds, a.nanos) > (b.seconds, b.nanos),
+        (Some(_), None) => true,
+        _ => false,
+    }
+}
+
+fn parse_rfc3339(text: &str) -> Option<prost_types::Timestamp> {
+    text.parse::<prost_types::Timestamp>().ok()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,287 @@
+//! The node view stream server: one task per connected agent that sends the difference between
+//! what the agent acknowledged and its node's current view, one revision in flight at a time.
+
+use crate::{
+    cluster::ClusterState,
+    view::{Delta, NodeView},
+};
+use futures::{Stream, StreamExt};
+use splitproxy_proto::v1alpha1::{
+    self as pb, node_view_service_server::NodeViewService, sync_request,
+};
+use std::{
+    collections::HashMap,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+use tokio::sync::{mpsc, watch};
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
+
+/// Largest number of resources in one message; bigger revisions are split (protocol rule 3), so
+/// no message nears gRPC's default 4 MiB limit.
+const MAX_RESOURCES_PER_MESSAGE: usize = 500;
+/// How long to wait before resending after a NACK.
+const RETRY_AFTER_REJECT: Duration = Duration::from_secs(2);
+
+/// What each node last acknowledged, kept across streams so a reconnecting agent gets a delta.
+#[derive(Debug, Default)]
+struct Acknowledged {
+    by_node: Mutex<HashMap<String, (u64, Arc<NodeView>)>>,
+}
+
+impl Acknowledged {
+    fn get(&self, node: &str) -> Option<(u64, Arc<NodeView>)> {
+        self.by_node.lock().ok()?.get(node).cloned()
+    }
+
+    fn set(&self, node: &str, revision: u64, view: Arc<NodeView>) {
+        if let Ok(mut by_node) = self.by_node.lock() {
+            by_node.insert(node.to_owned(), (revision, view));
+        }
+    }
+}
+
+/// The `NodeViewService` implementation.
+#[derive(Debug, Clone)]
+pub struct FanOut {
+    epoch: String,
+    cluster: watch::Receiver<Arc<ClusterState>>,
+    acknowledged: Arc<Acknowledged>,
+}
+
+impl FanOut {
+    /// A server streaming views of the cluster states published on `cluster`.
+    #[must_use]
+    pub fn new(cluster: watch::Receiver<Arc<ClusterState>>) -> Self {
+        Self {
+            epoch: format!("{:016x}", rand::random::<u64>()),
+            cluster,
+            acknowledged: Arc::default(),
+        }
+    }
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<pb::SyncResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl NodeViewService for FanOut {
+    type SyncStream = ResponseStream;
+
+    async fn sync(
+        &self,
+        request: Request<Streaming<pb::SyncRequest>>,
+    ) -> Result<Response<Self::SyncStream>, Status> {
+        let peer = request
+            .remote_addr()
+            .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+        let mut inbound = request.into_inner();
+        let subscribe = match inbound.next().await {
+            Some(Ok(pb::SyncRequest {
+                kind: Some(sync_request::Kind::Subscribe(s)),
+            })) => s,
+            Some(Err(status)) => return Err(status),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first message must be a subscribe",
+                ));
+            }
+        };
+        if subscribe.node_name.is_empty() {
+            return Err(Status::invalid_argument("subscribe carries no node name"));
+        }
+        let (tx, rx) = mpsc::channel(4);
+        let span = tracing::info_span!("agent_stream", node = %subscribe.node_name, %peer);
+        let stream = AgentStream::new(self, &subscribe, tx);
+        tokio::spawn(stream.run(inbound).instrument(span));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+/// One agent's stream.
+struct AgentStream {
+    node: String,
+    epoch: String,
+    cluster: watch::Receiver<Arc<ClusterState>>,
+    acknowledged: Arc<Acknowledged>,
+    tx: mpsc::Sender<Result<pb::SyncResponse, Status>>,
+    /// The last revision number used on this node.
+    revision: u64,
+    /// What the agent acknowledged; `None` until it holds a state from this controller.
+    acked: Option<Arc<NodeView>>,
+    /// The revision sent and not yet answered, with the view it brings the agent to.
+    in_flight: Option<(u64, Arc<NodeView>)>,
+}
+
+impl AgentStream {
+    fn new(
+        server: &FanOut,
+        subscribe: &pb::Subscribe,
+        tx: mpsc::Sender<Result<pb::SyncResponse, Status>>,
+    ) -> Self {
+        let remembered = server.acknowledged.get(&subscribe.node_name);
+        let resumes = match (&subscribe.resume, &remembered) {
+            (Some(resume), Some((revision, _))) => {
+                resume.controller_epoch == server.epoch && resume.revision == *revision
+            }
+            _ => false,
+        };
+        Self {
+            node: subscribe.node_name.clone(),
+            epoch: server.epoch.clone(),
+            cluster: server.cluster.clone(),
+            acknowledged: Arc::clone(&server.acknowledged),
+            tx,
+            revision: remembered.as_ref().map_or(0, |(r, _)| *r),
+            acked: remembered.filter(|_| resumes).map(|(_, view)| view),
+            in_flight: None,
+        }
+    }
+
+    async fn run(mut self, mut inbound: Streaming<pb::SyncRequest>) {
+        tracing::info!(resumed = self.acked.is_some(), "agent subscribed");
+        if !self.cluster.borrow().nodes.contains(&self.node) {
+            tracing::warn!("agent's node is not a known Node object");
+        }
+        let mut retry_at: Option<tokio::time::Instant> = None;
+        let mut dirty = true;
+        loop {
+            if dirty && self.in_flight.is_none() && retry_at.is_none() {
+                dirty = false;
+                if self.send_next().await.is_err() {
+                    break;
+                }
+            }
+            tokio::select! {
+                changed = self.cluster.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    dirty = true;
+                }
+                message = inbound.next() => match message {
+                    Some(Ok(pb::SyncRequest { kind: Some(sync_request::Kind::Ack(ack)) })) => {
+                        if self.on_ack(&ack) {
+                            retry_at = Some(tokio::time::Instant::now() + RETRY_AFTER_REJECT);
+                        }
+                    }
+                    Some(Ok(_)) => tracing::warn!("ignoring a second subscribe on the stream"),
+                    Some(Err(status)) => {
+                        tracing::info!(%status, "agent stream failed");
+                        break;
+                    }
+                    None => {
+                        tracing::info!("agent closed the stream");
+                        break;
+                    }
+                },
+                () = sleep_until(retry_at) => {
+                    retry_at = None;
+                    dirty = true;
+                }
+            }
+        }
+    }
+
+    /// Handles an ACK or NACK; returns whether the revision was rejected.
+    fn on_ack(&mut self, ack: &pb::Ack) -> bool {
+        let Some((revision, view)) = self.in_flight.take_if(|(r, _)| *r == ack.revision) else {
+            tracing::warn!(revision = ack.revision, "ack for a revision not in flight");
+            return false;
+        };
+        if ack.status == pb::AckStatus::Applied as i32 {
+            tracing::debug!(revision, "revision applied");
+            self.acknowledged
+                .set(&self.node, revision, Arc::clone(&view));
+            self.acked = Some(view);
+            false
+        } else {
+            tracing::warn!(revision, reason = %ack.reason, "agent rejected revision; will resend");
+            true
+        }
+    }
+
+    /// Sends the difference between the acknowledged view and the current one, if any.
+    async fn send_next(&mut self) -> Result<(), mpsc::error::SendError<()>> {
+        let cluster = Arc::clone(&self.cluster.borrow_and_update());
+        let view = Arc::new(NodeView::for_node(&cluster, &self.node));
+        let reset = self.acked.is_none();
+        let empty = NodeView::default();
+        let delta = Delta::between(self.acked.as_deref().unwrap_or(&empty), &view);
+        if !reset && delta.is_empty() {
+            return Ok(());
+        }
+        self.revision += 1;
+        tracing::debug!(revision = self.revision, reset, "sending revision");
+        for message in split(delta, &self.epoch, self.revision, reset) {
+            self.tx
+                .send(Ok(message))
+                .await
+                .map_err(|_| mpsc::error::SendError(()))?;
+        }
+        self.in_flight = Some((self.revision, view));
+        Ok(())
+    }
+}
+
+/// One resource change of a revision, for splitting.
+enum Item {
+    RemovedService(pb::ObjectKey),
+    RemovedEndpoints(pb::ObjectKey),
+    Service(pb::Service),
+    Endpoints(pb::ServiceEndpoints),
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Splits one revision into messages of at most [`MAX_RESOURCES_PER_MESSAGE`] resources; the last
+/// carries `complete`. Removals go first so an agent never holds a removed and an added copy.
+fn split(delta: Delta, epoch: &str, revision: u64, reset: bool) -> Vec<pb::SyncResponse> {
+    let header = || pb::SyncResponse {
+        controller_epoch: epoch.to_owned(),
+        revision,
+        reset,
+        ..Default::default()
+    };
+    let items = delta
+        .removed_services
+        .into_iter()
+        .map(Item::RemovedService)
+        .chain(
+            delta
+                .removed_endpoints
+                .into_iter()
+                .map(Item::RemovedEndpoints),
+        )
+        .chain(delta.upserted_services.into_iter().map(Item::Service))
+        .chain(delta.upserted_endpoints.into_iter().map(Item::Endpoints));
+    let mut messages = vec![header()];
+    for (i, item) in items.enumerate() {
+        if i > 0 && i % MAX_RESOURCES_PER_MESSAGE == 0 {
+            messages.push(header());
+        }
+        let last = messages.len() - 1;
+        let message = &mut messages[last];
+        match item {
+            Item::RemovedService(key) => message.removed_services.push(key),
+            Item::RemovedEndpoints(key) => message.removed_endpoints.push(key),
+            Item::Service(service) => message.upserted_services.push(service),
+            Item::Endpoints(endpoints) => message.upserted_endpoints.push(endpoints),
+        }
+    }
+    if let Some(last) = messages.last_mut() {
+        last.complete = true;
+    }
+    messages
+}
+
+#[cfg(test)]
+mod tests;

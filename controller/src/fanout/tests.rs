@@ -1,0 +1,236 @@
+use super::*;
+use crate::cluster::{Backend, PortBackends, ServiceBackends};
+use splitproxy_proto::v1alpha1::{
+    node_view_service_client::NodeViewServiceClient,
+    node_view_service_server::NodeViewServiceServer,
+};
+
+fn key(name: &str) -> pb::ObjectKey {
+    pb::ObjectKey {
+        namespace: "demo".into(),
+        name: name.into(),
+    }
+}
+
+/// A cluster of `services` Services named s0, s1, …, each with one endpoint `10.244.1.<n>`.
+fn cluster(services: usize, endpoint_host: u8) -> ClusterState {
+    let mut state = ClusterState::default();
+    for i in 0..services {
+        let name = format!("s{i}");
+        let k = ("demo".to_owned(), name.clone());
+        state.services.insert(
+            k.clone(),
+            pb::Service {
+                key: Some(key(&name)),
+                cluster_ips: vec![format!("10.96.{}.{}", i / 250, i % 250 + 1)],
+                ports: vec![pb::ServicePort {
+                    name: String::new(),
+                    protocol: pb::Protocol::Tcp as i32,
+                    port: 80,
+                    node_port: 0,
+                }],
+            },
+        );
+        state.endpoints.insert(
+            k,
+            ServiceBackends {
+                ports: vec![PortBackends {
+                    port_name: String::new(),
+                    protocol: pb::Protocol::Tcp,
+                    endpoints: vec![Backend {
+                        endpoint: pb::Endpoint {
+                            address: format!("10.244.1.{endpoint_host}"),
+                            port: 8080,
+                            conditions: Some(pb::EndpointConditions {
+                                ready: true,
+                                serving: true,
+                                terminating: false,
+                            }),
+                            is_local: false,
+                        },
+                        node_name: "node-1".into(),
+                    }],
+                }],
+                last_change_trigger_time: None,
+            },
+        );
+    }
+    state
+}
+
+#[test]
+fn large_revisions_are_split_and_only_the_last_part_is_complete() {
+    let view = NodeView::for_node(&cluster(MAX_RESOURCES_PER_MESSAGE + 1, 2), "node-1");
+    let delta = Delta::between(&NodeView::default(), &view);
+    let parts = split(delta, "e", 7, true);
+    let resources: Vec<usize> = parts
+        .iter()
+        .map(|p| p.upserted_services.len() + p.upserted_endpoints.len())
+        .collect();
+    assert_eq!(resources, [500, 500, 2]);
+    assert!(
+        parts
+            .iter()
+            .all(|p| p.revision == 7 && p.reset && p.controller_epoch == "e")
+    );
+    let complete: Vec<bool> = parts.iter().map(|p| p.complete).collect();
+    assert_eq!(complete, [false, false, true]);
+}
+
+#[test]
+fn an_empty_reset_is_one_complete_message() {
+    let parts = split(Delta::default(), "e", 1, true);
+    assert_eq!(parts.len(), 1);
+    assert!(parts[0].complete && parts[0].reset);
+}
+
+/// A controller serving whatever the test publishes, on a loopback port.
+struct Harness {
+    publish: watch::Sender<Arc<ClusterState>>,
+    url: String,
+}
+
+async fn harness(initial: ClusterState) -> Harness {
+    let (publish, rx) = watch::channel(Arc::new(initial));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let url = format!("http://{}", listener.local_addr().expect("bound"));
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(NodeViewServiceServer::new(FanOut::new(rx)))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    Harness { publish, url }
+}
+
+/// One raw agent stream.
+struct Agent {
+    tx: mpsc::Sender<pb::SyncRequest>,
+    rx: Streaming<pb::SyncResponse>,
+}
+
+impl Agent {
+    async fn subscribe(url: &str, resume: Option<pb::ResumePoint>) -> Self {
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(pb::SyncRequest {
+            kind: Some(sync_request::Kind::Subscribe(pb::Subscribe {
+                node_name: "node-1".into(),
+                capabilities: None,
+                resume,
+            })),
+        })
+        .await
+        .expect("queue subscribe");
+        let mut client = NodeViewServiceClient::connect(url.to_owned())
+            .await
+            .expect("connect");
+        let rx = client
+            .sync(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("stream")
+            .into_inner();
+        Self { tx, rx }
+    }
+
+    async fn next(&mut self) -> pb::SyncResponse {
+        tokio::time::timeout(Duration::from_secs(30), self.rx.message())
+            .await
+            .expect("a message within 30 s")
+            .expect("stream open")
+            .expect("a message")
+    }
+
+    async fn answer(&self, revision: u64, status: pb::AckStatus) {
+        let ack = pb::Ack {
+            revision,
+            status: status as i32,
+            reason: String::new(),
+        };
+        self.tx
+            .send(pb::SyncRequest {
+                kind: Some(sync_request::Kind::Ack(ack)),
+            })
+            .await
+            .expect("send ack");
+    }
+}
+
+#[tokio::test]
+async fn first_revision_is_a_reset_and_later_ones_are_deltas_from_the_acknowledged_view() {
+    let h = harness(cluster(2, 2)).await;
+    let mut agent = Agent::subscribe(&h.url, None).await;
+    let first = agent.next().await;
+    assert!(first.reset && first.complete);
+    assert_eq!(first.upserted_services.len(), 2);
+    agent.answer(first.revision, pb::AckStatus::Applied).await;
+
+    h.publish.send_replace(Arc::new(cluster(1, 3)));
+    let second = agent.next().await;
+    assert!(!second.reset && second.complete);
+    assert_eq!(second.revision, first.revision + 1);
+    assert_eq!(second.removed_services, [key("s1")]);
+    assert!(second.upserted_services.is_empty());
+    assert_eq!(second.upserted_endpoints.len(), 1);
+}
+
+#[tokio::test]
+async fn changes_during_an_unacknowledged_revision_are_compacted_into_one_delta() {
+    let h = harness(cluster(1, 2)).await;
+    let mut agent = Agent::subscribe(&h.url, None).await;
+    let first = agent.next().await;
+    for host in 3..10 {
+        h.publish.send_replace(Arc::new(cluster(1, host)));
+    }
+    agent.answer(first.revision, pb::AckStatus::Applied).await;
+    let second = agent.next().await;
+    assert_eq!(second.revision, first.revision + 1);
+    let address = &second.upserted_endpoints[0].ports[0].endpoints[0].address;
+    assert_eq!(address, "10.244.1.9", "only the newest state is sent");
+}
+
+#[tokio::test]
+async fn a_rejected_revision_is_sent_again_from_the_last_acknowledged_view() {
+    let h = harness(cluster(1, 2)).await;
+    let mut agent = Agent::subscribe(&h.url, None).await;
+    let first = agent.next().await;
+    agent.answer(first.revision, pb::AckStatus::Rejected).await;
+    let retry = agent.next().await;
+    assert!(
+        retry.reset,
+        "nothing was acknowledged, so the retry is a reset"
+    );
+    assert_eq!(retry.upserted_services, first.upserted_services);
+}
+
+#[tokio::test]
+async fn an_agent_resuming_from_its_acknowledged_revision_gets_a_delta() {
+    let h = harness(cluster(2, 2)).await;
+    let mut agent = Agent::subscribe(&h.url, None).await;
+    let first = agent.next().await;
+    agent.answer(first.revision, pb::AckStatus::Applied).await;
+    // The ack travels asynchronously; a fresh stream shows when it has been recorded.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(agent);
+
+    let resume = pb::ResumePoint {
+        controller_epoch: first.controller_epoch.clone(),
+        revision: first.revision,
+    };
+    let mut resumed = Agent::subscribe(&h.url, Some(resume)).await;
+    h.publish.send_replace(Arc::new(cluster(2, 3)));
+    let next = resumed.next().await;
+    assert!(
+        !next.reset,
+        "resume from the acknowledged revision must not reset"
+    );
+    assert!(next.upserted_services.is_empty());
+    assert_eq!(next.upserted_endpoints.len(), 2);
+
+    let stale = pb::ResumePoint {
+        controller_epoch: "other".into(),
+        revision: first.revision,
+    };
+    let mut stranger = Agent::subscribe(&h.url, Some(stale)).await;
+    assert!(stranger.next().await.reset, "an unknown epoch gets a reset");
+}

@@ -1,0 +1,8 @@
+//! The splitproxy controller: reads the cluster once, computes each node's view and streams
+//! deltas to the node agents.
+
+pub mod cluster;
+pub mod fanout;
+pub mod manifests;
+pub mod server;
+pub mod view;

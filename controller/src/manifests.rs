@@ -1,0 +1,267 @@
+//! The manifests source: Services, EndpointSlices and Nodes read from a directory of YAML files in
+//! the form `kubectl get -o yaml` prints, re-read whenever the directory changes.
+//!
+//! A file that does not parse is reported and keeps contributing what it held when it last parsed,
+//! so a half-written edit never removes Services from the cluster.
+
+use crate::cluster::{Key, Objects};
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+};
+use notify::Watcher;
+use serde::Deserialize;
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+use tokio::sync::mpsc;
+
+/// Errors of the manifests source.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The directory could not be listed.
+    #[error("reading directory {0}")]
+    ReadDir(PathBuf, #[source] std::io::Error),
+    /// A file could not be read.
+    #[error("reading {0}")]
+    ReadFile(PathBuf, #[source] std::io::Error),
+    /// A YAML document is not valid YAML.
+    #[error("document {index}: not valid YAML")]
+    Yaml {
+        /// The document's position in its file, from 1.
+        index: usize,
+        /// What the parser said.
+        #[source]
+        source: serde_norway::Error,
+    },
+    /// A document is valid YAML but not a valid object of its kind.
+    #[error("document {index}: invalid {kind}")]
+    Object {
+        /// The document's position in its file, from 1.
+        index: usize,
+        /// The object's kind.
+        kind: String,
+        /// What the decoder said.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The directory could not be watched.
+    #[error("watching {0}")]
+    Watch(PathBuf, #[source] notify::Error),
+}
+
+/// One object of a kind the controller uses.
+#[derive(Debug, Clone)]
+pub enum Object {
+    /// A core/v1 Service.
+    Service(Box<Service>),
+    /// A discovery.k8s.io/v1 EndpointSlice.
+    EndpointSlice(Box<EndpointSlice>),
+    /// A core/v1 Node.
+    Node(Box<Node>),
+}
+
+/// Parses every object of a used kind from a multi-document YAML text; `kind: List` documents
+/// (what `kubectl get -o yaml` prints for several objects) are unpacked. Other kinds are ignored.
+///
+/// # Errors
+///
+/// Returns the first document that is not valid YAML or not a valid object of its kind.
+pub fn parse_documents(text: &str) -> Result<Vec<Object>, Error> {
+    let mut objects = Vec::new();
+    for (i, document) in serde_norway::Deserializer::from_str(text).enumerate() {
+        let index = i + 1;
+        let value = serde_json::Value::deserialize(document)
+            .map_err(|source| Error::Yaml { index, source })?;
+        if value.is_null() {
+            continue;
+        }
+        let items = match value.get("kind").and_then(|k| k.as_str()) {
+            Some("List") => value
+                .get("items")
+                .and_then(|i| i.as_array())
+                .cloned()
+                .unwrap_or_default(),
+            _ => vec![value],
+        };
+        for item in items {
+            if let Some(object) = decode(item, index)? {
+                objects.push(object);
+            }
+        }
+    }
+    Ok(objects)
+}
+
+fn decode(value: serde_json::Value, index: usize) -> Result<Option<Object>, Error> {
+    let api_version = value
+        .get("apiVersion")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
+    let kind = value
+        .get("kind")
+        .and_then(|v| v.as_str())
+        .unwrap_or("")
+        .to_owned();
+    let invalid = |source| Error::Object {
+        index,
+        kind: kind.clone(),
+        source,
+    };
+    Ok(match (api_version, kind.as_str()) {
+        ("v1", "Service") => Some(Object::Service(
+            serde_json::from_value(value).map_err(invalid)?,
+        )),
+        ("discovery.k8s.io/v1", "EndpointSlice") => Some(Object::EndpointSlice(
+            serde_json::from_value(value).map_err(invalid)?,
+        )),
+        ("v1", "Node") => Some(Object::Node(
+            serde_json::from_value(value).map_err(invalid)?,
+        )),
+        _ => None,
+    })
+}
+
+/// The directory's files and what each held when it last parsed.
+#[derive(Debug)]
+pub struct ManifestsDir {
+    dir: PathBuf,
+    files: BTreeMap<PathBuf, Vec<Object>>,
+}
+
+impl ManifestsDir {
+    /// A source reading `dir`; nothing is read until [`ManifestsDir::rescan`].
+    #[must_use]
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            files: BTreeMap::new(),
+        }
+    }
+
+    /// Re-reads the directory and returns every object it holds. Files that fail to parse are
+    /// logged and keep their last good objects; files that are gone lose theirs.
+    ///
+    /// # Errors
+    ///
+    /// Fails only when the directory itself cannot be listed.
+    pub fn rescan(&mut self) -> Result<Objects, Error> {
+        let present = manifest_files(&self.dir)?;
+        self.files.retain(|path, _| present.contains(path));
+        for path in present {
+            match std::fs::read_to_string(&path)
+                .map_err(|e| Error::ReadFile(path.clone(), e))
+                .and_then(|text| parse_documents(&text))
+            {
+                Ok(objects) => {
+                    self.files.insert(path, objects);
+                }
+                Err(err) => tracing::error!(
+                    file = %path.display(),
+                    error = %error_chain(&err),
+                    "skipping manifest file that does not parse; keeping what it held before"
+                ),
+            }
+        }
+        Ok(self.objects())
+    }
+
+    fn objects(&self) -> Objects {
+        let mut objects = Objects::default();
+        for object in self.files.values().flatten() {
+            match object {
+                Object::Service(svc) => {
+                    if let Some(key) = key(&svc.metadata) {
+                        objects.services.insert(key, (**svc).clone());
+                    }
+                }
+                Object::EndpointSlice(slice) => {
+                    if let Some(key) = key(&slice.metadata) {
+                        objects.slices.insert(key, (**slice).clone());
+                    }
+                }
+                Object::Node(node) => {
+                    if let Some(name) = &node.metadata.name {
+                        objects.nodes.insert(name.clone(), (**node).clone());
+                    }
+                }
+            }
+        }
+        objects
+    }
+
+    /// Reads the directory now and again after every change to it, handing each result to
+    /// `publish`. Runs until the watcher stops.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the directory cannot be watched or listed.
+    pub async fn run(mut self, mut publish: impl FnMut(Objects)) -> Result<(), Error> {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut watcher = notify::recommended_watcher(move |event| {
+            // The receiver only goes away when the source stops.
+            let _ = tx.send(event);
+        })
+        .map_err(|e| Error::Watch(self.dir.clone(), e))?;
+        watcher
+            .watch(&self.dir, notify::RecursiveMode::NonRecursive)
+            .map_err(|e| Error::Watch(self.dir.clone(), e))?;
+        publish(self.rescan()?);
+        while let Some(event) = rx.recv().await {
+            if let Err(err) = event {
+                tracing::warn!(error = %err, "manifest watch event error; rescanning");
+            }
+            // Editors write in bursts (truncate, write, rename): let the burst settle, then read
+            // the directory once.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            while rx.try_recv().is_ok() {}
+            publish(self.rescan()?);
+        }
+        Ok(())
+    }
+}
+
+fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, Error> {
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::ReadDir(dir.to_owned(), e))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            let hidden = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with('.'));
+            let yaml = path
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"));
+            yaml && !hidden && path.is_file()
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Option<Key> {
+    let name = meta.name.clone()?;
+    Some((
+        meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        name,
+    ))
+}
+
+/// Formats an error with its sources, for one log line.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests;

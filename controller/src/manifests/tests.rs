@@ -1,0 +1,102 @@
+use super::*;
+
+const WEB: &str = include_str!("../../tests/fixtures/web.yaml");
+
+fn service_names(objects: &Objects) -> Vec<String> {
+    objects
+        .services
+        .keys()
+        .map(|(ns, n)| format!("{ns}/{n}"))
+        .collect()
+}
+
+#[test]
+fn kubectl_lists_and_multi_document_files_are_read() {
+    let objects = parse_documents(WEB).expect("fixture parses");
+    let kinds: Vec<&str> = objects
+        .iter()
+        .map(|o| match o {
+            Object::Service(_) => "Service",
+            Object::EndpointSlice(_) => "EndpointSlice",
+            Object::Node(_) => "Node",
+        })
+        .collect();
+    assert_eq!(kinds, ["Service", "EndpointSlice", "EndpointSlice", "Node"]);
+}
+
+#[test]
+fn other_kinds_are_ignored() {
+    let objects =
+        parse_documents("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n").expect("valid");
+    assert!(objects.is_empty());
+}
+
+#[test]
+fn an_invalid_document_names_its_position() {
+    let err = parse_documents("apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\n: : bad")
+        .expect_err("invalid");
+    assert!(err.to_string().starts_with("document 2"), "{err}");
+}
+
+#[test]
+fn a_file_that_stops_parsing_keeps_its_last_good_objects_and_a_removed_file_loses_them() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("web.yaml"), WEB).expect("write");
+    std::fs::write(
+        dir.path().join("other.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: other, namespace: demo}\nspec: {clusterIP: 10.96.0.11, ports: [{port: 80}]}\n",
+    )
+    .expect("write");
+    let mut source = ManifestsDir::new(dir.path());
+    assert_eq!(
+        service_names(&source.rescan().expect("readable")),
+        ["demo/other", "demo/web"]
+    );
+
+    std::fs::write(dir.path().join("web.yaml"), "kind: [unclosed").expect("write");
+    assert_eq!(
+        service_names(&source.rescan().expect("readable")),
+        ["demo/other", "demo/web"]
+    );
+
+    std::fs::remove_file(dir.path().join("web.yaml")).expect("remove");
+    assert_eq!(
+        service_names(&source.rescan().expect("readable")),
+        ["demo/other"]
+    );
+}
+
+#[tokio::test]
+async fn a_file_replaced_by_rename_is_picked_up_while_running() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("web.yaml"), WEB).expect("write");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let source = ManifestsDir::new(dir.path());
+    let task = tokio::spawn(source.run(move |objects| {
+        let _ = tx.send(service_names(&objects));
+    }));
+    assert_eq!(rx.recv().await.expect("first scan"), ["demo/web"]);
+
+    let replacement = dir.path().join(".web.yaml.tmp");
+    std::fs::write(
+        &replacement,
+        WEB.replace(
+            "name: web\n  namespace: demo\nspec",
+            "name: web2\n  namespace: demo\nspec",
+        ),
+    )
+    .expect("write");
+    std::fs::rename(&replacement, dir.path().join("web.yaml")).expect("rename");
+    let names = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let names = rx.recv().await.expect("source running");
+            if names != ["demo/web"] {
+                return names;
+            }
+        }
+    })
+    .await
+    .expect("change seen within a minute");
+    assert_eq!(names, ["demo/web2"]);
+    task.abort();
+}

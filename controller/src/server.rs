@@ -1,0 +1,103 @@
+//! Wiring: the source feeding the cluster state, and the gRPC server agents connect to.
+
+use crate::{
+    cluster::{ClusterState, Objects},
+    fanout::FanOut,
+    manifests::ManifestsDir,
+};
+use splitproxy_proto::v1alpha1::node_view_service_server::NodeViewServiceServer;
+use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+use tokio::{net::TcpListener, sync::watch};
+use tokio_stream::wrappers::TcpListenerStream;
+
+/// Errors that stop the controller.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The gRPC listener could not be bound.
+    #[error("binding {0}")]
+    Bind(SocketAddr, #[source] std::io::Error),
+    /// The gRPC server failed.
+    #[error("serving gRPC")]
+    Serve(#[source] tonic::transport::Error),
+    /// Reflection could not be built from the descriptor set.
+    #[error("building gRPC reflection")]
+    Reflection(#[source] tonic_reflection::server::Error),
+    /// The manifests source failed.
+    #[error("manifests source")]
+    Manifests(#[source] crate::manifests::Error),
+}
+
+/// What the controller runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The directory of manifests to serve.
+    pub manifests: PathBuf,
+    /// Where agents connect.
+    pub listen: SocketAddr,
+}
+
+/// Publishes a new cluster state only when it differs from the last one, so agents' streams wake
+/// up only for real changes.
+fn publish(tx: &watch::Sender<Arc<ClusterState>>, objects: &Objects) {
+    let state = ClusterState::build(objects);
+    tx.send_if_modified(|current| {
+        if **current == state {
+            return false;
+        }
+        tracing::info!(
+            services = state.services.len(),
+            with_endpoints = state.endpoints.len(),
+            nodes = state.nodes.len(),
+            "cluster state changed"
+        );
+        *current = Arc::new(state);
+        true
+    });
+}
+
+/// Binds the listener and runs the source and the server until either fails.
+///
+/// # Errors
+///
+/// Returns the first error of the listener, the server or the source.
+pub async fn run(config: Config) -> Result<(), Error> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| Error::Bind(config.listen, e))?;
+    tracing::info!(address = %config.listen, "serving node views");
+    serve(listener, config.manifests).await
+}
+
+/// Runs the manifests source and the gRPC server on an already bound listener.
+///
+/// # Errors
+///
+/// Returns the first error of the server or the source.
+pub async fn serve(listener: TcpListener, manifests: PathBuf) -> Result<(), Error> {
+    let (tx, rx) = watch::channel(Arc::new(ClusterState::default()));
+    let source = ManifestsDir::new(manifests).run(move |objects| publish(&tx, &objects));
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(splitproxy_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(Error::Reflection)?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(splitproxy_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(Error::Reflection)?;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<NodeViewServiceServer<FanOut>>().await;
+
+    let server = tonic::transport::Server::builder()
+        .add_service(NodeViewServiceServer::new(FanOut::new(rx)))
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .serve_with_incoming(TcpListenerStream::new(listener));
+    tokio::select! {
+        result = server => result.map_err(Error::Serve),
+        result = source => result.map_err(Error::Manifests),
+    }
+}

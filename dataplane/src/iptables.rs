@@ -1,0 +1,346 @@
+//! The iptables backend: kube-proxy's nat chain layout, written with one `iptables-restore` per sync.
+//!
+//! The work is split as everywhere in this crate: [`render`] turns a [`ProxyState`] into the
+//! `iptables-restore` payload (pure, unit-tested), and [`Iptables`] is the thin executor that reads
+//! the kernel's chains with `iptables-save`, pipes the payload to `iptables-restore --noflush`, and
+//! makes sure the built-in chains jump to ours. IPv4 and the nat table only, for now.
+
+pub mod chain_names;
+pub mod render;
+pub mod save;
+#[cfg(test)]
+mod tests;
+
+pub use render::{NatRules, render_nat};
+
+use crate::{Dataplane, ProxyState, SyncReport};
+use render::{KUBE_POSTROUTING, KUBE_SERVICES};
+use std::{collections::BTreeSet, io, process::ExitStatus, process::Stdio};
+use tokio::{io::AsyncWriteExt, process::Command};
+
+/// What can go wrong while syncing the iptables backend.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A command could not be started or waited for (missing binary, no permission...).
+    #[error("could not run {program}")]
+    Run {
+        /// The program that was spawned (the first word of the command line).
+        program: String,
+        /// Why it could not run.
+        #[source]
+        source: io::Error,
+    },
+    /// `iptables-save` exited with an error, so the existing chains are unknown.
+    #[error("iptables-save failed ({status}): {stderr}")]
+    Save {
+        /// Its exit status.
+        status: ExitStatus,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+    /// `iptables-restore` rejected the payload; the previous rules stay in place.
+    #[error("iptables-restore failed ({status}): {stderr}")]
+    Restore {
+        /// Its exit status.
+        status: ExitStatus,
+        /// What it printed on stderr (usually the failing line number).
+        stderr: String,
+    },
+    /// `iptables-restore` accepted the payload but could not be sent all of it.
+    #[error("could not write the rules to iptables-restore")]
+    WriteInput(#[source] io::Error),
+    /// Checking or inserting a jump from a built-in chain to ours failed.
+    #[error("could not install the jump from nat {chain} ({status}): {stderr}")]
+    Jump {
+        /// The built-in chain (`PREROUTING`, `OUTPUT`, `POSTROUTING`).
+        chain: &'static str,
+        /// The exit status of the failing `iptables` call.
+        status: ExitStatus,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+}
+
+/// The result type of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How the executor runs the iptables tools.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The `iptables` binary, used to check and insert the jumps from built-in chains.
+    pub iptables: String,
+    /// The `iptables-save` binary, used to list the existing chains.
+    pub iptables_save: String,
+    /// The `iptables-restore` binary, used to write the rules.
+    pub iptables_restore: String,
+    /// Words put before every command, e.g. `["ip", "netns", "exec", "ns1"]`.
+    pub command_prefix: Vec<String>,
+    /// Seconds `iptables` and `iptables-restore` wait for the xtables lock (`-w`).
+    pub lock_wait_seconds: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            // Looked up in PATH; the image's wrapper picks the nft or legacy backend, as upstream.
+            iptables: "iptables".to_owned(),
+            iptables_save: "iptables-save".to_owned(),
+            iptables_restore: "iptables-restore".to_owned(),
+            // Run the tools directly, in the agent's own network namespace.
+            command_prefix: Vec::new(),
+            // kube-proxy's `-w 5`: wait for other writers, but not forever.
+            lock_wait_seconds: 5,
+        }
+    }
+}
+
+impl Config {
+    /// Puts `prefix` before every command (e.g. `ip netns exec <ns>`).
+    #[must_use]
+    pub fn with_command_prefix<I, S>(mut self, prefix: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.command_prefix = prefix.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The program and arguments that run `binary args...` under [`command_prefix`](Self::command_prefix).
+    fn command_line(&self, binary: &str, args: &[String]) -> (String, Vec<String>) {
+        let mut words = self
+            .command_prefix
+            .iter()
+            .cloned()
+            .chain(std::iter::once(binary.to_owned()))
+            .chain(args.iter().cloned());
+        // `words` holds at least `binary`.
+        let program = words.next().unwrap_or_default();
+        (program, words.collect())
+    }
+}
+
+/// A jump from a built-in nat chain to one of ours, kept as the first rule of that chain.
+struct Jump {
+    chain: &'static str,
+    comment: &'static str,
+    target: &'static str,
+}
+
+/// The jumps that hook our chains into the nat table, as kube-proxy installs them.
+const JUMPS: [Jump; 3] = [
+    Jump {
+        chain: "PREROUTING",
+        comment: "kubernetes service portals",
+        target: KUBE_SERVICES,
+    },
+    Jump {
+        chain: "OUTPUT",
+        comment: "kubernetes service portals",
+        target: KUBE_SERVICES,
+    },
+    Jump {
+        chain: "POSTROUTING",
+        comment: "kubernetes postrouting rules",
+        target: KUBE_POSTROUTING,
+    },
+];
+
+impl Jump {
+    /// The `iptables` arguments that check (`-C`) this jump.
+    fn check_args(&self, wait_seconds: u32) -> Vec<String> {
+        self.args(wait_seconds, &["-C", self.chain])
+    }
+
+    /// The `iptables` arguments that insert this jump as the chain's first rule.
+    fn insert_args(&self, wait_seconds: u32) -> Vec<String> {
+        self.args(wait_seconds, &["-I", self.chain, "1"])
+    }
+
+    fn args(&self, wait_seconds: u32, operation: &[&str]) -> Vec<String> {
+        let wait = wait_seconds.to_string();
+        ["-w", &wait, "-t", "nat"]
+            .into_iter()
+            .chain(operation.iter().copied())
+            .chain([
+                "-m",
+                "comment",
+                "--comment",
+                self.comment,
+                "-j",
+                self.target,
+            ])
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// The iptables dataplane: programs the IPv4 nat table through the iptables tools.
+#[derive(Debug, Clone, Default)]
+pub struct Iptables {
+    config: Config,
+}
+
+impl Iptables {
+    /// An executor running `iptables`, `iptables-save` and `iptables-restore` from PATH.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An executor with `config`.
+    #[must_use]
+    pub fn with_config(config: Config) -> Self {
+        Self { config }
+    }
+
+    /// The configuration in use.
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The nat chains now in the kernel.
+    async fn existing_chains(&self) -> Result<BTreeSet<String>> {
+        let args = ["-t".to_owned(), "nat".to_owned()];
+        let output = self.run(&self.config.iptables_save, &args, None).await?;
+        if !output.status.success() {
+            return Err(Error::Save {
+                status: output.status,
+                stderr: stderr_text(&output.stderr),
+            });
+        }
+        Ok(save::chains(
+            &String::from_utf8_lossy(&output.stdout),
+            "nat",
+        ))
+    }
+
+    /// Applies `payload` in one `iptables-restore --noflush` transaction.
+    async fn restore(&self, payload: &str) -> Result<()> {
+        let args = [
+            "-w".to_owned(),
+            self.config.lock_wait_seconds.to_string(),
+            "--noflush".to_owned(),
+        ];
+        let output = self
+            .run(
+                &self.config.iptables_restore,
+                &args,
+                Some(payload.as_bytes()),
+            )
+            .await?;
+        if !output.status.success() {
+            return Err(Error::Restore {
+                status: output.status,
+                stderr: stderr_text(&output.stderr),
+            });
+        }
+        Ok(())
+    }
+
+    /// Inserts `jump` as the first rule of its chain unless it is already there.
+    async fn ensure_jump(&self, jump: &Jump) -> Result<()> {
+        let wait = self.config.lock_wait_seconds;
+        let check = self
+            .run(&self.config.iptables, &jump.check_args(wait), None)
+            .await?;
+        match check.status.code() {
+            Some(0) => return Ok(()),
+            // `-C` exits 1 when the rule is missing; anything else is a real failure.
+            Some(1) => {}
+            _ => {
+                return Err(Error::Jump {
+                    chain: jump.chain,
+                    status: check.status,
+                    stderr: stderr_text(&check.stderr),
+                });
+            }
+        }
+        let insert = self
+            .run(&self.config.iptables, &jump.insert_args(wait), None)
+            .await?;
+        if !insert.status.success() {
+            return Err(Error::Jump {
+                chain: jump.chain,
+                status: insert.status,
+                stderr: stderr_text(&insert.stderr),
+            });
+        }
+        tracing::info!(
+            chain = jump.chain,
+            target = jump.target,
+            "installed nat jump"
+        );
+        Ok(())
+    }
+
+    /// Runs `binary args...` (no shell), feeding it `stdin` if given, and collects its output.
+    async fn run(
+        &self,
+        binary: &str,
+        args: &[String],
+        stdin: Option<&[u8]>,
+    ) -> Result<std::process::Output> {
+        let (program, args) = self.config.command_line(binary, args);
+        let run_error = |source| Error::Run {
+            program: program.clone(),
+            source,
+        };
+        let mut child = Command::new(&program)
+            .args(&args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(run_error)?;
+
+        let pipe = child.stdin.take();
+        let write = async move {
+            if let (Some(mut pipe), Some(data)) = (pipe, stdin) {
+                pipe.write_all(data).await?;
+                // Dropping the pipe closes it, so the tool sees end of input.
+            }
+            Ok::<_, io::Error>(())
+        };
+        let (written, output) = tokio::join!(write, child.wait_with_output());
+        let output = output.map_err(run_error)?;
+        // A tool that failed may stop reading early: its status and stderr say more than EPIPE.
+        if output.status.success() {
+            written.map_err(Error::WriteInput)?;
+        }
+        Ok(output)
+    }
+}
+
+impl Dataplane for Iptables {
+    type Error = Error;
+
+    fn mode(&self) -> &'static str {
+        "iptables"
+    }
+
+    async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport> {
+        let existing = self.existing_chains().await?;
+        let nat = render_nat(state, &existing);
+        self.restore(&nat.payload).await?;
+        // After the restore, so the target chains exist when the jumps are checked.
+        for jump in &JUMPS {
+            self.ensure_jump(jump).await?;
+        }
+        tracing::debug!(nat_rules = nat.rule_count, "synced iptables rules");
+        Ok(SyncReport {
+            rules_written: vec![("nat".to_owned(), nat.rule_count)],
+        })
+    }
+}
+
+/// A tool's stderr as one trimmed line of text for an error message.
+fn stderr_text(stderr: &[u8]) -> String {
+    String::from_utf8_lossy(stderr).trim().to_owned()
+}

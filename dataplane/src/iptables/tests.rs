@@ -1,0 +1,686 @@
+//! Tests of the iptables backend: the rendered nat payload, and the executor against fake tools.
+//!
+//! Test IP conventions (as upstream's `proxier_test.go`):
+//!
+//! | thing        | addresses                    |
+//! |--------------|------------------------------|
+//! | pods         | `10.0.0.0/8`; endpoints `10.180.0.x`, `10.180.2.x`, IPv6 `fd00:10:180::x` |
+//! | cluster IPs  | `172.30.0.0/16`, IPv6 `fd00:172:30::x` |
+//! | node         | `192.168.0.2`                |
+//! | external     | `203.0.113.0/24`             |
+#![allow(clippy::unwrap_used)]
+
+use super::{Config, Dataplane, Error, Iptables, JUMPS, render_nat};
+use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort};
+use std::{collections::BTreeSet, path::PathBuf};
+
+// ---------------------------------------------------------------------------------------------
+// Fixtures
+
+fn state(services: Vec<Service>) -> ProxyState {
+    ProxyState {
+        services: services.into_iter().map(|s| (s.key.clone(), s)).collect(),
+    }
+}
+
+fn service(namespace: &str, name: &str, cluster_ips: &[&str], ports: Vec<ServicePort>) -> Service {
+    Service {
+        key: ServiceKey {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        },
+        cluster_ips: cluster_ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+        ports,
+    }
+}
+
+fn port(
+    name: &str,
+    protocol: Protocol,
+    port: u16,
+    node_port: Option<u16>,
+    endpoints: Vec<Endpoint>,
+) -> ServicePort {
+    ServicePort {
+        name: name.to_owned(),
+        protocol,
+        port,
+        node_port,
+        endpoints,
+    }
+}
+
+fn ready(ip: &str, port: u16) -> Endpoint {
+    Endpoint {
+        ip: ip.parse().unwrap(),
+        port,
+        ready: true,
+        serving: true,
+        terminating: false,
+        is_local: false,
+    }
+}
+
+fn terminating(ip: &str, port: u16) -> Endpoint {
+    Endpoint {
+        ready: false,
+        terminating: true,
+        ..ready(ip, port)
+    }
+}
+
+fn chains(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|name| (*name).to_owned()).collect()
+}
+
+/// Fails with a line diff (`-` expected, `+` actual) when the payloads differ.
+#[track_caller]
+fn assert_rules_eq(actual: &str, expected: &str) {
+    if actual != expected {
+        panic!(
+            "rules differ (-expected +actual):\n{}",
+            line_diff(expected, actual)
+        );
+    }
+}
+
+/// A longest-common-subsequence line diff, good enough for a few hundred lines.
+fn line_diff(old: &str, new: &str) -> String {
+    let old: Vec<&str> = old.lines().collect();
+    let new: Vec<&str> = new.lines().collect();
+    let mut lcs = vec![vec![0usize; new.len() + 1]; old.len() + 1];
+    for i in (0..old.len()).rev() {
+        for j in (0..new.len()).rev() {
+            lcs[i][j] = if old[i] == new[j] {
+                lcs[i + 1][j + 1] + 1
+            } else {
+                lcs[i + 1][j].max(lcs[i][j + 1])
+            };
+        }
+    }
+    let (mut i, mut j, mut out) = (0, 0, String::new());
+    while i < old.len() || j < new.len() {
+        if i < old.len() && j < new.len() && old[i] == new[j] {
+            out += &format!("  {}\n", old[i]);
+            (i, j) = (i + 1, j + 1);
+        } else if j < new.len() && (i == old.len() || lcs[i][j + 1] >= lcs[i + 1][j]) {
+            out += &format!("+ {}\n", new[j]);
+            j += 1;
+        } else {
+            out += &format!("- {}\n", old[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Render
+
+#[test]
+fn cluster_ip_and_node_port_service_spreads_over_three_endpoints() {
+    let state = state(vec![service(
+        "ns1",
+        "svc1",
+        &["172.30.0.41"],
+        vec![port(
+            "p80",
+            Protocol::Tcp,
+            80,
+            Some(3001),
+            vec![
+                ready("10.180.0.1", 80),
+                ready("10.180.0.2", 80),
+                ready("10.180.0.3", 80),
+            ],
+        )],
+    )]);
+
+    let nat = render_nat(&state, &BTreeSet::new());
+
+    assert_rules_eq(
+        &nat.payload,
+        r#"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-SVC-XPGD46QRK7WJZT7O - [0:0]
+:KUBE-SEP-SXIVWICOYRO3J4NJ - [0:0]
+:KUBE-SEP-LXVODXWDISEETFEF - [0:0]
+:KUBE-SEP-ICDUIKC33SFI6ZPR - [0:0]
+:KUBE-EXT-XPGD46QRK7WJZT7O - [0:0]
+-A KUBE-SERVICES -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d 172.30.0.41 --dport 80 -j KUBE-SVC-XPGD46QRK7WJZT7O
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-NODEPORTS -m comment --comment ns1/svc1:p80 -m tcp -p tcp --dport 3001 -j KUBE-EXT-XPGD46QRK7WJZT7O
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+-A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 -> 10.180.0.1:80" -m statistic --mode random --probability 0.3333333333 -j KUBE-SEP-SXIVWICOYRO3J4NJ
+-A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 -> 10.180.0.2:80" -m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-LXVODXWDISEETFEF
+-A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 -> 10.180.0.3:80" -j KUBE-SEP-ICDUIKC33SFI6ZPR
+-A KUBE-SEP-SXIVWICOYRO3J4NJ -m comment --comment ns1/svc1:p80 -s 10.180.0.1 -j KUBE-MARK-MASQ
+-A KUBE-SEP-SXIVWICOYRO3J4NJ -m comment --comment ns1/svc1:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.1:80
+-A KUBE-SEP-LXVODXWDISEETFEF -m comment --comment ns1/svc1:p80 -s 10.180.0.2 -j KUBE-MARK-MASQ
+-A KUBE-SEP-LXVODXWDISEETFEF -m comment --comment ns1/svc1:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.2:80
+-A KUBE-SEP-ICDUIKC33SFI6ZPR -m comment --comment ns1/svc1:p80 -s 10.180.0.3 -j KUBE-MARK-MASQ
+-A KUBE-SEP-ICDUIKC33SFI6ZPR -m comment --comment ns1/svc1:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.3:80
+-A KUBE-EXT-XPGD46QRK7WJZT7O -m comment --comment "masquerade traffic for ns1/svc1:p80 external destinations" -j KUBE-MARK-MASQ
+-A KUBE-EXT-XPGD46QRK7WJZT7O -j KUBE-SVC-XPGD46QRK7WJZT7O
+COMMIT
+"#,
+    );
+    assert_eq!(nat.rule_count, 18);
+}
+
+#[test]
+fn stale_chains_are_flushed_and_deleted_but_live_and_foreign_ones_are_kept() {
+    // svc1 went away; svc2 is still there; CNI-HOSTPORT-DNAT belongs to someone else.
+    let existing = chains(&[
+        "PREROUTING",
+        "OUTPUT",
+        "KUBE-SERVICES",
+        "CNI-HOSTPORT-DNAT",
+        "KUBE-SVC-XPGD46QRK7WJZT7O",
+        "KUBE-SVL-XPGD46QRK7WJZT7O",
+        "KUBE-EXT-XPGD46QRK7WJZT7O",
+        "KUBE-FW-XPGD46QRK7WJZT7O",
+        "KUBE-SEP-SXIVWICOYRO3J4NJ",
+        "KUBE-SVC-GNZBNJ2PO5MGZ6GT",
+        "KUBE-SEP-RS4RBKLTHTF2IUXJ",
+    ]);
+    let state = state(vec![service(
+        "ns2",
+        "svc2",
+        &["172.30.0.42"],
+        vec![port(
+            "p80",
+            Protocol::Tcp,
+            80,
+            None,
+            vec![ready("10.180.0.2", 80)],
+        )],
+    )]);
+
+    let nat = render_nat(&state, &existing);
+
+    assert_rules_eq(
+        &nat.payload,
+        r#"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-SVC-GNZBNJ2PO5MGZ6GT - [0:0]
+:KUBE-SEP-RS4RBKLTHTF2IUXJ - [0:0]
+:KUBE-EXT-XPGD46QRK7WJZT7O - [0:0]
+:KUBE-FW-XPGD46QRK7WJZT7O - [0:0]
+:KUBE-SEP-SXIVWICOYRO3J4NJ - [0:0]
+:KUBE-SVC-XPGD46QRK7WJZT7O - [0:0]
+:KUBE-SVL-XPGD46QRK7WJZT7O - [0:0]
+-A KUBE-SERVICES -m comment --comment "ns2/svc2:p80 cluster IP" -m tcp -p tcp -d 172.30.0.42 --dport 80 -j KUBE-SVC-GNZBNJ2PO5MGZ6GT
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+-A KUBE-SVC-GNZBNJ2PO5MGZ6GT -m comment --comment "ns2/svc2:p80 -> 10.180.0.2:80" -j KUBE-SEP-RS4RBKLTHTF2IUXJ
+-A KUBE-SEP-RS4RBKLTHTF2IUXJ -m comment --comment ns2/svc2:p80 -s 10.180.0.2 -j KUBE-MARK-MASQ
+-A KUBE-SEP-RS4RBKLTHTF2IUXJ -m comment --comment ns2/svc2:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.2:80
+-X KUBE-EXT-XPGD46QRK7WJZT7O
+-X KUBE-FW-XPGD46QRK7WJZT7O
+-X KUBE-SEP-SXIVWICOYRO3J4NJ
+-X KUBE-SVC-XPGD46QRK7WJZT7O
+-X KUBE-SVL-XPGD46QRK7WJZT7O
+COMMIT
+"#,
+    );
+    assert_eq!(nat.rule_count, 9);
+}
+
+#[test]
+fn port_without_ready_endpoints_gets_no_chains() {
+    // p80's only endpoint is terminating (not ready); p81 has no endpoints at all.
+    let state = state(vec![service(
+        "ns3",
+        "svc3",
+        &["172.30.0.43"],
+        vec![
+            port(
+                "p80",
+                Protocol::Tcp,
+                80,
+                Some(3003),
+                vec![terminating("10.180.0.3", 80)],
+            ),
+            port("p81", Protocol::Tcp, 81, None, vec![]),
+        ],
+    )]);
+
+    let nat = render_nat(&state, &BTreeSet::new());
+
+    assert_rules_eq(
+        &nat.payload,
+        r#"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-POSTROUTING - [0:0]
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+COMMIT
+"#,
+    );
+    assert_eq!(nat.rule_count, 5);
+}
+
+#[test]
+fn ipv6_cluster_ips_and_endpoints_are_left_out() {
+    let state = state(vec![service(
+        "ns4",
+        "svc4",
+        &["172.30.0.44", "fd00:172:30::44"],
+        vec![port(
+            "p80",
+            Protocol::Tcp,
+            80,
+            None,
+            vec![ready("10.180.0.4", 80), ready("fd00:10:180::4", 80)],
+        )],
+    )]);
+
+    let nat = render_nat(&state, &BTreeSet::new());
+
+    assert_rules_eq(
+        &nat.payload,
+        r#"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-SVC-4SW47YFZTEDKD3PK - [0:0]
+:KUBE-SEP-UKSFD7AGPMPPLUHC - [0:0]
+-A KUBE-SERVICES -m comment --comment "ns4/svc4:p80 cluster IP" -m tcp -p tcp -d 172.30.0.44 --dport 80 -j KUBE-SVC-4SW47YFZTEDKD3PK
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+-A KUBE-SVC-4SW47YFZTEDKD3PK -m comment --comment "ns4/svc4:p80 -> 10.180.0.4:80" -j KUBE-SEP-UKSFD7AGPMPPLUHC
+-A KUBE-SEP-UKSFD7AGPMPPLUHC -m comment --comment ns4/svc4:p80 -s 10.180.0.4 -j KUBE-MARK-MASQ
+-A KUBE-SEP-UKSFD7AGPMPPLUHC -m comment --comment ns4/svc4:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.4:80
+COMMIT
+"#,
+    );
+}
+
+#[test]
+fn udp_port_matches_and_dnats_udp() {
+    let state = state(vec![service(
+        "ns5",
+        "svc5",
+        &["172.30.0.45"],
+        vec![port(
+            "dns",
+            Protocol::Udp,
+            53,
+            None,
+            vec![ready("10.180.2.5", 53)],
+        )],
+    )]);
+
+    let payload = render_nat(&state, &BTreeSet::new()).payload;
+
+    for line in [
+        r#"-A KUBE-SERVICES -m comment --comment "ns5/svc5:dns cluster IP" -m udp -p udp -d 172.30.0.45 --dport 53 -j KUBE-SVC-P5TF35VZD6JC4ICL"#,
+        r#"-A KUBE-SEP-L3KNRUI7BOKUP4AG -m comment --comment ns5/svc5:dns -m udp -p udp -j DNAT --to-destination 10.180.2.5:53"#,
+    ] {
+        assert!(
+            payload.lines().any(|l| l == line),
+            "missing {line} in\n{payload}"
+        );
+    }
+}
+
+#[test]
+fn duplicate_endpoints_get_one_chain() {
+    let state = state(vec![service(
+        "ns1",
+        "svc1",
+        &["172.30.0.41"],
+        vec![port(
+            "p80",
+            Protocol::Tcp,
+            80,
+            None,
+            vec![ready("10.180.0.1", 80), ready("10.180.0.1", 80)],
+        )],
+    )]);
+
+    let payload = render_nat(&state, &BTreeSet::new()).payload;
+
+    assert_eq!(payload.matches(":KUBE-SEP-SXIVWICOYRO3J4NJ ").count(), 1);
+    assert!(!payload.contains("--probability"), "{payload}");
+}
+
+/// Every fixture above at once, with stale chains, for the structural checks below.
+fn everything() -> (ProxyState, BTreeSet<String>) {
+    let state = state(vec![
+        service(
+            "ns1",
+            "svc1",
+            &["172.30.0.41"],
+            vec![port(
+                "p80",
+                Protocol::Tcp,
+                80,
+                Some(3001),
+                vec![ready("10.180.0.1", 80), ready("10.180.0.2", 80)],
+            )],
+        ),
+        service(
+            "ns3",
+            "svc3",
+            &["172.30.0.43"],
+            vec![port("p80", Protocol::Tcp, 80, Some(3003), vec![])],
+        ),
+        service(
+            "ns5",
+            "svc5",
+            &["172.30.0.45", "fd00:172:30::45"],
+            vec![port(
+                "",
+                Protocol::Udp,
+                53,
+                Some(3005),
+                vec![ready("10.180.2.5", 53), terminating("10.180.2.6", 53)],
+            )],
+        ),
+    ]);
+    let existing = chains(&[
+        "PREROUTING",
+        "KUBE-SVC-GNZBNJ2PO5MGZ6GT",
+        "KUBE-SEP-RS4RBKLTHTF2IUXJ",
+    ]);
+    (state, existing)
+}
+
+#[test]
+fn payload_is_well_formed_iptables_restore_input() {
+    let (state, existing) = everything();
+    let nat = render_nat(&state, &existing);
+    let lines: Vec<&str> = nat.payload.lines().collect();
+
+    assert!(nat.payload.ends_with("COMMIT\n"), "{}", nat.payload);
+    assert_eq!(lines.first(), Some(&"*nat"));
+    assert_eq!(lines.last(), Some(&"COMMIT"));
+    let body = &lines[1..lines.len() - 1];
+
+    // Sections come in order: declarations, rules, deletions.
+    let section = |line: &str| {
+        if line.starts_with(':') {
+            0
+        } else if line.starts_with("-A ") {
+            1
+        } else if line.starts_with("-X ") {
+            2
+        } else {
+            panic!("not a restore line: {line:?}")
+        }
+    };
+    let sections: Vec<u8> = body.iter().map(|l| section(l)).collect();
+    assert!(
+        sections.is_sorted(),
+        "sections out of order:\n{}",
+        nat.payload
+    );
+
+    // Quotes are balanced, so iptables-restore splits every rule as intended.
+    for line in body {
+        assert_eq!(
+            line.matches('"').count() % 2,
+            0,
+            "unbalanced quotes: {line}"
+        );
+    }
+
+    // Each chain is declared once, in the `:NAME - [0:0]` form.
+    let declared: Vec<&str> = body
+        .iter()
+        .filter_map(|l| l.strip_prefix(':'))
+        .map(|d| d.strip_suffix(" - [0:0]").unwrap())
+        .collect();
+    let unique: BTreeSet<&str> = declared.iter().copied().collect();
+    assert_eq!(unique.len(), declared.len(), "a chain is declared twice");
+
+    // Rules go to declared chains; jumps go to declared, not deleted, chains or to targets.
+    let deleted: BTreeSet<&str> = body.iter().filter_map(|l| l.strip_prefix("-X ")).collect();
+    assert!(deleted.is_subset(&unique));
+    let targets = ["MARK", "MASQUERADE", "RETURN", "DNAT"];
+    for rule in body.iter().filter_map(|l| l.strip_prefix("-A ")) {
+        let chain = rule.split(' ').next().unwrap();
+        assert!(unique.contains(chain), "rule in undeclared chain: {rule}");
+        let target = rule
+            .split(" -j ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap();
+        assert!(
+            targets.contains(&target) || (unique.contains(target) && !deleted.contains(target)),
+            "jump to a missing chain: {rule}"
+        );
+    }
+
+    assert_eq!(
+        nat.rule_count as usize,
+        body.iter().filter(|l| l.starts_with("-A ")).count()
+    );
+}
+
+#[test]
+fn node_ports_jump_is_the_last_rule_of_kube_services() {
+    let (state, existing) = everything();
+    let payload = render_nat(&state, &existing).payload;
+
+    let last = payload
+        .lines()
+        .rfind(|l| l.starts_with("-A KUBE-SERVICES "))
+        .unwrap();
+    assert!(
+        last.ends_with("-m addrtype --dst-type LOCAL -j KUBE-NODEPORTS"),
+        "{last}"
+    );
+}
+
+#[test]
+fn rendering_is_deterministic() {
+    let (state, existing) = everything();
+    assert_eq!(render_nat(&state, &existing), render_nat(&state, &existing));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Executor
+
+#[test]
+fn command_prefix_goes_before_every_command() {
+    let args = ["-t".to_owned(), "nat".to_owned()];
+
+    let plain = Config::default().command_line("iptables-save", &args);
+    assert_eq!(plain, ("iptables-save".to_owned(), args.to_vec()));
+
+    let in_netns = Config::default()
+        .with_command_prefix(["ip", "netns", "exec", "ns1"])
+        .command_line("iptables-save", &args);
+    assert_eq!(in_netns.0, "ip");
+    assert_eq!(
+        in_netns.1,
+        ["netns", "exec", "ns1", "iptables-save", "-t", "nat"]
+    );
+}
+
+#[test]
+fn jumps_are_kube_proxys_and_inserted_first() {
+    let commands: Vec<String> = JUMPS
+        .iter()
+        .flat_map(|jump| [jump.check_args(5).join(" "), jump.insert_args(5).join(" ")])
+        .collect();
+    assert_eq!(
+        commands,
+        [
+            "-w 5 -t nat -C PREROUTING -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t nat -I PREROUTING 1 -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t nat -C OUTPUT -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t nat -I OUTPUT 1 -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t nat -C POSTROUTING -m comment --comment kubernetes postrouting rules -j KUBE-POSTROUTING",
+            "-w 5 -t nat -I POSTROUTING 1 -m comment --comment kubernetes postrouting rules -j KUBE-POSTROUTING",
+        ]
+    );
+}
+
+#[test]
+fn mode_is_iptables() {
+    assert_eq!(Iptables::new().mode(), "iptables");
+}
+
+/// A scratch directory for the fake tools, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("sp-dp-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.0.join(name)).unwrap_or_default()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// An executor whose tools are one `sh` script: `sh -c SCRIPT DIR TOOL ARGS...`. The script logs
+/// each call to `DIR/calls`; `iptables-save` prints `saved`, `iptables-restore` copies its input
+/// to `DIR/payload`, and `iptables -C` fails with `check_exit` for PREROUTING only.
+fn fake_tools(scratch: &Scratch, saved: &str, restore_exit: u8, check_exit: u8) -> Iptables {
+    let script = format!(
+        r#"dir=$0; tool=$1; shift
+echo "$tool $*" >> "$dir/calls"
+case "$tool" in
+  iptables-save) printf '%s' '{saved}' ;;
+  iptables-restore) cat > "$dir/payload"; [ {restore_exit} = 0 ] || {{ echo 'iptables-restore: line 2 failed' >&2; exit {restore_exit}; }} ;;
+  iptables) case "$*" in *"-C PREROUTING"*) echo 'Bad rule' >&2; exit {check_exit} ;; esac ;;
+esac"#
+    );
+    let dir = scratch.0.to_string_lossy().into_owned();
+    Iptables::with_config(Config::default().with_command_prefix([
+        "sh".to_owned(),
+        "-c".to_owned(),
+        script,
+        dir,
+    ]))
+}
+
+const SAVED: &str = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SVC-GNZBNJ2PO5MGZ6GT - [0:0]\nCOMMIT\n";
+
+#[tokio::test]
+async fn sync_restores_the_render_and_inserts_only_missing_jumps() {
+    let scratch = Scratch::new("sync");
+    let mut iptables = fake_tools(&scratch, SAVED, 0, 1);
+    let (state, _) = everything();
+
+    let report = iptables.sync(&state).await.unwrap();
+
+    let expected = render_nat(
+        &state,
+        &chains(&["PREROUTING", "KUBE-SVC-GNZBNJ2PO5MGZ6GT"]),
+    );
+    assert_eq!(
+        report.rules_written,
+        [("nat".to_owned(), expected.rule_count)]
+    );
+    assert_rules_eq(&scratch.read("payload"), &expected.payload);
+    assert!(expected.payload.contains("-X KUBE-SVC-GNZBNJ2PO5MGZ6GT"));
+    assert_rules_eq(
+        &scratch.read("calls"),
+        r#"iptables-save -t nat
+iptables-restore -w 5 --noflush
+iptables -w 5 -t nat -C PREROUTING -m comment --comment kubernetes service portals -j KUBE-SERVICES
+iptables -w 5 -t nat -I PREROUTING 1 -m comment --comment kubernetes service portals -j KUBE-SERVICES
+iptables -w 5 -t nat -C OUTPUT -m comment --comment kubernetes service portals -j KUBE-SERVICES
+iptables -w 5 -t nat -C POSTROUTING -m comment --comment kubernetes postrouting rules -j KUBE-POSTROUTING
+"#,
+    );
+}
+
+#[tokio::test]
+async fn rejected_restore_reports_its_stderr_and_installs_no_jumps() {
+    let scratch = Scratch::new("restore");
+    let mut iptables = fake_tools(&scratch, SAVED, 2, 1);
+
+    let err = iptables.sync(&ProxyState::default()).await.unwrap_err();
+
+    assert!(
+        matches!(&err, Error::Restore { stderr, .. } if stderr == "iptables-restore: line 2 failed"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("line 2 failed"), "{err}");
+    assert!(!scratch.read("calls").contains("iptables -w"));
+}
+
+#[tokio::test]
+async fn failing_jump_check_is_an_error_not_an_insert() {
+    let scratch = Scratch::new("check");
+    // Exit status 4 is iptables' "resource problem" (e.g. the lock), not "rule missing".
+    let mut iptables = fake_tools(&scratch, SAVED, 0, 4);
+
+    let err = iptables.sync(&ProxyState::default()).await.unwrap_err();
+
+    assert!(
+        matches!(&err, Error::Jump { chain: "PREROUTING", stderr, .. } if stderr == "Bad rule"),
+        "{err:?}"
+    );
+    assert!(!scratch.read("calls").contains("-I PREROUTING"));
+}
+
+#[tokio::test]
+async fn failed_save_reports_its_stderr() {
+    let mut iptables = Iptables::with_config(Config::default().with_command_prefix([
+        "sh",
+        "-c",
+        "echo 'iptables-save: no such table' >&2; exit 1",
+    ]));
+
+    let err = iptables.sync(&ProxyState::default()).await.unwrap_err();
+
+    assert!(
+        matches!(&err, Error::Save { stderr, .. } if stderr == "iptables-save: no such table"),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn missing_binary_is_a_run_error_naming_it() {
+    let mut iptables = Iptables::with_config(Config {
+        iptables_save: "/nonexistent/iptables-save".to_owned(),
+        ..Config::default()
+    });
+
+    let err = iptables.sync(&ProxyState::default()).await.unwrap_err();
+
+    assert!(
+        matches!(&err, Error::Run { program, .. } if program == "/nonexistent/iptables-save"),
+        "{err:?}"
+    );
+    assert_eq!(err.to_string(), "could not run /nonexistent/iptables-save");
+}

@@ -1,0 +1,38 @@
+//! The dataplane: a plain model of what a node must program, and the backends that program it.
+//!
+//! Backends consume [`model::ProxyState`], never wire or Kubernetes types. Each backend keeps a
+//! pure render step (state → kernel input) apart from a thin executor (processes, sockets).
+
+pub mod iptables;
+pub mod model;
+pub mod recording;
+
+use std::future::Future;
+
+pub use model::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort};
+
+/// What one successful sync wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Rules written per table, e.g. `("nat", 12)`.
+    pub rules_written: Vec<(String, u32)>,
+}
+
+/// A dataplane backend: makes the kernel match a [`ProxyState`].
+pub trait Dataplane: Send + 'static {
+    /// The error a failed sync returns.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The proxy mode name, as `/proxyMode` reports it (`iptables`, `ipvs`, `nftables`).
+    fn mode(&self) -> &'static str;
+
+    /// Makes the kernel's rules match `state`, in one transaction where the kernel allows it.
+    ///
+    /// # Errors
+    ///
+    /// Returns an error when the kernel refused the change; the previous rules then stay in place.
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+    ) -> impl Future<Output = Result<SyncReport, Self::Error>> + Send;
+}

@@ -1,0 +1,213 @@
+//! Real-kernel check of the iptables backend: syncs into a fresh network namespace and reads the
+//! result back with `iptables-save`. Needs root, `ip` and iptables.
+#![allow(clippy::unwrap_used)]
+
+use splitproxy_dataplane::{
+    Dataplane, Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort,
+    iptables::{Config, Iptables},
+};
+use std::process::Command;
+
+/// A network namespace that is deleted when dropped, also when the test panics.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    fn create() -> Self {
+        require_root();
+        let name = format!("sp-dp-{}", std::process::id());
+        run("ip", &["netns", "add", &name]);
+        Self { name }
+    }
+
+    /// Runs `args` inside the namespace and returns its stdout; panics if it fails.
+    fn exec(&self, args: &[&str]) -> String {
+        let mut all = vec!["netns", "exec", &self.name];
+        all.extend_from_slice(args);
+        run("ip", &all)
+    }
+
+    /// `iptables-save -t nat` inside the namespace, without its `#` comment lines.
+    fn nat_rules(&self) -> String {
+        self.exec(&["iptables-save", "-t", "nat"])
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .map(|line| format!("{line}\n"))
+            .collect()
+    }
+
+    fn iptables(&self) -> Iptables {
+        Iptables::with_config(
+            Config::default().with_command_prefix(["ip", "netns", "exec", &self.name]),
+        )
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+fn require_root() {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let euid = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .unwrap_or("unknown");
+    assert_eq!(
+        euid, "0",
+        "this test creates a network namespace and programs iptables in it: run it as root"
+    );
+}
+
+fn run(program: &str, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|err| panic!("could not run {program}: {err}"));
+    assert!(
+        output.status.success(),
+        "{program} {} failed ({}): {}",
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn endpoint(ip: &str) -> Endpoint {
+    Endpoint {
+        ip: ip.parse().unwrap(),
+        port: 80,
+        ready: true,
+        serving: true,
+        terminating: false,
+        is_local: false,
+    }
+}
+
+/// `ns1/svc1:p80`: cluster IP 172.30.0.41:80, node port 30001, endpoints 10.180.0.1-2:80.
+fn one_service() -> ProxyState {
+    let key = ServiceKey {
+        namespace: "ns1".to_owned(),
+        name: "svc1".to_owned(),
+    };
+    let service = Service {
+        key: key.clone(),
+        cluster_ips: vec!["172.30.0.41".parse().unwrap()],
+        ports: vec![ServicePort {
+            name: "p80".to_owned(),
+            protocol: Protocol::Tcp,
+            port: 80,
+            node_port: Some(30001),
+            endpoints: vec![endpoint("10.180.0.1"), endpoint("10.180.0.2")],
+        }],
+    };
+    ProxyState {
+        services: [(key, service)].into(),
+    }
+}
+
+const JUMPS: [&str; 3] = [
+    r#"-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#,
+    r#"-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#,
+    r#"-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING"#,
+];
+const FOREIGN_JUMP: &str = "-A PREROUTING -j CNI-HOSTPORT-DNAT";
+
+#[track_caller]
+fn assert_jumps_once(saved: &str) {
+    for jump in JUMPS.iter().chain([&FOREIGN_JUMP]) {
+        let count = saved.lines().filter(|line| line == jump).count();
+        assert_eq!(count, 1, "{jump:?} appears {count} times in\n{saved}");
+    }
+}
+
+fn per_service_chains(saved: &str) -> Vec<&str> {
+    saved
+        .lines()
+        .filter_map(|line| line.strip_prefix(':'))
+        .filter_map(|decl| decl.split_whitespace().next())
+        .filter(|chain| {
+            ["KUBE-SVC-", "KUBE-SEP-", "KUBE-EXT-"]
+                .iter()
+                .any(|p| chain.starts_with(p))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn sync_programs_the_nat_table_idempotently_and_removes_stale_chains() {
+    let netns = Netns::create();
+    // Someone else's chain and jump, which --noflush must leave alone.
+    netns.exec(&["iptables", "-t", "nat", "-N", "CNI-HOSTPORT-DNAT"]);
+    netns.exec(&[
+        "iptables",
+        "-t",
+        "nat",
+        "-A",
+        "PREROUTING",
+        "-j",
+        "CNI-HOSTPORT-DNAT",
+    ]);
+    let mut iptables = netns.iptables();
+
+    let report = iptables.sync(&one_service()).await.unwrap();
+
+    let first = netns.nat_rules();
+    assert_eq!(
+        per_service_chains(&first),
+        [
+            "KUBE-EXT-XPGD46QRK7WJZT7O",
+            "KUBE-SEP-LXVODXWDISEETFEF",
+            "KUBE-SEP-SXIVWICOYRO3J4NJ",
+            "KUBE-SVC-XPGD46QRK7WJZT7O",
+        ],
+        "{first}"
+    );
+    assert_jumps_once(&first);
+    for expected in [
+        "-A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment \"ns1/svc1:p80 -> 10.180.0.1:80\" -m statistic --mode random --probability 0.50000000000 -j KUBE-SEP-SXIVWICOYRO3J4NJ",
+        "-A KUBE-SEP-LXVODXWDISEETFEF -p tcp -m comment --comment \"ns1/svc1:p80\" -m tcp -j DNAT --to-destination 10.180.0.2:80",
+        "-A KUBE-NODEPORTS -p tcp -m comment --comment \"ns1/svc1:p80\" -m tcp --dport 30001 -j KUBE-EXT-XPGD46QRK7WJZT7O",
+    ] {
+        assert!(
+            first.lines().any(|line| line == expected),
+            "missing {expected:?} in\n{first}"
+        );
+    }
+    // Every rule we wrote is in the kernel: all -A lines but the jumps from built-in chains.
+    let ours = first
+        .lines()
+        .filter(|line| line.starts_with("-A KUBE-"))
+        .count();
+    assert_eq!(
+        report.rules_written,
+        [("nat".to_owned(), u32::try_from(ours).unwrap())]
+    );
+
+    iptables.sync(&one_service()).await.unwrap();
+
+    let second = netns.nat_rules();
+    assert_eq!(
+        second, first,
+        "a second sync of the same state changed the rules"
+    );
+    assert_jumps_once(&second);
+
+    iptables.sync(&ProxyState::default()).await.unwrap();
+
+    let emptied = netns.nat_rules();
+    assert_eq!(
+        per_service_chains(&emptied),
+        Vec::<&str>::new(),
+        "{emptied}"
+    );
+    assert!(!emptied.contains("172.30.0.41"), "{emptied}");
+    assert_jumps_once(&emptied);
+}

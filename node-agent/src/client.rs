@@ -1,0 +1,192 @@
+//! The stream client: keeps one stream to a controller open, gathers revisions, has them applied
+//! and answers each with an ACK or NACK. Reconnects with jittered backoff, trying the controllers
+//! in turn; while no controller answers, the node keeps its rules (fail static).
+
+use crate::{metrics::Metrics, state::Revision, status::Status, sync::Applier};
+use rand::Rng;
+use splitproxy_dataplane::Dataplane;
+use splitproxy_proto::v1alpha1::{
+    self as pb, node_view_service_client::NodeViewServiceClient, sync_request,
+};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Where and as whom the client connects.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Controller URLs, tried in turn.
+    pub controllers: Vec<String>,
+    /// The node this agent programs.
+    pub node_name: String,
+    /// The proxy mode reported to the controller.
+    pub proxy_mode: pb::ProxyMode,
+    /// The first reconnect delay; doubled per failure up to `max_backoff`.
+    pub min_backoff: Duration,
+    /// The longest reconnect delay.
+    pub max_backoff: Duration,
+}
+
+/// Why one stream ended.
+#[derive(Debug, thiserror::Error)]
+enum StreamError {
+    #[error("invalid controller URL")]
+    Url(#[source] tonic::transport::Error),
+    #[error("connecting")]
+    Connect(#[source] tonic::transport::Error),
+    #[error("stream failed: {0}")]
+    Status(#[from] tonic::Status),
+    #[error("controller closed the stream")]
+    Closed,
+    #[error("a message of revision {got} arrived while revision {pending} was incomplete")]
+    Interleaved { got: u64, pending: u64 },
+}
+
+/// Runs the client forever.
+pub async fn run<D: Dataplane>(
+    config: ClientConfig,
+    mut applier: Applier<D>,
+    status: Status,
+    metrics: Metrics,
+) {
+    let mut backoff = config.min_backoff;
+    let mut attempt = 0usize;
+    loop {
+        let controller = &config.controllers[attempt % config.controllers.len()];
+        attempt += 1;
+        status.update(|s| s.controller.clone_from(controller));
+        let mut progressed = false;
+        let result = stream_once(&config, controller, &mut applier, &status, &mut progressed).await;
+        status.update(|s| s.connected = false);
+        if let Err(err) = result {
+            tracing::warn!(%controller, error = %error_chain(&err), "controller stream ended");
+        }
+        if progressed {
+            backoff = config.min_backoff;
+        }
+        metrics.reconnects.inc();
+        let delay = jitter(backoff);
+        tracing::info!(delay_ms = delay.as_millis() as u64, "reconnecting");
+        tokio::time::sleep(delay).await;
+        backoff = (backoff * 2).min(config.max_backoff);
+    }
+}
+
+/// A random delay between half and all of `backoff`, so agents do not reconnect in lockstep.
+fn jitter(backoff: Duration) -> Duration {
+    let factor = rand::rng().random_range(0.5..=1.0);
+    backoff.mul_f64(factor)
+}
+
+async fn stream_once<D: Dataplane>(
+    config: &ClientConfig,
+    controller: &str,
+    applier: &mut Applier<D>,
+    status: &Status,
+    progressed: &mut bool,
+) -> Result<(), StreamError> {
+    let channel = tonic::transport::Endpoint::from_shared(controller.to_owned())
+        .map_err(StreamError::Url)?
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true)
+        .connect()
+        .await
+        .map_err(StreamError::Connect)?;
+    let held = status.snapshot().state;
+    let subscribe = pb::Subscribe {
+        node_name: config.node_name.clone(),
+        capabilities: Some(pb::Capabilities {
+            proxy_mode: config.proxy_mode as i32,
+            ip_families: vec![pb::IpFamily::Ipv4 as i32],
+        }),
+        resume: held.epoch.as_ref().map(|epoch| pb::ResumePoint {
+            controller_epoch: epoch.clone(),
+            revision: held.revision,
+        }),
+    };
+    // One subscribe plus at most one ack in flight; the controller sends one revision at a time.
+    let (tx, rx) = mpsc::channel(4);
+    let send = |kind| {
+        let tx = tx.clone();
+        async move {
+            // The receiver lives as long as the request stream; a failed send shows up as the
+            // response stream ending.
+            let _ = tx.send(pb::SyncRequest { kind: Some(kind) }).await;
+        }
+    };
+    send(sync_request::Kind::Subscribe(subscribe)).await;
+    let mut inbound = NodeViewServiceClient::new(channel)
+        .sync(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    status.update(|s| s.connected = true);
+    tracing::info!(%controller, resume = held.epoch.is_some(), "subscribed");
+
+    let mut pending: Option<Revision> = None;
+    while let Some(message) = inbound.message().await? {
+        let revision = match pending.take() {
+            None => {
+                applier.queued();
+                Revision {
+                    epoch: message.controller_epoch.clone(),
+                    number: message.revision,
+                    reset: message.reset,
+                    parts: Vec::new(),
+                }
+            }
+            Some(revision) if revision.number == message.revision => revision,
+            Some(revision) => {
+                return Err(StreamError::Interleaved {
+                    got: message.revision,
+                    pending: revision.number,
+                });
+            }
+        };
+        let complete = message.complete;
+        let mut revision = revision;
+        revision.parts.push(message);
+        if !complete {
+            pending = Some(revision);
+            continue;
+        }
+        let ack = match applier.apply(&revision).await {
+            Ok(()) => {
+                tracing::info!(
+                    revision = revision.number,
+                    reset = revision.reset,
+                    "applied"
+                );
+                *progressed = true;
+                pb::Ack {
+                    revision: revision.number,
+                    status: pb::AckStatus::Applied as i32,
+                    reason: String::new(),
+                }
+            }
+            Err(err) => {
+                let reason = error_chain(&err);
+                tracing::warn!(revision = revision.number, %reason, "rejecting revision");
+                pb::Ack {
+                    revision: revision.number,
+                    status: pb::AckStatus::Rejected as i32,
+                    reason,
+                }
+            }
+        };
+        send(sync_request::Kind::Ack(ack)).await;
+    }
+    Err(StreamError::Closed)
+}
+
+/// Formats an error with its sources, for one log line or a NACK reason.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

@@ -1,0 +1,135 @@
+//! The splitproxy node agent: receives its node's view from a controller, programs it through a
+//! dataplane backend, and serves what kube-proxy serves.
+
+pub mod cli;
+pub mod client;
+pub mod http;
+pub mod inspection;
+pub mod metrics;
+pub mod state;
+pub mod status;
+pub mod sync;
+
+use prometheus_client::registry::Registry;
+use splitproxy_dataplane::Dataplane;
+use splitproxy_proto::v1alpha1::{
+    self as pb, node_inspection_service_server::NodeInspectionServiceServer,
+};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+use tokio::net::TcpListener;
+
+/// How long a received revision may stay unapplied before `/healthz` fails: kube-proxy's
+/// 2 × its default 30 s sync period.
+pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Errors that stop the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A listener could not be bound.
+    #[error("binding {0}")]
+    Bind(SocketAddr, #[source] std::io::Error),
+    /// An HTTP server failed.
+    #[error("serving HTTP")]
+    Http(#[source] std::io::Error),
+    /// The inspection server failed.
+    #[error("serving gRPC inspection")]
+    Grpc(#[source] tonic::transport::Error),
+    /// Reflection could not be built.
+    #[error("building gRPC reflection")]
+    Reflection(#[source] tonic_reflection::server::Error),
+}
+
+/// What the agent runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The stream client's settings.
+    pub client: client::ClientConfig,
+    /// Address of `/metrics` and `/proxyMode`.
+    pub metrics_bind_address: SocketAddr,
+    /// Address of `/healthz` and `/livez`.
+    pub healthz_bind_address: SocketAddr,
+    /// Address of the gRPC inspection server.
+    pub inspection_bind_address: SocketAddr,
+}
+
+/// Binds every listener, then runs the stream client and the servers until a server fails.
+///
+/// # Errors
+///
+/// Returns the first listener or server error.
+pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error> {
+    let bind = |address: SocketAddr| async move {
+        TcpListener::bind(address)
+            .await
+            .map_err(|e| Error::Bind(address, e))
+    };
+    let metrics_listener = bind(config.metrics_bind_address).await?;
+    let health_listener = bind(config.healthz_bind_address).await?;
+    let inspection_listener = bind(config.inspection_bind_address).await?;
+
+    let mut registry = Registry::default();
+    let metrics = metrics::Metrics::new(&mut registry);
+    let status = status::Status::default();
+    let mode = dataplane.mode();
+
+    let metrics_server = axum::serve(
+        metrics_listener,
+        http::metrics_router(Arc::new(registry), mode),
+    );
+    let health_server = axum::serve(
+        health_listener,
+        http::health_router(status.clone(), metrics.clone(), HEALTH_TIMEOUT),
+    );
+    let inspection_server = inspection_server(
+        inspection_listener,
+        inspection::Inspection::new(
+            config.client.node_name.clone(),
+            config.client.proxy_mode,
+            status.clone(),
+        ),
+    );
+    let applier = sync::Applier::new(dataplane, status.clone(), metrics.clone());
+    let client = client::run(config.client, applier, status, metrics);
+    tokio::select! {
+        () = client => Ok(()),
+        result = metrics_server => result.map_err(Error::Http),
+        result = health_server => result.map_err(Error::Http),
+        result = inspection_server => result,
+    }
+}
+
+async fn inspection_server(
+    listener: TcpListener,
+    inspection: inspection::Inspection,
+) -> Result<(), Error> {
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(splitproxy_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(Error::Reflection)?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(splitproxy_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(Error::Reflection)?;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<NodeInspectionServiceServer<inspection::Inspection>>()
+        .await;
+    tonic::transport::Server::builder()
+        .add_service(NodeInspectionServiceServer::new(inspection))
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+        .await
+        .map_err(Error::Grpc)
+}
+
+/// The wire name of a proxy mode.
+#[must_use]
+pub fn wire_mode(mode: cli::ProxyMode) -> pb::ProxyMode {
+    match mode {
+        cli::ProxyMode::Iptables => pb::ProxyMode::Iptables,
+    }
+}

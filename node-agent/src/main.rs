@@ -1,0 +1,79 @@
+//! `splitproxy-agent`: parses flags, runs the agent, exits on a fatal error.
+
+use clap::Parser;
+use splitproxy_agent::{Config, cli::Cli, client::ClientConfig, wire_mode};
+use splitproxy_dataplane::iptables::Iptables;
+use std::{process::ExitCode, time::Duration};
+
+/// Exit code for bad configuration (EX_USAGE).
+const EXIT_USAGE: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return if err.use_stderr() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let node_name = match cli.hostname_override.clone().map_or_else(host_name, Ok) {
+        Ok(name) if !name.is_empty() => name.to_lowercase(),
+        Ok(_) | Err(_) => {
+            eprintln!("cannot tell the node name: set --hostname-override");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let config = Config {
+        client: ClientConfig {
+            controllers: cli.controllers,
+            node_name,
+            proxy_mode: wire_mode(cli.proxy_mode),
+            min_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(30),
+        },
+        metrics_bind_address: cli.metrics_bind_address,
+        healthz_bind_address: cli.healthz_bind_address,
+        inspection_bind_address: cli.inspection_bind_address,
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("starting the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let _guard = tracing::info_span!("agent", node = %config.client.node_name).entered();
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!(error = format!("{err:#}"), "agent stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    tokio::select! {
+        result = splitproxy_agent::run(config, Iptables::new()) => Ok(result?),
+        _ = tokio::signal::ctrl_c() => {
+            // Rules stay in place on exit: traffic keeps flowing while the agent restarts.
+            tracing::info!("interrupted; stopping and leaving the rules in place");
+            Ok(())
+        }
+    }
+}
+
+fn host_name() -> std::io::Result<String> {
+    Ok(std::fs::read_to_string("/proc/sys/kernel/hostname")?
+        .trim()
+        .to_owned())
+}

@@ -1,0 +1,160 @@
+//! The agent's Prometheus metrics, with kube-proxy's names and meaning where kube-proxy has the
+//! metric, and `splitproxy_agent_*` for what only the split has.
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+use std::sync::atomic::AtomicU64;
+
+/// A `table` label.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabel {
+    /// The table's name (`nat`, `filter`).
+    pub table: String,
+}
+
+/// A `code` label (HTTP status code).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    /// The status code.
+    pub code: String,
+}
+
+/// Every metric the agent exports.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    /// `kubeproxy_sync_proxy_rules_duration_seconds`.
+    pub sync_duration: Histogram,
+    /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`.
+    pub last_sync_timestamp: Gauge<f64, AtomicU64>,
+    /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`.
+    pub last_queued_timestamp: Gauge<f64, AtomicU64>,
+    /// `kubeproxy_network_programming_duration_seconds`.
+    pub network_programming: Histogram,
+    /// `kubeproxy_sync_proxy_rules_endpoint_changes_total`.
+    pub endpoint_changes: Counter,
+    /// `kubeproxy_sync_proxy_rules_iptables_last`.
+    pub rules_last: Family<TableLabel, Gauge>,
+    /// `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`.
+    pub restore_failures: Counter,
+    /// `kubeproxy_proxy_healthz_total`.
+    pub healthz: Family<CodeLabel, Counter>,
+    /// `kubeproxy_proxy_livez_total`.
+    pub livez: Family<CodeLabel, Counter>,
+    /// `splitproxy_agent_reconnects_total`.
+    pub reconnects: Counter,
+    /// `splitproxy_agent_rejected_revisions_total`.
+    pub rejected_revisions: Counter,
+    /// `splitproxy_agent_invalid_services`: Services skipped in the last sync.
+    pub invalid_services: Gauge,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in `registry`.
+    #[must_use]
+    pub fn new(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            // kube-proxy's buckets: ExponentialBuckets(0.001, 2, 15).
+            sync_duration: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 15),
+            ),
+            last_sync_timestamp: Gauge::default(),
+            last_queued_timestamp: Gauge::default(),
+            network_programming: Histogram::new(network_programming_buckets()),
+            endpoint_changes: Counter::default(),
+            rules_last: Family::default(),
+            restore_failures: Counter::default(),
+            healthz: Family::default(),
+            livez: Family::default(),
+            reconnects: Counter::default(),
+            rejected_revisions: Counter::default(),
+            invalid_services: Gauge::default(),
+        };
+        registry.register(
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds",
+            metrics.sync_duration.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced",
+            metrics.last_sync_timestamp.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued",
+            metrics.last_queued_timestamp.clone(),
+        );
+        registry.register(
+            "kubeproxy_network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds",
+            metrics.network_programming.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes",
+            "Cumulative proxy rules Endpoint changes",
+            metrics.endpoint_changes.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_last",
+            "Number of proxy rules written in the last sync, per table",
+            metrics.rules_last.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures",
+            "Cumulative proxy iptables restore failures",
+            metrics.restore_failures.clone(),
+        );
+        registry.register(
+            "kubeproxy_proxy_healthz",
+            "Cumulative proxy healthz HTTP status",
+            metrics.healthz.clone(),
+        );
+        registry.register(
+            "kubeproxy_proxy_livez",
+            "Cumulative proxy livez HTTP status",
+            metrics.livez.clone(),
+        );
+        registry.register(
+            "splitproxy_agent_reconnects",
+            "Streams to a controller opened after the first",
+            metrics.reconnects.clone(),
+        );
+        registry.register(
+            "splitproxy_agent_rejected_revisions",
+            "Revisions the agent rejected (NACKed), keeping its last good state",
+            metrics.rejected_revisions.clone(),
+        );
+        registry.register(
+            "splitproxy_agent_invalid_services",
+            "Services skipped in the last sync because they cannot be programmed",
+            metrics.invalid_services.clone(),
+        );
+        metrics
+    }
+}
+
+/// kube-proxy's network programming buckets: 0.25, 0.5, 1..59 by 1, 60..115 by 5, 120..300 by 30.
+fn network_programming_buckets() -> Vec<f64> {
+    let mut buckets = vec![0.25, 0.5];
+    buckets.extend((1..60).map(f64::from));
+    buckets.extend((60..120).step_by(5).map(f64::from));
+    buckets.extend((120..=300).step_by(30).map(f64::from));
+    buckets
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn network_programming_buckets_match_kube_proxy() {
+        let buckets = network_programming_buckets();
+        assert_eq!(&buckets[..3], &[0.25, 0.5, 1.0]);
+        assert!(buckets.contains(&59.0) && buckets.contains(&115.0) && buckets.contains(&300.0));
+        assert!(!buckets.contains(&61.0) && !buckets.contains(&125.0));
+        assert!(buckets.windows(2).all(|w| w[0] < w[1]));
+    }
+}

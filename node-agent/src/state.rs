@@ -1,0 +1,237 @@
+//! The node's state as the controller described it: complete revisions applied on top of each
+//! other, and the conversion of that state into the dataplane model.
+
+use splitproxy_dataplane::{self as dp, ProxyState};
+use splitproxy_proto::v1alpha1 as pb;
+use std::{collections::BTreeMap, net::IpAddr};
+
+/// A Service's namespace and name.
+pub type Key = (String, String);
+
+/// Why a revision cannot be taken; the agent rejects it and keeps its last good state.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Rejected {
+    /// A delta arrived while the agent holds no state, or one built on another controller's state.
+    #[error("delta from epoch {got:?} does not build on the applied state (epoch {held:?})")]
+    NotOnAppliedState {
+        /// The epoch of the delta.
+        got: String,
+        /// The epoch of the state held, if any.
+        held: Option<String>,
+    },
+    /// A resource arrived without its key.
+    #[error("resource without a key")]
+    MissingKey,
+}
+
+/// Why one Service cannot be programmed. The Service is skipped; the others are programmed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum InvalidService {
+    /// A cluster IP does not parse.
+    #[error("invalid cluster IP {0:?}")]
+    ClusterIp(String),
+    /// A port is zero or above 65535.
+    #[error("port {0} out of range")]
+    Port(u32),
+    /// A protocol is unspecified or unknown.
+    #[error("unknown protocol {0}")]
+    Protocol(i32),
+    /// An endpoint address does not parse.
+    #[error("invalid endpoint address {0:?}")]
+    EndpointAddress(String),
+}
+
+/// One complete revision as received: every part's changes gathered in order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Revision {
+    /// The sending controller's epoch.
+    pub epoch: String,
+    /// The revision number.
+    pub number: u64,
+    /// Whether the revision replaces the whole state.
+    pub reset: bool,
+    /// The changes, in the order they arrived.
+    pub parts: Vec<pb::SyncResponse>,
+}
+
+/// Services and endpoints by key, as last applied.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeState {
+    /// The controller epoch the state came from; `None` before the first revision.
+    pub epoch: Option<String>,
+    /// The revision the state matches.
+    pub revision: u64,
+    /// Services by key.
+    pub services: BTreeMap<Key, pb::Service>,
+    /// Endpoints by Service key.
+    pub endpoints: BTreeMap<Key, pb::ServiceEndpoints>,
+}
+
+impl NodeState {
+    /// The state after `revision`, or why it cannot be taken.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`Rejected`] for a delta that does not build on this state or a resource without a
+    /// key.
+    pub fn apply(&self, revision: &Revision) -> Result<Self, Rejected> {
+        let mut next = if revision.reset {
+            Self::default()
+        } else if self.epoch.as_deref() == Some(&revision.epoch) {
+            self.clone()
+        } else {
+            return Err(Rejected::NotOnAppliedState {
+                got: revision.epoch.clone(),
+                held: self.epoch.clone(),
+            });
+        };
+        next.epoch = Some(revision.epoch.clone());
+        next.revision = revision.number;
+        for part in &revision.parts {
+            for key in &part.removed_services {
+                let key = key_of(Some(key))?;
+                next.services.remove(&key);
+                next.endpoints.remove(&key);
+            }
+            for key in &part.removed_endpoints {
+                next.endpoints.remove(&key_of(Some(key))?);
+            }
+            for service in &part.upserted_services {
+                next.services
+                    .insert(key_of(service.key.as_ref())?, service.clone());
+            }
+            for endpoints in &part.upserted_endpoints {
+                next.endpoints
+                    .insert(key_of(endpoints.key.as_ref())?, endpoints.clone());
+            }
+        }
+        Ok(next)
+    }
+
+    /// Keys of the Services whose endpoints differ between `self` and `other`.
+    pub fn endpoint_changes<'a>(&'a self, other: &'a Self) -> impl Iterator<Item = &'a Key> {
+        let changed_or_added = other
+            .endpoints
+            .iter()
+            .filter(|(key, eps)| self.endpoints.get(*key) != Some(eps))
+            .map(|(key, _)| key);
+        let removed = self
+            .endpoints
+            .keys()
+            .filter(|key| !other.endpoints.contains_key(*key));
+        changed_or_added.chain(removed)
+    }
+
+    /// The dataplane model of this state. Services that cannot be programmed are skipped and
+    /// returned with the reason, so one bad Service never blocks the others.
+    #[must_use]
+    pub fn to_proxy_state(&self) -> (ProxyState, Vec<(Key, InvalidService)>) {
+        let mut state = ProxyState::default();
+        let mut invalid = Vec::new();
+        for (key, service) in &self.services {
+            match convert_service(key, service, self.endpoints.get(key)) {
+                Ok(converted) => {
+                    state.services.insert(converted.key.clone(), converted);
+                }
+                Err(err) => invalid.push((key.clone(), err)),
+            }
+        }
+        (state, invalid)
+    }
+
+    /// The number of endpoints over all Service ports.
+    #[must_use]
+    pub fn endpoint_count(&self) -> usize {
+        self.endpoints
+            .values()
+            .flat_map(|e| &e.ports)
+            .map(|p| p.endpoints.len())
+            .sum()
+    }
+}
+
+fn key_of(key: Option<&pb::ObjectKey>) -> Result<Key, Rejected> {
+    let key = key.ok_or(Rejected::MissingKey)?;
+    Ok((key.namespace.clone(), key.name.clone()))
+}
+
+fn convert_service(
+    key: &Key,
+    service: &pb::Service,
+    endpoints: Option<&pb::ServiceEndpoints>,
+) -> Result<dp::Service, InvalidService> {
+    let cluster_ips = service
+        .cluster_ips
+        .iter()
+        .map(|ip| {
+            ip.parse::<IpAddr>()
+                .map_err(|_| InvalidService::ClusterIp(ip.clone()))
+        })
+        .collect::<Result<_, _>>()?;
+    let ports = service
+        .ports
+        .iter()
+        .map(|port| {
+            let protocol = protocol(port.protocol)?;
+            let backends = endpoints
+                .into_iter()
+                .flat_map(|e| &e.ports)
+                .find(|p| p.port_name == port.name && p.protocol == port.protocol)
+                .map(|p| p.endpoints.iter().map(convert_endpoint).collect())
+                .transpose()?
+                .unwrap_or_default();
+            Ok(dp::ServicePort {
+                name: port.name.clone(),
+                protocol,
+                port: port_number(port.port)?,
+                node_port: match port.node_port {
+                    0 => None,
+                    n => Some(port_number(n)?),
+                },
+                endpoints: backends,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(dp::Service {
+        key: dp::ServiceKey {
+            namespace: key.0.clone(),
+            name: key.1.clone(),
+        },
+        cluster_ips,
+        ports,
+    })
+}
+
+fn convert_endpoint(endpoint: &pb::Endpoint) -> Result<dp::Endpoint, InvalidService> {
+    let conditions = endpoint.conditions.unwrap_or_default();
+    Ok(dp::Endpoint {
+        ip: endpoint
+            .address
+            .parse()
+            .map_err(|_| InvalidService::EndpointAddress(endpoint.address.clone()))?,
+        port: port_number(endpoint.port)?,
+        ready: conditions.ready,
+        serving: conditions.serving,
+        terminating: conditions.terminating,
+        is_local: endpoint.is_local,
+    })
+}
+
+fn protocol(value: i32) -> Result<dp::Protocol, InvalidService> {
+    match pb::Protocol::try_from(value) {
+        Ok(pb::Protocol::Tcp) => Ok(dp::Protocol::Tcp),
+        Ok(pb::Protocol::Udp) => Ok(dp::Protocol::Udp),
+        Ok(pb::Protocol::Sctp) => Ok(dp::Protocol::Sctp),
+        _ => Err(InvalidService::Protocol(value)),
+    }
+}
+
+fn port_number(port: u32) -> Result<u16, InvalidService> {
+    u16::try_from(port)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or(InvalidService::Port(port))
+}
+
+#[cfg(test)]
+mod tests;

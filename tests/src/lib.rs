@@ -1,0 +1,71 @@
+//! End-to-end harnesses for splitproxy: a lab of network namespaces, the test address block, and
+//! a tiny HTTP test pod with a client that counts which endpoint answered.
+//!
+//! The lab needs root (it creates network namespaces); everything it creates stays inside them.
+
+pub mod addresses;
+pub mod lab;
+pub mod testpod;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+pub use testpod::{HitReport, hit, serve};
+
+/// The path of a binary built from this workspace (`sp-testpod`, `splitproxy-controller`, …), found
+/// next to the running test executable: `target/<profile>/deps/<test>` → `target/<profile>/<name>`.
+///
+/// # Errors
+///
+/// If the running executable's path is unknown or the binary has not been built.
+pub fn workspace_binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot find the running test executable")?;
+    let mut dir = exe
+        .parent()
+        .context("the test executable has no directory")?;
+    if dir.ends_with("deps") {
+        dir = dir.parent().context("the deps directory has no parent")?;
+    }
+    let path = dir.join(name);
+    if !path.is_file() {
+        bail!(
+            "binary {name} not found at {}; build it first with `cargo build --workspace --bins` \
+             (same profile as the tests)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Calls `attempt` until it succeeds or `timeout` has passed, pausing a little longer each time;
+/// for waiting on things that become true eventually (a server listening, rules applied).
+///
+/// # Errors
+///
+/// If `attempt` still fails when `timeout` has passed: its last error, saying what was awaited.
+pub fn eventually<T>(
+    what: &str,
+    timeout: Duration,
+    mut attempt: impl FnMut() -> Result<T>,
+) -> Result<T> {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(20);
+    let mut tries = 0_u32;
+    loop {
+        tries += 1;
+        match attempt() {
+            Ok(value) => return Ok(value),
+            Err(e) if start.elapsed() >= timeout => {
+                return Err(e.context(format!(
+                    "{what}: still failing after {tries} tries in {timeout:?}"
+                )));
+            }
+            Err(_) => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! Driving `sp-testpod` in the lab: start servers that answer with their name, and count who answers.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result, ensure};
+use serde::{Deserialize, Serialize};
+
+use crate::lab::{HasNamespace, Lab, Process};
+use crate::workspace_binary;
+
+/// What `sp-testpod hit` saw: how many requests each server answered, and what went wrong.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HitReport {
+    /// Answers per server name (the body of each successful response).
+    pub answers: BTreeMap<String, u32>,
+    /// Requests that got no `200` answer.
+    pub failures: u32,
+    /// The first few distinct errors, for failure messages.
+    pub errors: Vec<String>,
+}
+
+impl HitReport {
+    /// How many requests were answered.
+    #[must_use]
+    pub fn answered(&self) -> u32 {
+        self.answers.values().sum()
+    }
+
+    /// How many requests `name` answered.
+    #[must_use]
+    pub fn answered_by(&self, name: &str) -> u32 {
+        self.answers.get(name).copied().unwrap_or(0)
+    }
+}
+
+/// Starts `sp-testpod serve` in `ns`, answering every request on `0.0.0.0:port` with `name`.
+///
+/// # Errors
+///
+/// If the `sp-testpod` binary is missing or cannot be started.
+pub fn serve(
+    lab: &mut Lab,
+    ns: &(impl HasNamespace + ?Sized),
+    name: &str,
+    port: u16,
+) -> Result<Process> {
+    let binary = workspace_binary("sp-testpod")?;
+    let listen = format!("0.0.0.0:{port}");
+    lab.spawn(ns, binary, &["serve", "--name", name, "--listen", &listen])
+}
+
+/// Makes `count` requests to `url` from `ns`, each on a new TCP connection, and reports who answered.
+///
+/// Failed requests are counted in the report, not returned as errors: the test decides.
+///
+/// # Errors
+///
+/// If `sp-testpod` is missing, cannot run, exits unsuccessfully or prints no report.
+pub fn hit(
+    lab: &Lab,
+    ns: &(impl HasNamespace + ?Sized),
+    url: &str,
+    count: u32,
+) -> Result<HitReport> {
+    let binary = workspace_binary("sp-testpod")?;
+    let count = count.to_string();
+    let output = lab.exec(ns, binary, &["hit", "--url", url, "--count", &count])?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    ensure!(
+        output.status.success(),
+        "sp-testpod hit {url} in {} exited with {}: {}",
+        ns.ns_name(),
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
+    serde_json::from_str(line)
+        .with_context(|| format!("sp-testpod hit printed no report: {stdout:?}"))
+}
