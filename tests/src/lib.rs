@@ -4,6 +4,7 @@
 //! The lab needs root (it creates network namespaces); everything it creates stays inside them.
 
 pub mod addresses;
+pub mod demo_cluster;
 pub mod lab;
 pub mod testpod;
 

@@ -1,0 +1,166 @@
+//! The whole product on the real kernel: controller → gRPC → agents → iptables → real traffic
+//! between network namespaces. Needs root; `scripts/test.sh` builds the binaries first.
+//!
+//! Addresses: see `splitproxy_e2e::addresses` (node LAN 198.18.0.0/24, pods 10.244.<node>.0/24,
+//! Services 10.96.0.0/16); the web Service is 10.96.0.10:80, node port 30080.
+
+#![allow(clippy::unwrap_used)]
+
+use anyhow::{Context, Result, ensure};
+use splitproxy_dataplane::{Protocol, iptables::chain_names};
+use splitproxy_e2e::{
+    HitReport,
+    demo_cluster::{DemoCluster, SERVICE},
+    eventually, hit,
+    lab::HasNamespace,
+};
+use std::{collections::BTreeSet, time::Duration};
+
+/// Requests per check: with two ready endpoints picked at random, the chance that one of them gets
+/// none of 60 requests is 2 × 2⁻⁶⁰.
+const REQUESTS: u32 = 60;
+/// The longest wait for rules to converge; generous because CI machines are slow and shared.
+const CONVERGE: Duration = Duration::from_secs(90);
+
+/// Asserts that every request was answered, only by `expected`, and that each of them answered.
+fn only_and_all(report: &HitReport, expected: &[String], from: &str) -> Result<()> {
+    let answered: BTreeSet<&str> = report.answers.keys().map(String::as_str).collect();
+    let wanted: BTreeSet<&str> = expected.iter().map(String::as_str).collect();
+    ensure!(
+        report.failures == 0 && answered == wanted,
+        "from {from}: expected answers from exactly {wanted:?} with no failures, got {report:?}"
+    );
+    Ok(())
+}
+
+/// Checks traffic to the cluster IP from every node and every client pod, and to the node port
+/// of every node from the external host.
+fn check_traffic(cluster: &DemoCluster) -> Result<()> {
+    let expected = cluster.ready_web();
+    let url = DemoCluster::cluster_ip_url();
+    for node in &cluster.nodes {
+        only_and_all(
+            &hit(&cluster.lab, node, &url, REQUESTS)?,
+            &expected,
+            node.ns_name(),
+        )?;
+    }
+    for client in &cluster.clients {
+        only_and_all(
+            &hit(&cluster.lab, client, &url, REQUESTS)?,
+            &expected,
+            client.ns_name(),
+        )?;
+    }
+    for node in &cluster.nodes {
+        let url = DemoCluster::node_port_url(node);
+        let from = format!("the external host via {url}");
+        only_and_all(
+            &hit(&cluster.lab, &cluster.external, &url, REQUESTS)?,
+            &expected,
+            &from,
+        )?;
+    }
+    Ok(())
+}
+
+/// Waits until traffic matches the cluster's ready endpoints, then checks it once more in full.
+fn converge(cluster: &DemoCluster, what: &str) -> Result<()> {
+    eventually(what, CONVERGE, || check_traffic(cluster))
+}
+
+#[test]
+fn a_node_port_service_is_reachable_end_to_end_and_survives_the_controller() -> Result<()> {
+    let mut cluster = DemoCluster::start("skel")?;
+    converge(
+        &cluster,
+        "traffic reaches exactly the ready endpoints (web-a, web-c)",
+    )
+    .with_context(|| cluster.logs())?;
+
+    // The rules have kube-proxy's layout and names, so the usual troubleshooting works.
+    let port_name = format!("{SERVICE}:http");
+    let svc_chain = chain_names::service_chain(&port_name, Protocol::Tcp);
+    let node1 = &cluster.nodes[0];
+    let nat = cluster.run(node1, "iptables-save", &["-t", "nat"])?;
+    for expected in [
+        format!(
+            "-A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -m comment --comment \"{port_name} cluster IP\" -m tcp --dport 80 -j {svc_chain}"
+        ),
+        "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+            .to_owned(),
+        format!(
+            "-j {}",
+            chain_names::endpoint_chain(&port_name, Protocol::Tcp, "10.244.1.2:8080")
+        ),
+        "-j DNAT --to-destination 10.244.1.2:8080".to_owned(),
+    ] {
+        ensure!(
+            nat.contains(&expected),
+            "node-1's nat table lacks {expected:?}:\n{nat}"
+        );
+    }
+    ensure!(
+        !nat.contains("10.244.2.2:8080"),
+        "the not-ready endpoint web-b must not be programmed:\n{nat}"
+    );
+
+    // kube-proxy's endpoints.
+    let mode = cluster.run(node1, "curl", &["-sf", "http://127.0.0.1:10249/proxyMode"])?;
+    ensure!(mode == "iptables", "/proxyMode said {mode:?}");
+    let health = cluster.run(node1, "curl", &["-sf", "http://127.0.0.1:10256/healthz"])?;
+    ensure!(health.contains("lastUpdated"), "/healthz said {health:?}");
+
+    // The real grpcurl sees the node's state through reflection.
+    let services = cluster.run(node1, "grpcurl", &["-plaintext", "127.0.0.1:10661", "list"])?;
+    ensure!(
+        services.contains("splitproxy.v1alpha1.NodeInspectionService"),
+        "grpcurl list: {services}"
+    );
+    let listed = cluster.run(
+        node1,
+        "grpcurl",
+        &[
+            "-plaintext",
+            "127.0.0.1:10661",
+            "splitproxy.v1alpha1.NodeInspectionService/ListServices",
+        ],
+    )?;
+    ensure!(
+        listed.contains("\"name\": \"web\"") && listed.contains("10.244.2.3"),
+        "grpcurl ListServices: {listed}"
+    );
+
+    // Editing the manifests converges: web-a goes away, web-b becomes ready.
+    cluster.set_web(&[("web-b", true), ("web-c", true)])?;
+    converge(&cluster, "traffic moves to web-b and web-c after the edit")
+        .with_context(|| cluster.logs())?;
+
+    // Fail static: with the controller gone, the rules stay and traffic keeps flowing.
+    cluster.kill_controller()?;
+    check_traffic(&cluster).context("after the controller was killed")?;
+    for node in &cluster.nodes {
+        eventually("the agent notices the controller is gone", CONVERGE, || {
+            let metrics = cluster.run(node, "curl", &["-sf", "http://127.0.0.1:10249/metrics"])?;
+            ensure!(
+                metrics
+                    .lines()
+                    .any(|l| l.starts_with("splitproxy_agent_reconnects_total ")
+                        && !l.ends_with(" 0")),
+                "no reconnect counted yet"
+            );
+            Ok(())
+        })?;
+    }
+    check_traffic(&cluster).context("while the agents retry the dead controller")?;
+
+    // A new controller process (new epoch) resets the agents, which reconcile without a flush.
+    cluster.start_controller()?;
+    cluster.set_web(&[("web-a", true), ("web-b", false), ("web-c", true)])?;
+    converge(
+        &cluster,
+        "traffic follows the manifests again after the restart",
+    )
+    .with_context(|| cluster.logs())?;
+    Ok(())
+}
