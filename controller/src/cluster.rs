@@ -273,7 +273,7 @@ fn merge_slices<'a>(
                     endpoints: eps.into_values().collect(),
                 })
                 .collect();
-            (!ports.is_empty()).then(|| {
+            (!ports.is_empty()).then_some({
                 (
                     key,
                     ServiceBackends {

@@ -55,7 +55,15 @@ pub async fn run<D: Dataplane>(
         attempt += 1;
         status.update(|s| s.controller.clone_from(controller));
         let mut progressed = false;
-        let result = stream_once(&config, controller, &mut applier, &status, &mut progressed).await;
+        let result = stream_once(
+            &config,
+            controller,
+            &mut applier,
+            &status,
+            &metrics,
+            &mut progressed,
+        )
+        .await;
         status.update(|s| s.connected = false);
         if let Err(err) = result {
             tracing::warn!(%controller, error = %error_chain(&err), "controller stream ended");
@@ -82,6 +90,7 @@ async fn stream_once<D: Dataplane>(
     controller: &str,
     applier: &mut Applier<D>,
     status: &Status,
+    metrics: &Metrics,
     progressed: &mut bool,
 ) -> Result<(), StreamError> {
     let channel = tonic::transport::Endpoint::from_shared(controller.to_owned())
@@ -167,6 +176,7 @@ async fn stream_once<D: Dataplane>(
             Err(err) => {
                 let reason = error_chain(&err);
                 tracing::warn!(revision = revision.number, %reason, "rejecting revision");
+                metrics.rejected_revisions.inc();
                 pb::Ack {
                     revision: revision.number,
                     status: pb::AckStatus::Rejected as i32,

@@ -138,3 +138,6 @@ fn health_response(state: &HealthState, with_eligibility: bool) -> impl IntoResp
 fn rfc3339(time: SystemTime) -> String {
     prost_types::Timestamp::from(time).to_string()
 }
+
+#[cfg(test)]
+mod tests;

@@ -119,7 +119,7 @@ impl Metrics {
         );
         registry.register(
             "splitproxy_agent_reconnects",
-            "Streams to a controller opened after the first",
+            "Times a controller stream ended or could not be opened, followed by a new attempt",
             metrics.reconnects.clone(),
         );
         registry.register(

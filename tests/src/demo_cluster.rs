@@ -3,12 +3,14 @@
 //! names, a client pod per node and an external client. Used by the end-to-end test and the demo.
 
 use crate::{
+    HitReport,
     addresses::{self, CONTROL_PLANE, EXTERNAL_CLIENT},
+    hit,
     lab::{HasNamespace, Host, Lab, Node, Pod, Process},
     serve, workspace_binary,
 };
-use anyhow::{Context, Result};
-use std::{fmt::Write as _, net::Ipv4Addr, path::Path};
+use anyhow::{Context, Result, ensure};
+use std::{collections::BTreeSet, fmt::Write as _, net::Ipv4Addr, path::Path};
 
 /// The web Service's namespace and name.
 pub const SERVICE: &str = "demo/web";
@@ -22,6 +24,17 @@ pub const NODE_PORT: u16 = 30080;
 pub const POD_PORT: u16 = 8080;
 /// The port the controller listens on.
 pub const CONTROLLER_PORT: u16 = 10660;
+
+/// Who answered the requests from one place to one URL.
+#[derive(Debug, Clone)]
+pub struct Observation {
+    /// Where the requests came from (a namespace's short description).
+    pub from: String,
+    /// Where they went.
+    pub url: String,
+    /// Who answered.
+    pub report: HitReport,
+}
 
 /// One web pod and whether its endpoint is ready.
 #[derive(Debug, Clone)]
@@ -220,6 +233,61 @@ impl DemoCluster {
     #[must_use]
     pub fn node_port_url(node: &Node) -> String {
         format!("http://{}:{NODE_PORT}/", node.ip())
+    }
+
+    /// Sends `requests` requests to the cluster IP from every node and every client pod, and to
+    /// every node's node port from the external host.
+    ///
+    /// # Errors
+    ///
+    /// If a client cannot run (failed requests are counted in the reports, not errors).
+    pub fn observe(&self, requests: u32) -> Result<Vec<Observation>> {
+        let cluster_ip = Self::cluster_ip_url();
+        let mut observations = Vec::new();
+        let mut record = |from: String, ns: &dyn HasNamespace, url: &str| -> Result<()> {
+            let report = hit(&self.lab, ns, url, requests)?;
+            observations.push(Observation {
+                from,
+                url: url.to_owned(),
+                report,
+            });
+            Ok(())
+        };
+        for node in &self.nodes {
+            record(format!("{} (the node)", node.name()), node, &cluster_ip)?;
+        }
+        for client in &self.clients {
+            let from = format!("{} (a pod on {})", client.name(), client.node_name());
+            record(from, client, &cluster_ip)?;
+        }
+        for node in &self.nodes {
+            let from = format!("{} (outside the cluster)", self.external.name());
+            record(from, &self.external, &Self::node_port_url(node))?;
+        }
+        Ok(observations)
+    }
+
+    /// [`DemoCluster::observe`], failing unless every request was answered, only by the ready
+    /// web pods, and each of those answered at least once from every place.
+    ///
+    /// # Errors
+    ///
+    /// On any failed request, an answer from a pod that is not ready, or a ready pod not reached.
+    pub fn check_traffic(&self, requests: u32) -> Result<Vec<Observation>> {
+        let ready = self.ready_web();
+        let wanted: BTreeSet<&str> = ready.iter().map(String::as_str).collect();
+        let observations = self.observe(requests)?;
+        for o in &observations {
+            let answered: BTreeSet<&str> = o.report.answers.keys().map(String::as_str).collect();
+            ensure!(
+                o.report.failures == 0 && answered == wanted,
+                "from {} to {}: expected answers from exactly {wanted:?} with no failures, got {:?}",
+                o.from,
+                o.url,
+                o.report
+            );
+        }
+        Ok(observations)
     }
 
     /// Runs a command in `ns` and returns its standard output, failing on a non-zero exit.

@@ -9,12 +9,10 @@
 use anyhow::{Context, Result, ensure};
 use splitproxy_dataplane::{Protocol, iptables::chain_names};
 use splitproxy_e2e::{
-    HitReport,
     demo_cluster::{DemoCluster, SERVICE},
-    eventually, hit,
-    lab::HasNamespace,
+    eventually,
 };
-use std::{collections::BTreeSet, time::Duration};
+use std::time::Duration;
 
 /// Requests per check: with two ready endpoints picked at random, the chance that one of them gets
 /// none of 60 requests is 2 × 2⁻⁶⁰.
@@ -22,51 +20,9 @@ const REQUESTS: u32 = 60;
 /// The longest wait for rules to converge; generous because CI machines are slow and shared.
 const CONVERGE: Duration = Duration::from_secs(90);
 
-/// Asserts that every request was answered, only by `expected`, and that each of them answered.
-fn only_and_all(report: &HitReport, expected: &[String], from: &str) -> Result<()> {
-    let answered: BTreeSet<&str> = report.answers.keys().map(String::as_str).collect();
-    let wanted: BTreeSet<&str> = expected.iter().map(String::as_str).collect();
-    ensure!(
-        report.failures == 0 && answered == wanted,
-        "from {from}: expected answers from exactly {wanted:?} with no failures, got {report:?}"
-    );
-    Ok(())
-}
-
-/// Checks traffic to the cluster IP from every node and every client pod, and to the node port
-/// of every node from the external host.
-fn check_traffic(cluster: &DemoCluster) -> Result<()> {
-    let expected = cluster.ready_web();
-    let url = DemoCluster::cluster_ip_url();
-    for node in &cluster.nodes {
-        only_and_all(
-            &hit(&cluster.lab, node, &url, REQUESTS)?,
-            &expected,
-            node.ns_name(),
-        )?;
-    }
-    for client in &cluster.clients {
-        only_and_all(
-            &hit(&cluster.lab, client, &url, REQUESTS)?,
-            &expected,
-            client.ns_name(),
-        )?;
-    }
-    for node in &cluster.nodes {
-        let url = DemoCluster::node_port_url(node);
-        let from = format!("the external host via {url}");
-        only_and_all(
-            &hit(&cluster.lab, &cluster.external, &url, REQUESTS)?,
-            &expected,
-            &from,
-        )?;
-    }
-    Ok(())
-}
-
 /// Waits until traffic matches the cluster's ready endpoints, then checks it once more in full.
 fn converge(cluster: &DemoCluster, what: &str) -> Result<()> {
-    eventually(what, CONVERGE, || check_traffic(cluster))
+    eventually(what, CONVERGE, || cluster.check_traffic(REQUESTS).map(drop))
 }
 
 #[test]
@@ -138,7 +94,9 @@ fn a_node_port_service_is_reachable_end_to_end_and_survives_the_controller() -> 
 
     // Fail static: with the controller gone, the rules stay and traffic keeps flowing.
     cluster.kill_controller()?;
-    check_traffic(&cluster).context("after the controller was killed")?;
+    cluster
+        .check_traffic(REQUESTS)
+        .context("after the controller was killed")?;
     for node in &cluster.nodes {
         eventually("the agent notices the controller is gone", CONVERGE, || {
             let metrics = cluster.run(node, "curl", &["-sf", "http://127.0.0.1:10249/metrics"])?;
@@ -152,7 +110,9 @@ fn a_node_port_service_is_reachable_end_to_end_and_survives_the_controller() -> 
             Ok(())
         })?;
     }
-    check_traffic(&cluster).context("while the agents retry the dead controller")?;
+    cluster
+        .check_traffic(REQUESTS)
+        .context("while the agents retry the dead controller")?;
 
     // A new controller process (new epoch) resets the agents, which reconcile without a flush.
     cluster.start_controller()?;

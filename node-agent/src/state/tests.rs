@@ -1,1 +1,659 @@
+//! Test addresses: cluster IPs 10.96.0.0/16, pods 10.244.0.0/16 (10.244.1.0/24 on this node,
+//! node-1; 10.244.2.0/24 on node-2).
+
 use super::*;
+use std::net::Ipv4Addr;
+
+const TCP: pb::Protocol = pb::Protocol::Tcp;
+const UDP: pb::Protocol = pb::Protocol::Udp;
+
+fn object_key(name: &str) -> pb::ObjectKey {
+    pb::ObjectKey {
+        namespace: "demo".into(),
+        name: name.into(),
+    }
+}
+
+fn key(name: &str) -> Key {
+    ("demo".to_owned(), name.to_owned())
+}
+
+fn port(name: &str, protocol: pb::Protocol, port: u32, node_port: u32) -> pb::ServicePort {
+    pb::ServicePort {
+        name: name.into(),
+        protocol: protocol as i32,
+        port,
+        node_port,
+    }
+}
+
+/// A Service `demo/<name>` on `cluster_ip` with the given ports.
+fn service(name: &str, cluster_ip: &str, ports: Vec<pb::ServicePort>) -> pb::Service {
+    pb::Service {
+        key: Some(object_key(name)),
+        cluster_ips: vec![cluster_ip.into()],
+        ports,
+    }
+}
+
+/// A ready endpoint `address:port`.
+fn endpoint(address: &str, port: u32, is_local: bool) -> pb::Endpoint {
+    pb::Endpoint {
+        address: address.into(),
+        port,
+        conditions: Some(pb::EndpointConditions {
+            ready: true,
+            serving: true,
+            terminating: false,
+        }),
+        is_local,
+    }
+}
+
+fn port_endpoints(
+    port_name: &str,
+    protocol: pb::Protocol,
+    endpoints: Vec<pb::Endpoint>,
+) -> pb::PortEndpoints {
+    pb::PortEndpoints {
+        port_name: port_name.into(),
+        protocol: protocol as i32,
+        endpoints,
+    }
+}
+
+fn endpoints(name: &str, ports: Vec<pb::PortEndpoints>) -> pb::ServiceEndpoints {
+    pb::ServiceEndpoints {
+        key: Some(object_key(name)),
+        ports,
+        last_change_trigger_time: None,
+    }
+}
+
+/// A Service `demo/<name>` with one unnamed TCP port 80, and its endpoint set with one endpoint
+/// `10.244.1.<host>:8080`.
+fn web(name: &str, host: u8) -> (pb::Service, pb::ServiceEndpoints) {
+    (
+        service(name, "10.96.0.10", vec![port("", TCP, 80, 0)]),
+        endpoints(
+            name,
+            vec![port_endpoints(
+                "",
+                TCP,
+                vec![endpoint(&format!("10.244.1.{host}"), 8080, true)],
+            )],
+        ),
+    )
+}
+
+/// One complete part carrying the given changes.
+#[derive(Default)]
+struct Part {
+    upserted_services: Vec<pb::Service>,
+    removed_services: Vec<&'static str>,
+    upserted_endpoints: Vec<pb::ServiceEndpoints>,
+    removed_endpoints: Vec<&'static str>,
+}
+
+fn revision(epoch: &str, number: u64, reset: bool, parts: Vec<Part>) -> Revision {
+    let count = parts.len();
+    Revision {
+        epoch: epoch.into(),
+        number,
+        reset,
+        parts: parts
+            .into_iter()
+            .enumerate()
+            .map(|(i, part)| pb::SyncResponse {
+                controller_epoch: epoch.into(),
+                revision: number,
+                reset,
+                complete: i + 1 == count,
+                upserted_services: part.upserted_services,
+                removed_services: part.removed_services.into_iter().map(object_key).collect(),
+                upserted_endpoints: part.upserted_endpoints,
+                removed_endpoints: part.removed_endpoints.into_iter().map(object_key).collect(),
+                trace_context: None,
+            })
+            .collect(),
+    }
+}
+
+/// The state after a reset of epoch `e1`, revision 1, holding `a` and `b` with their endpoints.
+fn state_with_a_and_b() -> NodeState {
+    let (a, a_eps) = web("a", 2);
+    let (b, b_eps) = web("b", 3);
+    NodeState::default()
+        .apply(&revision(
+            "e1",
+            1,
+            true,
+            vec![Part {
+                upserted_services: vec![a, b],
+                upserted_endpoints: vec![a_eps, b_eps],
+                ..Part::default()
+            }],
+        ))
+        .expect("a reset applies on an empty state")
+}
+
+fn service_names(state: &NodeState) -> Vec<&str> {
+    state
+        .services
+        .keys()
+        .map(|(_, name)| name.as_str())
+        .collect()
+}
+
+fn endpoint_names(state: &NodeState) -> Vec<&str> {
+    state
+        .endpoints
+        .keys()
+        .map(|(_, name)| name.as_str())
+        .collect()
+}
+
+#[test]
+fn first_reset_is_taken_with_its_epoch_and_revision() {
+    let state = state_with_a_and_b();
+    assert_eq!(state.epoch.as_deref(), Some("e1"));
+    assert_eq!(state.revision, 1);
+    assert_eq!(service_names(&state), ["a", "b"]);
+    assert_eq!(endpoint_names(&state), ["a", "b"]);
+    assert_eq!(state.endpoint_count(), 2);
+}
+
+#[test]
+fn reset_replaces_everything_the_agent_held() {
+    let held = state_with_a_and_b();
+    let (c, c_eps) = web("c", 4);
+    let (b, _) = web("b", 3);
+    let next = held
+        .apply(&revision(
+            "e2",
+            1,
+            true,
+            vec![Part {
+                upserted_services: vec![b, c],
+                upserted_endpoints: vec![c_eps.clone()],
+                ..Part::default()
+            }],
+        ))
+        .expect("a reset applies whatever the state held");
+    assert_eq!(next.epoch.as_deref(), Some("e2"));
+    assert_eq!(next.revision, 1);
+    assert_eq!(service_names(&next), ["b", "c"]);
+    // b's endpoints were not named by the reset, so they are gone even though b stays.
+    assert_eq!(endpoint_names(&next), ["c"]);
+    assert_eq!(next.endpoints[&key("c")], c_eps);
+}
+
+#[test]
+fn empty_reset_leaves_no_services() {
+    let next = state_with_a_and_b()
+        .apply(&revision("e1", 2, true, vec![Part::default()]))
+        .expect("an empty reset applies");
+    assert!(next.services.is_empty() && next.endpoints.is_empty());
+}
+
+#[test]
+fn delta_upserts_and_removes_services_and_endpoints() {
+    let held = state_with_a_and_b();
+    let changed_a = service("a", "10.96.0.20", vec![port("", TCP, 8080, 0)]);
+    let (c, c_eps) = web("c", 4);
+    let (_, new_a_eps) = web("a", 9);
+    let next = held
+        .apply(&revision(
+            "e1",
+            2,
+            false,
+            vec![Part {
+                upserted_services: vec![changed_a.clone(), c.clone()],
+                upserted_endpoints: vec![new_a_eps.clone(), c_eps.clone()],
+                removed_endpoints: vec!["b"],
+                ..Part::default()
+            }],
+        ))
+        .expect("a delta of the held epoch applies");
+    assert_eq!(next.revision, 2);
+    assert_eq!(service_names(&next), ["a", "b", "c"]);
+    assert_eq!(next.services[&key("a")], changed_a);
+    assert_eq!(next.services[&key("c")], c);
+    // b keeps its Service but loses its endpoints.
+    assert_eq!(endpoint_names(&next), ["a", "c"]);
+    assert_eq!(next.endpoints[&key("a")], new_a_eps);
+    assert_eq!(next.endpoints[&key("c")], c_eps);
+}
+
+#[test]
+fn delta_leaves_resources_it_does_not_name_alone() {
+    let held = state_with_a_and_b();
+    let (c, _) = web("c", 4);
+    let next = held
+        .apply(&revision(
+            "e1",
+            2,
+            false,
+            vec![Part {
+                upserted_services: vec![c],
+                ..Part::default()
+            }],
+        ))
+        .expect("a delta of the held epoch applies");
+    assert_eq!(next.services[&key("a")], held.services[&key("a")]);
+    assert_eq!(next.services[&key("b")], held.services[&key("b")]);
+    assert_eq!(next.endpoints, held.endpoints);
+}
+
+#[test]
+fn removing_a_service_removes_its_endpoints() {
+    let next = state_with_a_and_b()
+        .apply(&revision(
+            "e1",
+            2,
+            false,
+            vec![Part {
+                removed_services: vec!["a"],
+                ..Part::default()
+            }],
+        ))
+        .expect("a delta of the held epoch applies");
+    assert_eq!(service_names(&next), ["b"]);
+    assert_eq!(endpoint_names(&next), ["b"]);
+    let (proxy, invalid) = next.to_proxy_state();
+    assert!(invalid.is_empty());
+    let names: Vec<&str> = proxy.services.keys().map(|k| k.name.as_str()).collect();
+    assert_eq!(names, ["b"]);
+}
+
+#[test]
+fn delta_from_another_epoch_is_rejected_and_the_state_is_untouched() {
+    let held = state_with_a_and_b();
+    let before = held.clone();
+    let err = held
+        .apply(&revision(
+            "e2",
+            2,
+            false,
+            vec![Part {
+                removed_services: vec!["a", "b"],
+                ..Part::default()
+            }],
+        ))
+        .expect_err("a delta of another epoch must not apply");
+    assert_eq!(
+        err,
+        Rejected::NotOnAppliedState {
+            got: "e2".into(),
+            held: Some("e1".into()),
+        }
+    );
+    assert_eq!(held, before);
+}
+
+#[test]
+fn delta_before_any_state_is_rejected() {
+    let (a, a_eps) = web("a", 2);
+    let err = NodeState::default()
+        .apply(&revision(
+            "e1",
+            1,
+            false,
+            vec![Part {
+                upserted_services: vec![a],
+                upserted_endpoints: vec![a_eps],
+                ..Part::default()
+            }],
+        ))
+        .expect_err("a delta needs a state to build on");
+    assert_eq!(
+        err,
+        Rejected::NotOnAppliedState {
+            got: "e1".into(),
+            held: None,
+        }
+    );
+}
+
+#[test]
+fn service_without_key_is_rejected() {
+    let held = state_with_a_and_b();
+    let mut keyless = web("c", 4).0;
+    keyless.key = None;
+    let err = held
+        .apply(&revision(
+            "e1",
+            2,
+            false,
+            vec![Part {
+                upserted_services: vec![keyless],
+                removed_services: vec!["a"],
+                ..Part::default()
+            }],
+        ))
+        .expect_err("a Service without key cannot be stored");
+    assert_eq!(err, Rejected::MissingKey);
+    assert_eq!(service_names(&held), ["a", "b"]);
+}
+
+#[test]
+fn endpoints_without_key_are_rejected_even_in_a_reset() {
+    let mut keyless = web("a", 2).1;
+    keyless.key = None;
+    let err = NodeState::default()
+        .apply(&revision(
+            "e1",
+            1,
+            true,
+            vec![Part {
+                upserted_services: vec![web("a", 2).0],
+                upserted_endpoints: vec![keyless],
+                ..Part::default()
+            }],
+        ))
+        .expect_err("an endpoint set without key cannot be stored");
+    assert_eq!(err, Rejected::MissingKey);
+}
+
+#[test]
+fn revision_split_in_parts_is_applied_in_order() {
+    let held = state_with_a_and_b();
+    let a_on_81 = service("a", "10.96.0.10", vec![port("", TCP, 81, 0)]);
+    let a_on_82 = service("a", "10.96.0.10", vec![port("", TCP, 82, 0)]);
+    let (c, c_eps) = web("c", 4);
+    let next = held
+        .apply(&revision(
+            "e1",
+            2,
+            false,
+            vec![
+                Part {
+                    upserted_services: vec![a_on_81, c],
+                    upserted_endpoints: vec![c_eps],
+                    ..Part::default()
+                },
+                Part {
+                    // Removals of a part come before its upserts; across parts, order counts.
+                    removed_services: vec!["c", "b"],
+                    upserted_services: vec![a_on_82.clone()],
+                    ..Part::default()
+                },
+                Part {
+                    upserted_services: vec![web("b", 5).0],
+                    ..Part::default()
+                },
+            ],
+        ))
+        .expect("every part builds on the held epoch");
+    assert_eq!(next.revision, 2);
+    assert_eq!(service_names(&next), ["a", "b"]);
+    assert_eq!(next.services[&key("a")], a_on_82);
+    // b came back in the last part, without the endpoints it lost with its removal.
+    assert_eq!(endpoint_names(&next), ["a"]);
+}
+
+#[test]
+fn to_proxy_state_joins_endpoints_to_ports_by_port_name_and_protocol() {
+    let svc = pb::Service {
+        key: Some(object_key("dns")),
+        cluster_ips: vec!["10.96.0.53".into(), "fd00:10:96::53".into()],
+        ports: vec![
+            port("dns", UDP, 53, 0),
+            port("dns-tcp", TCP, 53, 30053),
+            port("metrics", TCP, 9153, 0),
+        ],
+    };
+    let eps = endpoints(
+        "dns",
+        vec![
+            // Same name as a Service port, other protocol: belongs to no port.
+            port_endpoints("dns", TCP, vec![endpoint("10.244.2.9", 5353, false)]),
+            port_endpoints(
+                "dns",
+                UDP,
+                vec![
+                    endpoint("10.244.1.2", 5353, true),
+                    endpoint("10.244.2.3", 5353, false),
+                ],
+            ),
+            port_endpoints("dns-tcp", TCP, vec![endpoint("10.244.1.2", 5354, true)]),
+        ],
+    );
+    let state = NodeState::default()
+        .apply(&revision(
+            "e1",
+            1,
+            true,
+            vec![Part {
+                upserted_services: vec![svc],
+                upserted_endpoints: vec![eps],
+                ..Part::default()
+            }],
+        ))
+        .expect("a reset applies");
+    let (proxy, invalid) = state.to_proxy_state();
+    assert!(invalid.is_empty(), "{invalid:?}");
+    let dp_endpoint = |ip: [u8; 4], port, is_local| dp::Endpoint {
+        ip: IpAddr::V4(Ipv4Addr::from(ip)),
+        port,
+        ready: true,
+        serving: true,
+        terminating: false,
+        is_local,
+    };
+    let expected = dp::Service {
+        key: dp::ServiceKey {
+            namespace: "demo".into(),
+            name: "dns".into(),
+        },
+        cluster_ips: vec![
+            "10.96.0.53".parse().expect("valid"),
+            "fd00:10:96::53".parse().expect("valid"),
+        ],
+        ports: vec![
+            dp::ServicePort {
+                name: "dns".into(),
+                protocol: dp::Protocol::Udp,
+                port: 53,
+                node_port: None,
+                endpoints: vec![
+                    dp_endpoint([10, 244, 1, 2], 5353, true),
+                    dp_endpoint([10, 244, 2, 3], 5353, false),
+                ],
+            },
+            dp::ServicePort {
+                name: "dns-tcp".into(),
+                protocol: dp::Protocol::Tcp,
+                port: 53,
+                node_port: Some(30053),
+                endpoints: vec![dp_endpoint([10, 244, 1, 2], 5354, true)],
+            },
+            dp::ServicePort {
+                name: "metrics".into(),
+                protocol: dp::Protocol::Tcp,
+                port: 9153,
+                node_port: None,
+                endpoints: Vec::new(),
+            },
+        ],
+    };
+    assert_eq!(proxy.services.len(), 1);
+    assert_eq!(proxy.services[&expected.key], expected);
+}
+
+#[test]
+fn to_proxy_state_carries_endpoint_conditions() {
+    let (svc, mut eps) = web("a", 2);
+    eps.ports[0].endpoints[0].conditions = Some(pb::EndpointConditions {
+        ready: false,
+        serving: true,
+        terminating: true,
+    });
+    let state = NodeState {
+        epoch: Some("e1".into()),
+        revision: 1,
+        services: [(key("a"), svc)].into(),
+        endpoints: [(key("a"), eps)].into(),
+    };
+    let (proxy, _) = state.to_proxy_state();
+    let ep = &proxy
+        .services
+        .values()
+        .next()
+        .expect("a is converted")
+        .ports[0]
+        .endpoints[0];
+    assert!(!ep.ready && ep.serving && ep.terminating && ep.is_local);
+}
+
+/// A Service and, if it has any, its endpoint set.
+type WithEndpoints = (pb::Service, Option<pb::ServiceEndpoints>);
+
+#[test]
+fn to_proxy_state_skips_only_the_services_that_cannot_be_programmed() {
+    let bad_endpoint = |address: &str, port| {
+        let (svc, mut eps) = web("x", 0);
+        eps.ports[0].endpoints = vec![endpoint(address, port, false)];
+        (svc, Some(eps))
+    };
+    let cases: Vec<(&str, WithEndpoints, InvalidService)> = vec![
+        (
+            "cluster IP",
+            (
+                service("x", "10.96.0.300", vec![port("", TCP, 80, 0)]),
+                None,
+            ),
+            InvalidService::ClusterIp("10.96.0.300".into()),
+        ),
+        (
+            "port zero",
+            (service("x", "10.96.0.11", vec![port("", TCP, 0, 0)]), None),
+            InvalidService::Port(0),
+        ),
+        (
+            "port above 65535",
+            (
+                service("x", "10.96.0.11", vec![port("", TCP, 65536, 0)]),
+                None,
+            ),
+            InvalidService::Port(65536),
+        ),
+        (
+            "node port above 65535",
+            (
+                service("x", "10.96.0.11", vec![port("", TCP, 80, 70000)]),
+                None,
+            ),
+            InvalidService::Port(70000),
+        ),
+        (
+            "unspecified protocol",
+            (
+                service(
+                    "x",
+                    "10.96.0.11",
+                    vec![port("", pb::Protocol::Unspecified, 80, 0)],
+                ),
+                None,
+            ),
+            InvalidService::Protocol(0),
+        ),
+        (
+            "unknown protocol",
+            (
+                service(
+                    "x",
+                    "10.96.0.11",
+                    vec![pb::ServicePort {
+                        name: String::new(),
+                        protocol: 99,
+                        port: 80,
+                        node_port: 0,
+                    }],
+                ),
+                None,
+            ),
+            InvalidService::Protocol(99),
+        ),
+        (
+            "endpoint address",
+            bad_endpoint("10.244.1", 8080),
+            InvalidService::EndpointAddress("10.244.1".into()),
+        ),
+        (
+            "endpoint port",
+            bad_endpoint("10.244.1.7", 0),
+            InvalidService::Port(0),
+        ),
+    ];
+    for (case, (bad, bad_eps), reason) in cases {
+        let (a, a_eps) = web("a", 2);
+        let (z, z_eps) = web("z", 3);
+        let state = NodeState::default()
+            .apply(&revision(
+                "e1",
+                1,
+                true,
+                vec![Part {
+                    upserted_services: vec![a, bad, z],
+                    upserted_endpoints: [a_eps, z_eps].into_iter().chain(bad_eps).collect(),
+                    ..Part::default()
+                }],
+            ))
+            .expect("an invalid Service is stored; only its conversion fails");
+        let (proxy, invalid) = state.to_proxy_state();
+        assert_eq!(invalid, [(key("x"), reason)], "case {case}");
+        let names: Vec<&str> = proxy.services.keys().map(|k| k.name.as_str()).collect();
+        assert_eq!(names, ["a", "z"], "case {case}");
+        assert!(
+            proxy
+                .services
+                .values()
+                .all(|s| s.ports[0].endpoints.len() == 1),
+            "case {case}: the valid Services keep their endpoints"
+        );
+    }
+}
+
+#[test]
+fn endpoint_changes_lists_changed_added_and_removed_sets_only() {
+    let (a, a_eps) = web("a", 2);
+    let (b, b_eps) = web("b", 3);
+    let (c, c_eps) = web("c", 4);
+    let (d, d_eps) = web("d", 5);
+    let before = NodeState::default()
+        .apply(&revision(
+            "e1",
+            1,
+            true,
+            vec![Part {
+                upserted_services: vec![a.clone(), b.clone(), c.clone(), d],
+                upserted_endpoints: vec![a_eps, b_eps.clone(), c_eps, d_eps],
+                ..Part::default()
+            }],
+        ))
+        .expect("a reset applies");
+    let (e, e_eps) = web("e", 6);
+    let after = before
+        .apply(&revision(
+            "e1",
+            2,
+            false,
+            vec![Part {
+                // a: endpoints changed; b: Service changed, endpoints re-sent unchanged;
+                // c: endpoints removed; d: Service removed; e: added.
+                upserted_services: vec![service("b", "10.96.0.99", vec![port("", TCP, 80, 0)]), e],
+                upserted_endpoints: vec![web("a", 7).1, b_eps, e_eps],
+                removed_endpoints: vec!["c"],
+                removed_services: vec!["d"],
+            }],
+        ))
+        .expect("a delta of the held epoch applies");
+    let mut changed: Vec<&str> = before
+        .endpoint_changes(&after)
+        .map(|(_, name)| name.as_str())
+        .collect();
+    changed.sort_unstable();
+    assert_eq!(changed, ["a", "c", "d", "e"]);
+    assert_eq!(after.endpoint_changes(&after).count(), 0);
+}

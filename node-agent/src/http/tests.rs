@@ -1,0 +1,211 @@
+use super::*;
+use axum::{body::Body, http::Request};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The answer to one GET: status code, `Content-Type`, body.
+struct Answer {
+    code: StatusCode,
+    content_type: String,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).expect("the body is JSON")
+    }
+}
+
+async fn get(router: Router, path: &str) -> Answer {
+    let response = router
+        .oneshot(
+            Request::get(path)
+                .body(Body::empty())
+                .expect("a valid request"),
+        )
+        .await
+        .expect("routers are infallible");
+    let code = response.status();
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("the body is readable")
+        .to_bytes();
+    Answer {
+        code,
+        content_type,
+        body: String::from_utf8(bytes.to_vec()).expect("the body is UTF-8"),
+    }
+}
+
+/// The agent's two routers sharing one registry, as `lib::run` wires them.
+struct Servers {
+    status: Status,
+    metrics_router: Router,
+    health_router: Router,
+}
+
+fn servers() -> Servers {
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let status = Status::default();
+    Servers {
+        metrics_router: metrics_router(Arc::new(registry), "iptables"),
+        health_router: health_router(status.clone(), metrics, TIMEOUT),
+        status,
+    }
+}
+
+fn parses_as_time(value: &serde_json::Value) -> bool {
+    value
+        .as_str()
+        .is_some_and(|t| t.parse::<prost_types::Timestamp>().is_ok())
+}
+
+#[tokio::test]
+async fn proxy_mode_returns_the_mode_as_plain_text() {
+    let answer = get(servers().metrics_router, "/proxyMode").await;
+    assert_eq!(answer.code, StatusCode::OK);
+    assert!(
+        answer.content_type.starts_with("text/plain"),
+        "{}",
+        answer.content_type
+    );
+    assert_eq!(answer.body, "iptables");
+}
+
+#[tokio::test]
+async fn metrics_exports_kube_proxy_sync_duration() {
+    let answer = get(servers().metrics_router, "/metrics").await;
+    assert_eq!(answer.code, StatusCode::OK);
+    assert!(
+        answer
+            .content_type
+            .starts_with("application/openmetrics-text"),
+        "{}",
+        answer.content_type
+    );
+    assert!(
+        answer
+            .body
+            .contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\"} 0"),
+        "{}",
+        answer.body
+    );
+}
+
+#[tokio::test]
+async fn healthz_is_ok_and_node_eligible_when_nothing_is_queued() {
+    let servers = servers();
+    let answer = get(servers.health_router, "/healthz").await;
+    assert_eq!(answer.code, StatusCode::OK);
+    assert_eq!(answer.content_type, "application/json");
+    let body = answer.json();
+    assert!(parses_as_time(&body["lastUpdated"]), "{body}");
+    assert!(parses_as_time(&body["currentTime"]), "{body}");
+    assert_eq!(body["nodeEligible"], true, "{body}");
+
+    let metrics = get(servers.metrics_router, "/metrics").await.body;
+    assert!(
+        metrics.contains("kubeproxy_proxy_healthz_total{code=\"200\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn livez_is_ok_without_node_eligibility_when_nothing_is_queued() {
+    let answer = get(servers().health_router, "/livez").await;
+    assert_eq!(answer.code, StatusCode::OK);
+    let body = answer.json();
+    assert!(parses_as_time(&body["lastUpdated"]), "{body}");
+    assert!(parses_as_time(&body["currentTime"]), "{body}");
+    assert!(body.get("nodeEligible").is_none(), "{body}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn revision_queued_for_less_than_the_timeout_keeps_healthz_ok() {
+    let servers = servers();
+    servers
+        .status
+        .update(|s| s.queued_since = Some(tokio::time::Instant::now()));
+    tokio::time::advance(TIMEOUT - Duration::from_secs(1)).await;
+    assert_eq!(
+        get(servers.health_router.clone(), "/healthz").await.code,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(servers.health_router, "/livez").await.code,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn revision_queued_longer_than_the_timeout_fails_healthz_and_livez() {
+    let servers = servers();
+    let applied_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+    servers.status.update(|s| {
+        s.applied_at = Some(applied_at);
+        s.queued_since = Some(tokio::time::Instant::now());
+    });
+    tokio::time::advance(TIMEOUT + Duration::from_secs(1)).await;
+
+    let healthz = get(servers.health_router.clone(), "/healthz").await;
+    assert_eq!(healthz.code, StatusCode::SERVICE_UNAVAILABLE);
+    let body = healthz.json();
+    // While unhealthy, lastUpdated is when the rules were last applied.
+    assert_eq!(
+        body["lastUpdated"],
+        prost_types::Timestamp::from(applied_at).to_string(),
+        "{body}"
+    );
+    assert!(parses_as_time(&body["currentTime"]), "{body}");
+    assert_eq!(body["nodeEligible"], true, "{body}");
+
+    let livez = get(servers.health_router, "/livez").await;
+    assert_eq!(livez.code, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(livez.json().get("nodeEligible").is_none());
+
+    let metrics = get(servers.metrics_router, "/metrics").await.body;
+    assert!(
+        metrics.contains("kubeproxy_proxy_healthz_total{code=\"503\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("kubeproxy_proxy_livez_total{code=\"503\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("kubeproxy_proxy_healthz_total{code=\"200\"}"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn healthz_recovers_once_the_queued_revision_is_applied() {
+    let servers = servers();
+    servers
+        .status
+        .update(|s| s.queued_since = Some(tokio::time::Instant::now()));
+    tokio::time::advance(TIMEOUT * 2).await;
+    assert_eq!(
+        get(servers.health_router.clone(), "/healthz").await.code,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    servers.status.update(|s| {
+        s.queued_since = None;
+        s.applied_at = Some(SystemTime::now());
+    });
+    assert_eq!(
+        get(servers.health_router, "/healthz").await.code,
+        StatusCode::OK
+    );
+}

@@ -1,0 +1,21 @@
+# shellcheck shell=bash
+# Sourced by the project's scripts: where the pinned tools live and a PATH that finds them.
+# Safe under `set -euo pipefail` and safe to source more than once.
+#
+#   SPLITPROXY_TOOLS  tools cache outside the work tree (default /var/cache/splitproxy/tools);
+#                     scripts/setup.sh installs into it, $SPLITPROXY_TOOLS/bin holds the symlinks.
+
+export SPLITPROXY_TOOLS="${SPLITPROXY_TOOLS:-/var/cache/splitproxy/tools}"
+
+_splitproxy_path_prepend() {
+    case ":${PATH:-}:" in
+        *":$1:"*) ;;
+        *) PATH="$1${PATH:+:$PATH}" ;;
+    esac
+}
+# Prepended in reverse so the final order is: tools bin, cargo, go.
+_splitproxy_path_prepend /usr/local/go/bin
+_splitproxy_path_prepend "${HOME:-/root}/.cargo/bin"
+_splitproxy_path_prepend "$SPLITPROXY_TOOLS/bin"
+unset -f _splitproxy_path_prepend
+export PATH

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Idempotent installation of what the project's tests and lints need, on Debian 12, as root.
+# Re-running it when everything is in place does no network access and takes well under a second.
+#
+#   - Debian packages (apt-get update only when one is missing)
+#   - buf, from the npm package @bufbuild/buf, pinned
+#   - grpcurl, built with `go install` from its Go module, pinned
+#
+# Tools go to $SPLITPROXY_TOOLS (default /var/cache/splitproxy/tools, outside the work tree):
+# one folder per tool and version, plus bin/ with symlinks to the pinned versions.
+set -euo pipefail
+
+BUF_VERSION=1.75.0       # npm: @bufbuild/buf
+GRPCURL_VERSION=v1.9.4   # go: github.com/fullstorydev/grpcurl
+APT_PACKAGES=(iptables iproute2 conntrack curl ca-certificates)
+
+# shellcheck source=scripts/env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+TOOLS="$SPLITPROXY_TOOLS"
+mkdir -p "$TOOLS/bin"
+
+# Noisy installer output goes to a log, shown only when a step fails.
+LOG="$(mktemp -t splitproxy-setup.XXXXXX)"
+trap 'rm -f "$LOG"' EXIT
+quiet() {
+    if ! "$@" >>"$LOG" 2>&1; then
+        echo "setup.sh: failed: $*" >&2
+        cat "$LOG" >&2
+        exit 1
+    fi
+}
+
+# ---- Debian packages -------------------------------------------------------------------------
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
+done
+# buf comes from npm: get npm from Debian only when there is none at all (a node install that
+# ships its own npm, e.g. nodesource's nodejs, must not be fought with Debian's npm package).
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+if ((${#missing[@]})); then
+    export DEBIAN_FRONTEND=noninteractive
+    quiet apt-get update
+    quiet apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# ---- buf (npm) -------------------------------------------------------------------------------
+case "$(uname -m)" in
+    x86_64 | amd64) buf_platform=linux-x64 ;;
+    aarch64 | arm64) buf_platform=linux-aarch64 ;;
+    armv7l) buf_platform=linux-armv7 ;;
+    *) buf_platform="" ;;
+esac
+buf_dir="$TOOLS/buf-$BUF_VERSION"
+# The native binary from the platform package; the main package's bin/buf is a node wrapper
+# around it, used only where there is no platform package.
+buf_bin="$buf_dir/node_modules/@bufbuild/buf-$buf_platform/bin/buf"
+[[ -n $buf_platform ]] || buf_bin="$buf_dir/node_modules/@bufbuild/buf/bin/buf"
+if [[ ! -x $buf_bin ]]; then
+    tmp="$buf_dir.tmp.$$"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    quiet npm install --prefix "$tmp" --no-audit --no-fund --no-save --include=optional \
+        --loglevel=error "@bufbuild/buf@$BUF_VERSION"
+    rm -rf "$buf_dir"
+    mv "$tmp" "$buf_dir"
+    if [[ ! -x $buf_bin ]]; then
+        echo "setup.sh: @bufbuild/buf@$BUF_VERSION installed no $buf_bin" >&2
+        exit 1
+    fi
+fi
+ln -sfn "$buf_bin" "$TOOLS/bin/buf"
+
+# ---- grpcurl (go install) --------------------------------------------------------------------
+grpcurl_dir="$TOOLS/grpcurl-$GRPCURL_VERSION"
+if [[ ! -x $grpcurl_dir/grpcurl ]]; then
+    if ! command -v go >/dev/null 2>&1; then
+        echo "setup.sh: go not found (expected /usr/local/go/bin/go)" >&2
+        exit 1
+    fi
+    tmp="$grpcurl_dir.tmp.$$"
+    rm -rf "$tmp"
+    # Module and build caches live in the tools cache, so a rebuild after a bump reuses them.
+    quiet env GOBIN="$tmp" GOPATH="$TOOLS/go" GOMODCACHE="$TOOLS/go/pkg/mod" \
+        GOCACHE="$TOOLS/go/cache" GOTOOLCHAIN=local GOFLAGS="-modcacherw -buildvcs=false" \
+        go install -ldflags "-X main.version=$GRPCURL_VERSION" \
+        "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"
+    rm -rf "$grpcurl_dir"
+    mv "$tmp" "$grpcurl_dir"
+fi
+ln -sfn "$grpcurl_dir/grpcurl" "$TOOLS/bin/grpcurl"
+
+# ---- report ----------------------------------------------------------------------------------
+echo "buf $("$TOOLS/bin/buf" --version 2>&1)"
+"$TOOLS/bin/grpcurl" -version 2>&1
