@@ -43,18 +43,22 @@ impl Acknowledged {
     }
 }
 
+/// The cluster state as published by the source: `None` until the source has read the whole
+/// cluster once, so no agent is ever sent a view of a half-read cluster.
+pub type Published = Option<Arc<ClusterState>>;
+
 /// The `NodeViewService` implementation.
 #[derive(Debug, Clone)]
 pub struct FanOut {
     epoch: String,
-    cluster: watch::Receiver<Arc<ClusterState>>,
+    cluster: watch::Receiver<Published>,
     acknowledged: Arc<Acknowledged>,
 }
 
 impl FanOut {
     /// A server streaming views of the cluster states published on `cluster`.
     #[must_use]
-    pub fn new(cluster: watch::Receiver<Arc<ClusterState>>) -> Self {
+    pub fn new(cluster: watch::Receiver<Published>) -> Self {
         Self {
             epoch: format!("{:016x}", rand::random::<u64>()),
             cluster,
@@ -105,7 +109,7 @@ impl NodeViewService for FanOut {
 struct AgentStream {
     node: String,
     epoch: String,
-    cluster: watch::Receiver<Arc<ClusterState>>,
+    cluster: watch::Receiver<Published>,
     acknowledged: Arc<Acknowledged>,
     tx: mpsc::Sender<Result<pb::SyncResponse, Status>>,
     /// The last revision number used on this node.
@@ -143,7 +147,13 @@ impl AgentStream {
 
     async fn run(mut self, mut inbound: Streaming<pb::SyncRequest>) {
         tracing::info!(resumed = self.acked.is_some(), "agent subscribed");
-        if !self.cluster.borrow().nodes.contains(&self.node) {
+        let known = match self.cluster.wait_for(Option::is_some).await {
+            Ok(published) => published
+                .as_ref()
+                .is_some_and(|cluster| cluster.nodes.contains(&self.node)),
+            Err(_) => return,
+        };
+        if !known {
             tracing::warn!("agent's node is not a known Node object");
         }
         let mut retry_at: Option<tokio::time::Instant> = None;
@@ -206,7 +216,9 @@ impl AgentStream {
 
     /// Sends the difference between the acknowledged view and the current one, if any.
     async fn send_next(&mut self) -> Result<(), mpsc::error::SendError<()>> {
-        let cluster = Arc::clone(&self.cluster.borrow_and_update());
+        let Some(cluster) = self.cluster.borrow_and_update().clone() else {
+            return Ok(());
+        };
         let view = Arc::new(NodeView::for_node(&cluster, &self.node));
         let reset = self.acked.is_none();
         let empty = NodeView::default();

@@ -2,7 +2,7 @@
 
 use crate::{
     cluster::{ClusterState, Objects},
-    fanout::FanOut,
+    fanout::{FanOut, Published},
     manifests::ManifestsDir,
 };
 use splitproxy_proto::v1alpha1::node_view_service_server::NodeViewServiceServer;
@@ -38,10 +38,10 @@ pub struct Config {
 
 /// Publishes a new cluster state only when it differs from the last one, so agents' streams wake
 /// up only for real changes.
-fn publish(tx: &watch::Sender<Arc<ClusterState>>, objects: &Objects) {
+fn publish(tx: &watch::Sender<Published>, objects: &Objects) {
     let state = ClusterState::build(objects);
     tx.send_if_modified(|current| {
-        if **current == state {
+        if current.as_deref() == Some(&state) {
             return false;
         }
         tracing::info!(
@@ -50,7 +50,7 @@ fn publish(tx: &watch::Sender<Arc<ClusterState>>, objects: &Objects) {
             nodes = state.nodes.len(),
             "cluster state changed"
         );
-        *current = Arc::new(state);
+        *current = Some(Arc::new(state));
         true
     });
 }
@@ -74,7 +74,7 @@ pub async fn run(config: Config) -> Result<(), Error> {
 ///
 /// Returns the first error of the server or the source.
 pub async fn serve(listener: TcpListener, manifests: PathBuf) -> Result<(), Error> {
-    let (tx, rx) = watch::channel(Arc::new(ClusterState::default()));
+    let (tx, rx) = watch::channel(None);
     let source = ManifestsDir::new(manifests).run(move |objects| publish(&tx, &objects));
 
     let reflection_v1 = tonic_reflection::server::Builder::configure()

@@ -86,12 +86,12 @@ fn an_empty_reset_is_one_complete_message() {
 
 /// A controller serving whatever the test publishes, on a loopback port.
 struct Harness {
-    publish: watch::Sender<Arc<ClusterState>>,
+    publish: watch::Sender<Published>,
     url: String,
 }
 
-async fn harness(initial: ClusterState) -> Harness {
-    let (publish, rx) = watch::channel(Arc::new(initial));
+async fn harness(initial: Option<ClusterState>) -> Harness {
+    let (publish, rx) = watch::channel(initial.map(Arc::new));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback");
@@ -158,14 +158,14 @@ impl Agent {
 
 #[tokio::test]
 async fn first_revision_is_a_reset_and_later_ones_are_deltas_from_the_acknowledged_view() {
-    let h = harness(cluster(2, 2)).await;
+    let h = harness(Some(cluster(2, 2))).await;
     let mut agent = Agent::subscribe(&h.url, None).await;
     let first = agent.next().await;
     assert!(first.reset && first.complete);
     assert_eq!(first.upserted_services.len(), 2);
     agent.answer(first.revision, pb::AckStatus::Applied).await;
 
-    h.publish.send_replace(Arc::new(cluster(1, 3)));
+    h.publish.send_replace(Some(Arc::new(cluster(1, 3))));
     let second = agent.next().await;
     assert!(!second.reset && second.complete);
     assert_eq!(second.revision, first.revision + 1);
@@ -176,11 +176,11 @@ async fn first_revision_is_a_reset_and_later_ones_are_deltas_from_the_acknowledg
 
 #[tokio::test]
 async fn changes_during_an_unacknowledged_revision_are_compacted_into_one_delta() {
-    let h = harness(cluster(1, 2)).await;
+    let h = harness(Some(cluster(1, 2))).await;
     let mut agent = Agent::subscribe(&h.url, None).await;
     let first = agent.next().await;
     for host in 3..10 {
-        h.publish.send_replace(Arc::new(cluster(1, host)));
+        h.publish.send_replace(Some(Arc::new(cluster(1, host))));
     }
     agent.answer(first.revision, pb::AckStatus::Applied).await;
     let second = agent.next().await;
@@ -191,7 +191,7 @@ async fn changes_during_an_unacknowledged_revision_are_compacted_into_one_delta(
 
 #[tokio::test]
 async fn a_rejected_revision_is_sent_again_from_the_last_acknowledged_view() {
-    let h = harness(cluster(1, 2)).await;
+    let h = harness(Some(cluster(1, 2))).await;
     let mut agent = Agent::subscribe(&h.url, None).await;
     let first = agent.next().await;
     agent.answer(first.revision, pb::AckStatus::Rejected).await;
@@ -205,7 +205,7 @@ async fn a_rejected_revision_is_sent_again_from_the_last_acknowledged_view() {
 
 #[tokio::test]
 async fn an_agent_resuming_from_its_acknowledged_revision_gets_a_delta() {
-    let h = harness(cluster(2, 2)).await;
+    let h = harness(Some(cluster(2, 2))).await;
     let mut agent = Agent::subscribe(&h.url, None).await;
     let first = agent.next().await;
     agent.answer(first.revision, pb::AckStatus::Applied).await;
@@ -218,7 +218,7 @@ async fn an_agent_resuming_from_its_acknowledged_revision_gets_a_delta() {
         revision: first.revision,
     };
     let mut resumed = Agent::subscribe(&h.url, Some(resume)).await;
-    h.publish.send_replace(Arc::new(cluster(2, 3)));
+    h.publish.send_replace(Some(Arc::new(cluster(2, 3))));
     let next = resumed.next().await;
     assert!(
         !next.reset,
@@ -233,4 +233,20 @@ async fn an_agent_resuming_from_its_acknowledged_revision_gets_a_delta() {
     };
     let mut stranger = Agent::subscribe(&h.url, Some(stale)).await;
     assert!(stranger.next().await.reset, "an unknown epoch gets a reset");
+}
+
+#[tokio::test]
+async fn an_agent_that_subscribes_before_the_first_full_read_waits_for_it() {
+    let h = harness(None).await;
+    let mut agent = Agent::subscribe(&h.url, None).await;
+    // Let the stream task start and find nothing published.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.publish.send_replace(Some(Arc::new(cluster(2, 2))));
+    let first = agent.next().await;
+    assert!(first.reset);
+    assert_eq!(
+        first.upserted_services.len(),
+        2,
+        "the first view is of the whole cluster, never an empty one"
+    );
 }
