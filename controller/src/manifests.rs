@@ -160,7 +160,7 @@ impl ManifestsDir {
                 }
                 Err(err) => tracing::error!(
                     file = %path.display(),
-                    error = %error_chain(&err),
+                    error = &err as &dyn std::error::Error,
                     "skipping manifest file that does not parse; keeping what it held before"
                 ),
             }
@@ -249,18 +249,6 @@ fn key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Opt
         meta.namespace.clone().unwrap_or_else(|| "default".into()),
         name,
     ))
-}
-
-/// Formats an error with its sources, for one log line.
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -77,16 +77,8 @@ pub async fn serve(listener: TcpListener, manifests: PathBuf) -> Result<(), Erro
     let (tx, rx) = watch::channel(None);
     let source = ManifestsDir::new(manifests).run(move |objects| publish(&tx, &objects));
 
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(splitproxy_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(Error::Reflection)?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(splitproxy_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .map_err(Error::Reflection)?;
+    let (reflection_v1, reflection_v1alpha) =
+        splitproxy_proto::reflection_services().map_err(Error::Reflection)?;
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<NodeViewServiceServer<FanOut>>().await;
 
