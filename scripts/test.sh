@@ -9,4 +9,12 @@ scripts/setup.sh
 scripts/lint.sh
 # The end-to-end tests start the workspace's binaries; build them in the tests' profile first.
 cargo build --workspace --bins
-cargo test --workspace --no-fail-fast
+
+log="$(mktemp -t splitproxy-test.XXXXXX)"
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee "$log" || status=$?
+# One closing line over every test binary (cargo prints one "test result" line per binary).
+awk '/^test result:/ { passed += $4; failed += $6; ignored += $8 }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", passed, failed, ignored }' "$log"
+exit "$status"
