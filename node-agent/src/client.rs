@@ -41,7 +41,7 @@ enum StreamError {
     Interleaved { got: u64, pending: u64 },
 }
 
-/// Runs the client forever.
+/// Runs the client forever. `config.controllers` must not be empty.
 pub async fn run<D: Dataplane>(
     config: ClientConfig,
     mut applier: Applier<D>,
@@ -51,7 +51,13 @@ pub async fn run<D: Dataplane>(
     let mut backoff = config.min_backoff;
     let mut attempt = 0usize;
     loop {
-        let controller = &config.controllers[attempt % config.controllers.len()];
+        let Some(controller) = config
+            .controllers
+            .get(attempt % config.controllers.len().max(1))
+        else {
+            tracing::error!("no controller to connect to");
+            return;
+        };
         attempt += 1;
         status.update(|s| s.controller.clone_from(controller));
         let mut progressed = false;

@@ -25,6 +25,9 @@ pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// No controller URL was given.
+    #[error("no controller to connect to")]
+    NoControllers,
     /// A listener could not be bound.
     #[error("binding {0}")]
     Bind(SocketAddr, #[source] std::io::Error),
@@ -56,8 +59,12 @@ pub struct Config {
 ///
 /// # Errors
 ///
-/// Returns the first listener or server error.
+/// Returns [`Error::NoControllers`] when no controller is configured, otherwise the first
+/// listener or server error.
 pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error> {
+    if config.client.controllers.is_empty() {
+        return Err(Error::NoControllers);
+    }
     let bind = |address: SocketAddr| async move {
         TcpListener::bind(address)
             .await

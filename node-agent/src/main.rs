@@ -4,6 +4,7 @@ use clap::Parser;
 use splitproxy_agent::{Config, cli::Cli, client::ClientConfig, wire_mode};
 use splitproxy_dataplane::iptables::Iptables;
 use std::{process::ExitCode, time::Duration};
+use tracing::Instrument;
 
 /// Exit code for bad configuration (EX_USAGE).
 const EXIT_USAGE: u8 = 64;
@@ -51,8 +52,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let _guard = tracing::info_span!("agent", node = %config.client.node_name).entered();
-    match runtime.block_on(run(config)) {
+    let span = tracing::info_span!("agent", node = %config.client.node_name);
+    match runtime.block_on(run(config).instrument(span)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "agent stopped");
