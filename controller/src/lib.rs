@@ -3,6 +3,8 @@
 
 pub mod cluster;
 pub mod fanout;
+pub mod kubernetes;
 pub mod manifests;
 pub mod server;
+pub mod source;
 pub mod view;

@@ -1,7 +1,7 @@
 //! `splitproxy-controller`: parses flags, runs the controller, exits on a fatal error.
 
 use clap::Parser;
-use splitproxy_controller::server;
+use splitproxy_controller::{kubernetes::KubernetesSource, manifests::ManifestsDir, server};
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
 /// Streams each node's Services and endpoints to its splitproxy agent.
@@ -9,9 +9,13 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 #[command(version, about)]
 struct Cli {
     /// Directory of YAML manifests (Services, EndpointSlices, Nodes as `kubectl get -o yaml`
-    /// prints them) to serve; changes are picked up while running.
-    #[arg(long, env = "SPLITPROXY_MANIFESTS")]
-    manifests: PathBuf,
+    /// prints them) to serve instead of a cluster; changes are picked up while running.
+    #[arg(long, env = "SPLITPROXY_MANIFESTS", conflicts_with = "kubeconfig")]
+    manifests: Option<PathBuf>,
+    /// Kubeconfig for the API server; without it (and without --manifests) `KUBECONFIG`, then
+    /// the in-cluster service account, then `~/.kube/config` are used.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
     /// Address the gRPC server for agents listens on.
     #[arg(long, env = "SPLITPROXY_LISTEN", default_value = "0.0.0.0:10660")]
     listen: SocketAddr,
@@ -37,8 +41,8 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    if !cli.manifests.is_dir() {
-        eprintln!("--manifests {}: not a directory", cli.manifests.display());
+    if let Some(dir) = cli.manifests.as_ref().filter(|dir| !dir.is_dir()) {
+        eprintln!("--manifests {}: not a directory", dir.display());
         return ExitCode::from(EXIT_USAGE);
     }
     let runtime = match tokio::runtime::Runtime::new() {
@@ -48,11 +52,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let config = server::Config {
-        manifests: cli.manifests,
-        listen: cli.listen,
-    };
-    match runtime.block_on(run(config)) {
+    match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "controller stopped");
@@ -61,9 +61,19 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(config: server::Config) -> anyhow::Result<()> {
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let serving = async {
+        match cli.manifests {
+            Some(dir) => server::run(cli.listen, ManifestsDir::new(dir)).await,
+            None => {
+                let client = kube_client(cli.kubeconfig.as_deref()).await?;
+                server::run(cli.listen, KubernetesSource::new(client)).await
+            }
+        }
+        .map_err(anyhow::Error::from)
+    };
     tokio::select! {
-        result = server::run(config) => Ok(result?),
+        result = serving => result,
         _ = tokio::signal::ctrl_c() => {
             tracing::info!("interrupted; stopping");
             Ok(())
@@ -71,13 +81,42 @@ async fn run(config: server::Config) -> anyhow::Result<()> {
     }
 }
 
+/// A client from `--kubeconfig`, or else from the environment (`KUBECONFIG`, in-cluster, default
+/// kubeconfig).
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    use anyhow::Context;
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .context("loading kubeconfig")?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("finding API server credentials (in-cluster or kubeconfig)")?,
+    };
+    kube::Client::try_from(config).context("creating the API client")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn manifests_flag_is_required() {
-        assert!(Cli::try_parse_from(["splitproxy-controller"]).is_err());
+    fn manifests_and_kubeconfig_exclude_each_other() {
+        assert!(Cli::try_parse_from(["splitproxy-controller"]).is_ok());
+        assert!(
+            Cli::try_parse_from([
+                "splitproxy-controller",
+                "--manifests",
+                "/tmp",
+                "--kubeconfig",
+                "/k"
+            ])
+            .is_err()
+        );
     }
 
     #[test]

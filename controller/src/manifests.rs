@@ -4,7 +4,10 @@
 //! A file that does not parse is reported and keeps contributing what it held when it last parsed,
 //! so a half-written edit never removes Services from the cluster.
 
-use crate::cluster::{Key, Objects};
+use crate::{
+    cluster::{Key, Objects},
+    source::Source,
+};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
@@ -191,14 +194,14 @@ impl ManifestsDir {
         }
         objects
     }
+}
 
-    /// Reads the directory now and again after every change to it, handing each result to
-    /// `publish`. Runs until the watcher stops.
-    ///
-    /// # Errors
-    ///
-    /// Fails when the directory cannot be watched or listed.
-    pub async fn run(mut self, mut publish: impl FnMut(Objects)) -> Result<(), Error> {
+impl Source for ManifestsDir {
+    type Error = Error;
+
+    /// Reads the directory now and again after every change to it. Runs until the watcher stops;
+    /// fails when the directory cannot be watched or listed.
+    async fn run(mut self, mut publish: impl FnMut(Objects) + Send + 'static) -> Result<(), Error> {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let mut watcher = notify::recommended_watcher(move |event| {
             // The receiver only goes away when the source stops.

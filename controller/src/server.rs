@@ -3,10 +3,10 @@
 use crate::{
     cluster::{ClusterState, Objects},
     fanout::{FanOut, Published},
-    manifests::ManifestsDir,
+    source::Source,
 };
 use splitproxy_proto::v1alpha1::node_view_service_server::NodeViewServiceServer;
-use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+use std::{net::SocketAddr, sync::Arc};
 use tokio::{net::TcpListener, sync::watch};
 use tokio_stream::wrappers::TcpListenerStream;
 
@@ -22,18 +22,9 @@ pub enum Error {
     /// Reflection could not be built from the descriptor set.
     #[error("building gRPC reflection")]
     Reflection(#[source] tonic_reflection::server::Error),
-    /// The manifests source failed.
-    #[error("manifests source")]
-    Manifests(#[source] crate::manifests::Error),
-}
-
-/// What the controller runs.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// The directory of manifests to serve.
-    pub manifests: PathBuf,
-    /// Where agents connect.
-    pub listen: SocketAddr,
+    /// The source of cluster objects failed.
+    #[error("cluster source")]
+    Source(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Publishes a new cluster state only when it differs from the last one, so agents' streams wake
@@ -55,27 +46,27 @@ fn publish(tx: &watch::Sender<Published>, objects: &Objects) {
     });
 }
 
-/// Binds the listener and runs the source and the server until either fails.
+/// Binds `listen` and runs `source` and the server until either fails.
 ///
 /// # Errors
 ///
 /// Returns the first error of the listener, the server or the source.
-pub async fn run(config: Config) -> Result<(), Error> {
-    let listener = TcpListener::bind(config.listen)
+pub async fn run(listen: SocketAddr, source: impl Source) -> Result<(), Error> {
+    let listener = TcpListener::bind(listen)
         .await
-        .map_err(|e| Error::Bind(config.listen, e))?;
-    tracing::info!(address = %config.listen, "serving node views");
-    serve(listener, config.manifests).await
+        .map_err(|e| Error::Bind(listen, e))?;
+    tracing::info!(address = %listen, "serving node views");
+    serve(listener, source).await
 }
 
-/// Runs the manifests source and the gRPC server on an already bound listener.
+/// Runs `source` and the gRPC server on an already bound listener.
 ///
 /// # Errors
 ///
 /// Returns the first error of the server or the source.
-pub async fn serve(listener: TcpListener, manifests: PathBuf) -> Result<(), Error> {
+pub async fn serve(listener: TcpListener, source: impl Source) -> Result<(), Error> {
     let (tx, rx) = watch::channel(None);
-    let source = ManifestsDir::new(manifests).run(move |objects| publish(&tx, &objects));
+    let source = source.run(move |objects| publish(&tx, &objects));
 
     let (reflection_v1, reflection_v1alpha) =
         splitproxy_proto::reflection_services().map_err(Error::Reflection)?;
@@ -90,6 +81,6 @@ pub async fn serve(listener: TcpListener, manifests: PathBuf) -> Result<(), Erro
         .serve_with_incoming(TcpListenerStream::new(listener));
     tokio::select! {
         result = server => result.map_err(Error::Serve),
-        result = source => result.map_err(Error::Manifests),
+        result = source => result.map_err(|e| Error::Source(Box::new(e))),
     }
 }

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Idempotent build of etcd for the integration tests' kube-apiserver, from the official Go module
+# go.etcd.io/etcd/server/v3 at the version kubeadm pins for the Kubernetes release that
+# build-kubernetes.sh builds, fetched through the Go module proxy.
+#
+# Output: $SPLITPROXY_TOOLS/etcd-<version>/bin/etcd. The last line on stdout is that bin
+# directory; progress goes to stderr. When the binary is already there it does nothing.
+#
+# Why not Debian's etcd-server: bookworm ships 3.4.23, older than the oldest etcd that
+# Kubernetes v1.36 supports (kubeadm's MinExternalEtcdVersion is 3.5.24; it pins 3.6.8).
+# Why not `go install go.etcd.io/etcd/server/v3@vX`: that module's go.mod `replace`s its sibling
+# modules (api, client/pkg, client/v3, pkg) with ../ paths, which `go install pkg@version`
+# refuses. So a throwaway module requires the server module and replaces each sibling with its
+# published twin at the same version. The main package is the module root (main.go calling
+# etcdmain.Main). Built like upstream's scripts/build.sh: CGO_ENABLED=0, -trimpath, -s -w.
+# Cold build on 2 cores: ~2-3 min.
+set -euo pipefail
+
+# kubeadm's constants for Kubernetes v1.36: DefaultEtcdVersion = SupportedEtcdVersion[36] = 3.6.8-0.
+ETCD_VERSION=v3.6.8
+
+# shellcheck source=scripts/env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
+TOOLS="$SPLITPROXY_TOOLS"
+dest="$TOOLS/etcd-$ETCD_VERSION"
+
+if [[ -x $dest/bin/etcd ]]; then
+    echo "$dest/bin"
+    exit 0
+fi
+
+if ! command -v go >/dev/null 2>&1; then
+    echo "build-etcd.sh: go not found (expected /usr/local/go/bin/go)" >&2
+    exit 1
+fi
+# Same cache layout as scripts/setup.sh, so module downloads and compiled packages are reused.
+export GOPATH="$TOOLS/go" GOMODCACHE="$TOOLS/go/pkg/mod" GOCACHE="$TOOLS/go/cache"
+export GOTOOLCHAIN=local GOFLAGS="-modcacherw -buildvcs=false" CGO_ENABLED=0 GOWORK=off
+unset GOOS GOARCH
+
+start=$SECONDS
+mkdir -p "$TOOLS"
+work="$(mktemp -d -t splitproxy-etcdbuild.XXXXXX)"
+tmp="$dest.tmp.$$"
+trap 'rm -rf "$work" "$tmp"' EXIT
+
+log() { echo "build-etcd.sh: $*" >&2; }
+
+server=go.etcd.io/etcd/server/v3
+log "downloading $server@$ETCD_VERSION"
+(cd "$work" && go mod download "$server@$ETCD_VERSION")
+src="$GOMODCACHE/go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+[[ -f $src/go.mod ]] || { log "no $src/go.mod after download"; exit 1; }
+
+go_directive="$(awk '$1 == "go" { print $2; exit }' "$src/go.mod")"
+have_go="$(go env GOVERSION)"
+have_go="${have_go#go}"
+if [[ "$(printf '%s\n%s\n' "$go_directive" "$have_go" | sort -V | head -n1)" != "$go_directive" ]]; then
+    log "$server@$ETCD_VERSION needs go $go_directive, have $have_go (GOTOOLCHAIN=local)"
+    exit 1
+fi
+
+# Sibling modules replaced with ../ paths in the server's go.mod.
+mapfile -t siblings < <(awk '$2 == "=>" && $3 ~ /^\.\.\// { print $1 }' "$src/go.mod" | sort -u)
+((${#siblings[@]})) || { log "found no sibling modules in $src/go.mod"; exit 1; }
+
+{
+    echo "module splitproxy.invalid/etcd-build"
+    echo
+    echo "go $go_directive"
+    echo
+    echo "require $server $ETCD_VERSION"
+    echo
+    echo "replace ("
+    for m in "${siblings[@]}"; do echo "	$m => $m $ETCD_VERSION"; done
+    echo ")"
+} >"$work/go.mod"
+
+log "resolving dependencies (${#siblings[@]} sibling modules at $ETCD_VERSION)"
+(cd "$work" && go get "$server@$ETCD_VERSION" >&2)
+
+rm -rf "$tmp"
+mkdir -p "$tmp/bin"
+log "building etcd"
+(cd "$work" && go build -trimpath -ldflags "-s -w" -o "$tmp/bin/etcd" "$server")
+cp "$work/go.mod" "$work/go.sum" "$tmp/"   # how it was built, for the record
+"$tmp/bin/etcd" --version >&2
+
+rm -rf "$dest"
+mv "$tmp" "$dest"
+log "built in $((SECONDS - start))s into $dest/bin"
+echo "$dest/bin"
