@@ -4,6 +4,7 @@
 //! The lab needs root (it creates network namespaces); everything it creates stays inside them.
 
 pub mod addresses;
+pub mod control_plane;
 pub mod demo_cluster;
 pub mod lab;
 pub mod testpod;
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-pub use testpod::{HitReport, hit, serve};
+pub use testpod::{HitReport, hit, load_report, serve, start_load};
 
 /// The path of a binary built from this workspace (`sp-testpod`, `splitproxy-controller`, …), found
 /// next to the running test executable: `target/<profile>/deps/<test>` → `target/<profile>/<name>`.

@@ -73,11 +73,54 @@ pub fn hit(
         output.status,
         String::from_utf8_lossy(&output.stderr).trim()
     );
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or_default();
+    parse_report(&stdout)?.with_context(|| format!("sp-testpod hit printed no report: {stdout:?}"))
+}
+
+/// Starts steady load in the background: `count` requests to `url` from `ns`, `interval_ms`
+/// apart. Read the result with [`load_report`] once the process has finished.
+///
+/// # Errors
+///
+/// If `sp-testpod` is missing or cannot be started.
+pub fn start_load(
+    lab: &mut Lab,
+    ns: &(impl HasNamespace + ?Sized),
+    url: &str,
+    count: u32,
+    interval_ms: u32,
+) -> Result<Process> {
+    let binary = workspace_binary("sp-testpod")?;
+    let (count, interval) = (count.to_string(), interval_ms.to_string());
+    lab.spawn(
+        ns,
+        binary,
+        &[
+            "hit",
+            "--url",
+            url,
+            "--count",
+            &count,
+            "--interval-ms",
+            &interval,
+        ],
+    )
+}
+
+/// The report of a load started with [`start_load`]; `None` while it is still running.
+///
+/// # Errors
+///
+/// If the process printed something that is not a report.
+pub fn load_report(load: &Process) -> Result<Option<HitReport>> {
+    parse_report(&load.log())
+}
+
+/// The report on the last non-empty line of `output`, if there is one yet.
+fn parse_report(output: &str) -> Result<Option<HitReport>> {
+    let Some(line) = output.lines().rev().find(|l| !l.trim().is_empty()) else {
+        return Ok(None);
+    };
     serde_json::from_str(line)
-        .with_context(|| format!("sp-testpod hit printed no report: {stdout:?}"))
+        .map(Some)
+        .with_context(|| format!("sp-testpod hit printed no report: {output:?}"))
 }

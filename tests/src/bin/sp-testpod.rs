@@ -55,6 +55,9 @@ enum Cmd {
         /// How long one request may take, connect to last byte, in milliseconds.
         #[arg(long, env = "SP_TESTPOD_TIMEOUT_MS", default_value_t = 2000)]
         timeout_ms: u64,
+        /// Pause between requests, in milliseconds, for steady load over a while.
+        #[arg(long, env = "SP_TESTPOD_INTERVAL_MS", default_value_t = 0)]
+        interval_ms: u64,
     },
 }
 
@@ -73,8 +76,14 @@ fn main() -> ExitCode {
             url,
             count,
             timeout_ms,
-        } => parse_url(&url)
-            .map(|(addr, path)| hit(addr, &path, count, Duration::from_millis(timeout_ms))),
+            interval_ms,
+        } => parse_url(&url).map(|(addr, path)| {
+            let pace = Pace {
+                timeout: Duration::from_millis(timeout_ms),
+                interval: Duration::from_millis(interval_ms),
+            };
+            hit(addr, &path, count, pace);
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -155,11 +164,22 @@ fn parse_url(url: &str) -> Result<(SocketAddr, String)> {
     Ok((addr, path.to_owned()))
 }
 
+/// How requests are timed.
+struct Pace {
+    /// How long one request may take.
+    timeout: Duration,
+    /// The pause between requests.
+    interval: Duration,
+}
+
 /// Makes the requests and prints the report.
-fn hit(addr: SocketAddr, path: &str, count: u32, timeout: Duration) {
+fn hit(addr: SocketAddr, path: &str, count: u32, pace: Pace) {
     let mut report = HitReport::default();
-    for _ in 0..count {
-        match request(addr, path, timeout) {
+    for i in 0..count {
+        if i > 0 && !pace.interval.is_zero() {
+            std::thread::sleep(pace.interval);
+        }
+        match request(addr, path, pace.timeout) {
             Ok(name) => *report.answers.entry(name).or_default() += 1,
             Err(e) => {
                 report.failures += 1;

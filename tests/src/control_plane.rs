@@ -1,0 +1,487 @@
+//! A real Kubernetes control plane inside a lab host: etcd, kube-apiserver and
+//! kube-controller-manager (only its EndpointSlice and ServiceAccount controllers), built from the
+//! official Go modules by `tests/controlplane/build-*.sh` and started on the host's loopback with
+//! generated certificates and a static admin token. Driven with the real kubectl.
+//!
+//! There is no kubelet: tests create Node objects, create Pods with `nodeName` set, and set their
+//! IP and `Ready` condition through the status subresource, so the real EndpointSlice controller
+//! produces the slices.
+
+use crate::lab::{Host, Lab, Node, Pod, Process};
+use anyhow::{Context, Result, bail, ensure};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+/// The API server's port on the control-plane host.
+pub const API_PORT: u16 = 6443;
+/// The Service CIDR the API server allocates cluster IPs from.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The static admin token (group `system:masters`); test-only.
+const ADMIN_TOKEN: &str = "splitproxy-e2e-admin";
+/// How long the API server may take to become ready on a slow, shared machine.
+const READY_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The pinned binaries, as `tests/controlplane/build-*.sh` print them.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// Folder holding kube-apiserver, kube-controller-manager, kube-proxy and kubectl.
+    pub kubernetes: PathBuf,
+    /// Folder holding etcd.
+    pub etcd: PathBuf,
+}
+
+impl Binaries {
+    /// Builds the binaries if they are not cached yet (slow the first time) and returns where
+    /// they are.
+    ///
+    /// # Errors
+    ///
+    /// If a build script fails.
+    pub fn ensure() -> Result<Self> {
+        let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("controlplane");
+        let run = |script: &str| -> Result<PathBuf> {
+            let output = std::process::Command::new("bash")
+                .arg(scripts.join(script))
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .with_context(|| format!("running {script}"))?;
+            ensure!(
+                output.status.success(),
+                "{script} failed with {}",
+                output.status
+            );
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            let dir = stdout
+                .lines()
+                .last()
+                .context("the build script printed no folder")?;
+            Ok(PathBuf::from(dir.trim()))
+        };
+        Ok(Self {
+            kubernetes: run("build-kubernetes.sh")?,
+            etcd: run("build-etcd.sh")?,
+        })
+    }
+
+    /// The path of `kubectl`.
+    #[must_use]
+    pub fn kubectl(&self) -> PathBuf {
+        self.kubernetes.join("kubectl")
+    }
+}
+
+/// A running control plane on one lab host.
+pub struct ControlPlane {
+    host: Host,
+    binaries: Binaries,
+    dir: tempfile::TempDir,
+    etcd: Process,
+    apiserver: Option<Process>,
+    controller_manager: Process,
+}
+
+impl ControlPlane {
+    /// Generates certificates and starts etcd, kube-apiserver and kube-controller-manager on
+    /// `host`, waiting until the API server is ready.
+    ///
+    /// # Errors
+    ///
+    /// If a process cannot start or the API server does not become ready in time.
+    pub fn start(lab: &mut Lab, host: &Host, binaries: Binaries) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("splitproxy-controlplane-")
+            .tempdir()
+            .context("creating the control-plane directory")?;
+        write_credentials(dir.path(), host)?;
+        let etcd_data = dir.path().join("etcd");
+        let etcd = lab.spawn(
+            host,
+            binaries.etcd.join("etcd"),
+            &[
+                "--data-dir",
+                &path(&etcd_data),
+                "--listen-client-urls",
+                "http://127.0.0.1:2379",
+                "--advertise-client-urls",
+                "http://127.0.0.1:2379",
+                "--listen-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-advertise-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-cluster",
+                "default=http://127.0.0.1:2380",
+                "--log-level",
+                "warn",
+            ],
+        )?;
+        let controller_manager = lab.spawn(
+            host,
+            binaries.kubernetes.join("kube-controller-manager"),
+            &[
+                "--kubeconfig",
+                &path(&dir.path().join("admin.kubeconfig")),
+                // The EndpointSlice controller makes the slices; the ServiceAccount controller
+                // makes each namespace's default account, which Pod admission needs.
+                "--controllers",
+                "endpointslice,serviceaccount",
+                "--leader-elect=false",
+                "--secure-port=0",
+                "--v=1",
+            ],
+        )?;
+        let mut control_plane = Self {
+            host: host.clone(),
+            binaries,
+            dir,
+            etcd,
+            apiserver: None,
+            controller_manager,
+        };
+        control_plane.start_apiserver(lab)?;
+        Ok(control_plane)
+    }
+
+    /// Starts kube-apiserver and waits until it is ready.
+    ///
+    /// # Errors
+    ///
+    /// If it cannot start or does not become ready in time.
+    pub fn start_apiserver(&mut self, lab: &mut Lab) -> Result<()> {
+        let file = |name: &str| path(&self.dir.path().join(name));
+        let apiserver = lab.spawn(
+            &self.host,
+            self.binaries.kubernetes.join("kube-apiserver"),
+            &[
+                "--etcd-servers=http://127.0.0.1:2379",
+                &format!("--advertise-address={}", self.host.ip()),
+                "--bind-address=0.0.0.0",
+                &format!("--secure-port={API_PORT}"),
+                &format!("--tls-cert-file={}", file("apiserver.crt")),
+                &format!("--tls-private-key-file={}", file("apiserver.key")),
+                &format!("--client-ca-file={}", file("ca.crt")),
+                &format!("--token-auth-file={}", file("tokens.csv")),
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                &format!("--service-account-key-file={}", file("sa.pub")),
+                &format!("--service-account-signing-key-file={}", file("sa.key")),
+                &format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+                "--allow-privileged=true",
+                "--v=1",
+            ],
+        )?;
+        self.apiserver = Some(apiserver);
+        crate::eventually("the API server is ready", READY_TIMEOUT, || {
+            let ready = self.kubectl(lab, &["get", "--raw", "/readyz"])?;
+            ensure!(ready.trim() == "ok", "readyz said {ready:?}");
+            Ok(())
+        })
+        .with_context(|| self.logs())
+    }
+
+    /// Kills kube-apiserver (SIGKILL), as a crash would.
+    ///
+    /// # Errors
+    ///
+    /// If the process cannot be killed.
+    pub fn kill_apiserver(&mut self, lab: &mut Lab) -> Result<()> {
+        if let Some(apiserver) = self.apiserver.take() {
+            lab.kill(&apiserver)?;
+        }
+        Ok(())
+    }
+
+    /// Runs kubectl as the cluster admin on the control-plane host and returns its output.
+    ///
+    /// # Errors
+    ///
+    /// If kubectl fails.
+    pub fn kubectl(&self, lab: &Lab, args: &[&str]) -> Result<String> {
+        let kubeconfig = format!("--kubeconfig={}", path(&self.admin_kubeconfig()));
+        let mut all = vec![kubeconfig.as_str()];
+        all.extend_from_slice(args);
+        lab.exec_ok(&self.host, self.binaries.kubectl(), &all)
+    }
+
+    /// Runs kubectl with `stdin` as input (for `apply -f -`).
+    ///
+    /// # Errors
+    ///
+    /// If kubectl fails.
+    pub fn kubectl_apply(&self, lab: &Lab, yaml: &str) -> Result<String> {
+        let input = self.dir.path().join("apply.yaml");
+        std::fs::write(&input, yaml).context("writing the objects to apply")?;
+        self.kubectl(lab, &["apply", "-f", &path(&input)])
+    }
+
+    /// Registers `node` as a Node object (Ready, with its LAN address), as a kubelet would.
+    ///
+    /// # Errors
+    ///
+    /// If kubectl fails.
+    pub fn register_node(&self, lab: &Lab, node: &Node) -> Result<()> {
+        self.kubectl_apply(
+            lab,
+            &format!(
+                "apiVersion: v1
+kind: Node
+metadata:
+  name: {name}
+  labels:
+    kubernetes.io/hostname: {name}
+spec:
+  podCIDR: {cidr}
+  podCIDRs: [{cidr}]
+",
+                name = node.name(),
+                cidr = node.pod_cidr()
+            ),
+        )?;
+        self.kubectl(
+            lab,
+            &[
+                "patch",
+                "node",
+                node.name(),
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &format!(
+                    r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{}"}}],"conditions":[{{"type":"Ready","status":"True","reason":"KubeletReady","message":"e2e"}}]}}}}"#,
+                    node.ip()
+                ),
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Creates the Pod for a lab pod: bound to its node, labelled `app: <app>`, with a container
+    /// port named `web` on `port`, and its IP and readiness set through the status subresource.
+    ///
+    /// # Errors
+    ///
+    /// If kubectl fails.
+    pub fn create_pod(
+        &self,
+        lab: &Lab,
+        namespace: &str,
+        pod: &Pod,
+        app: &str,
+        port: u16,
+        ready: bool,
+    ) -> Result<()> {
+        self.kubectl_apply(
+            lab,
+            &format!(
+                "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {namespace}
+  labels:
+    app: {app}
+spec:
+  nodeName: {node}
+  automountServiceAccountToken: false
+  containers:
+  - name: web
+    image: registry.invalid/sp-testpod:e2e
+    ports:
+    - name: web
+      containerPort: {port}
+",
+                name = pod.name(),
+                node = pod.node_name()
+            ),
+        )?;
+        self.set_pod_ready(lab, namespace, pod, ready)
+    }
+
+    /// Sets a Pod's status: running at its lab IP, `Ready` as given.
+    ///
+    /// # Errors
+    ///
+    /// If kubectl fails.
+    pub fn set_pod_ready(&self, lab: &Lab, namespace: &str, pod: &Pod, ready: bool) -> Result<()> {
+        let status = if ready { "True" } else { "False" };
+        self.kubectl(
+            lab,
+            &[
+                "-n",
+                namespace,
+                "patch",
+                "pod",
+                pod.name(),
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &format!(
+                    r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"conditions":[{{"type":"Ready","status":"{status}"}},{{"type":"ContainersReady","status":"{status}"}}]}}}}"#,
+                    ip = pod.ip()
+                ),
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// The admin kubeconfig (server `https://127.0.0.1:6443` on the control-plane host).
+    #[must_use]
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("admin.kubeconfig")
+    }
+
+    /// Writes a kubeconfig for `token` next to the admin one and returns its path.
+    ///
+    /// # Errors
+    ///
+    /// If it cannot be written.
+    pub fn kubeconfig_for_token(&self, name: &str, token: &str) -> Result<PathBuf> {
+        let file = self.dir.path().join(format!("{name}.kubeconfig"));
+        std::fs::write(&file, kubeconfig(&self.dir.path().join("ca.crt"), token))
+            .context("writing a kubeconfig")?;
+        Ok(file)
+    }
+
+    /// The API server's own metrics (Prometheus text).
+    ///
+    /// # Errors
+    ///
+    /// If kubectl fails.
+    pub fn metrics(&self, lab: &Lab) -> Result<String> {
+        self.kubectl(lab, &["get", "--raw", "/metrics"])
+    }
+
+    /// The control-plane processes' logs, for failure messages.
+    #[must_use]
+    pub fn logs(&self) -> String {
+        let mut text = String::new();
+        for process in [
+            Some(&self.etcd),
+            self.apiserver.as_ref(),
+            Some(&self.controller_manager),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let log = process.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            text.push_str(&format!(
+                "--- {} (last lines)\n",
+                process.log_path().display()
+            ));
+            for line in tail.into_iter().rev() {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+        text
+    }
+}
+
+fn path(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+fn openssl(args: &[&str]) -> Result<()> {
+    let output = std::process::Command::new("openssl")
+        .args(args)
+        .output()
+        .context("running openssl")?;
+    if !output.status.success() {
+        bail!(
+            "openssl {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// A CA, the API server's serving certificate, the service-account key pair, the token file and
+/// the admin kubeconfig.
+fn write_credentials(dir: &Path, host: &Host) -> Result<()> {
+    let f = |name: &str| path(&dir.join(name));
+    openssl(&["genrsa", "-out", &f("ca.key"), "2048"])?;
+    openssl(&[
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        &f("ca.key"),
+        "-days",
+        "2",
+        "-subj",
+        "/CN=splitproxy-e2e-ca",
+        "-out",
+        &f("ca.crt"),
+    ])?;
+    openssl(&["genrsa", "-out", &f("apiserver.key"), "2048"])?;
+    openssl(&[
+        "req",
+        "-new",
+        "-key",
+        &f("apiserver.key"),
+        "-subj",
+        "/CN=kube-apiserver",
+        "-out",
+        &f("apiserver.csr"),
+    ])?;
+    let extensions = format!(
+        "subjectAltName=IP:127.0.0.1,IP:{},IP:10.96.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n",
+        host.ip()
+    );
+    std::fs::write(dir.join("san.ext"), extensions).context("writing the SAN extension")?;
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &f("apiserver.csr"),
+        "-CA",
+        &f("ca.crt"),
+        "-CAkey",
+        &f("ca.key"),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        &f("san.ext"),
+        "-out",
+        &f("apiserver.crt"),
+    ])?;
+    openssl(&["genrsa", "-out", &f("sa.key"), "2048"])?;
+    openssl(&["rsa", "-in", &f("sa.key"), "-pubout", "-out", &f("sa.pub")])?;
+    std::fs::write(
+        dir.join("tokens.csv"),
+        format!("{ADMIN_TOKEN},admin,admin,system:masters\n"),
+    )
+    .context("writing the token file")?;
+    std::fs::write(
+        dir.join("admin.kubeconfig"),
+        kubeconfig(&dir.join("ca.crt"), ADMIN_TOKEN),
+    )
+    .context("writing the admin kubeconfig")?;
+    Ok(())
+}
+
+fn kubeconfig(ca: &Path, token: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: e2e
+  cluster:
+    server: https://127.0.0.1:{API_PORT}
+    certificate-authority: {}
+users:
+- name: user
+  user:
+    token: {token}
+contexts:
+- name: e2e
+  context: {{cluster: e2e, user: user}}
+current-context: e2e
+",
+        ca.display()
+    )
+}

@@ -1,0 +1,338 @@
+//! splitproxy against a real control plane: etcd, kube-apiserver and kube-controller-manager built
+//! from the official Kubernetes modules, driven with kubectl. The controller runs with a token of
+//! its own `deploy/` ServiceAccount, so the RBAC there is proven sufficient. Needs root.
+//!
+//! Addresses: see `splitproxy_e2e::addresses`; the API server listens on the control-plane host.
+
+use anyhow::{Context, Result, ensure};
+use splitproxy_dataplane::{Protocol, iptables::chain_names};
+use splitproxy_e2e::{
+    addresses::{self, CONTROL_PLANE, EXTERNAL_CLIENT},
+    control_plane::{Binaries, ControlPlane},
+    eventually, hit,
+    lab::{HasNamespace, Lab, Node, Pod, Process},
+    load_report, serve, start_load, workspace_binary,
+};
+use std::{collections::BTreeSet, path::Path, time::Duration};
+
+const NAMESPACE: &str = "demo";
+const CLUSTER_IP: &str = "10.96.0.10";
+const NODE_PORT: u16 = 30080;
+const POD_PORT: u16 = 8080;
+const REQUESTS: u32 = 40;
+/// Generous: the API server, the EndpointSlice controller and the agents all run on a shared
+/// 2-core machine.
+const CONVERGE: Duration = Duration::from_secs(120);
+
+struct Cluster {
+    lab: Lab,
+    control_plane: ControlPlane,
+    nodes: Vec<Node>,
+    external: splitproxy_e2e::lab::Host,
+    agents: Vec<Process>,
+    controller: Option<Process>,
+}
+
+impl Cluster {
+    fn url(&self) -> String {
+        format!("http://{CLUSTER_IP}:80/")
+    }
+
+    /// Traffic from both nodes to the cluster IP and from outside to both node ports is answered,
+    /// only and all by `expected`.
+    fn check(&self, expected: &[&str]) -> Result<()> {
+        let wanted: BTreeSet<&str> = expected.iter().copied().collect();
+        let mut targets: Vec<(&dyn HasNamespace, String)> = Vec::new();
+        for node in &self.nodes {
+            targets.push((node, self.url()));
+            targets.push((&self.external, format!("http://{}:{NODE_PORT}/", node.ip())));
+        }
+        for (from, url) in targets {
+            let report = hit(&self.lab, from, &url, REQUESTS)?;
+            let answered: BTreeSet<&str> = report.answers.keys().map(String::as_str).collect();
+            ensure!(
+                report.failures == 0 && answered == wanted,
+                "from {} to {url}: expected exactly {wanted:?}, got {report:?}",
+                from.ns_name()
+            );
+        }
+        Ok(())
+    }
+
+    fn converge(&self, what: &str, expected: &[&str]) -> Result<()> {
+        eventually(what, CONVERGE, || self.check(expected)).with_context(|| self.logs())
+    }
+
+    fn logs(&self) -> String {
+        let mut text = self.control_plane.logs();
+        for process in self.controller.iter().chain(&self.agents) {
+            let log = process.log();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            text.push_str(&format!("--- {}\n", process.log_path().display()));
+            for line in tail.into_iter().rev() {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+        text
+    }
+
+    /// Watches the API server serves right now (its own gauge of long-running WATCH requests).
+    fn watches(&self) -> Result<u64> {
+        let metrics = self.control_plane.metrics(&self.lab)?;
+        let total: f64 = metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        Ok(total as u64)
+    }
+}
+
+fn repo_path(relative: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(relative)
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn services_from_a_real_api_server_reach_ready_pods_and_survive_its_restart() -> Result<()> {
+    let binaries = Binaries::ensure()?;
+    let mut lab = Lab::new("cp")?;
+    let cp_host = lab.add_host("cp", CONTROL_PLANE)?;
+    let external = lab.add_host("ext", EXTERNAL_CLIENT)?;
+    let mut nodes = Vec::new();
+    for n in 1..=2 {
+        nodes.push(lab.add_node(
+            &format!("node-{n}"),
+            addresses::node_ip(n),
+            addresses::pod_cidr(n),
+        )?);
+    }
+    let control_plane = ControlPlane::start(&mut lab, &cp_host, binaries)?;
+
+    // The controller runs as its own ServiceAccount, with exactly the deploy/ RBAC.
+    control_plane.kubectl(&lab, &["apply", "-f", &repo_path("deploy/namespace.yaml")])?;
+    // The whole deploy/ base is accepted by the real API server (dry run: it needs images).
+    control_plane
+        .kubectl(
+            &lab,
+            &["apply", "--dry-run=server", "-k", &repo_path("deploy")],
+        )
+        .context("deploy/ must pass server-side validation")?;
+
+    control_plane.kubectl(
+        &lab,
+        &[
+            "apply",
+            "-n",
+            "splitproxy-system",
+            "-f",
+            &repo_path("deploy/rbac.yaml"),
+        ],
+    )?;
+    let account = "system:serviceaccount:splitproxy-system:splitproxy-controller";
+    let permissions = control_plane.kubectl(
+        &lab,
+        &["auth", "can-i", "--list", &format!("--as={account}")],
+    )?;
+    check_least_privilege(&permissions)?;
+    let token = control_plane.kubectl(
+        &lab,
+        &[
+            "-n",
+            "splitproxy-system",
+            "create",
+            "token",
+            "splitproxy-controller",
+            "--duration=2h",
+        ],
+    )?;
+    let kubeconfig = control_plane.kubeconfig_for_token("controller", token.trim())?;
+
+    for node in &nodes {
+        control_plane.register_node(&lab, node)?;
+    }
+    control_plane.kubectl(&lab, &["create", "namespace", NAMESPACE])?;
+    let mut pods: Vec<Pod> = Vec::new();
+    for (name, node, host) in [("web-a", 0, 2), ("web-b", 1, 2), ("web-c", 1, 3)] {
+        let n = u8::try_from(node + 1)?;
+        let pod = lab.add_pod(&nodes[node], name, addresses::pod_ip(n, host))?;
+        serve(&mut lab, &pod, name, POD_PORT)?;
+        pods.push(pod);
+    }
+    control_plane.create_pod(&lab, NAMESPACE, &pods[0], "web", POD_PORT, true)?;
+    control_plane.create_pod(&lab, NAMESPACE, &pods[1], "web", POD_PORT, true)?;
+    control_plane.kubectl_apply(
+        &lab,
+        &format!(
+            "apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: {NAMESPACE}
+spec:
+  type: NodePort
+  clusterIP: {CLUSTER_IP}
+  selector:
+    app: web
+  ports:
+  - name: http
+    port: 80
+    targetPort: web
+    nodePort: {NODE_PORT}
+"
+        ),
+    )?;
+
+    let controller = lab.spawn(
+        &cp_host,
+        workspace_binary("splitproxy-controller")?,
+        &[
+            "--kubeconfig",
+            &kubeconfig.to_string_lossy(),
+            "--listen",
+            &format!("{CONTROL_PLANE}:10660"),
+        ],
+    )?;
+    let mut cluster = Cluster {
+        lab,
+        control_plane,
+        nodes,
+        external,
+        agents: Vec::new(),
+        controller: Some(controller),
+    };
+    // Let the controller's watches open before counting them.
+    eventually("the controller watches the API server", CONVERGE, || {
+        let watches = cluster.watches()?;
+        ensure!(watches >= 3, "{watches} watches");
+        Ok(())
+    })?;
+    let watches_without_agents = cluster.watches()?;
+    for node in cluster.nodes.clone() {
+        let agent = cluster.lab.spawn(
+            &node,
+            workspace_binary("splitproxy-agent")?,
+            &[
+                "--controller",
+                &format!("http://{CONTROL_PLANE}:10660"),
+                "--hostname-override",
+                node.name(),
+            ],
+        )?;
+        cluster.agents.push(agent);
+    }
+
+    cluster.converge(
+        "traffic reaches the ready pods web-a and web-b",
+        &["web-a", "web-b"],
+    )?;
+    let watches_with_agents = cluster.watches()?;
+    println!(
+        "API-server watches: {watches_without_agents} with the controller alone, \
+         {watches_with_agents} with {} agents",
+        cluster.agents.len()
+    );
+    ensure!(
+        watches_with_agents == watches_without_agents,
+        "agents must not open watches: {watches_without_agents} before, {watches_with_agents} after"
+    );
+
+    // A new pod turning Ready gets traffic; a pod turning not-ready leaves rotation.
+    cluster
+        .control_plane
+        .create_pod(&cluster.lab, NAMESPACE, &pods[2], "web", POD_PORT, false)?;
+    cluster
+        .control_plane
+        .set_pod_ready(&cluster.lab, NAMESPACE, &pods[2], true)?;
+    cluster.converge("web-c joins once Ready", &["web-a", "web-b", "web-c"])?;
+    cluster
+        .control_plane
+        .set_pod_ready(&cluster.lab, NAMESPACE, &pods[0], false)?;
+    cluster.converge("web-a leaves once not ready", &["web-b", "web-c"])?;
+
+    // kube-apiserver killed and restarted under steady traffic: no request fails, and changes made
+    // after the restart still reach the nodes.
+    let (url, node1) = (cluster.url(), cluster.nodes[0].clone());
+    let load = start_load(&mut cluster.lab, &node1, &url, 600, 50)?;
+    cluster.control_plane.kill_apiserver(&mut cluster.lab)?;
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.control_plane.start_apiserver(&mut cluster.lab)?;
+    let report = eventually("the steady load finishes", Duration::from_secs(300), || {
+        load_report(&load)?.context("still running")
+    })?;
+    println!(
+        "Steady load across the API-server restart: {} answered, {} failed",
+        report.answered(),
+        report.failures
+    );
+    ensure!(
+        report.failures == 0 && report.answered() == 600,
+        "requests failed across the restart: {report:?}"
+    );
+    cluster
+        .control_plane
+        .set_pod_ready(&cluster.lab, NAMESPACE, &pods[0], true)?;
+    cluster.converge(
+        "web-a returns after the API-server restart",
+        &["web-a", "web-b", "web-c"],
+    )?;
+
+    // A deleted Service's rules are gone.
+    cluster
+        .control_plane
+        .kubectl(&cluster.lab, &["-n", NAMESPACE, "delete", "service", "web"])?;
+    let web_chain = chain_names::service_chain(&format!("{NAMESPACE}/web:http"), Protocol::Tcp);
+    eventually("the deleted Service's rules are removed", CONVERGE, || {
+        let nat = cluster
+            .lab
+            .exec_ok(&node1, "iptables-save", &["-t", "nat"])?;
+        ensure!(
+            !nat.contains(&web_chain) && !nat.contains(CLUSTER_IP),
+            "rules remain:\n{nat}"
+        );
+        Ok(())
+    })
+    .with_context(|| cluster.logs())?;
+    Ok(())
+}
+
+/// The controller's account may list and watch Services, EndpointSlices and Nodes, and otherwise
+/// only do what every authenticated user may (discovery, self reviews).
+fn check_least_privilege(can_i: &str) -> Result<()> {
+    let everyone = [
+        "selfsubjectreviews.authentication.k8s.io",
+        "selfsubjectaccessreviews.authorization.k8s.io",
+        "selfsubjectrulesreviews.authorization.k8s.io",
+    ];
+    let needed = ["services", "nodes", "endpointslices.discovery.k8s.io"];
+    let mut granted = BTreeSet::new();
+    for line in can_i.lines().skip(1) {
+        let columns: Vec<&str> = line.split_whitespace().collect();
+        let Some(resource) = columns.first() else {
+            continue;
+        };
+        if resource.starts_with('/') || line.trim_start().starts_with('[') {
+            continue; // non-resource URLs (discovery, health)
+        }
+        let verbs = line.rfind('[').map_or("", |i| line[i..].trim());
+        if everyone.contains(resource) {
+            continue;
+        }
+        ensure!(
+            needed.contains(resource) && verbs == "[list watch]",
+            "the controller may do more than it needs: {line:?}\n{can_i}"
+        );
+        granted.insert(*resource);
+    }
+    ensure!(
+        granted.len() == needed.len(),
+        "missing permissions, got {granted:?}:\n{can_i}"
+    );
+    Ok(())
+}
