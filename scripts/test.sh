@@ -6,6 +6,10 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 
 scripts/setup.sh
+# The real control plane for the control-plane tests: built once from the official Kubernetes and
+# etcd Go modules (about 20 minutes cold on 2 cores), then cached in $SPLITPROXY_TOOLS.
+tests/controlplane/build-kubernetes.sh >/dev/null
+tests/controlplane/build-etcd.sh >/dev/null
 scripts/lint.sh
 # The end-to-end tests start the workspace's binaries; build them in the tests' profile first.
 cargo build --workspace --bins

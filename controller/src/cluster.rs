@@ -235,7 +235,7 @@ fn merge_slices<'a>(
                 .0
                 .entry((slice_port.name.clone().unwrap_or_default(), proto as i32))
                 .or_default();
-            for ep in &slice.endpoints {
+            for ep in slice.endpoints.as_deref().unwrap_or_default() {
                 let Some(address) = ep.addresses.first() else {
                     continue;
                 };
