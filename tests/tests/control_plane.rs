@@ -251,6 +251,22 @@ spec:
         .control_plane
         .set_pod_ready(&cluster.lab, NAMESPACE, &pods[2], true)?;
     cluster.converge("web-c joins once Ready", &["web-a", "web-b", "web-c"])?;
+    // The EndpointSlice controller's last-change-trigger-time reached the agents: they report
+    // network programming latency as kube-proxy does.
+    let metrics = cluster.lab.exec_ok(
+        &cluster.nodes[0],
+        "curl",
+        &["-sf", "http://127.0.0.1:10249/metrics"],
+    )?;
+    let programmed = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kubeproxy_network_programming_duration_seconds_count "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    ensure!(
+        programmed > 0,
+        "no network programming latency observed:\n{metrics}"
+    );
     cluster
         .control_plane
         .set_pod_ready(&cluster.lab, NAMESPACE, &pods[0], false)?;
