@@ -29,14 +29,10 @@ if [[ -x $dest/bin/etcd ]]; then
     exit 0
 fi
 
-if ! command -v go >/dev/null 2>&1; then
-    echo "build-etcd.sh: go not found (expected /usr/local/go/bin/go)" >&2
-    exit 1
-fi
-# Same cache layout as scripts/setup.sh, so module downloads and compiled packages are reused.
-export GOPATH="$TOOLS/go" GOMODCACHE="$TOOLS/go/pkg/mod" GOCACHE="$TOOLS/go/cache"
-export GOTOOLCHAIN=local GOFLAGS="-modcacherw -buildvcs=false" CGO_ENABLED=0 GOWORK=off
-unset GOOS GOARCH
+SCRIPT=build-etcd.sh
+# shellcheck source=tests/controlplane/go-build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/go-build.sh"
+go_build_env
 
 start=$SECONDS
 mkdir -p "$TOOLS"
@@ -44,21 +40,11 @@ work="$(mktemp -d -t splitproxy-etcdbuild.XXXXXX)"
 tmp="$dest.tmp.$$"
 trap 'rm -rf "$work" "$tmp"' EXIT
 
-log() { echo "build-etcd.sh: $*" >&2; }
-
 server=go.etcd.io/etcd/server/v3
-log "downloading $server@$ETCD_VERSION"
-(cd "$work" && go mod download "$server@$ETCD_VERSION")
-src="$GOMODCACHE/go.etcd.io/etcd/server/v3@$ETCD_VERSION"
-[[ -f $src/go.mod ]] || { log "no $src/go.mod after download"; exit 1; }
+src="$(go_module_src "$server" "$ETCD_VERSION" "$work")"
 
-go_directive="$(awk '$1 == "go" { print $2; exit }' "$src/go.mod")"
-have_go="$(go env GOVERSION)"
-have_go="${have_go#go}"
-if [[ "$(printf '%s\n%s\n' "$go_directive" "$have_go" | sort -V | head -n1)" != "$go_directive" ]]; then
-    log "$server@$ETCD_VERSION needs go $go_directive, have $have_go (GOTOOLCHAIN=local)"
-    exit 1
-fi
+go_directive="$(go_version_of "$src/go.mod")"
+require_go "$go_directive" "$server@$ETCD_VERSION"
 
 # Sibling modules replaced with ../ paths in the server's go.mod.
 mapfile -t siblings < <(awk '$2 == "=>" && $3 ~ /^\.\.\// { print $1 }' "$src/go.mod" | sort -u)

@@ -38,14 +38,10 @@ if have_all "$dest"; then
     exit 0
 fi
 
-if ! command -v go >/dev/null 2>&1; then
-    echo "build-kubernetes.sh: go not found (expected /usr/local/go/bin/go)" >&2
-    exit 1
-fi
-# Same cache layout as scripts/setup.sh, so module downloads and compiled packages are reused.
-export GOPATH="$TOOLS/go" GOMODCACHE="$TOOLS/go/pkg/mod" GOCACHE="$TOOLS/go/cache"
-export GOTOOLCHAIN=local GOFLAGS="-modcacherw -buildvcs=false" CGO_ENABLED=0 GOWORK=off
-unset GOOS GOARCH
+SCRIPT=build-kubernetes.sh
+# shellcheck source=tests/controlplane/go-build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/go-build.sh"
+go_build_env
 
 start=$SECONDS
 mkdir -p "$TOOLS"
@@ -53,23 +49,13 @@ work="$(mktemp -d -t splitproxy-k8sbuild.XXXXXX)"
 tmp="$dest.tmp.$$"
 trap 'rm -rf "$work" "$tmp"' EXIT
 
-log() { echo "build-kubernetes.sh: $*" >&2; }
-
 # ---- the release's go.mod: Go version and staging modules ------------------------------------
-log "downloading k8s.io/kubernetes@$KUBERNETES_VERSION"
-(cd "$work" && go mod download k8s.io/kubernetes@"$KUBERNETES_VERSION")
-src="$GOMODCACHE/k8s.io/kubernetes@$KUBERNETES_VERSION"
+src="$(go_module_src k8s.io/kubernetes "$KUBERNETES_VERSION" "$work")"
 info="$GOMODCACHE/cache/download/k8s.io/kubernetes/@v/$KUBERNETES_VERSION.info"
-[[ -f $src/go.mod ]] || { log "no $src/go.mod after download"; exit 1; }
 
-go_directive="$(awk '$1 == "go" { print $2; exit }' "$src/go.mod")"
+go_directive="$(go_version_of "$src/go.mod")"
 godebug_line="$(grep -m1 -E '^godebug ' "$src/go.mod" || true)"
-have_go="$(go env GOVERSION)"
-have_go="${have_go#go}"
-if [[ "$(printf '%s\n%s\n' "$go_directive" "$have_go" | sort -V | head -n1)" != "$go_directive" ]]; then
-    log "k8s.io/kubernetes@$KUBERNETES_VERSION needs go $go_directive, have $have_go (GOTOOLCHAIN=local)"
-    exit 1
-fi
+require_go "$go_directive" "k8s.io/kubernetes@$KUBERNETES_VERSION"
 
 # Staging modules: the targets of `=> ./staging/...` replaces, kept only when the release
 # actually requires them (e.g. k8s.io/sample-cli-plugin is replaced but never required and not
