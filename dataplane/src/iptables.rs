@@ -3,7 +3,7 @@
 //! The work is split as everywhere in this crate: [`render`] turns a [`ProxyState`] into the
 //! `iptables-restore` payload (pure, unit-tested), and [`Iptables`] is the thin executor that reads
 //! the kernel's chains with `iptables-save`, pipes the payload to `iptables-restore --noflush`, and
-//! makes sure the built-in chains jump to ours. IPv4 and the nat table only, for now.
+//! makes sure the built-in chains jump to ours. IPv4 only, for now.
 
 pub mod chain_names;
 pub mod render;
@@ -11,10 +11,12 @@ pub mod save;
 #[cfg(test)]
 mod tests;
 
-pub use render::{NatRules, render_nat};
+pub use render::{FilterRules, NatRules, render_filter, render_nat};
 
 use crate::{Dataplane, ProxyState, SyncReport};
-use render::{KUBE_POSTROUTING, KUBE_SERVICES};
+use render::{
+    FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_POSTROUTING, KUBE_SERVICES,
+};
 use std::{collections::BTreeSet, io, process::ExitStatus, process::Stdio};
 use tokio::{io::AsyncWriteExt, process::Command};
 
@@ -50,9 +52,11 @@ pub enum Error {
     #[error("could not write the rules to iptables-restore")]
     WriteInput(#[source] io::Error),
     /// Checking or inserting a jump from a built-in chain to ours failed.
-    #[error("could not install the jump from nat {chain} ({status}): {stderr}")]
+    #[error("could not install the jump from {table} {chain} ({status}): {stderr}")]
     Jump {
-        /// The built-in chain (`PREROUTING`, `OUTPUT`, `POSTROUTING`).
+        /// The table (`nat`, `filter`).
+        table: &'static str,
+        /// The built-in chain (`PREROUTING`, `OUTPUT`, `POSTROUTING`, `INPUT`, `FORWARD`).
         chain: &'static str,
         /// The exit status of the failing `iptables` call.
         status: ExitStatus,
@@ -120,30 +124,65 @@ impl Config {
     }
 }
 
-/// A jump from a built-in nat chain to one of ours, kept as the first rule of that chain.
+/// A jump from a built-in chain to one of ours, kept as the first rule of that chain.
 struct Jump {
+    table: &'static str,
     chain: &'static str,
+    /// Only for the first packet of a connection (`-m conntrack --ctstate NEW`).
+    new_only: bool,
     comment: &'static str,
     target: &'static str,
 }
 
-/// The jumps that hook our chains into the nat table, as kube-proxy installs them.
-const JUMPS: [Jump; 3] = [
-    Jump {
-        chain: "PREROUTING",
-        comment: "kubernetes service portals",
-        target: KUBE_SERVICES,
-    },
-    Jump {
-        chain: "OUTPUT",
-        comment: "kubernetes service portals",
-        target: KUBE_SERVICES,
-    },
-    Jump {
-        chain: "POSTROUTING",
-        comment: "kubernetes postrouting rules",
-        target: KUBE_POSTROUTING,
-    },
+impl Jump {
+    const fn nat(chain: &'static str, comment: &'static str, target: &'static str) -> Self {
+        Self {
+            table: "nat",
+            chain,
+            new_only: false,
+            comment,
+            target,
+        }
+    }
+
+    const fn filter(
+        chain: &'static str,
+        new_only: bool,
+        comment: &'static str,
+        target: &'static str,
+    ) -> Self {
+        Self {
+            table: "filter",
+            chain,
+            new_only,
+            comment,
+            target,
+        }
+    }
+}
+
+const SERVICE_PORTALS: &str = "kubernetes service portals";
+const EXTERNAL_PORTALS: &str = "kubernetes externally-visible service portals";
+
+/// The jumps that hook our chains into the built-in ones, as kube-proxy installs them.
+const JUMPS: [Jump; 8] = [
+    Jump::nat("PREROUTING", SERVICE_PORTALS, KUBE_SERVICES),
+    Jump::nat("OUTPUT", SERVICE_PORTALS, KUBE_SERVICES),
+    Jump::nat(
+        "POSTROUTING",
+        "kubernetes postrouting rules",
+        KUBE_POSTROUTING,
+    ),
+    Jump::filter("INPUT", true, EXTERNAL_PORTALS, KUBE_EXTERNAL_SERVICES),
+    Jump::filter("FORWARD", true, EXTERNAL_PORTALS, KUBE_EXTERNAL_SERVICES),
+    Jump::filter("FORWARD", true, SERVICE_PORTALS, FILTER_KUBE_SERVICES),
+    Jump::filter("OUTPUT", true, SERVICE_PORTALS, FILTER_KUBE_SERVICES),
+    Jump::filter(
+        "FORWARD",
+        false,
+        "kubernetes forwarding rules",
+        KUBE_FORWARD,
+    ),
 ];
 
 impl Jump {
@@ -159,9 +198,15 @@ impl Jump {
 
     fn args(&self, wait_seconds: u32, operation: &[&str]) -> Vec<String> {
         let wait = wait_seconds.to_string();
-        ["-w", &wait, "-t", "nat"]
+        let new_only: &[&str] = if self.new_only {
+            &["-m", "conntrack", "--ctstate", "NEW"]
+        } else {
+            &[]
+        };
+        ["-w", &wait, "-t", self.table]
             .into_iter()
             .chain(operation.iter().copied())
+            .chain(new_only.iter().copied())
             .chain([
                 "-m",
                 "comment",
@@ -251,6 +296,7 @@ impl Iptables {
             Some(1) => {}
             _ => {
                 return Err(Error::Jump {
+                    table: jump.table,
                     chain: jump.chain,
                     status: check.status,
                     stderr: stderr_text(&check.stderr),
@@ -262,15 +308,17 @@ impl Iptables {
             .await?;
         if !insert.status.success() {
             return Err(Error::Jump {
+                table: jump.table,
                 chain: jump.chain,
                 status: insert.status,
                 stderr: stderr_text(&insert.stderr),
             });
         }
         tracing::info!(
+            table = jump.table,
             chain = jump.chain,
             target = jump.target,
-            "installed nat jump"
+            "installed jump"
         );
         Ok(())
     }
@@ -327,15 +375,25 @@ impl Dataplane for Iptables {
 
     async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport> {
         let existing = self.existing_chains().await?;
+        let filter = render_filter(state);
         let nat = render_nat(state, &existing);
-        self.restore(&nat.payload).await?;
+        // Both tables in one transaction.
+        self.restore(&format!("{}{}", filter.payload, nat.payload))
+            .await?;
         // After the restore, so the target chains exist when the jumps are checked.
         for jump in &JUMPS {
             self.ensure_jump(jump).await?;
         }
-        tracing::debug!(nat_rules = nat.rule_count, "synced iptables rules");
+        tracing::debug!(
+            filter_rules = filter.rule_count,
+            nat_rules = nat.rule_count,
+            "synced iptables rules"
+        );
         Ok(SyncReport {
-            rules_written: vec![("nat".to_owned(), nat.rule_count)],
+            rules_written: vec![
+                ("filter".to_owned(), filter.rule_count),
+                ("nat".to_owned(), nat.rule_count),
+            ],
         })
     }
 }

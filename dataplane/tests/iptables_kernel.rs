@@ -186,9 +186,21 @@ async fn sync_programs_the_nat_table_idempotently_and_removes_stale_chains() {
         .lines()
         .filter(|line| line.starts_with("-A KUBE-"))
         .count();
+    let filter = netns.exec(&["iptables-save", "-t", "filter"]);
+    let ours_in_filter = filter
+        .lines()
+        .filter(|line| line.starts_with("-A KUBE-"))
+        .count();
     assert_eq!(
         report.rules_written,
-        [("nat".to_owned(), u32::try_from(ours).unwrap())]
+        [
+            ("filter".to_owned(), u32::try_from(ours_in_filter).unwrap()),
+            ("nat".to_owned(), u32::try_from(ours).unwrap())
+        ]
+    );
+    assert!(
+        filter.contains("-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD"),
+        "{filter}"
     );
 
     iptables.sync(&one_service()).await.unwrap();

@@ -10,7 +10,8 @@ use anyhow::{Context, Result, ensure};
 use splitproxy_dataplane::{Protocol, iptables::chain_names};
 use splitproxy_e2e::{
     demo_cluster::{DemoCluster, SERVICE},
-    eventually,
+    eventually, hit,
+    lab::HasNamespace,
 };
 use std::time::Duration;
 
@@ -120,6 +121,33 @@ fn a_node_port_service_is_reachable_end_to_end_and_survives_the_controller() -> 
     converge(
         &cluster,
         "traffic follows the manifests again after the restart",
+    )
+    .with_context(|| cluster.logs())?;
+
+    // With no endpoints left, clients are refused at once (REJECT), from the node, from a pod
+    // and through the node port, instead of waiting for a timeout.
+    cluster.set_web(&[])?;
+    let targets = [
+        (cluster.nodes[0].ns_name(), DemoCluster::cluster_ip_url()),
+        (cluster.clients[1].ns_name(), DemoCluster::cluster_ip_url()),
+        (
+            cluster.external.ns_name(),
+            DemoCluster::node_port_url(&cluster.nodes[0]),
+        ),
+    ];
+    eventually(
+        "clients of the endpoint-less Service are refused",
+        CONVERGE,
+        || {
+            for (from, url) in &targets {
+                let report = hit(&cluster.lab, *from, url, 5)?;
+                ensure!(
+                    report.failures == 5 && report.errors.iter().all(|e| e.contains("refused")),
+                    "from {from} to {url}: expected 5 refused connections, got {report:?}"
+                );
+            }
+            Ok(())
+        },
     )
     .with_context(|| cluster.logs())?;
     Ok(())

@@ -9,6 +9,8 @@
 //! POSTROUTING → KUBE-POSTROUTING (MASQUERADE what KUBE-MARK-MASQ marked)
 //! ```
 //!
+//! Ports without a usable endpoint get no nat rules; [`render_filter`] REJECTs them instead.
+//!
 //! Every chain written is declared (`:CHAIN - [0:0]`), which flushes it, so with
 //! `iptables-restore --noflush` the payload replaces exactly the chains it names. Stale per-service
 //! chains are declared too, then deleted with `-X`.
@@ -30,6 +32,80 @@ pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
 pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
 /// The masquerade mark: bit 14, kube-proxy's default `--iptables-masquerade-bit`.
 pub const MASQUERADE_MARK: &str = "0x4000";
+/// The filter chain rejecting cluster IPs without endpoints (jumped to from FORWARD and OUTPUT).
+pub const FILTER_KUBE_SERVICES: &str = "KUBE-SERVICES";
+/// The filter chain rejecting node ports without endpoints (jumped to from INPUT and FORWARD).
+pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
+/// The filter chain accepting forwarded Service traffic (jumped to from FORWARD).
+pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
+
+/// The rendered filter table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilterRules {
+    /// The `iptables-restore` input, from `*filter` to `COMMIT`, ending with a newline.
+    pub payload: String,
+    /// The number of rules (`-A` lines) in [`payload`](Self::payload).
+    pub rule_count: u32,
+}
+
+/// Renders the IPv4 filter table for `state`: a REJECT for every Service port without a usable
+/// endpoint (on its cluster IPs, and on its node port for traffic to the node), so clients are
+/// refused at once instead of timing out, and kube-proxy's forwarding rules.
+///
+/// Every chain here is kube-proxy's fixed set and is rewritten whole on each sync.
+#[must_use]
+pub fn render_filter(state: &ProxyState) -> FilterRules {
+    let mut services = Vec::new();
+    let mut external = Vec::new();
+    for service in state.services.values() {
+        for port in service
+            .ports
+            .iter()
+            .filter(|p| usable_endpoints(p).is_empty())
+        {
+            let port_name = port.port_name(&service.key);
+            let proto = port.protocol.as_str();
+            let why = comment(&format!("{port_name} has no endpoints"));
+            for ip in service.cluster_ips.iter().filter_map(ipv4) {
+                services.push(format!(
+                    "-A {FILTER_KUBE_SERVICES} -m comment --comment {why} -m {proto} -p {proto} -d {ip} --dport {} -j REJECT",
+                    port.port
+                ));
+            }
+            if let Some(node_port) = port.node_port {
+                external.push(format!(
+                    "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {why} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {node_port} -j REJECT"
+                ));
+            }
+        }
+    }
+    let mut lines = vec!["*filter".to_owned()];
+    for chain in [FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD] {
+        lines.push(format!(":{chain} - [0:0]"));
+    }
+    let first_rule = lines.len();
+    lines.extend(services);
+    lines.extend(external);
+    lines.push(format!(
+        "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"
+    ));
+    lines.push(format!(
+        "-A {KUBE_FORWARD} -m comment --comment {} -m mark --mark {MASQUERADE_MARK}/{MASQUERADE_MARK} -j ACCEPT",
+        comment("kubernetes forwarding rules"),
+    ));
+    lines.push(format!(
+        "-A {KUBE_FORWARD} -m comment --comment {} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+        comment("kubernetes forwarding conntrack rule"),
+    ));
+    let rule_count = lines.len() - first_rule;
+    lines.push("COMMIT".to_owned());
+    let mut payload = lines.join("\n");
+    payload.push('\n');
+    FilterRules {
+        payload,
+        rule_count: u32::try_from(rule_count).unwrap_or(u32::MAX),
+    }
+}
 
 /// The rendered nat table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +160,7 @@ impl NatTable {
     fn add_service_port(&mut self, service: &Service, port: &ServicePort) {
         let endpoints = usable_endpoints(port);
         if endpoints.is_empty() {
-            // Without endpoints kube-proxy REJECTs in the filter table; not rendered yet.
+            // Rejected in the filter table instead (`render_filter`).
             return;
         }
         let port_name = port.port_name(&service.key);

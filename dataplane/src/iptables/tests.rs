@@ -10,7 +10,7 @@
 //! | external     | `203.0.113.0/24`             |
 #![allow(clippy::unwrap_used)]
 
-use super::{Config, Dataplane, Error, Iptables, JUMPS, render_nat};
+use super::{Config, Dataplane, Error, Iptables, JUMPS, render_filter, render_nat};
 use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort};
 use std::{collections::BTreeSet, path::PathBuf};
 
@@ -504,6 +504,52 @@ fn rendering_is_deterministic() {
     assert_eq!(render_nat(&state, &existing), render_nat(&state, &existing));
 }
 
+#[test]
+fn ports_without_ready_endpoints_are_rejected_on_cluster_ip_and_node_port() {
+    let state = state(vec![
+        service(
+            "ns1",
+            "empty",
+            &["172.30.0.46"],
+            vec![port(
+                "p80",
+                Protocol::Tcp,
+                80,
+                Some(3003),
+                vec![terminating("10.180.0.9", 80)],
+            )],
+        ),
+        service(
+            "ns2",
+            "served",
+            &["172.30.0.47"],
+            vec![port(
+                "p80",
+                Protocol::Tcp,
+                80,
+                None,
+                vec![ready("10.180.0.1", 80)],
+            )],
+        ),
+    ]);
+    let filter = render_filter(&state);
+    assert_rules_eq(
+        &filter.payload,
+        r#"*filter
+:KUBE-SERVICES - [0:0]
+:KUBE-EXTERNAL-SERVICES - [0:0]
+:KUBE-FORWARD - [0:0]
+-A KUBE-SERVICES -m comment --comment "ns1/empty:p80 has no endpoints" -m tcp -p tcp -d 172.30.0.46 --dport 80 -j REJECT
+-A KUBE-EXTERNAL-SERVICES -m comment --comment "ns1/empty:p80 has no endpoints" -m addrtype --dst-type LOCAL -m tcp -p tcp --dport 3003 -j REJECT
+-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+COMMIT
+"#,
+    );
+    assert_eq!(filter.rule_count, 5);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Executor
 
@@ -539,6 +585,16 @@ fn jumps_are_kube_proxys_and_inserted_first() {
             "-w 5 -t nat -I OUTPUT 1 -m comment --comment kubernetes service portals -j KUBE-SERVICES",
             "-w 5 -t nat -C POSTROUTING -m comment --comment kubernetes postrouting rules -j KUBE-POSTROUTING",
             "-w 5 -t nat -I POSTROUTING 1 -m comment --comment kubernetes postrouting rules -j KUBE-POSTROUTING",
+            "-w 5 -t filter -C INPUT -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES",
+            "-w 5 -t filter -I INPUT 1 -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES",
+            "-w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES",
+            "-w 5 -t filter -I FORWARD 1 -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES",
+            "-w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t filter -I FORWARD 1 -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t filter -C OUTPUT -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t filter -I OUTPUT 1 -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t filter -C FORWARD -m comment --comment kubernetes forwarding rules -j KUBE-FORWARD",
+            "-w 5 -t filter -I FORWARD 1 -m comment --comment kubernetes forwarding rules -j KUBE-FORWARD",
         ]
     );
 }
@@ -605,11 +661,18 @@ async fn sync_restores_the_render_and_inserts_only_missing_jumps() {
         &state,
         &chains(&["PREROUTING", "KUBE-SVC-GNZBNJ2PO5MGZ6GT"]),
     );
+    let filter = render_filter(&state);
     assert_eq!(
         report.rules_written,
-        [("nat".to_owned(), expected.rule_count)]
+        [
+            ("filter".to_owned(), filter.rule_count),
+            ("nat".to_owned(), expected.rule_count)
+        ]
     );
-    assert_rules_eq(&scratch.read("payload"), &expected.payload);
+    assert_rules_eq(
+        &scratch.read("payload"),
+        &format!("{}{}", filter.payload, expected.payload),
+    );
     assert!(expected.payload.contains("-X KUBE-SVC-GNZBNJ2PO5MGZ6GT"));
     assert_rules_eq(
         &scratch.read("calls"),
@@ -619,6 +682,11 @@ iptables -w 5 -t nat -C PREROUTING -m comment --comment kubernetes service porta
 iptables -w 5 -t nat -I PREROUTING 1 -m comment --comment kubernetes service portals -j KUBE-SERVICES
 iptables -w 5 -t nat -C OUTPUT -m comment --comment kubernetes service portals -j KUBE-SERVICES
 iptables -w 5 -t nat -C POSTROUTING -m comment --comment kubernetes postrouting rules -j KUBE-POSTROUTING
+iptables -w 5 -t filter -C INPUT -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES
+iptables -w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES
+iptables -w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES
+iptables -w 5 -t filter -C OUTPUT -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES
+iptables -w 5 -t filter -C FORWARD -m comment --comment kubernetes forwarding rules -j KUBE-FORWARD
 "#,
     );
 }
