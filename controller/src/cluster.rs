@@ -41,7 +41,17 @@ pub enum Invalid {
     /// A Service has no ports.
     #[error("service has no ports")]
     NoPorts,
+    /// A load-balancer source range is not a CIDR; the Service is skipped rather than opened to
+    /// every source.
+    #[error("invalid loadBalancerSourceRanges entry {0:?}")]
+    SourceRange(String),
+    /// The session affinity timeout is outside 1-86400 seconds.
+    #[error("session affinity timeout {0} out of range")]
+    AffinityTimeout(i32),
 }
+
+/// Kubernetes' default ClientIP affinity timeout (3 hours).
+const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
 
 /// Objects as read from a source, before filtering.
 #[derive(Debug, Clone, Default)]
@@ -172,11 +182,102 @@ fn convert_service(svc: &Service) -> Result<Option<pb::Service>, Invalid> {
     if ports.is_empty() {
         return Err(Invalid::NoPorts);
     }
+    let load_balancer_source_ranges = spec
+        .load_balancer_source_ranges
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|range| {
+            let range = range.trim();
+            valid_cidr(range)
+                .then(|| range.to_owned())
+                .ok_or_else(|| Invalid::SourceRange(range.to_owned()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let session_affinity = match spec.session_affinity.as_deref() {
+        Some("ClientIP") => {
+            let timeout = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            let timeout_seconds = match timeout {
+                None => DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+                Some(t) => u32::try_from(t)
+                    .ok()
+                    .filter(|t| (1..=86_400).contains(t))
+                    .ok_or(Invalid::AffinityTimeout(t))?,
+            };
+            Some(pb::SessionAffinity { timeout_seconds })
+        }
+        _ => None,
+    };
+    let load_balancer_ips: Vec<String> = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|ingress| ingress.ip_mode.as_deref() != Some("Proxy"))
+        .filter_map(|ingress| ingress.ip.clone())
+        .collect();
     Ok(Some(pb::Service {
-        key: Some(pb::ObjectKey { namespace, name }),
+        key: Some(pb::ObjectKey {
+            namespace: namespace.clone(),
+            name: name.clone(),
+        }),
         cluster_ips,
         ports,
+        external_ips: valid_ips(
+            spec.external_ips.as_deref(),
+            &namespace,
+            &name,
+            "externalIPs",
+        ),
+        load_balancer_ips: valid_ips(
+            Some(&load_balancer_ips),
+            &namespace,
+            &name,
+            "load-balancer ingress",
+        ),
+        load_balancer_source_ranges,
+        session_affinity,
+        external_traffic_policy_local: spec.external_traffic_policy.as_deref() == Some("Local"),
+        internal_traffic_policy_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
+        health_check_node_port: match spec.health_check_node_port {
+            None | Some(0) => 0,
+            Some(p) => port(p)?,
+        },
     }))
+}
+
+/// The entries of `ips` that are IP addresses; the others are logged and left out, as kube-proxy
+/// does, so one typo does not take the whole Service down.
+fn valid_ips(ips: Option<&[String]>, namespace: &str, name: &str, field: &str) -> Vec<String> {
+    ips.unwrap_or_default()
+        .iter()
+        .filter(|ip| {
+            let valid = ip.parse::<IpAddr>().is_ok();
+            if !valid {
+                tracing::warn!(service = %format!("{namespace}/{name}"), %field, ip = %ip, "ignoring invalid IP");
+            }
+            valid
+        })
+        .cloned()
+        .collect()
+}
+
+/// Whether `text` is `address/prefix` with a prefix that fits the address family.
+fn valid_cidr(text: &str) -> bool {
+    let Some((address, prefix)) = text.split_once('/') else {
+        return false;
+    };
+    match (address.parse::<IpAddr>(), prefix.parse::<u8>()) {
+        (Ok(IpAddr::V4(_)), Ok(p)) => p <= 32,
+        (Ok(IpAddr::V6(_)), Ok(p)) => p <= 128,
+        _ => false,
+    }
 }
 
 fn protocol(name: Option<&str>) -> Result<pb::Protocol, Invalid> {

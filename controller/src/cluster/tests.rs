@@ -170,3 +170,61 @@ endpoints: [{addresses: [pod.example.invalid]}]
     assert!(state.services.contains_key(&("a".into(), "s".into())));
     assert!(state.endpoints.is_empty());
 }
+
+#[test]
+fn external_and_load_balancer_fields_are_carried_over() {
+    let text = r"
+apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: a}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.6
+  ports: [{port: 80, nodePort: 30080}]
+  externalIPs: [192.0.2.10, not-an-ip]
+  loadBalancerSourceRanges: [203.0.113.0/24]
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}
+status:
+  loadBalancer:
+    ingress:
+    - {ip: 198.51.100.1}
+    - {ip: 198.51.100.2, ipMode: VIP}
+    - {ip: 198.51.100.3, ipMode: Proxy}
+";
+    let state = ClusterState::build(&objects(text));
+    let service = &state.services[&("a".into(), "lb".into())];
+    assert_eq!(service.external_ips, ["192.0.2.10"], "the invalid IP is dropped, the Service kept");
+    assert_eq!(service.load_balancer_ips, ["198.51.100.1", "198.51.100.2"], "ipMode Proxy is not programmed");
+    assert_eq!(service.load_balancer_source_ranges, ["203.0.113.0/24"]);
+    assert!(service.external_traffic_policy_local && !service.internal_traffic_policy_local);
+    assert_eq!(service.health_check_node_port, 32000);
+    assert_eq!(service.session_affinity, Some(pb::SessionAffinity { timeout_seconds: 60 }));
+}
+
+#[test]
+fn client_ip_affinity_without_a_timeout_gets_kubernetes_default() {
+    let text = r"
+apiVersion: v1
+kind: Service
+metadata: {name: s, namespace: a}
+spec: {clusterIP: 10.96.0.6, ports: [{port: 80}], sessionAffinity: ClientIP, internalTrafficPolicy: Local}
+";
+    let state = ClusterState::build(&objects(text));
+    let service = &state.services[&("a".into(), "s".into())];
+    assert_eq!(service.session_affinity, Some(pb::SessionAffinity { timeout_seconds: 10_800 }));
+    assert!(service.internal_traffic_policy_local);
+}
+
+#[test]
+fn a_bad_source_range_skips_the_service_instead_of_opening_it() {
+    let text = r"
+apiVersion: v1
+kind: Service
+metadata: {name: s, namespace: a}
+spec: {type: LoadBalancer, clusterIP: 10.96.0.6, ports: [{port: 80}], loadBalancerSourceRanges: [203.0.113.0/33]}
+";
+    assert!(ClusterState::build(&objects(text)).services.is_empty());
+}

@@ -29,6 +29,7 @@ fn cluster(services: usize, endpoint_host: u8) -> ClusterState {
                     port: 80,
                     node_port: 0,
                 }],
+                ..Default::default()
             },
         );
         state.endpoints.insert(

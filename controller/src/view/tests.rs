@@ -15,6 +15,7 @@ fn cluster(endpoints: &[(&str, &str)]) -> ClusterState {
                 port: 80,
                 node_port: 0,
             }],
+            ..Default::default()
         },
     );
     if !endpoints.is_empty() {

@@ -33,6 +33,7 @@ fn service(name: &str, cluster_ip: &str, ports: Vec<pb::ServicePort>) -> pb::Ser
         key: Some(object_key(name)),
         cluster_ips: vec![cluster_ip.into()],
         ports,
+        ..Default::default()
     }
 }
 
@@ -402,6 +403,7 @@ fn to_proxy_state_joins_endpoints_to_ports_by_port_name_and_protocol() {
             port("dns-tcp", TCP, 53, 30053),
             port("metrics", TCP, 9153, 0),
         ],
+        ..Default::default()
     };
     let eps = endpoints(
         "dns",
