@@ -1,7 +1,8 @@
 //! Command-line flags, named as kube-proxy names them where the meaning is the same.
 
-use clap::{Parser, ValueEnum};
-use std::net::SocketAddr;
+use crate::runner::{InvalidPeriods, SyncPeriods};
+use clap::{CommandFactory, Parser, ValueEnum, error::ErrorKind};
+use std::{net::SocketAddr, time::Duration};
 
 /// Programs this node's Services from the splitproxy controller's stream.
 #[derive(Debug, Parser)]
@@ -42,6 +43,143 @@ pub struct Cli {
         default_value = "127.0.0.1:10661"
     )]
     pub inspection_bind_address: SocketAddr,
+    /// The longest time between two syncs of the node's rules: a full resync repairs what was
+    /// changed behind the agent's back. `/healthz` fails when a revision waits twice this long.
+    /// Go duration syntax (`30s`, `1m`, `1h30m`).
+    #[arg(
+        long,
+        env = "SPLITPROXY_IPTABLES_SYNC_PERIOD",
+        default_value = "30s",
+        value_parser = parse_duration
+    )]
+    pub iptables_sync_period: Duration,
+    /// The shortest time between two syncs of the node's rules; a revision that arrives sooner
+    /// waits. At most --iptables-sync-period. Go duration syntax (`1s`, `500ms`).
+    #[arg(
+        long,
+        env = "SPLITPROXY_IPTABLES_MIN_SYNC_PERIOD",
+        default_value = "1s",
+        value_parser = parse_duration
+    )]
+    pub iptables_min_sync_period: Duration,
+}
+
+impl Cli {
+    /// The sync periods, checked against each other as kube-proxy checks them.
+    ///
+    /// # Errors
+    ///
+    /// Returns a clap validation error (exit code 64 in `main`) when `--iptables-sync-period` is
+    /// zero or shorter than `--iptables-min-sync-period`.
+    pub fn sync_periods(&self) -> Result<SyncPeriods, clap::Error> {
+        SyncPeriods::new(self.iptables_sync_period, self.iptables_min_sync_period).map_err(|err| {
+            let message = match err {
+                InvalidPeriods::ZeroSyncPeriod => {
+                    "--iptables-sync-period must be greater than 0".to_owned()
+                }
+                InvalidPeriods::MinAboveSync { sync, min } => format!(
+                    "--iptables-min-sync-period ({min:?}) must not be greater than \
+                     --iptables-sync-period ({sync:?})"
+                ),
+            };
+            Self::command().error(ErrorKind::ValueValidation, message)
+        })
+    }
+}
+
+/// Why a duration flag does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidDuration {
+    /// The text is not a Go duration (`1h30m`, `500ms`, `1.5s`).
+    #[error("not a duration (expected e.g. 30s, 1m, 500ms, 1h30m)")]
+    Malformed,
+    /// A number has no unit.
+    #[error("missing unit (one of ns, us, ms, s, m, h)")]
+    MissingUnit,
+    /// A unit is not one of Go's.
+    #[error("unknown unit {0:?} (one of ns, us, ms, s, m, h)")]
+    UnknownUnit(String),
+    /// The duration is below zero.
+    #[error("must not be negative")]
+    Negative,
+    /// The duration does not fit Go's range (about 292 years).
+    #[error("too long")]
+    Overflow,
+}
+
+/// Parses a duration in Go's `time.ParseDuration` syntax, as kube-proxy's flags take it: an
+/// optional sign, then one or more decimal numbers each with a unit (`ns`, `us`/`µs`, `ms`, `s`,
+/// `m`, `h`), e.g. `30s`, `1m`, `500ms`, `1h30m`, `1.5h`; `0` needs no unit.
+///
+/// # Errors
+///
+/// Returns [`InvalidDuration`] for anything else, for negative durations and for durations
+/// beyond Go's range.
+pub fn parse_duration(text: &str) -> Result<Duration, InvalidDuration> {
+    let (negative, mut rest) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
+    };
+    if rest == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return Err(InvalidDuration::Malformed);
+    }
+    let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
+    let mut nanos: u128 = 0;
+    while !rest.is_empty() {
+        let (whole, after) = rest.split_at(digits(rest));
+        let (fraction, after) = match after.strip_prefix('.') {
+            Some(after) => after.split_at(digits(after)),
+            None => ("", after),
+        };
+        if whole.is_empty() && fraction.is_empty() {
+            return Err(InvalidDuration::Malformed);
+        }
+        let unit_len = after
+            .find(|c: char| c == '.' || c.is_ascii_digit())
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        let unit_nanos: u128 = match unit {
+            "" => return Err(InvalidDuration::MissingUnit),
+            "ns" => 1,
+            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60 * 1_000_000_000,
+            "h" => 60 * 60 * 1_000_000_000,
+            other => return Err(InvalidDuration::UnknownUnit(other.to_owned())),
+        };
+        let whole: u128 = if whole.is_empty() {
+            0
+        } else {
+            whole.parse().map_err(|_| InvalidDuration::Overflow)?
+        };
+        // Digits past the 18th are below a nanosecond of any unit; drop them as Go does.
+        let fraction = &fraction[..fraction.len().min(18)];
+        let fraction_nanos = if fraction.is_empty() {
+            0
+        } else {
+            let value: u128 = fraction.parse().map_err(|_| InvalidDuration::Malformed)?;
+            value * unit_nanos / 10u128.pow(u32::try_from(fraction.len()).unwrap_or(18))
+        };
+        nanos = whole
+            .checked_mul(unit_nanos)
+            .and_then(|n| n.checked_add(fraction_nanos))
+            .and_then(|n| n.checked_add(nanos))
+            .ok_or(InvalidDuration::Overflow)?;
+        rest = after;
+    }
+    let nanos = u64::try_from(nanos)
+        .ok()
+        .filter(|n| i64::try_from(*n).is_ok())
+        .ok_or(InvalidDuration::Overflow)?;
+    if negative && nanos > 0 {
+        return Err(InvalidDuration::Negative);
+    }
+    Ok(Duration::from_nanos(nanos))
 }
 
 /// The dataplane backends.
@@ -79,6 +217,143 @@ mod tests {
         .expect("valid flags");
         assert_eq!(cli.controllers, ["http://a:1", "http://b:1"]);
         assert_eq!(cli.hostname_override.as_deref(), Some("node-1"));
+    }
+
+    fn parse(flags: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(
+            ["splitproxy-agent", "--controller", "http://c:1"]
+                .iter()
+                .chain(flags),
+        )
+    }
+
+    #[test]
+    fn sync_periods_default_to_kube_proxys() {
+        let cli = parse(&[]).expect("valid flags");
+        assert_eq!(cli.iptables_sync_period, Duration::from_secs(30));
+        assert_eq!(cli.iptables_min_sync_period, Duration::from_secs(1));
+        assert_eq!(
+            cli.sync_periods().expect("valid periods"),
+            SyncPeriods::default()
+        );
+    }
+
+    #[test]
+    fn sync_period_flags_take_go_durations() {
+        let cli = parse(&[
+            "--iptables-sync-period",
+            "1h30m",
+            "--iptables-min-sync-period",
+            "500ms",
+        ])
+        .expect("valid flags");
+        let periods = cli.sync_periods().expect("valid periods");
+        assert_eq!(periods.sync_period(), Duration::from_secs(90 * 60));
+        assert_eq!(periods.min_sync_period(), Duration::from_millis(500));
+        assert_eq!(periods.health_timeout(), Duration::from_secs(3 * 60 * 60));
+    }
+
+    #[test]
+    fn a_min_sync_period_above_the_sync_period_is_a_usage_error() {
+        let cli = parse(&[
+            "--iptables-sync-period",
+            "1m",
+            "--iptables-min-sync-period",
+            "2m",
+        ])
+        .expect("each flag parses alone");
+        let err = cli.sync_periods().expect_err("min above sync is refused");
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+        // main exits 64 for errors that go to stderr.
+        assert!(err.use_stderr());
+        let text = err.to_string();
+        assert!(
+            text.contains("--iptables-min-sync-period (120s) must not be greater than --iptables-sync-period (60s)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_zero_sync_period_is_a_usage_error() {
+        let cli = parse(&[
+            "--iptables-sync-period",
+            "0",
+            "--iptables-min-sync-period",
+            "0s",
+        ])
+        .expect("each flag parses alone");
+        let err = cli
+            .sync_periods()
+            .expect_err("a zero sync period is refused");
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+        assert!(
+            err.to_string()
+                .contains("--iptables-sync-period must be greater than 0"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_malformed_sync_period_is_refused_while_parsing() {
+        let err = parse(&["--iptables-sync-period", "30"]).expect_err("no unit");
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+        assert!(err.to_string().contains("missing unit"), "{err}");
+        assert!(parse(&["--iptables-min-sync-period", "-1s"]).is_err());
+    }
+
+    #[test]
+    fn go_durations_parse() {
+        let ms = Duration::from_millis;
+        let s = Duration::from_secs;
+        for (text, expected) in [
+            ("30s", s(30)),
+            ("1m", s(60)),
+            ("500ms", ms(500)),
+            ("1h30m", s(5400)),
+            ("2h45m30.5s", ms((2 * 3600 + 45 * 60 + 30) * 1000 + 500)),
+            ("1.5h", s(5400)),
+            (".5s", ms(500)),
+            ("1.s", s(1)),
+            ("+2s", s(2)),
+            ("0", Duration::ZERO),
+            ("-0", Duration::ZERO),
+            ("0s", Duration::ZERO),
+            ("100ns", Duration::from_nanos(100)),
+            ("3us", Duration::from_micros(3)),
+            ("3\u{b5}s", Duration::from_micros(3)),
+            ("3\u{3bc}s", Duration::from_micros(3)),
+            ("1m0.000000001s", Duration::new(60, 1)),
+            (
+                "0.1234567891234567891234s",
+                Duration::from_nanos(123_456_789),
+            ),
+        ] {
+            assert_eq!(parse_duration(text), Ok(expected), "{text}");
+        }
+    }
+
+    #[test]
+    fn malformed_go_durations_are_refused() {
+        for (text, expected) in [
+            ("", InvalidDuration::Malformed),
+            ("-", InvalidDuration::Malformed),
+            ("s", InvalidDuration::Malformed),
+            (".s", InvalidDuration::Malformed),
+            ("1", InvalidDuration::MissingUnit),
+            ("1.5.3s", InvalidDuration::MissingUnit),
+            ("1h30", InvalidDuration::MissingUnit),
+            ("10x", InvalidDuration::UnknownUnit("x".into())),
+            ("1 s", InvalidDuration::UnknownUnit(" s".into())),
+            ("1d", InvalidDuration::UnknownUnit("d".into())),
+            ("-1s", InvalidDuration::Negative),
+            ("3000000h", InvalidDuration::Overflow),
+            (
+                "99999999999999999999999999999999999999999s",
+                InvalidDuration::Overflow,
+            ),
+        ] {
+            assert_eq!(parse_duration(text), Err(expected), "{text:?}");
+        }
     }
 
     #[test]

@@ -1,8 +1,15 @@
 //! The stream client: keeps one stream to a controller open, gathers revisions, has them applied
 //! and answers each with an ACK or NACK. Reconnects with jittered backoff, trying the controllers
-//! in turn; while no controller answers, the node keeps its rules (fail static).
+//! in turn; while no controller answers, the node keeps its rules (fail static) and the periodic
+//! resync keeps repairing them.
 
-use crate::{metrics::Metrics, state::Revision, status::Status, sync::Applier};
+use crate::{
+    metrics::Metrics,
+    state::{NodeState, Revision},
+    status::Status,
+    sync::Applier,
+};
+use futures::{Stream, StreamExt};
 use rand::Rng;
 use splitproxy_dataplane::Dataplane;
 use splitproxy_proto::v1alpha1::{
@@ -41,7 +48,8 @@ enum StreamError {
     Interleaved { got: u64, pending: u64 },
 }
 
-/// Runs the client forever. `config.controllers` must not be empty.
+/// Runs the client forever. `config.controllers` must not be empty. The applier's periodic resync
+/// runs throughout, connected or not.
 pub async fn run<D: Dataplane>(
     config: ClientConfig,
     mut applier: Applier<D>,
@@ -80,7 +88,7 @@ pub async fn run<D: Dataplane>(
         metrics.reconnects.inc();
         let delay = jitter(backoff);
         tracing::info!(delay_ms = delay.as_millis() as u64, "reconnecting");
-        tokio::time::sleep(delay).await;
+        applier.resync_while(tokio::time::sleep(delay)).await;
         backoff = (backoff * 2).min(config.max_backoff);
     }
 }
@@ -99,6 +107,28 @@ async fn stream_once<D: Dataplane>(
     metrics: &Metrics,
     progressed: &mut bool,
 ) -> Result<(), StreamError> {
+    let held = status.snapshot().state;
+    let (inbound, acks) = applier
+        .resync_while(subscribe(config, controller, &held))
+        .await?;
+    status.update(|s| s.connected = true);
+    tracing::info!(%controller, resume = held.epoch.is_some(), "subscribed");
+    serve(inbound, &acks, applier, metrics, progressed).await
+}
+
+/// Connects to `controller` and subscribes, resuming from `held`. Returns the inbound stream and
+/// the sender of the request stream.
+async fn subscribe(
+    config: &ClientConfig,
+    controller: &str,
+    held: &NodeState,
+) -> Result<
+    (
+        tonic::Streaming<pb::SyncResponse>,
+        mpsc::Sender<pb::SyncRequest>,
+    ),
+    StreamError,
+> {
     let channel = tonic::transport::Endpoint::from_shared(controller.to_owned())
         .map_err(StreamError::Url)?
         .connect_timeout(Duration::from_secs(5))
@@ -108,7 +138,6 @@ async fn stream_once<D: Dataplane>(
         .connect()
         .await
         .map_err(StreamError::Connect)?;
-    let held = status.snapshot().state;
     let subscribe = pb::Subscribe {
         node_name: config.node_name.clone(),
         capabilities: Some(pb::Capabilities {
@@ -122,24 +151,38 @@ async fn stream_once<D: Dataplane>(
     };
     // One subscribe plus at most one ack in flight; the controller sends one revision at a time.
     let (tx, rx) = mpsc::channel(4);
-    let send = |kind| {
-        let tx = tx.clone();
-        async move {
-            // The receiver lives as long as the request stream; a failed send shows up as the
-            // response stream ending.
-            let _ = tx.send(pb::SyncRequest { kind: Some(kind) }).await;
-        }
-    };
-    send(sync_request::Kind::Subscribe(subscribe)).await;
-    let mut inbound = NodeViewServiceClient::new(channel)
+    send(&tx, sync_request::Kind::Subscribe(subscribe)).await;
+    let inbound = NodeViewServiceClient::new(channel)
         .sync(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await?
         .into_inner();
-    status.update(|s| s.connected = true);
-    tracing::info!(%controller, resume = held.epoch.is_some(), "subscribed");
+    Ok((inbound, tx))
+}
 
+/// Sends one request on the request stream.
+async fn send(tx: &mpsc::Sender<pb::SyncRequest>, kind: sync_request::Kind) {
+    // The receiver lives as long as the request stream; a failed send shows up as the response
+    // stream ending.
+    let _ = tx.send(pb::SyncRequest { kind: Some(kind) }).await;
+}
+
+/// Serves one subscribed stream: gathers each revision's parts, has the complete revision applied
+/// (which waits for min-sync-period) and answers it on `acks` once its rules are in the kernel,
+/// or with a NACK. Periodic resyncs run while it waits for the controller. Independent of gRPC,
+/// so tests drive it with a plain stream.
+async fn serve<D, S>(
+    mut inbound: S,
+    acks: &mpsc::Sender<pb::SyncRequest>,
+    applier: &mut Applier<D>,
+    metrics: &Metrics,
+    progressed: &mut bool,
+) -> Result<(), StreamError>
+where
+    D: Dataplane,
+    S: Stream<Item = Result<pb::SyncResponse, tonic::Status>> + Unpin,
+{
     let mut pending: Option<Revision> = None;
-    while let Some(message) = inbound.message().await? {
+    while let Some(message) = applier.resync_while(inbound.next()).await.transpose()? {
         let revision = match pending.take() {
             None => {
                 applier.queued();
@@ -190,7 +233,7 @@ async fn stream_once<D: Dataplane>(
                 }
             }
         };
-        send(sync_request::Kind::Ack(ack)).await;
+        send(acks, sync_request::Kind::Ack(ack)).await;
     }
     Err(StreamError::Closed)
 }
@@ -206,3 +249,6 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests;

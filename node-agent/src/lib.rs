@@ -6,6 +6,7 @@ pub mod client;
 pub mod http;
 pub mod inspection;
 pub mod metrics;
+pub mod runner;
 pub mod state;
 pub mod status;
 pub mod sync;
@@ -15,12 +16,8 @@ use splitproxy_dataplane::Dataplane;
 use splitproxy_proto::v1alpha1::{
     self as pb, node_inspection_service_server::NodeInspectionServiceServer,
 };
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc};
 use tokio::net::TcpListener;
-
-/// How long a received revision may stay unapplied before `/healthz` fails: kube-proxy's
-/// 2 × its default 30 s sync period.
-pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +44,8 @@ pub enum Error {
 pub struct Config {
     /// The stream client's settings.
     pub client: client::ClientConfig,
+    /// How often the kernel is synced; `/healthz` fails after 2 × the sync period.
+    pub sync_periods: runner::SyncPeriods,
     /// Address of `/metrics` and `/proxyMode`.
     pub metrics_bind_address: SocketAddr,
     /// Address of `/healthz` and `/livez`.
@@ -85,7 +84,11 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
     );
     let health_server = axum::serve(
         health_listener,
-        http::health_router(status.clone(), metrics.clone(), HEALTH_TIMEOUT),
+        http::health_router(
+            status.clone(),
+            metrics.clone(),
+            config.sync_periods.health_timeout(),
+        ),
     );
     let inspection_server = inspection_server(
         inspection_listener,
@@ -95,7 +98,8 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
             status.clone(),
         ),
     );
-    let applier = sync::Applier::new(dataplane, status.clone(), metrics.clone());
+    let applier = sync::Applier::new(dataplane, status.clone(), metrics.clone())
+        .with_sync_periods(config.sync_periods);
     let client = client::run(config.client, applier, status, metrics);
     tokio::select! {
         () = client => Ok(()),

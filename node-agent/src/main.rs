@@ -10,8 +10,12 @@ use tracing::Instrument;
 const EXIT_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = Cli::try_parse().and_then(|cli| {
+        let sync_periods = cli.sync_periods()?;
+        Ok((cli, sync_periods))
+    });
+    let (cli, sync_periods) = match parsed {
+        Ok(parsed) => parsed,
         Err(err) => {
             let _ = err.print();
             return if err.use_stderr() {
@@ -41,6 +45,7 @@ fn main() -> ExitCode {
             min_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
         },
+        sync_periods,
         metrics_bind_address: cli.metrics_bind_address,
         healthz_bind_address: cli.healthz_bind_address,
         inspection_bind_address: cli.inspection_bind_address,

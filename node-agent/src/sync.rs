@@ -1,16 +1,21 @@
 //! Applies complete revisions: state first, then the dataplane, then the status and metrics. A
-//! revision that cannot be applied leaves the last good state, in memory and in the kernel.
+//! revision that cannot be applied leaves the last good state, in memory and in the kernel. Every
+//! kernel sync, of a revision or a periodic resync, goes through the [`SyncTimer`].
 
 use crate::{
+    client::error_chain,
     metrics::{Metrics, TableLabel},
+    runner::{SyncPeriods, SyncTimer},
     state::{NodeState, Revision},
-    status::{Status, SyncOutcome},
+    status::{Snapshot, Status, SyncOutcome},
 };
-use splitproxy_dataplane::Dataplane;
+use splitproxy_dataplane::{Dataplane, ProxyState, SyncReport};
 use std::{
+    future::Future,
     sync::Arc,
     time::{Duration, SystemTime},
 };
+use tokio::time::Instant;
 
 /// Why a revision was not applied; sent to the controller as the NACK reason.
 #[derive(Debug, thiserror::Error)]
@@ -23,21 +28,53 @@ pub enum ApplyError {
     Dataplane(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
-/// Owns the dataplane and the applied state.
+/// Owns the dataplane, the applied state and the sync timing: the only writer of the kernel.
 #[derive(Debug)]
 pub struct Applier<D> {
     dataplane: D,
     status: Status,
     metrics: Metrics,
+    timer: SyncTimer,
 }
 
 impl<D: Dataplane> Applier<D> {
-    /// An applier that programs `dataplane` and reports to `status` and `metrics`.
+    /// An applier that programs `dataplane` and reports to `status` and `metrics`, with
+    /// kube-proxy's default sync periods.
     pub fn new(dataplane: D, status: Status, metrics: Metrics) -> Self {
         Self {
             dataplane,
             status,
             metrics,
+            timer: SyncTimer::new(SyncPeriods::default()),
+        }
+    }
+
+    /// The same applier with `periods` instead; meant right after [`Applier::new`], before any
+    /// sync.
+    #[must_use]
+    pub fn with_sync_periods(mut self, periods: SyncPeriods) -> Self {
+        self.timer = SyncTimer::new(periods);
+        self
+    }
+
+    /// When the next periodic resync is due; `None` while no state is held.
+    #[must_use]
+    pub fn resync_due(&self) -> Option<Instant> {
+        self.timer.resync_due()
+    }
+
+    /// Awaits `work` (a stream message, a connection, a backoff), running the periodic resyncs
+    /// that fall due meanwhile. `work` is polled first, so it wins a tie with a resync; it is not
+    /// polled while a resync runs.
+    pub async fn resync_while<F: Future>(&mut self, work: F) -> F::Output {
+        let mut work = std::pin::pin!(work);
+        loop {
+            let due = self.timer.resync_due();
+            tokio::select! {
+                biased;
+                output = &mut work => return output,
+                () = sleep_until(due) => self.resync().await,
+            }
         }
     }
 
@@ -51,7 +88,9 @@ impl<D: Dataplane> Applier<D> {
         });
     }
 
-    /// Applies a complete revision.
+    /// Applies a complete revision: waits until min-sync-period allows a sync, then syncs the
+    /// kernel. A revision rejected before the kernel (it does not fit the state held) is answered
+    /// at once.
     ///
     /// # Errors
     ///
@@ -67,17 +106,61 @@ impl<D: Dataplane> Applier<D> {
             .invalid_services
             .set(i64::try_from(invalid.len()).unwrap_or(i64::MAX));
 
-        let started = tokio::time::Instant::now();
-        let result = self.dataplane.sync(&proxy_state).await;
-        let duration = started.elapsed();
+        let (report, duration, finished_at) = self.sync_kernel(&proxy_state).await?;
+        self.record_success(&current, next, report.rules_written, duration, finished_at);
+        Ok(())
+    }
+
+    /// Syncs the held state again (a full resync), repairing rules changed behind the agent's
+    /// back. Does nothing, and drops the due resync, while no state is held.
+    async fn resync(&mut self) {
+        let held = self.status.snapshot().state;
+        if held.epoch.is_none() {
+            self.timer.cancel_resync();
+            return;
+        }
+        let (proxy_state, _) = held.to_proxy_state();
+        match self.sync_kernel(&proxy_state).await {
+            Ok((report, duration, finished_at)) => {
+                tracing::debug!(revision = held.revision, "resynced");
+                self.record_sync(report.rules_written, duration, finished_at, |_| {});
+            }
+            Err(err) => {
+                tracing::warn!(
+                    revision = held.revision,
+                    retry_in_ms = self.timer.periods().retry_delay().as_millis() as u64,
+                    error = %error_chain(&err),
+                    "resync failed"
+                );
+            }
+        }
+    }
+
+    /// Waits for the timer to allow a sync, syncs `state`, and records the outcome in the timer
+    /// and the metrics; a failure also in the status.
+    async fn sync_kernel(
+        &mut self,
+        state: &ProxyState,
+    ) -> Result<(SyncReport, Duration, SystemTime), ApplyError> {
+        if let Some(allowed) = self.timer.next_sync_allowed() {
+            tokio::time::sleep_until(allowed).await;
+        }
+        let started = Instant::now();
+        let result = self.dataplane.sync(state).await;
+        let finished = Instant::now();
+        let duration = finished - started;
         self.metrics.sync_duration.observe(duration.as_secs_f64());
         let finished_at = SystemTime::now();
         match result {
             Ok(report) => {
-                self.record_success(&current, next, report.rules_written, duration, finished_at);
-                Ok(())
+                self.timer.succeeded(started, finished);
+                Ok((report, duration, finished_at))
             }
             Err(err) => {
+                // The state held is the last good one: the resync's own, or the one a failed
+                // revision leaves in place (none before the first revision).
+                let state_held = self.status.snapshot().state.epoch.is_some();
+                self.timer.failed(started, finished, state_held);
                 self.metrics.restore_failures.inc();
                 let message = format!("{err}");
                 self.status.update(|s| {
@@ -113,6 +196,22 @@ impl<D: Dataplane> Applier<D> {
                 self.metrics.network_programming.observe(since.max(0.0));
             }
         }
+        self.record_sync(rules_written, duration, finished_at, |s| {
+            s.state = Arc::new(next);
+            s.applied_at = Some(finished_at);
+            s.queued_since = None;
+        });
+    }
+
+    /// Records a successful sync, of a revision or a resync, in the metrics and the status;
+    /// `change` updates the status in the same step.
+    fn record_sync(
+        &self,
+        rules_written: Vec<(String, u32)>,
+        duration: Duration,
+        finished_at: SystemTime,
+        change: impl FnOnce(&mut Snapshot),
+    ) {
         for (table, rules) in &rules_written {
             self.metrics
                 .rules_last
@@ -121,11 +220,11 @@ impl<D: Dataplane> Applier<D> {
                 })
                 .set(i64::from(*rules));
         }
-        self.metrics.last_sync_timestamp.set(now);
+        self.metrics
+            .last_sync_timestamp
+            .set(unix_seconds(finished_at));
         self.status.update(|s| {
-            s.state = Arc::new(next);
-            s.applied_at = Some(finished_at);
-            s.queued_since = None;
+            change(s);
             s.last_sync = Some(SyncOutcome {
                 finished_at,
                 duration,
@@ -136,7 +235,18 @@ impl<D: Dataplane> Applier<D> {
     }
 }
 
+/// Sleeps until `at`, or forever when `at` is `None`.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 fn unix_seconds(time: SystemTime) -> f64 {
     time.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,413 @@
+//! The stream loop driven by a plain stream in paused time: when the kernel is synced, with what,
+//! and when each revision is answered.
+//!
+//! Test addresses: cluster IPs 10.96.0.0/16; pods 10.244.1.0/24 on this node.
+
+use super::*;
+use crate::runner::SyncPeriods;
+use splitproxy_dataplane::{ProxyState, SyncReport, recording::RecordingDataplane};
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicUsize, Ordering},
+};
+use tokio::{task::JoinHandle, time::Instant};
+use tokio_stream::wrappers::ReceiverStream;
+
+const EPOCH: &str = "epoch-1";
+const SYNC_PERIOD: Duration = Duration::from_secs(30);
+const MIN_SYNC_PERIOD: Duration = Duration::from_secs(1);
+const MS: Duration = Duration::from_millis(1);
+
+/// The kernel refusing the rules.
+#[derive(Debug, thiserror::Error)]
+#[error("kernel refused the rules")]
+struct Refused;
+
+/// A [`RecordingDataplane`] that also notes when each sync was attempted (in tokio's clock) and
+/// can be told to refuse the next syncs. Clones share everything.
+#[derive(Debug, Clone, Default)]
+struct Kernel {
+    synced: RecordingDataplane,
+    attempts: Arc<Mutex<Vec<Instant>>>,
+    refuse: Arc<AtomicUsize>,
+}
+
+impl Kernel {
+    /// When syncs were attempted, failed or not, oldest first.
+    fn attempts(&self) -> Vec<Instant> {
+        self.attempts.lock().expect("not poisoned").clone()
+    }
+
+    /// The states synced successfully, oldest first.
+    fn synced(&self) -> Vec<ProxyState> {
+        self.synced.applied()
+    }
+
+    /// Makes the next `n` syncs fail.
+    fn refuse_next(&self, n: usize) {
+        self.refuse.store(n, Ordering::SeqCst);
+    }
+}
+
+impl Dataplane for Kernel {
+    type Error = Refused;
+
+    fn mode(&self) -> &'static str {
+        "test"
+    }
+
+    async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport, Refused> {
+        self.attempts
+            .lock()
+            .expect("not poisoned")
+            .push(Instant::now());
+        let refused = self
+            .refuse
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if refused {
+            return Err(Refused);
+        }
+        match self.synced.sync(state).await {
+            Ok(report) => Ok(report),
+            Err(never) => match never {},
+        }
+    }
+}
+
+/// The stream loop running on a fake controller stream.
+struct Agent {
+    controller: mpsc::Sender<Result<pb::SyncResponse, tonic::Status>>,
+    acks: mpsc::Receiver<pb::SyncRequest>,
+    kernel: Kernel,
+    status: Status,
+    metrics: Metrics,
+    task: JoinHandle<Result<(), StreamError>>,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Agent {
+    fn start() -> Self {
+        let kernel = Kernel::default();
+        let status = Status::default();
+        let metrics = Metrics::new(&mut Default::default());
+        let periods = SyncPeriods::new(SYNC_PERIOD, MIN_SYNC_PERIOD).expect("valid periods");
+        let mut applier = Applier::new(kernel.clone(), status.clone(), metrics.clone())
+            .with_sync_periods(periods);
+        let (controller, inbound) = mpsc::channel(8);
+        let (ack_tx, acks) = mpsc::channel(8);
+        let loop_metrics = metrics.clone();
+        let task = tokio::spawn(async move {
+            let mut progressed = false;
+            serve(
+                ReceiverStream::new(inbound),
+                &ack_tx,
+                &mut applier,
+                &loop_metrics,
+                &mut progressed,
+            )
+            .await
+        });
+        Self {
+            controller,
+            acks,
+            kernel,
+            status,
+            metrics,
+            task,
+        }
+    }
+
+    async fn send(&self, message: pb::SyncResponse) {
+        self.controller
+            .send(Ok(message))
+            .await
+            .expect("the loop is running");
+    }
+
+    /// The next answer, with the instant it was sent.
+    async fn ack(&mut self) -> (pb::Ack, Instant) {
+        let request = tokio::time::timeout(Duration::from_secs(3600), self.acks.recv())
+            .await
+            .expect("an answer within the hour")
+            .expect("the loop is running");
+        match request.kind {
+            Some(sync_request::Kind::Ack(ack)) => (ack, Instant::now()),
+            other => panic!("expected an ack, got {other:?}"),
+        }
+    }
+
+    /// Asserts that no answer has been sent.
+    fn assert_no_ack(&mut self) {
+        assert!(self.acks.try_recv().is_err(), "no answer is expected yet");
+    }
+}
+
+/// A complete revision. `reset` replaces the state; otherwise it is a delta.
+fn revision(number: u64, reset: bool, services: &[(&str, &str)]) -> pb::SyncResponse {
+    pb::SyncResponse {
+        controller_epoch: EPOCH.into(),
+        revision: number,
+        reset,
+        complete: true,
+        upserted_services: services
+            .iter()
+            .map(|(name, cluster_ip)| pb::Service {
+                key: Some(pb::ObjectKey {
+                    namespace: "demo".into(),
+                    name: (*name).into(),
+                }),
+                cluster_ips: vec![(*cluster_ip).into()],
+                ports: vec![pb::ServicePort {
+                    name: "http".into(),
+                    protocol: pb::Protocol::Tcp as i32,
+                    port: 80,
+                    node_port: 0,
+                }],
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn applied(ack: &pb::Ack, number: u64) -> bool {
+    ack.revision == number && ack.status == pb::AckStatus::Applied as i32
+}
+
+fn rejected(ack: &pb::Ack, number: u64) -> bool {
+    ack.revision == number && ack.status == pb::AckStatus::Rejected as i32
+}
+
+/// Lets the loop run what is due now, without moving the clock.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_held_state_is_resynced_every_sync_period_without_new_revisions() {
+    let mut agent = Agent::start();
+    agent
+        .send(revision(1, true, &[("web", "10.96.0.10")]))
+        .await;
+    let (ack, t0) = agent.ack().await;
+    assert!(applied(&ack, 1), "{ack:?}");
+    assert_eq!(agent.kernel.attempts(), [t0]);
+
+    tokio::time::advance(SYNC_PERIOD - MS).await;
+    settle().await;
+    assert_eq!(agent.kernel.attempts(), [t0], "no resync before the period");
+
+    tokio::time::advance(MS).await;
+    settle().await;
+    tokio::time::advance(SYNC_PERIOD).await;
+    settle().await;
+    assert_eq!(
+        agent.kernel.attempts(),
+        [t0, t0 + SYNC_PERIOD, t0 + 2 * SYNC_PERIOD]
+    );
+    let synced = agent.kernel.synced();
+    assert_eq!(synced.len(), 3);
+    assert!(
+        synced.iter().all(|s| *s == synced[0]),
+        "resyncs program the held state: {synced:#?}"
+    );
+    assert!(!synced[0].services.is_empty());
+    agent.assert_no_ack();
+    let last_sync = agent
+        .status
+        .snapshot()
+        .last_sync
+        .expect("a sync was recorded");
+    assert_eq!(last_sync.error, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_revision_arriving_100ms_after_a_sync_waits_for_min_sync_period() {
+    let mut agent = Agent::start();
+    agent
+        .send(revision(1, true, &[("web", "10.96.0.10")]))
+        .await;
+    let (ack, t0) = agent.ack().await;
+    assert!(applied(&ack, 1), "{ack:?}");
+
+    tokio::time::advance(100 * MS).await;
+    agent
+        .send(revision(2, false, &[("api", "10.96.0.11")]))
+        .await;
+    tokio::time::advance(MIN_SYNC_PERIOD - 101 * MS).await;
+    settle().await;
+    // 999 ms after the first sync: neither in the kernel nor answered.
+    assert_eq!(agent.kernel.attempts(), [t0]);
+    agent.assert_no_ack();
+
+    let (ack, answered) = agent.ack().await;
+    assert!(applied(&ack, 2), "{ack:?}");
+    let attempts = agent.kernel.attempts();
+    assert_eq!(attempts.len(), 2);
+    assert!(
+        attempts[1] - attempts[0] >= MIN_SYNC_PERIOD,
+        "second sync {:?} after the first",
+        attempts[1] - attempts[0]
+    );
+    assert!(answered >= attempts[1], "answered only once in the kernel");
+    let synced = agent.kernel.synced();
+    assert_eq!(
+        synced[1].services.len(),
+        2,
+        "the delta came on top: {synced:#?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_touches_the_kernel_before_the_first_complete_revision() {
+    let mut agent = Agent::start();
+    tokio::time::advance(10 * SYNC_PERIOD).await;
+    settle().await;
+    assert!(agent.kernel.attempts().is_empty());
+
+    // A delta with no state to build on is refused, and still nothing is synced.
+    agent
+        .send(revision(1, false, &[("web", "10.96.0.10")]))
+        .await;
+    let (ack, _) = agent.ack().await;
+    assert!(rejected(&ack, 1), "{ack:?}");
+    // The first part of a revision is not a state either.
+    let mut first_part = revision(2, true, &[("web", "10.96.0.10")]);
+    first_part.complete = false;
+    agent.send(first_part).await;
+    tokio::time::advance(10 * SYNC_PERIOD).await;
+    settle().await;
+    assert!(agent.kernel.attempts().is_empty());
+    agent.assert_no_ack();
+
+    // The last part completes it: synced at once (the first sync does not wait).
+    let before = Instant::now();
+    agent
+        .send(revision(2, true, &[("api", "10.96.0.11")]))
+        .await;
+    let (ack, _) = agent.ack().await;
+    assert!(applied(&ack, 2), "{ack:?}");
+    assert_eq!(agent.kernel.attempts(), [before]);
+    assert_eq!(agent.kernel.synced()[0].services.len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_first_revision_the_kernel_refuses_leaves_nothing_to_resync() {
+    let mut agent = Agent::start();
+    agent.kernel.refuse_next(1);
+    agent
+        .send(revision(1, true, &[("web", "10.96.0.10")]))
+        .await;
+    let (ack, _) = agent.ack().await;
+    assert!(rejected(&ack, 1), "{ack:?}");
+    assert!(ack.reason.contains("kernel refused the rules"), "{ack:?}");
+
+    tokio::time::advance(10 * SYNC_PERIOD).await;
+    settle().await;
+    assert_eq!(agent.kernel.attempts().len(), 1, "no retry without a state");
+    assert!(agent.kernel.synced().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_resync_is_counted_recorded_and_retried_after_min_sync_period() {
+    let mut agent = Agent::start();
+    agent
+        .send(revision(1, true, &[("web", "10.96.0.10")]))
+        .await;
+    let (_, t0) = agent.ack().await;
+
+    agent.kernel.refuse_next(1);
+    tokio::time::advance(SYNC_PERIOD).await;
+    settle().await;
+    assert_eq!(agent.kernel.attempts(), [t0, t0 + SYNC_PERIOD]);
+    assert_eq!(agent.metrics.restore_failures.get(), 1);
+    let last_sync = agent.status.snapshot().last_sync.expect("recorded");
+    assert_eq!(last_sync.error.as_deref(), Some("kernel refused the rules"));
+
+    tokio::time::advance(MIN_SYNC_PERIOD).await;
+    settle().await;
+    let retried = t0 + SYNC_PERIOD + MIN_SYNC_PERIOD;
+    assert_eq!(agent.kernel.attempts(), [t0, t0 + SYNC_PERIOD, retried]);
+    let synced = agent.kernel.synced();
+    assert_eq!(synced.len(), 2);
+    assert_eq!(synced[0], synced[1]);
+    assert_eq!(
+        agent.status.snapshot().last_sync.and_then(|s| s.error),
+        None
+    );
+
+    // Back to the regular period after the repair.
+    tokio::time::advance(SYNC_PERIOD).await;
+    settle().await;
+    assert_eq!(
+        agent.kernel.attempts().last(),
+        Some(&(retried + SYNC_PERIOD))
+    );
+    agent.assert_no_ack();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_revision_the_kernel_refuses_is_nacked_and_the_last_good_state_resynced() {
+    let mut agent = Agent::start();
+    agent
+        .send(revision(1, true, &[("web", "10.96.0.10")]))
+        .await;
+    let (_, t0) = agent.ack().await;
+    let good = agent.kernel.synced()[0].clone();
+
+    tokio::time::advance(5 * MIN_SYNC_PERIOD).await;
+    agent.kernel.refuse_next(1);
+    agent
+        .send(revision(2, false, &[("api", "10.96.0.11")]))
+        .await;
+    let (ack, refused_at) = agent.ack().await;
+    assert!(rejected(&ack, 2), "{ack:?}");
+    assert_eq!(refused_at, t0 + 5 * MIN_SYNC_PERIOD);
+    assert_eq!(agent.status.snapshot().state.revision, 1);
+    assert_eq!(agent.metrics.rejected_revisions.get(), 1);
+
+    tokio::time::advance(MIN_SYNC_PERIOD).await;
+    settle().await;
+    assert_eq!(
+        agent.kernel.attempts(),
+        [t0, refused_at, refused_at + MIN_SYNC_PERIOD]
+    );
+    assert_eq!(agent.kernel.synced(), [good.clone(), good]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_revision_that_does_not_fit_is_refused_without_waiting() {
+    let mut agent = Agent::start();
+    agent
+        .send(revision(1, true, &[("web", "10.96.0.10")]))
+        .await;
+    let (_, t0) = agent.ack().await;
+
+    let mut other_epoch = revision(2, false, &[("api", "10.96.0.11")]);
+    other_epoch.controller_epoch = "epoch-2".into();
+    agent.send(other_epoch).await;
+    let (ack, answered) = agent.ack().await;
+    assert!(rejected(&ack, 2), "{ack:?}");
+    assert_eq!(
+        answered, t0,
+        "nothing to wait for: the kernel is not touched"
+    );
+    assert_eq!(agent.kernel.attempts(), [t0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_loop_ends_when_the_controller_closes_the_stream() {
+    let mut agent = Agent::start();
+    let (closed, _) = mpsc::channel(1);
+    drop(std::mem::replace(&mut agent.controller, closed));
+    let result = (&mut agent.task).await.expect("the loop does not panic");
+    assert!(matches!(result, Err(StreamError::Closed)), "{result:?}");
+}
