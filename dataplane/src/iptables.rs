@@ -10,6 +10,7 @@ pub mod render;
 pub mod save;
 #[cfg(test)]
 mod tests;
+pub mod trace;
 
 pub use render::{FilterRules, NatRules, render_filter, render_nat};
 

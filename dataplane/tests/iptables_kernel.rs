@@ -199,7 +199,9 @@ async fn sync_programs_the_nat_table_idempotently_and_removes_stale_chains() {
         ]
     );
     assert!(
-        filter.contains("-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD"),
+        filter.contains(
+            "-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD"
+        ),
         "{filter}"
     );
 
