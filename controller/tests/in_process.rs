@@ -192,6 +192,7 @@ fn web_state(endpoints: Vec<Endpoint>) -> ProxyState {
             node_port: Some(30080),
             endpoints,
         }],
+        ..Default::default()
     };
     ProxyState {
         services: [(key, service)].into(),
@@ -360,7 +361,9 @@ async fn losing_the_controller_keeps_the_rules_and_the_agent_fails_over_to_the_n
     let meanwhile = harness.dataplane.applied();
     assert!(
         meanwhile.starts_with(&applied)
-            && meanwhile[applied.len()..].iter().all(|s| Some(s) == applied.last()),
+            && meanwhile[applied.len()..]
+                .iter()
+                .all(|s| Some(s) == applied.last()),
         "nothing new is programmed while no controller answers: {meanwhile:#?}"
     );
 

@@ -370,6 +370,7 @@ fn service(namespace: &str, name: &str, cluster_ip: IpAddr, ports: Vec<ServicePo
         },
         cluster_ips: vec![cluster_ip],
         ports,
+        ..Default::default()
     }
 }
 

@@ -10,7 +10,9 @@ pub mod recording;
 
 use std::future::Future;
 
-pub use model::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort};
+pub use model::{
+    Cidr, Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy,
+};
 
 /// What one successful sync wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

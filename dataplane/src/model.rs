@@ -1,6 +1,6 @@
 //! The model every backend consumes: Services, their ports, and each port's endpoints.
 
-use std::{collections::BTreeMap, fmt, net::IpAddr};
+use std::{collections::BTreeMap, fmt, net::IpAddr, str::FromStr, time::Duration};
 
 /// Everything a node must program, keyed by Service.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -10,7 +10,7 @@ pub struct ProxyState {
 }
 
 /// A Service's namespace and name.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceKey {
     /// The namespace.
     pub namespace: String,
@@ -25,7 +25,7 @@ impl fmt::Display for ServiceKey {
 }
 
 /// One Service, with the endpoints of each port.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Service {
     /// The Service's key.
     pub key: ServiceKey,
@@ -33,10 +33,71 @@ pub struct Service {
     pub cluster_ips: Vec<IpAddr>,
     /// The ports, in spec order.
     pub ports: Vec<ServicePort>,
+    /// `spec.externalIPs`.
+    pub external_ips: Vec<IpAddr>,
+    /// The load-balancer ingress IPs to program (ipMode VIP).
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// The sources allowed to use the load-balancer IPs; empty allows every source.
+    pub load_balancer_source_ranges: Vec<Cidr>,
+    /// How long a client sticks to its endpoint (`sessionAffinity: ClientIP`); `None` without
+    /// affinity.
+    pub session_affinity: Option<Duration>,
+    /// `spec.externalTrafficPolicy`.
+    pub external_traffic_policy: TrafficPolicy,
+    /// `spec.internalTrafficPolicy`.
+    pub internal_traffic_policy: TrafficPolicy,
+    /// `spec.healthCheckNodePort`, for `externalTrafficPolicy: Local`.
+    pub health_check_node_port: Option<u16>,
+}
+
+/// Which endpoints a traffic policy allows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TrafficPolicy {
+    /// Every endpoint in the cluster.
+    #[default]
+    Cluster,
+    /// Only endpoints on this node.
+    Local,
+}
+
+/// An address block, `address/prefix`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Cidr {
+    /// The address.
+    pub address: IpAddr,
+    /// The prefix length: at most 32 for IPv4, 128 for IPv6.
+    pub prefix: u8,
+}
+
+/// Why a text is not a [`Cidr`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid CIDR {0:?}")]
+pub struct InvalidCidr(pub String);
+
+impl FromStr for Cidr {
+    type Err = InvalidCidr;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let invalid = || InvalidCidr(text.to_owned());
+        let (address, prefix) = text.split_once('/').ok_or_else(invalid)?;
+        let address: IpAddr = address.parse().map_err(|_| invalid())?;
+        let prefix: u8 = prefix.parse().map_err(|_| invalid())?;
+        let max = if address.is_ipv4() { 32 } else { 128 };
+        if prefix > max {
+            return Err(invalid());
+        }
+        Ok(Self { address, prefix })
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.address, self.prefix)
+    }
 }
 
 /// One port of a Service and the endpoints behind it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServicePort {
     /// The port name; empty for a single unnamed port.
     pub name: String,
@@ -85,9 +146,10 @@ impl Endpoint {
 }
 
 /// A transport protocol.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Protocol {
     /// TCP.
+    #[default]
     Tcp,
     /// UDP.
     Udp,
@@ -110,5 +172,26 @@ impl Protocol {
 impl fmt::Display for Protocol {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidrs_parse_and_print_and_refuse_impossible_prefixes() {
+        let cidr: Cidr = "203.0.113.0/24".parse().expect("valid");
+        assert_eq!(cidr.to_string(), "203.0.113.0/24");
+        assert!("fd00::/64".parse::<Cidr>().is_ok());
+        for bad in [
+            "203.0.113.0/33",
+            "fd00::/129",
+            "203.0.113.0",
+            "x/8",
+            "10.0.0.0/-1",
+        ] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
     }
 }

@@ -107,6 +107,7 @@ fn one_service() -> ProxyState {
             node_port: Some(30001),
             endpoints: vec![endpoint("10.180.0.1"), endpoint("10.180.0.2")],
         }],
+        ..Default::default()
     };
     ProxyState {
         services: [(key, service)].into(),

@@ -3,7 +3,7 @@
 
 use splitproxy_dataplane::{self as dp, ProxyState};
 use splitproxy_proto::v1alpha1 as pb;
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
 /// A Service's namespace and name.
 pub type Key = (String, String);
@@ -39,6 +39,12 @@ pub enum InvalidService {
     /// An endpoint address does not parse.
     #[error("invalid endpoint address {0:?}")]
     EndpointAddress(String),
+    /// An external or load-balancer IP does not parse.
+    #[error("invalid external IP {0:?}")]
+    ExternalIp(String),
+    /// A load-balancer source range is not a CIDR.
+    #[error("invalid load-balancer source range {0:?}")]
+    SourceRange(String),
 }
 
 /// One complete revision as received: every part's changes gathered in order.
@@ -160,14 +166,7 @@ fn convert_service(
     service: &pb::Service,
     endpoints: Option<&pb::ServiceEndpoints>,
 ) -> Result<dp::Service, InvalidService> {
-    let cluster_ips = service
-        .cluster_ips
-        .iter()
-        .map(|ip| {
-            ip.parse::<IpAddr>()
-                .map_err(|_| InvalidService::ClusterIp(ip.clone()))
-        })
-        .collect::<Result<_, _>>()?;
+    let cluster_ips = ips(&service.cluster_ips, InvalidService::ClusterIp)?;
     let ports = service
         .ports
         .iter()
@@ -192,6 +191,13 @@ fn convert_service(
             })
         })
         .collect::<Result<_, _>>()?;
+    let policy = |local| {
+        if local {
+            dp::TrafficPolicy::Local
+        } else {
+            dp::TrafficPolicy::Cluster
+        }
+    };
     Ok(dp::Service {
         key: dp::ServiceKey {
             namespace: key.0.clone(),
@@ -199,7 +205,38 @@ fn convert_service(
         },
         cluster_ips,
         ports,
+        external_ips: ips(&service.external_ips, InvalidService::ExternalIp)?,
+        load_balancer_ips: ips(&service.load_balancer_ips, InvalidService::ExternalIp)?,
+        load_balancer_source_ranges: service
+            .load_balancer_source_ranges
+            .iter()
+            .map(|range| {
+                range
+                    .parse()
+                    .map_err(|_| InvalidService::SourceRange(range.clone()))
+            })
+            .collect::<Result<_, _>>()?,
+        session_affinity: service
+            .session_affinity
+            .map(|a| Duration::from_secs(u64::from(a.timeout_seconds))),
+        external_traffic_policy: policy(service.external_traffic_policy_local),
+        internal_traffic_policy: policy(service.internal_traffic_policy_local),
+        health_check_node_port: match service.health_check_node_port {
+            0 => None,
+            n => Some(port_number(n)?),
+        },
     })
+}
+
+/// Parses every address of `texts`, or names the first that is not one.
+fn ips(
+    texts: &[String],
+    invalid: fn(String) -> InvalidService,
+) -> Result<Vec<IpAddr>, InvalidService> {
+    texts
+        .iter()
+        .map(|ip| ip.parse::<IpAddr>().map_err(|_| invalid(ip.clone())))
+        .collect()
 }
 
 fn convert_endpoint(endpoint: &pb::Endpoint) -> Result<dp::Endpoint, InvalidService> {

@@ -196,12 +196,25 @@ status:
 ";
     let state = ClusterState::build(&objects(text));
     let service = &state.services[&("a".into(), "lb".into())];
-    assert_eq!(service.external_ips, ["192.0.2.10"], "the invalid IP is dropped, the Service kept");
-    assert_eq!(service.load_balancer_ips, ["198.51.100.1", "198.51.100.2"], "ipMode Proxy is not programmed");
+    assert_eq!(
+        service.external_ips,
+        ["192.0.2.10"],
+        "the invalid IP is dropped, the Service kept"
+    );
+    assert_eq!(
+        service.load_balancer_ips,
+        ["198.51.100.1", "198.51.100.2"],
+        "ipMode Proxy is not programmed"
+    );
     assert_eq!(service.load_balancer_source_ranges, ["203.0.113.0/24"]);
     assert!(service.external_traffic_policy_local && !service.internal_traffic_policy_local);
     assert_eq!(service.health_check_node_port, 32000);
-    assert_eq!(service.session_affinity, Some(pb::SessionAffinity { timeout_seconds: 60 }));
+    assert_eq!(
+        service.session_affinity,
+        Some(pb::SessionAffinity {
+            timeout_seconds: 60
+        })
+    );
 }
 
 #[test]
@@ -214,7 +227,12 @@ spec: {clusterIP: 10.96.0.6, ports: [{port: 80}], sessionAffinity: ClientIP, int
 ";
     let state = ClusterState::build(&objects(text));
     let service = &state.services[&("a".into(), "s".into())];
-    assert_eq!(service.session_affinity, Some(pb::SessionAffinity { timeout_seconds: 10_800 }));
+    assert_eq!(
+        service.session_affinity,
+        Some(pb::SessionAffinity {
+            timeout_seconds: 10_800
+        })
+    );
     assert!(service.internal_traffic_policy_local);
 }
 

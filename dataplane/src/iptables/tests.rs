@@ -31,6 +31,7 @@ fn service(namespace: &str, name: &str, cluster_ips: &[&str], ports: Vec<Service
         },
         cluster_ips: cluster_ips.iter().map(|ip| ip.parse().unwrap()).collect(),
         ports,
+        ..Default::default()
     }
 }
 

@@ -478,6 +478,7 @@ fn to_proxy_state_joins_endpoints_to_ports_by_port_name_and_protocol() {
                 endpoints: Vec::new(),
             },
         ],
+        ..Default::default()
     };
     assert_eq!(proxy.services.len(), 1);
     assert_eq!(proxy.services[&expected.key], expected);
@@ -658,4 +659,56 @@ fn endpoint_changes_lists_changed_added_and_removed_sets_only() {
     changed.sort_unstable();
     assert_eq!(changed, ["a", "c", "d", "e"]);
     assert_eq!(after.endpoint_changes(&after).count(), 0);
+}
+
+#[test]
+fn external_addresses_affinity_and_policies_reach_the_dataplane_model() {
+    let service = pb::Service {
+        key: Some(pb::ObjectKey {
+            namespace: "a".into(),
+            name: "lb".into(),
+        }),
+        cluster_ips: vec!["10.96.0.6".into()],
+        ports: vec![pb::ServicePort {
+            name: String::new(),
+            protocol: pb::Protocol::Tcp as i32,
+            port: 80,
+            node_port: 30080,
+        }],
+        external_ips: vec!["192.0.2.10".into()],
+        load_balancer_ips: vec!["198.51.100.1".into()],
+        load_balancer_source_ranges: vec!["203.0.113.0/24".into()],
+        session_affinity: Some(pb::SessionAffinity {
+            timeout_seconds: 60,
+        }),
+        external_traffic_policy_local: true,
+        internal_traffic_policy_local: false,
+        health_check_node_port: 32000,
+    };
+    let state = NodeState {
+        services: [(("a".to_owned(), "lb".to_owned()), service)].into(),
+        ..NodeState::default()
+    };
+    let (proxy, invalid) = state.to_proxy_state();
+    assert!(invalid.is_empty());
+    let converted = proxy.services.values().next().expect("converted");
+    assert_eq!(
+        converted.external_ips,
+        ["192.0.2.10".parse::<IpAddr>().expect("literal")]
+    );
+    assert_eq!(
+        converted.load_balancer_ips,
+        ["198.51.100.1".parse::<IpAddr>().expect("literal")]
+    );
+    assert_eq!(
+        converted.load_balancer_source_ranges,
+        ["203.0.113.0/24".parse::<dp::Cidr>().expect("literal")]
+    );
+    assert_eq!(converted.session_affinity, Some(Duration::from_secs(60)));
+    assert_eq!(converted.external_traffic_policy, dp::TrafficPolicy::Local);
+    assert_eq!(
+        converted.internal_traffic_policy,
+        dp::TrafficPolicy::Cluster
+    );
+    assert_eq!(converted.health_check_node_port, Some(32000));
 }
