@@ -305,12 +305,54 @@ impl DemoCluster {
     }
 
     fn write_manifests(&self) -> Result<()> {
-        let text = self.manifests_yaml()?;
-        let path = self.manifests.path().join("web.yaml");
-        let temporary = self.manifests.path().join(".web.yaml.tmp");
-        std::fs::write(&temporary, text).context("writing the manifests")?;
+        self.write_manifest("web.yaml", &self.manifests_yaml()?)
+    }
+
+    /// Writes (or replaces, by rename) one manifests file, for Services beyond `demo/web`.
+    ///
+    /// # Errors
+    ///
+    /// If the file cannot be written.
+    pub fn write_manifest(&self, file: &str, yaml: &str) -> Result<()> {
+        let path = self.manifests.path().join(file);
+        let temporary = self.manifests.path().join(format!(".{file}.tmp"));
+        std::fs::write(&temporary, yaml).context("writing the manifests")?;
         std::fs::rename(&temporary, &path).context("replacing the manifests")?;
         Ok(())
+    }
+
+    /// An EndpointSlice for the Service `demo/<service>` whose port `http` is served by the web
+    /// pods, as they are listed and ready now.
+    #[must_use]
+    pub fn endpoint_slice_yaml(&self, service: &str) -> String {
+        let (namespace, _) = SERVICE.split_once('/').unwrap_or_default();
+        let mut yaml = format!(
+            "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {service}-x7k2p
+  namespace: {namespace}
+  labels:
+    kubernetes.io/service-name: {service}
+    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io
+addressType: IPv4
+ports:
+- name: http
+  protocol: TCP
+  port: {POD_PORT}
+endpoints:
+"
+        );
+        for web in self.web.iter().filter(|w| w.listed) {
+            yaml.push_str(&format!(
+                "- addresses: [{}]\n  conditions: {{ready: {}}}\n  nodeName: {}\n  targetRef: {{kind: Pod, name: {}, namespace: {namespace}}}\n",
+                web.pod.ip(),
+                web.ready,
+                web.pod.node_name(),
+                web.pod.name()
+            ));
+        }
+        yaml
     }
 
     /// The cluster as `kubectl get -o yaml` would print it: the Nodes, the Service with a named
@@ -346,32 +388,9 @@ spec:
     targetPort: web
     nodePort: {NODE_PORT}
 ---
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: {name}-x7k2p
-  namespace: {namespace}
-  labels:
-    kubernetes.io/service-name: {name}
-    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io
-addressType: IPv4
-ports:
-- name: http
-  protocol: TCP
-  port: {POD_PORT}
-endpoints:
 "
         )?;
-        for web in self.web.iter().filter(|w| w.listed) {
-            writeln!(
-                yaml,
-                "- addresses: [{}]\n  conditions: {{ready: {}}}\n  nodeName: {}\n  targetRef: {{kind: Pod, name: {}, namespace: {namespace}}}",
-                web.pod.ip(),
-                web.ready,
-                web.pod.node_name(),
-                web.pod.name()
-            )?;
-        }
+        yaml.push_str(&self.endpoint_slice_yaml(name));
         Ok(yaml)
     }
 }
