@@ -23,6 +23,33 @@ pub const LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-
 /// A namespaced object's key.
 pub type Key = (String, String);
 
+/// Which Services this proxy programs, by the `service.kubernetes.io/service-proxy-name` label:
+/// by default those without the label (as default kube-proxy); with a name, only those whose
+/// label equals it (as kube-proxy's `serviceProxyName`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceSelector {
+    /// The proxy name claimed; `None` claims unlabelled Services.
+    pub service_proxy_name: Option<String>,
+}
+
+impl ServiceSelector {
+    /// Whether a Service with `labels` is ours.
+    #[must_use]
+    pub fn claims(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
+        let label = labels.and_then(|l| l.get(SERVICE_PROXY_NAME_LABEL));
+        label == self.service_proxy_name.as_ref()
+    }
+
+    /// The same choice as an API label selector, so unclaimed Services are never even read.
+    #[must_use]
+    pub fn label_selector(&self) -> String {
+        match &self.service_proxy_name {
+            None => format!("!{SERVICE_PROXY_NAME_LABEL}"),
+            Some(name) => format!("{SERVICE_PROXY_NAME_LABEL}={name}"),
+        }
+    }
+}
+
 /// Why an object was skipped. Each is logged once per object with its key.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Invalid {
@@ -105,12 +132,14 @@ pub struct Backend {
 }
 
 impl ClusterState {
-    /// Filters and converts `objects` as kube-proxy does, skipping (and logging) invalid ones.
+    /// Filters and converts `objects` as kube-proxy does, skipping (and logging) invalid ones and
+    /// Services `selector` does not claim.
     #[must_use]
-    pub fn build(objects: &Objects) -> Self {
+    pub fn build(objects: &Objects, selector: &ServiceSelector) -> Self {
         let services: BTreeMap<Key, pb::Service> = objects
             .services
             .iter()
+            .filter(|(_, svc)| selector.claims(svc.metadata.labels.as_ref()))
             .filter_map(|(key, svc)| match convert_service(svc) {
                 Ok(Some(converted)) => Some((key.clone(), converted)),
                 Ok(None) => None,
@@ -137,13 +166,6 @@ fn convert_service(svc: &Service) -> Result<Option<pb::Service>, Invalid> {
     let meta = &svc.metadata;
     let name = meta.name.clone().ok_or(Invalid::MissingName)?;
     let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
-    if meta
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL))
-    {
-        return Ok(None);
-    }
     let Some(spec) = &svc.spec else {
         return Ok(None);
     };

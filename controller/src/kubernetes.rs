@@ -5,7 +5,7 @@
 //! when it completes, so objects that still exist never disappear in between.
 
 use crate::{
-    cluster::{HEADLESS_LABEL, Key, Objects, SERVICE_PROXY_NAME_LABEL},
+    cluster::{HEADLESS_LABEL, Key, Objects, ServiceSelector},
     source::Source,
 };
 use futures::{FutureExt, StreamExt, stream::BoxStream};
@@ -50,6 +50,7 @@ enum Signal {
 #[derive(Clone)]
 pub struct KubernetesSource {
     client: Client,
+    selector: ServiceSelector,
 }
 
 impl std::fmt::Debug for KubernetesSource {
@@ -59,10 +60,10 @@ impl std::fmt::Debug for KubernetesSource {
 }
 
 impl KubernetesSource {
-    /// A source reading the cluster `client` talks to.
+    /// A source reading the Services `selector` claims from the cluster `client` talks to.
     #[must_use]
-    pub fn new(client: Client) -> Self {
-        Self { client }
+    pub fn new(client: Client, selector: ServiceSelector) -> Self {
+        Self { client, selector }
     }
 }
 
@@ -104,12 +105,12 @@ impl Source for KubernetesSource {
         let (services, services_writer) = reflector::store();
         let (slices, slices_writer) = reflector::store();
         let (nodes, nodes_writer) = reflector::store();
-        // kube-proxy's informer filters: Services claimed by another proxy and the slices of
+        // kube-proxy's informer filters: Services another proxy claims and the slices of
         // headless Services are never read.
         let streams = [
             watch(
                 Api::<Service>::all(self.client.clone()),
-                watcher::Config::default().labels(&format!("!{SERVICE_PROXY_NAME_LABEL}")),
+                watcher::Config::default().labels(&self.selector.label_selector()),
                 services_writer,
                 Kind::Services,
             ),

@@ -1,7 +1,9 @@
 //! `splitproxy-controller`: parses flags, runs the controller, exits on a fatal error.
 
 use clap::Parser;
-use splitproxy_controller::{kubernetes::KubernetesSource, manifests::ManifestsDir, server};
+use splitproxy_controller::{
+    cluster::ServiceSelector, kubernetes::KubernetesSource, manifests::ManifestsDir, server,
+};
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
 /// Streams each node's Services and endpoints to its splitproxy agent.
@@ -16,6 +18,10 @@ struct Cli {
     /// the in-cluster service account, then `~/.kube/config` are used.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// Program only Services labelled `service.kubernetes.io/service-proxy-name=NAME`; without
+    /// it, only Services without that label (as default kube-proxy).
+    #[arg(long, env = "SPLITPROXY_SERVICE_PROXY_NAME")]
+    service_proxy_name: Option<String>,
     /// Address the gRPC server for agents listens on.
     #[arg(long, env = "SPLITPROXY_LISTEN", default_value = "0.0.0.0:10660")]
     listen: SocketAddr,
@@ -62,12 +68,16 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    let selector = ServiceSelector {
+        service_proxy_name: cli.service_proxy_name,
+    };
     let serving = async {
         match cli.manifests {
-            Some(dir) => server::run(cli.listen, ManifestsDir::new(dir)).await,
+            Some(dir) => server::run(cli.listen, ManifestsDir::new(dir), selector).await,
             None => {
                 let client = kube_client(cli.kubeconfig.as_deref()).await?;
-                server::run(cli.listen, KubernetesSource::new(client)).await
+                let source = KubernetesSource::new(client, selector.clone());
+                server::run(cli.listen, source, selector).await
             }
         }
         .map_err(anyhow::Error::from)

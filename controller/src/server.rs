@@ -1,7 +1,7 @@
 //! Wiring: the source feeding the cluster state, and the gRPC server agents connect to.
 
 use crate::{
-    cluster::{ClusterState, Objects},
+    cluster::{ClusterState, Objects, ServiceSelector},
     fanout::{FanOut, Published},
     source::Source,
 };
@@ -29,8 +29,8 @@ pub enum Error {
 
 /// Publishes a new cluster state only when it differs from the last one, so agents' streams wake
 /// up only for real changes.
-fn publish(tx: &watch::Sender<Published>, objects: &Objects) {
-    let state = ClusterState::build(objects);
+fn publish(tx: &watch::Sender<Published>, objects: &Objects, selector: &ServiceSelector) {
+    let state = ClusterState::build(objects, selector);
     tx.send_if_modified(|current| {
         if current.as_deref() == Some(&state) {
             return false;
@@ -51,22 +51,31 @@ fn publish(tx: &watch::Sender<Published>, objects: &Objects) {
 /// # Errors
 ///
 /// Returns the first error of the listener, the server or the source.
-pub async fn run(listen: SocketAddr, source: impl Source) -> Result<(), Error> {
+pub async fn run(
+    listen: SocketAddr,
+    source: impl Source,
+    selector: ServiceSelector,
+) -> Result<(), Error> {
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|e| Error::Bind(listen, e))?;
     tracing::info!(address = %listen, "serving node views");
-    serve(listener, source).await
+    serve(listener, source, selector).await
 }
 
-/// Runs `source` and the gRPC server on an already bound listener.
+/// Runs `source` and the gRPC server on an already bound listener, serving the Services
+/// `selector` claims.
 ///
 /// # Errors
 ///
 /// Returns the first error of the server or the source.
-pub async fn serve(listener: TcpListener, source: impl Source) -> Result<(), Error> {
+pub async fn serve(
+    listener: TcpListener,
+    source: impl Source,
+    selector: ServiceSelector,
+) -> Result<(), Error> {
     let (tx, rx) = watch::channel(None);
-    let source = source.run(move |objects| publish(&tx, &objects));
+    let source = source.run(move |objects| publish(&tx, &objects, &selector));
 
     let (reflection_v1, reflection_v1alpha) =
         splitproxy_proto::reflection_services().map_err(Error::Reflection)?;

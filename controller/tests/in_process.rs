@@ -11,7 +11,7 @@ use splitproxy_agent::{
     status::Status,
     sync::Applier,
 };
-use splitproxy_controller::{manifests::ManifestsDir, server};
+use splitproxy_controller::{cluster::ServiceSelector, manifests::ManifestsDir, server};
 use splitproxy_dataplane::{
     Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, recording::RecordingDataplane,
 };
@@ -132,7 +132,9 @@ async fn listener() -> (TcpListener, String) {
 fn controller(tasks: &mut Tasks, listener: TcpListener, dir: &Path) -> usize {
     let dir = dir.to_owned();
     tasks.spawn(async move {
-        if let Err(err) = server::serve(listener, ManifestsDir::new(dir)).await {
+        if let Err(err) =
+            server::serve(listener, ManifestsDir::new(dir), ServiceSelector::default()).await
+        {
             panic!("controller stopped: {err:?}");
         }
     })

@@ -272,9 +272,80 @@ spec:
         .set_pod_ready(&cluster.lab, NAMESPACE, &pods[0], false)?;
     cluster.converge("web-a leaves once not ready", &["web-b", "web-c"])?;
 
+    // A Service labelled for another proxy is left alone; removing the label hands it to us.
+    cluster.control_plane.kubectl_apply(
+        &cluster.lab,
+        &format!(
+            "apiVersion: v1
+kind: Service
+metadata:
+  name: web-other
+  namespace: {NAMESPACE}
+  labels:
+    service.kubernetes.io/service-proxy-name: foo-bar
+spec:
+  clusterIP: 10.96.0.11
+  selector:
+    app: web
+  ports:
+  - name: http
+    port: 80
+    targetPort: web
+"
+        ),
+    )?;
+    let other_url = "http://10.96.0.11:80/";
+    let node1 = cluster.nodes[0].clone();
+    // Once the slices of web-other exist, a claimed Service would be programmed within a sync.
+    eventually("web-other has endpoint slices", CONVERGE, || {
+        let slices = cluster.control_plane.kubectl(
+            &cluster.lab,
+            &[
+                "-n",
+                NAMESPACE,
+                "get",
+                "endpointslices",
+                "-l",
+                "kubernetes.io/service-name=web-other",
+                "-o",
+                "name",
+            ],
+        )?;
+        ensure!(!slices.trim().is_empty(), "no slices yet");
+        Ok(())
+    })?;
+    cluster.converge("web-b and web-c still serve web", &["web-b", "web-c"])?;
+    let nat = cluster
+        .lab
+        .exec_ok(&node1, "iptables-save", &["-t", "nat"])?;
+    ensure!(
+        !nat.contains("10.96.0.11"),
+        "another proxy's Service was programmed:\n{nat}"
+    );
+    cluster.control_plane.kubectl(
+        &cluster.lab,
+        &[
+            "-n",
+            NAMESPACE,
+            "label",
+            "service",
+            "web-other",
+            "service.kubernetes.io/service-proxy-name-",
+        ],
+    )?;
+    eventually("web-other is served once unlabelled", CONVERGE, || {
+        let report = hit(&cluster.lab, &node1, other_url, REQUESTS)?;
+        ensure!(
+            report.failures == 0 && report.answered() == REQUESTS,
+            "{report:?}"
+        );
+        Ok(())
+    })
+    .with_context(|| cluster.logs())?;
+
     // kube-apiserver killed and restarted under steady traffic: no request fails, and changes made
     // after the restart still reach the nodes.
-    let (url, node1) = (cluster.url(), cluster.nodes[0].clone());
+    let url = cluster.url();
     let load = start_load(&mut cluster.lab, &node1, &url, 600, 50)?;
     cluster.control_plane.kill_apiserver(&mut cluster.lab)?;
     std::thread::sleep(Duration::from_secs(2));

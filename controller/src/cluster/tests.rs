@@ -37,7 +37,7 @@ fn web_key() -> Key {
 
 #[test]
 fn slices_of_a_service_are_merged_deduplicated_and_not_ready_endpoints_dropped() {
-    let state = ClusterState::build(&objects(WEB));
+    let state = ClusterState::build(&objects(WEB), &ServiceSelector::default());
     let backends = &state.endpoints[&web_key()];
     assert_eq!(backends.ports.len(), 1);
     let port = &backends.ports[0];
@@ -67,7 +67,7 @@ fn slices_of_a_service_are_merged_deduplicated_and_not_ready_endpoints_dropped()
 
 #[test]
 fn named_target_port_resolves_to_the_slice_port_number() {
-    let state = ClusterState::build(&objects(WEB));
+    let state = ClusterState::build(&objects(WEB), &ServiceSelector::default());
     let service = &state.services[&web_key()];
     assert_eq!(service.ports[0].port, 80);
     assert_eq!(service.ports[0].node_port, 30080);
@@ -81,7 +81,7 @@ fn named_target_port_resolves_to_the_slice_port_number() {
 
 #[test]
 fn newest_trigger_time_of_the_slices_is_kept() {
-    let state = ClusterState::build(&objects(WEB));
+    let state = ClusterState::build(&objects(WEB), &ServiceSelector::default());
     let trigger = state.endpoints[&web_key()]
         .last_change_trigger_time
         .expect("annotated");
@@ -111,7 +111,7 @@ kind: Service
 metadata: {name: mine, namespace: a}
 spec: {clusterIP: 10.96.0.6, ports: [{port: 80}]}
 ";
-    let state = ClusterState::build(&objects(text));
+    let state = ClusterState::build(&objects(text), &ServiceSelector::default());
     let names: Vec<_> = state.services.keys().map(|(_, n)| n.as_str()).collect();
     assert_eq!(names, ["mine"]);
 }
@@ -139,7 +139,7 @@ kind: Service
 metadata: {name: good, namespace: a}
 spec: {clusterIP: 10.96.0.6, ports: [{port: 80}]}
 ";
-    let state = ClusterState::build(&objects(text));
+    let state = ClusterState::build(&objects(text), &ServiceSelector::default());
     let names: Vec<_> = state.services.keys().map(|(_, n)| n.as_str()).collect();
     assert_eq!(names, ["good"]);
 }
@@ -166,7 +166,7 @@ addressType: FQDN
 ports: [{port: 80}]
 endpoints: [{addresses: [pod.example.invalid]}]
 ";
-    let state = ClusterState::build(&objects(text));
+    let state = ClusterState::build(&objects(text), &ServiceSelector::default());
     assert!(state.services.contains_key(&("a".into(), "s".into())));
     assert!(state.endpoints.is_empty());
 }
@@ -194,7 +194,7 @@ status:
     - {ip: 198.51.100.2, ipMode: VIP}
     - {ip: 198.51.100.3, ipMode: Proxy}
 ";
-    let state = ClusterState::build(&objects(text));
+    let state = ClusterState::build(&objects(text), &ServiceSelector::default());
     let service = &state.services[&("a".into(), "lb".into())];
     assert_eq!(
         service.external_ips,
@@ -225,7 +225,7 @@ kind: Service
 metadata: {name: s, namespace: a}
 spec: {clusterIP: 10.96.0.6, ports: [{port: 80}], sessionAffinity: ClientIP, internalTrafficPolicy: Local}
 ";
-    let state = ClusterState::build(&objects(text));
+    let state = ClusterState::build(&objects(text), &ServiceSelector::default());
     let service = &state.services[&("a".into(), "s".into())];
     assert_eq!(
         service.session_affinity,
@@ -244,5 +244,43 @@ kind: Service
 metadata: {name: s, namespace: a}
 spec: {type: LoadBalancer, clusterIP: 10.96.0.6, ports: [{port: 80}], loadBalancerSourceRanges: [203.0.113.0/33]}
 ";
-    assert!(ClusterState::build(&objects(text)).services.is_empty());
+    assert!(
+        ClusterState::build(&objects(text), &ServiceSelector::default())
+            .services
+            .is_empty()
+    );
+}
+
+#[test]
+fn a_named_proxy_claims_only_services_labelled_with_its_name() {
+    let text = r"
+apiVersion: v1
+kind: Service
+metadata: {name: mine, namespace: a, labels: {service.kubernetes.io/service-proxy-name: splitproxy}}
+spec: {clusterIP: 10.96.0.5, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: other, namespace: a, labels: {service.kubernetes.io/service-proxy-name: foo}}
+spec: {clusterIP: 10.96.0.6, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: unlabelled, namespace: a}
+spec: {clusterIP: 10.96.0.7, ports: [{port: 80}]}
+";
+    let selector = ServiceSelector {
+        service_proxy_name: Some("splitproxy".into()),
+    };
+    let state = ClusterState::build(&objects(text), &selector);
+    let names: Vec<_> = state.services.keys().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(names, ["mine"]);
+    assert_eq!(
+        selector.label_selector(),
+        "service.kubernetes.io/service-proxy-name=splitproxy"
+    );
+    assert_eq!(
+        ServiceSelector::default().label_selector(),
+        "!service.kubernetes.io/service-proxy-name"
+    );
 }
