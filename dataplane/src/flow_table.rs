@@ -10,15 +10,19 @@
 //!
 //! | thing           | addresses                                                               |
 //! |-----------------|-------------------------------------------------------------------------|
-//! | pods            | `10.244.0.0/16`; client pod [`CLIENT_POD`] on this node, endpoints on other nodes in `10.244.1.x`, `10.244.2.x`, `10.244.3.x` |
+//! | pods            | `10.244.0.0/16`; client pod [`CLIENT_POD`] and local endpoints on this node in `10.244.0.x`, endpoints on other nodes in `10.244.1.x`, `10.244.2.x`, `10.244.3.x` |
 //! | cluster IPs     | `10.96.0.0/16`                                                          |
+//! | external and load-balancer IPs | `192.0.2.0/24`, not assigned to the node                 |
 //! | node            | [`NODE_IP`], the only address local to the node                         |
-//! | external client | [`EXTERNAL_CLIENT`]                                                     |
+//! | external client | [`EXTERNAL_CLIENT`] (`203.0.113.0/24`); [`OTHER_EXTERNAL_CLIENT`] (`198.51.100.0/24`) |
 
-use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort};
+use crate::{
+    Cidr, Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy,
+};
 use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, SocketAddr},
+    time::Duration,
 };
 
 /// The node's own address: the source of [`Origin::Node`] flows and the destination of node ports.
@@ -27,6 +31,8 @@ pub const NODE_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(198, 18, 0, 11));
 pub const CLIENT_POD: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 244, 0, 5));
 /// A client outside the cluster.
 pub const EXTERNAL_CLIENT: IpAddr = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 7));
+/// Another client outside the cluster, in a different network from [`EXTERNAL_CLIENT`].
+pub const OTHER_EXTERNAL_CLIENT: IpAddr = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 9));
 
 /// Where a flow's first packet comes from, which decides the hooks it crosses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -112,7 +118,15 @@ pub struct Scenario {
 /// The shared table: every behaviour the dataplane supports today.
 #[must_use]
 pub fn scenarios() -> Vec<Scenario> {
-    vec![node_with_services(), node_without_services()]
+    vec![
+        node_with_services(),
+        node_without_services(),
+        node_with_terminating_endpoints(),
+        node_with_external_ips(),
+        node_with_session_affinity(),
+        node_with_local_traffic_policies(),
+        node_with_load_balancer_source_ranges(),
+    ]
 }
 
 /// `default/web`: ClusterIP and NodePort, two ready endpoints and one that is starting up.
@@ -333,6 +347,517 @@ fn node_without_services() -> Scenario {
     }
 }
 
+/// `default/draining`: every endpoint terminating, one still serving.
+const DRAINING_IP: IpAddr = v4(10, 96, 0, 40);
+const DRAINING_SERVING: SocketAddr = at(v4(10, 244, 1, 40), 8080);
+const DRAINING_GONE: SocketAddr = at(v4(10, 244, 2, 40), 8080);
+/// `default/gone`: ClusterIP and NodePort, its only endpoint terminating and no longer serving.
+const GONE_IP: IpAddr = v4(10, 96, 0, 41);
+const GONE_NODE_PORT: u16 = 30082;
+const GONE_1: SocketAddr = at(v4(10, 244, 1, 41), 8080);
+/// `default/rolling`: one ready endpoint and one terminating but still serving.
+const ROLLING_IP: IpAddr = v4(10, 96, 0, 42);
+const ROLLING_READY: SocketAddr = at(v4(10, 244, 1, 42), 8080);
+const ROLLING_DRAINING: SocketAddr = at(v4(10, 244, 2, 42), 8080);
+
+/// Terminating endpoints (KEP-1669): used only while no endpoint is ready, and only if serving.
+fn node_with_terminating_endpoints() -> Scenario {
+    let draining_service = service(
+        "default",
+        "draining",
+        DRAINING_IP,
+        vec![port(
+            "",
+            Protocol::Tcp,
+            80,
+            None,
+            vec![draining(DRAINING_SERVING), gone(DRAINING_GONE)],
+        )],
+    );
+    let gone_service = service(
+        "default",
+        "gone",
+        GONE_IP,
+        vec![port(
+            "",
+            Protocol::Tcp,
+            80,
+            Some(GONE_NODE_PORT),
+            vec![gone(GONE_1)],
+        )],
+    );
+    let rolling = service(
+        "default",
+        "rolling",
+        ROLLING_IP,
+        vec![port(
+            "",
+            Protocol::Tcp,
+            80,
+            None,
+            vec![ready(ROLLING_READY), draining(ROLLING_DRAINING)],
+        )],
+    );
+    use Origin::{External, Pod};
+    use Protocol::Tcp;
+    Scenario {
+        name: "node with draining (only terminating endpoints), gone (none serving) and rolling (ready and terminating)",
+        state: state([draining_service, gone_service, rolling]),
+        node_ips: vec![NODE_IP],
+        cases: vec![
+            case(
+                "pod to cluster IP whose endpoints all terminate reaches the one still serving",
+                (Pod, CLIENT_POD),
+                (Tcp, DRAINING_IP, 80),
+                Expected::endpoints([(DRAINING_SERVING, false)]),
+            ),
+            case(
+                "pod to cluster IP whose only endpoint terminates and no longer serves is rejected",
+                (Pod, CLIENT_POD),
+                (Tcp, GONE_IP, 80),
+                Expected::Reject,
+            ),
+            case(
+                "external client to node port whose only endpoint no longer serves is rejected",
+                (External, EXTERNAL_CLIENT),
+                (Tcp, NODE_IP, GONE_NODE_PORT),
+                Expected::Reject,
+            ),
+            case(
+                "pod to cluster IP with a ready endpoint never reaches the terminating one",
+                (Pod, CLIENT_POD),
+                (Tcp, ROLLING_IP, 80),
+                Expected::endpoints([(ROLLING_READY, false)]),
+            ),
+        ],
+    }
+}
+
+/// `shop/front`: ClusterIP, an external IP and a load-balancer IP, two ready endpoints.
+const FRONT_IP: IpAddr = v4(10, 96, 0, 50);
+const FRONT_EXTERNAL_IP: IpAddr = v4(192, 0, 2, 50);
+const FRONT_LB_IP: IpAddr = v4(192, 0, 2, 51);
+const FRONT_1: SocketAddr = at(v4(10, 244, 1, 50), 8080);
+const FRONT_2: SocketAddr = at(v4(10, 244, 2, 50), 8080);
+/// `shop/closed`: an external IP and a load-balancer IP, no usable endpoint.
+const CLOSED_IP: IpAddr = v4(10, 96, 0, 51);
+const CLOSED_EXTERNAL_IP: IpAddr = v4(192, 0, 2, 52);
+const CLOSED_LB_IP: IpAddr = v4(192, 0, 2, 53);
+const CLOSED_STARTING: SocketAddr = at(v4(10, 244, 1, 51), 8080);
+
+/// `spec.externalIPs` and load-balancer ingress IPs (`externalTrafficPolicy: Cluster`).
+fn node_with_external_ips() -> Scenario {
+    let front = Service {
+        external_ips: vec![FRONT_EXTERNAL_IP],
+        load_balancer_ips: vec![FRONT_LB_IP],
+        ..service(
+            "shop",
+            "front",
+            FRONT_IP,
+            vec![port(
+                "http",
+                Protocol::Tcp,
+                80,
+                None,
+                vec![ready(FRONT_1), ready(FRONT_2)],
+            )],
+        )
+    };
+    let closed = Service {
+        external_ips: vec![CLOSED_EXTERNAL_IP],
+        load_balancer_ips: vec![CLOSED_LB_IP],
+        ..service(
+            "shop",
+            "closed",
+            CLOSED_IP,
+            vec![port(
+                "http",
+                Protocol::Tcp,
+                80,
+                None,
+                vec![starting(CLOSED_STARTING)],
+            )],
+        )
+    };
+    let masqueraded = || Expected::endpoints([(FRONT_1, true), (FRONT_2, true)]);
+    use Origin::{External, Node, Pod};
+    use Protocol::{Tcp, Udp};
+    Scenario {
+        name: "node with front (external IP and load-balancer IP) and closed (the same, no endpoints)",
+        state: state([front, closed]),
+        node_ips: vec![NODE_IP],
+        cases: vec![
+            case(
+                "external client to external IP reaches the endpoints masqueraded",
+                (External, EXTERNAL_CLIENT),
+                (Tcp, FRONT_EXTERNAL_IP, 80),
+                masqueraded(),
+            ),
+            case(
+                "external client to load-balancer IP reaches the endpoints masqueraded",
+                (External, EXTERNAL_CLIENT),
+                (Tcp, FRONT_LB_IP, 80),
+                masqueraded(),
+            ),
+            case(
+                "pod to external IP reaches the endpoints masqueraded",
+                (Pod, CLIENT_POD),
+                (Tcp, FRONT_EXTERNAL_IP, 80),
+                masqueraded(),
+            ),
+            case(
+                "node to load-balancer IP reaches the endpoints masqueraded",
+                (Node, NODE_IP),
+                (Tcp, FRONT_LB_IP, 80),
+                masqueraded(),
+            ),
+            case(
+                "pod to cluster IP of a service with external IPs stays unmasqueraded",
+                (Pod, CLIENT_POD),
+                (Tcp, FRONT_IP, 80),
+                Expected::endpoints([(FRONT_1, false), (FRONT_2, false)]),
+            ),
+            case(
+                "external client to external IP on a port the service lacks passes",
+                (External, EXTERNAL_CLIENT),
+                (Tcp, FRONT_EXTERNAL_IP, 443),
+                Expected::Pass,
+            ),
+            case(
+                "external client to external IP over another protocol passes",
+                (External, EXTERNAL_CLIENT),
+                (Udp, FRONT_EXTERNAL_IP, 80),
+                Expected::Pass,
+            ),
+            case(
+                "external client to external IP without endpoints is rejected",
+                (External, EXTERNAL_CLIENT),
+                (Tcp, CLOSED_EXTERNAL_IP, 80),
+                Expected::Reject,
+            ),
+            case(
+                "external client to load-balancer IP without endpoints is rejected",
+                (External, EXTERNAL_CLIENT),
+                (Tcp, CLOSED_LB_IP, 80),
+                Expected::Reject,
+            ),
+            case(
+                "pod to external IP without endpoints is rejected",
+                (Pod, CLIENT_POD),
+                (Tcp, CLOSED_EXTERNAL_IP, 80),
+                Expected::Reject,
+            ),
+        ],
+    }
+}
+
+/// `default/sticky`: ClusterIP and NodePort with `sessionAffinity: ClientIP`, two endpoints.
+const STICKY_IP: IpAddr = v4(10, 96, 0, 60);
+const STICKY_NODE_PORT: u16 = 30060;
+const STICKY_1: SocketAddr = at(v4(10, 244, 1, 60), 8080);
+const STICKY_2: SocketAddr = at(v4(10, 244, 2, 60), 8080);
+
+/// Session affinity: a first connection may reach any endpoint (which one a returning client
+/// gets depends on its history, which no row has).
+fn node_with_session_affinity() -> Scenario {
+    let sticky = Service {
+        session_affinity: Some(Duration::from_secs(10800)),
+        ..service(
+            "default",
+            "sticky",
+            STICKY_IP,
+            vec![port(
+                "",
+                Protocol::Tcp,
+                80,
+                Some(STICKY_NODE_PORT),
+                vec![ready(STICKY_1), ready(STICKY_2)],
+            )],
+        )
+    };
+    use Origin::{External, Pod};
+    use Protocol::Tcp;
+    Scenario {
+        name: "node with sticky (session affinity, NodePort)",
+        state: state([sticky]),
+        node_ips: vec![NODE_IP],
+        cases: vec![
+            case(
+                "pod to cluster IP with session affinity reaches exactly its endpoints",
+                (Pod, CLIENT_POD),
+                (Tcp, STICKY_IP, 80),
+                Expected::endpoints([(STICKY_1, false), (STICKY_2, false)]),
+            ),
+            case(
+                "external client to node port with session affinity reaches its endpoints masqueraded",
+                (External, EXTERNAL_CLIENT),
+                (Tcp, NODE_IP, STICKY_NODE_PORT),
+                Expected::endpoints([(STICKY_1, true), (STICKY_2, true)]),
+            ),
+            case(
+                "pod to cluster IP with session affinity on another port passes",
+                (Pod, CLIENT_POD),
+                (Tcp, STICKY_IP, 81),
+                Expected::Pass,
+            ),
+        ],
+    }
+}
+
+/// `default/edge`: NodePort, `externalTrafficPolicy: Local`, one endpoint here, one elsewhere.
+const EDGE_IP: IpAddr = v4(10, 96, 0, 70);
+const EDGE_NODE_PORT: u16 = 30070;
+const EDGE_HERE: SocketAddr = at(v4(10, 244, 0, 70), 8080);
+const EDGE_THERE: SocketAddr = at(v4(10, 244, 1, 70), 8080);
+/// `default/elsewhere`: NodePort and external IP, `externalTrafficPolicy: Local`, endpoints on
+/// other nodes only.
+const ELSEWHERE_IP: IpAddr = v4(10, 96, 0, 71);
+const ELSEWHERE_NODE_PORT: u16 = 30071;
+const ELSEWHERE_EXTERNAL_IP: IpAddr = v4(192, 0, 2, 71);
+const ELSEWHERE_THERE: SocketAddr = at(v4(10, 244, 1, 71), 8080);
+/// `default/edge-draining`: NodePort, `externalTrafficPolicy: Local`, the local endpoint
+/// terminating (still serving), a ready one elsewhere.
+const EDGE_DRAINING_NODE_PORT: u16 = 30074;
+const EDGE_DRAINING_IP: IpAddr = v4(10, 96, 0, 74);
+const EDGE_DRAINING_HERE: SocketAddr = at(v4(10, 244, 0, 74), 8080);
+const EDGE_DRAINING_THERE: SocketAddr = at(v4(10, 244, 1, 74), 8080);
+/// `default/node-cache`: `internalTrafficPolicy: Local`, one endpoint here, one elsewhere.
+const CACHE_IP: IpAddr = v4(10, 96, 0, 72);
+const CACHE_HERE: SocketAddr = at(v4(10, 244, 0, 72), 8080);
+const CACHE_THERE: SocketAddr = at(v4(10, 244, 1, 72), 8080);
+/// `default/node-agent`: `internalTrafficPolicy: Local`, endpoints on other nodes only.
+const AGENT_IP: IpAddr = v4(10, 96, 0, 73);
+const AGENT_THERE: SocketAddr = at(v4(10, 244, 1, 73), 8080);
+
+/// `externalTrafficPolicy: Local` and `internalTrafficPolicy: Local`: only endpoints on this node,
+/// the client IP kept for external traffic; DROP where there is none (but some elsewhere).
+///
+/// No cluster CIDR is configured, so pod traffic to an external destination is not
+/// short-circuited to every endpoint as upstream does with a local-traffic detector: it follows
+/// the Local policy like any other external client.
+fn node_with_local_traffic_policies() -> Scenario {
+    let external_local = |service: Service| Service {
+        external_traffic_policy: TrafficPolicy::Local,
+        ..service
+    };
+    let internal_local = |service: Service| Service {
+        internal_traffic_policy: TrafficPolicy::Local,
+        ..service
+    };
+    let one_port = |node_port, endpoints| vec![port("", Protocol::Tcp, 80, node_port, endpoints)];
+    let edge = external_local(service(
+        "default",
+        "edge",
+        EDGE_IP,
+        one_port(
+            Some(EDGE_NODE_PORT),
+            vec![local(EDGE_HERE), ready(EDGE_THERE)],
+        ),
+    ));
+    let elsewhere = external_local(Service {
+        external_ips: vec![ELSEWHERE_EXTERNAL_IP],
+        ..service(
+            "default",
+            "elsewhere",
+            ELSEWHERE_IP,
+            one_port(Some(ELSEWHERE_NODE_PORT), vec![ready(ELSEWHERE_THERE)]),
+        )
+    });
+    let edge_draining = external_local(service(
+        "default",
+        "edge-draining",
+        EDGE_DRAINING_IP,
+        one_port(
+            Some(EDGE_DRAINING_NODE_PORT),
+            vec![
+                Endpoint {
+                    is_local: true,
+                    ..draining(EDGE_DRAINING_HERE)
+                },
+                ready(EDGE_DRAINING_THERE),
+            ],
+        ),
+    ));
+    let cache = internal_local(service(
+        "default",
+        "node-cache",
+        CACHE_IP,
+        one_port(None, vec![local(CACHE_HERE), ready(CACHE_THERE)]),
+    ));
+    let agent = internal_local(service(
+        "default",
+        "node-agent",
+        AGENT_IP,
+        one_port(None, vec![ready(AGENT_THERE)]),
+    ));
+
+    use Origin::{External, Node, Pod};
+    use Protocol::Tcp;
+    let cases = vec![
+        case(
+            "external client to node port with a local endpoint reaches only it, client IP kept",
+            (External, EXTERNAL_CLIENT),
+            (Tcp, NODE_IP, EDGE_NODE_PORT),
+            Expected::endpoints([(EDGE_HERE, false)]),
+        ),
+        case(
+            "node to its own externalTrafficPolicy Local node port reaches every endpoint masqueraded",
+            (Node, NODE_IP),
+            (Tcp, NODE_IP, EDGE_NODE_PORT),
+            Expected::endpoints([(EDGE_HERE, true), (EDGE_THERE, true)]),
+        ),
+        case(
+            "pod to externalTrafficPolicy Local node port follows the Local policy without a cluster CIDR",
+            (Pod, CLIENT_POD),
+            (Tcp, NODE_IP, EDGE_NODE_PORT),
+            Expected::endpoints([(EDGE_HERE, false)]),
+        ),
+        case(
+            "pod to cluster IP of an externalTrafficPolicy Local service reaches every endpoint",
+            (Pod, CLIENT_POD),
+            (Tcp, EDGE_IP, 80),
+            Expected::endpoints([(EDGE_HERE, false), (EDGE_THERE, false)]),
+        ),
+        case(
+            "external client to node port without a local endpoint is dropped",
+            (External, EXTERNAL_CLIENT),
+            (Tcp, NODE_IP, ELSEWHERE_NODE_PORT),
+            Expected::Drop,
+        ),
+        case(
+            "external client to external IP without a local endpoint is dropped",
+            (External, EXTERNAL_CLIENT),
+            (Tcp, ELSEWHERE_EXTERNAL_IP, 80),
+            Expected::Drop,
+        ),
+        case(
+            "node to its own node port without a local endpoint reaches the remote one masqueraded",
+            (Node, NODE_IP),
+            (Tcp, NODE_IP, ELSEWHERE_NODE_PORT),
+            Expected::endpoints([(ELSEWHERE_THERE, true)]),
+        ),
+        case(
+            "pod to cluster IP of a service without a local endpoint still reaches the remote one",
+            (Pod, CLIENT_POD),
+            (Tcp, ELSEWHERE_IP, 80),
+            Expected::endpoints([(ELSEWHERE_THERE, false)]),
+        ),
+        case(
+            "external client to node port whose local endpoint terminates reaches it while serving",
+            (External, EXTERNAL_CLIENT),
+            (Tcp, NODE_IP, EDGE_DRAINING_NODE_PORT),
+            Expected::endpoints([(EDGE_DRAINING_HERE, false)]),
+        ),
+        case(
+            "pod to internalTrafficPolicy Local cluster IP reaches only the local endpoint",
+            (Pod, CLIENT_POD),
+            (Tcp, CACHE_IP, 80),
+            Expected::endpoints([(CACHE_HERE, false)]),
+        ),
+        case(
+            "node to internalTrafficPolicy Local cluster IP reaches only the local endpoint",
+            (Node, NODE_IP),
+            (Tcp, CACHE_IP, 80),
+            Expected::endpoints([(CACHE_HERE, false)]),
+        ),
+        case(
+            "pod to internalTrafficPolicy Local cluster IP without a local endpoint is dropped",
+            (Pod, CLIENT_POD),
+            (Tcp, AGENT_IP, 80),
+            Expected::Drop,
+        ),
+        case(
+            "node to internalTrafficPolicy Local cluster IP without a local endpoint is dropped",
+            (Node, NODE_IP),
+            (Tcp, AGENT_IP, 80),
+            Expected::Drop,
+        ),
+    ];
+    Scenario {
+        name: "node with edge, elsewhere and edge-draining (externalTrafficPolicy Local), node-cache and node-agent (internalTrafficPolicy Local)",
+        state: state([edge, elsewhere, edge_draining, cache, agent]),
+        node_ips: vec![NODE_IP],
+        cases,
+    }
+}
+
+/// `shop/guarded`: NodePort and a load-balancer IP open to `203.0.113.0/28` only.
+const GUARDED_IP: IpAddr = v4(10, 96, 0, 80);
+const GUARDED_LB_IP: IpAddr = v4(192, 0, 2, 80);
+const GUARDED_NODE_PORT: u16 = 30090;
+const GUARDED_1: SocketAddr = at(v4(10, 244, 1, 80), 8080);
+const GUARDED_2: SocketAddr = at(v4(10, 244, 2, 80), 8080);
+
+/// `loadBalancerSourceRanges`: only the listed sources reach the load-balancer IP; as upstream,
+/// the node port and cluster IP are not filtered.
+fn node_with_load_balancer_source_ranges() -> Scenario {
+    let guarded = Service {
+        load_balancer_ips: vec![GUARDED_LB_IP],
+        load_balancer_source_ranges: vec![Cidr {
+            address: v4(203, 0, 113, 0),
+            prefix: 28,
+        }],
+        ..service(
+            "shop",
+            "guarded",
+            GUARDED_IP,
+            vec![port(
+                "https",
+                Protocol::Tcp,
+                443,
+                Some(GUARDED_NODE_PORT),
+                vec![ready(GUARDED_1), ready(GUARDED_2)],
+            )],
+        )
+    };
+    let masqueraded = || Expected::endpoints([(GUARDED_1, true), (GUARDED_2, true)]);
+    use Origin::{External, Pod};
+    use Protocol::Tcp;
+    Scenario {
+        name: "node with guarded (load-balancer IP with source ranges, NodePort)",
+        state: state([guarded]),
+        node_ips: vec![NODE_IP],
+        cases: vec![
+            case(
+                "external client inside the source ranges to load-balancer IP reaches the endpoints masqueraded",
+                (External, EXTERNAL_CLIENT),
+                (Tcp, GUARDED_LB_IP, 443),
+                masqueraded(),
+            ),
+            case(
+                "external client outside the source ranges to load-balancer IP is dropped",
+                (External, OTHER_EXTERNAL_CLIENT),
+                (Tcp, GUARDED_LB_IP, 443),
+                Expected::Drop,
+            ),
+            case(
+                "pod outside the source ranges to load-balancer IP is dropped",
+                (Pod, CLIENT_POD),
+                (Tcp, GUARDED_LB_IP, 443),
+                Expected::Drop,
+            ),
+            case(
+                "external client outside the source ranges to node port is not filtered",
+                (External, OTHER_EXTERNAL_CLIENT),
+                (Tcp, NODE_IP, GUARDED_NODE_PORT),
+                masqueraded(),
+            ),
+            case(
+                "pod to cluster IP of a service with source ranges is not filtered",
+                (Pod, CLIENT_POD),
+                (Tcp, GUARDED_IP, 443),
+                Expected::endpoints([(GUARDED_1, false), (GUARDED_2, false)]),
+            ),
+            case(
+                "external client outside the source ranges to load-balancer IP on another port passes",
+                (External, OTHER_EXTERNAL_CLIENT),
+                (Tcp, GUARDED_LB_IP, 80),
+                Expected::Pass,
+            ),
+        ],
+    }
+}
+
 fn case(
     name: &'static str,
     (origin, source): (Origin, IpAddr),
@@ -411,6 +936,31 @@ fn starting(address: SocketAddr) -> Endpoint {
     }
 }
 
+/// A ready endpoint on this node.
+fn local(address: SocketAddr) -> Endpoint {
+    Endpoint {
+        is_local: true,
+        ..ready(address)
+    }
+}
+
+/// An endpoint on another node that is terminating but still serving.
+fn draining(address: SocketAddr) -> Endpoint {
+    Endpoint {
+        ready: false,
+        terminating: true,
+        ..ready(address)
+    }
+}
+
+/// An endpoint on another node that is terminating and no longer serving.
+fn gone(address: SocketAddr) -> Endpoint {
+    Endpoint {
+        serving: false,
+        ..draining(address)
+    }
+}
+
 const fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(a, b, c, d))
 }
@@ -440,23 +990,23 @@ mod tests {
     }
 
     #[test]
-    fn expected_targets_are_ready_endpoints_of_the_scenario() {
+    fn expected_targets_are_serving_endpoints_of_the_scenario() {
         for scenario in scenarios() {
-            let ready: BTreeSet<SocketAddr> = scenario
+            let serving: BTreeSet<SocketAddr> = scenario
                 .state
                 .services
                 .values()
                 .flat_map(|service| &service.ports)
                 .flat_map(|port| &port.endpoints)
-                .filter(|endpoint| endpoint.ready)
+                .filter(|endpoint| endpoint.ready || endpoint.serving)
                 .map(|endpoint| SocketAddr::new(endpoint.ip, endpoint.port))
                 .collect();
             for case in &scenario.cases {
                 if let Expected::Endpoints { targets } = &case.expected {
                     for target in targets.keys() {
                         assert!(
-                            ready.contains(target),
-                            "{}: {target} is no ready endpoint",
+                            serving.contains(target),
+                            "{}: {target} is no serving endpoint",
                             case.flow.name
                         );
                     }

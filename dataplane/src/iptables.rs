@@ -16,7 +16,8 @@ pub use render::{FilterRules, NatRules, render_filter, render_nat};
 
 use crate::{Dataplane, ProxyState, SyncReport};
 use render::{
-    FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_POSTROUTING, KUBE_SERVICES,
+    FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_POSTROUTING,
+    KUBE_PROXY_FIREWALL, KUBE_SERVICES,
 };
 use std::{collections::BTreeSet, io, process::ExitStatus, process::Stdio};
 use tokio::{io::AsyncWriteExt, process::Command};
@@ -164,9 +165,10 @@ impl Jump {
 
 const SERVICE_PORTALS: &str = "kubernetes service portals";
 const EXTERNAL_PORTALS: &str = "kubernetes externally-visible service portals";
+const LOAD_BALANCER_FIREWALL: &str = "kubernetes load balancer firewall";
 
 /// The jumps that hook our chains into the built-in ones, as kube-proxy installs them.
-const JUMPS: [Jump; 8] = [
+const JUMPS: [Jump; 11] = [
     Jump::nat("PREROUTING", SERVICE_PORTALS, KUBE_SERVICES),
     Jump::nat("OUTPUT", SERVICE_PORTALS, KUBE_SERVICES),
     Jump::nat(
@@ -184,6 +186,9 @@ const JUMPS: [Jump; 8] = [
         "kubernetes forwarding rules",
         KUBE_FORWARD,
     ),
+    Jump::filter("INPUT", true, LOAD_BALANCER_FIREWALL, KUBE_PROXY_FIREWALL),
+    Jump::filter("OUTPUT", true, LOAD_BALANCER_FIREWALL, KUBE_PROXY_FIREWALL),
+    Jump::filter("FORWARD", true, LOAD_BALANCER_FIREWALL, KUBE_PROXY_FIREWALL),
 ];
 
 impl Jump {

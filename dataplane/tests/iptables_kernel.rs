@@ -3,10 +3,10 @@
 #![allow(clippy::unwrap_used)]
 
 use splitproxy_dataplane::{
-    Dataplane, Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort,
+    Dataplane, Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy,
     iptables::{Config, Iptables},
 };
-use std::process::Command;
+use std::{process::Command, time::Duration};
 
 /// A network namespace that is deleted when dropped, also when the test panics.
 struct Netns {
@@ -14,9 +14,10 @@ struct Netns {
 }
 
 impl Netns {
-    fn create() -> Self {
+    /// Creates `sp-dp-<test>-<pid>`; `test` keeps tests running in parallel apart.
+    fn create(test: &str) -> Self {
         require_root();
-        let name = format!("sp-dp-{}", std::process::id());
+        let name = format!("sp-dp-{test}-{}", std::process::id());
         run("ip", &["netns", "add", &name]);
         Self { name }
     }
@@ -30,7 +31,12 @@ impl Netns {
 
     /// `iptables-save -t nat` inside the namespace, without its `#` comment lines.
     fn nat_rules(&self) -> String {
-        self.exec(&["iptables-save", "-t", "nat"])
+        self.saved("nat")
+    }
+
+    /// `iptables-save -t <table>` inside the namespace, without its `#` comment lines.
+    fn saved(&self, table: &str) -> String {
+        self.exec(&["iptables-save", "-t", table])
             .lines()
             .filter(|line| !line.starts_with('#'))
             .map(|line| format!("{line}\n"))
@@ -114,6 +120,52 @@ fn one_service() -> ProxyState {
     }
 }
 
+/// `ns2/svc2:p80` with every Service feature at once: session affinity, an external IP, a
+/// load-balancer IP with source ranges, `externalTrafficPolicy: Local` with one local endpoint;
+/// and `ns3/svc3:p80`, `internalTrafficPolicy: Local` without a local endpoint.
+fn every_feature() -> ProxyState {
+    let key = |name: &str| ServiceKey {
+        namespace: name.replace("svc", "ns"),
+        name: name.to_owned(),
+    };
+    let port = |endpoints| {
+        vec![ServicePort {
+            name: "p80".to_owned(),
+            protocol: Protocol::Tcp,
+            port: 80,
+            node_port: None,
+            endpoints,
+        }]
+    };
+    let svc2 = Service {
+        key: key("svc2"),
+        cluster_ips: vec!["172.30.0.42".parse().unwrap()],
+        ports: port(vec![
+            Endpoint {
+                is_local: true,
+                ..endpoint("10.180.0.2")
+            },
+            endpoint("10.180.2.2"),
+        ]),
+        external_ips: vec!["192.168.99.22".parse().unwrap()],
+        load_balancer_ips: vec!["1.2.3.4".parse().unwrap()],
+        load_balancer_source_ranges: vec!["203.0.113.0/25".parse().unwrap()],
+        session_affinity: Some(Duration::from_secs(10800)),
+        external_traffic_policy: TrafficPolicy::Local,
+        ..Default::default()
+    };
+    let svc3 = Service {
+        key: key("svc3"),
+        cluster_ips: vec!["172.30.0.43".parse().unwrap()],
+        ports: port(vec![endpoint("10.180.2.3")]),
+        internal_traffic_policy: TrafficPolicy::Local,
+        ..Default::default()
+    };
+    ProxyState {
+        services: [(svc2.key.clone(), svc2), (svc3.key.clone(), svc3)].into(),
+    }
+}
+
 const JUMPS: [&str; 3] = [
     r#"-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#,
     r#"-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#,
@@ -144,7 +196,7 @@ fn per_service_chains(saved: &str) -> Vec<&str> {
 
 #[tokio::test]
 async fn sync_programs_the_nat_table_idempotently_and_removes_stale_chains() {
-    let netns = Netns::create();
+    let netns = Netns::create("sync");
     // Someone else's chain and jump, which --noflush must leave alone.
     netns.exec(&["iptables", "-t", "nat", "-N", "CNI-HOSTPORT-DNAT"]);
     netns.exec(&[
@@ -225,4 +277,57 @@ async fn sync_programs_the_nat_table_idempotently_and_removes_stale_chains() {
     );
     assert!(!emptied.contains("172.30.0.41"), "{emptied}");
     assert_jumps_once(&emptied);
+}
+
+#[tokio::test]
+async fn kernel_accepts_affinity_external_ips_local_policies_and_source_ranges() {
+    let netns = Netns::create("features");
+    let mut iptables = netns.iptables();
+
+    iptables.sync(&every_feature()).await.unwrap();
+
+    // As iptables-save prints them back: options regrouped, defaults spelled out.
+    let nat = netns.saved("nat");
+    for expected in [
+        r#"-A KUBE-SVC-GNZBNJ2PO5MGZ6GT -m comment --comment "ns2/svc2:p80 -> 10.180.0.2:80" -m recent --rcheck --seconds 10800 --reap --name KUBE-SEP-RS4RBKLTHTF2IUXJ --mask 255.255.255.255 --rsource -j KUBE-SEP-RS4RBKLTHTF2IUXJ"#,
+        r#"-A KUBE-SEP-RS4RBKLTHTF2IUXJ -p tcp -m comment --comment "ns2/svc2:p80" -m recent --set --name KUBE-SEP-RS4RBKLTHTF2IUXJ --mask 255.255.255.255 --rsource -m tcp -j DNAT --to-destination 10.180.0.2:80"#,
+        r#"-A KUBE-SERVICES -d 192.168.99.22/32 -p tcp -m comment --comment "ns2/svc2:p80 external IP" -m tcp --dport 80 -j KUBE-EXT-GNZBNJ2PO5MGZ6GT"#,
+        r#"-A KUBE-SERVICES -d 1.2.3.4/32 -p tcp -m comment --comment "ns2/svc2:p80 loadbalancer IP" -m tcp --dport 80 -j KUBE-FW-GNZBNJ2PO5MGZ6GT"#,
+        r#"-A KUBE-FW-GNZBNJ2PO5MGZ6GT -s 203.0.113.0/25 -m comment --comment "ns2/svc2:p80 loadbalancer IP" -j KUBE-EXT-GNZBNJ2PO5MGZ6GT"#,
+        r#"-A KUBE-EXT-GNZBNJ2PO5MGZ6GT -m comment --comment "route LOCAL traffic for ns2/svc2:p80 external destinations" -m addrtype --src-type LOCAL -j KUBE-SVC-GNZBNJ2PO5MGZ6GT"#,
+        "-A KUBE-EXT-GNZBNJ2PO5MGZ6GT -j KUBE-SVL-GNZBNJ2PO5MGZ6GT",
+    ] {
+        assert!(
+            nat.lines().any(|line| line == expected),
+            "missing {expected:?} in\n{nat}"
+        );
+    }
+    let filter = netns.saved("filter");
+    for expected in [
+        r#"-A KUBE-PROXY-FIREWALL -d 1.2.3.4/32 -p tcp -m comment --comment "ns2/svc2:p80 traffic not accepted by KUBE-FW-GNZBNJ2PO5MGZ6GT" -m tcp --dport 80 -j DROP"#,
+        r#"-A KUBE-SERVICES -d 172.30.0.43/32 -p tcp -m comment --comment "ns3/svc3:p80 has no local endpoints" -m tcp --dport 80 -j DROP"#,
+    ] {
+        assert!(
+            filter.lines().any(|line| line == expected),
+            "missing {expected:?} in\n{filter}"
+        );
+    }
+
+    iptables.sync(&every_feature()).await.unwrap();
+    assert_eq!(netns.saved("nat"), nat, "a second sync changed the rules");
+
+    iptables.sync(&ProxyState::default()).await.unwrap();
+    let emptied = netns.saved("nat");
+    assert!(
+        ![
+            "KUBE-SVC-",
+            "KUBE-SVL-",
+            "KUBE-EXT-",
+            "KUBE-FW-",
+            "KUBE-SEP-"
+        ]
+        .iter()
+        .any(|prefix| emptied.contains(prefix)),
+        "{emptied}"
+    );
 }

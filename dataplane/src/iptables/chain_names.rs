@@ -30,6 +30,20 @@ pub fn service_chain(port_name: &str, protocol: Protocol) -> String {
     format!("{SVC_PREFIX}{}", port_proto_hash(port_name, protocol))
 }
 
+/// The `KUBE-SVL-…` chain of a Service port (its node-local endpoints), given its `ns/name:port`
+/// name.
+#[must_use]
+pub fn local_service_chain(port_name: &str, protocol: Protocol) -> String {
+    format!("{SVL_PREFIX}{}", port_proto_hash(port_name, protocol))
+}
+
+/// The `KUBE-FW-…` chain of a Service port (its load-balancer source ranges), given its
+/// `ns/name:port` name.
+#[must_use]
+pub fn firewall_chain(port_name: &str, protocol: Protocol) -> String {
+    format!("{FW_PREFIX}{}", port_proto_hash(port_name, protocol))
+}
+
 /// The `KUBE-EXT-…` chain of a Service port, given its `ns/name:port` name.
 #[must_use]
 pub fn external_chain(port_name: &str, protocol: Protocol) -> String {
@@ -92,6 +106,18 @@ mod tests {
         assert_eq!(
             service_chain("ns2/svc2:p80", Protocol::Tcp),
             "KUBE-SVC-GNZBNJ2PO5MGZ6GT"
+        );
+    }
+
+    #[test]
+    fn local_and_firewall_chains_share_the_service_hash() {
+        assert_eq!(
+            local_service_chain("ns2/svc2:p80", Protocol::Tcp),
+            "KUBE-SVL-GNZBNJ2PO5MGZ6GT"
+        );
+        assert_eq!(
+            firewall_chain("ns2/svc2:p80", Protocol::Tcp),
+            "KUBE-FW-GNZBNJ2PO5MGZ6GT"
         );
     }
 

@@ -4,15 +4,17 @@
 //!
 //! | thing        | addresses                    |
 //! |--------------|------------------------------|
-//! | pods         | `10.0.0.0/8`; endpoints `10.180.0.x`, `10.180.2.x`, IPv6 `fd00:10:180::x` |
+//! | pods         | `10.0.0.0/8`; endpoints `10.180.0.x`, `10.180.2.x`, IPv6 `fd00:10:180::x`; `is_local` ones (this node) only in `10.180.0.x` |
 //! | cluster IPs  | `172.30.0.0/16`, IPv6 `fd00:172:30::x` |
 //! | node         | `192.168.0.2`                |
 //! | external     | `203.0.113.0/24`             |
+//! | external IPs | `192.168.99.x`               |
+//! | LB ingress   | `1.2.3.x`                    |
 #![allow(clippy::unwrap_used)]
 
 use super::{Config, Dataplane, Error, Iptables, JUMPS, render_filter, render_nat};
-use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort};
-use std::{collections::BTreeSet, path::PathBuf};
+use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy};
+use std::{collections::BTreeSet, path::PathBuf, time::Duration};
 
 // ---------------------------------------------------------------------------------------------
 // Fixtures
@@ -62,12 +64,42 @@ fn ready(ip: &str, port: u16) -> Endpoint {
     }
 }
 
+/// A ready endpoint on this node.
+fn local(ip: &str, port: u16) -> Endpoint {
+    Endpoint {
+        is_local: true,
+        ..ready(ip, port)
+    }
+}
+
+/// Terminating but still serving: used only when no endpoint is ready.
 fn terminating(ip: &str, port: u16) -> Endpoint {
     Endpoint {
         ready: false,
         terminating: true,
         ..ready(ip, port)
     }
+}
+
+/// Terminating and no longer serving: never used.
+fn gone(ip: &str, port: u16) -> Endpoint {
+    Endpoint {
+        serving: false,
+        ..terminating(ip, port)
+    }
+}
+
+/// Starting up: neither ready nor serving, never used.
+fn starting(ip: &str, port: u16) -> Endpoint {
+    Endpoint {
+        ready: false,
+        serving: false,
+        ..ready(ip, port)
+    }
+}
+
+fn ips(texts: &[&str]) -> Vec<std::net::IpAddr> {
+    texts.iter().map(|ip| ip.parse().unwrap()).collect()
 }
 
 fn chains(names: &[&str]) -> BTreeSet<String> {
@@ -241,8 +273,8 @@ COMMIT
 }
 
 #[test]
-fn port_without_ready_endpoints_gets_no_chains() {
-    // p80's only endpoint is terminating (not ready); p81 has no endpoints at all.
+fn port_without_usable_endpoints_gets_no_chains() {
+    // p80's endpoints are terminating and no longer serving, or still starting; p81 has none.
     let state = state(vec![service(
         "ns3",
         "svc3",
@@ -253,7 +285,7 @@ fn port_without_ready_endpoints_gets_no_chains() {
                 Protocol::Tcp,
                 80,
                 Some(3003),
-                vec![terminating("10.180.0.3", 80)],
+                vec![gone("10.180.0.3", 80), starting("10.180.0.4", 80)],
             ),
             port("p81", Protocol::Tcp, 81, None, vec![]),
         ],
@@ -277,6 +309,558 @@ COMMIT
 "#,
     );
     assert_eq!(nat.rule_count, 5);
+}
+
+#[test]
+fn serving_terminating_endpoints_take_traffic_only_while_none_is_ready() {
+    // svc3 has only draining endpoints (one no longer serving); svc4 has a ready one as well.
+    let state = state(vec![
+        service(
+            "ns3",
+            "svc3",
+            &["172.30.0.43"],
+            vec![port(
+                "p80",
+                Protocol::Tcp,
+                80,
+                None,
+                vec![
+                    terminating("10.180.0.3", 80),
+                    gone("10.180.0.4", 80),
+                    terminating("10.180.0.5", 80),
+                ],
+            )],
+        ),
+        service(
+            "ns4",
+            "svc4",
+            &["172.30.0.44"],
+            vec![port(
+                "p80",
+                Protocol::Tcp,
+                80,
+                None,
+                vec![terminating("10.180.0.6", 80), ready("10.180.0.7", 80)],
+            )],
+        ),
+    ]);
+
+    let nat = render_nat(&state, &BTreeSet::new());
+
+    assert_rules_eq(
+        &nat.payload,
+        r#"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-SVC-X27LE4BHSL4DOUIK - [0:0]
+:KUBE-SEP-OYPFS5VJICHGATKP - [0:0]
+:KUBE-SEP-NY72AAESATAM7FRG - [0:0]
+:KUBE-SVC-4SW47YFZTEDKD3PK - [0:0]
+:KUBE-SEP-KV4FMR6WJFBQE3OH - [0:0]
+-A KUBE-SERVICES -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp -p tcp -d 172.30.0.43 --dport 80 -j KUBE-SVC-X27LE4BHSL4DOUIK
+-A KUBE-SERVICES -m comment --comment "ns4/svc4:p80 cluster IP" -m tcp -p tcp -d 172.30.0.44 --dport 80 -j KUBE-SVC-4SW47YFZTEDKD3PK
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+-A KUBE-SVC-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 -> 10.180.0.3:80" -m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-OYPFS5VJICHGATKP
+-A KUBE-SVC-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 -> 10.180.0.5:80" -j KUBE-SEP-NY72AAESATAM7FRG
+-A KUBE-SEP-OYPFS5VJICHGATKP -m comment --comment ns3/svc3:p80 -s 10.180.0.3 -j KUBE-MARK-MASQ
+-A KUBE-SEP-OYPFS5VJICHGATKP -m comment --comment ns3/svc3:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.3:80
+-A KUBE-SEP-NY72AAESATAM7FRG -m comment --comment ns3/svc3:p80 -s 10.180.0.5 -j KUBE-MARK-MASQ
+-A KUBE-SEP-NY72AAESATAM7FRG -m comment --comment ns3/svc3:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.5:80
+-A KUBE-SVC-4SW47YFZTEDKD3PK -m comment --comment "ns4/svc4:p80 -> 10.180.0.7:80" -j KUBE-SEP-KV4FMR6WJFBQE3OH
+-A KUBE-SEP-KV4FMR6WJFBQE3OH -m comment --comment ns4/svc4:p80 -s 10.180.0.7 -j KUBE-MARK-MASQ
+-A KUBE-SEP-KV4FMR6WJFBQE3OH -m comment --comment ns4/svc4:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.7:80
+COMMIT
+"#,
+    );
+    assert!(
+        render_filter(&state)
+            .payload
+            .lines()
+            .all(|l| !l.contains("REJECT"))
+    );
+}
+
+#[test]
+fn external_and_load_balancer_ips_go_through_the_external_chain() {
+    // svc2 has every external destination; svc7 only an external IP, which is enough for an EXT
+    // chain. IPv6 external and load-balancer IPs are left out.
+    let state = state(vec![
+        Service {
+            external_ips: ips(&["192.168.99.22", "fd00:192:168::22"]),
+            load_balancer_ips: ips(&["1.2.3.4", "fd00:1:2::4"]),
+            ..service(
+                "ns2",
+                "svc2",
+                &["172.30.0.42"],
+                vec![port(
+                    "p80",
+                    Protocol::Tcp,
+                    80,
+                    Some(3002),
+                    vec![ready("10.180.0.2", 80)],
+                )],
+            )
+        },
+        Service {
+            external_ips: ips(&["192.168.99.27"]),
+            ..service(
+                "ns7",
+                "svc7",
+                &["172.30.0.47"],
+                vec![port(
+                    "p80",
+                    Protocol::Tcp,
+                    80,
+                    None,
+                    vec![ready("10.180.0.7", 80)],
+                )],
+            )
+        },
+    ]);
+
+    let nat = render_nat(&state, &BTreeSet::new());
+
+    assert_rules_eq(
+        &nat.payload,
+        r#"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-SVC-GNZBNJ2PO5MGZ6GT - [0:0]
+:KUBE-SEP-RS4RBKLTHTF2IUXJ - [0:0]
+:KUBE-EXT-GNZBNJ2PO5MGZ6GT - [0:0]
+:KUBE-SVC-KPEMU3PDPRCEMWRI - [0:0]
+:KUBE-SEP-HZXTC6EBGJZ64CAL - [0:0]
+:KUBE-EXT-KPEMU3PDPRCEMWRI - [0:0]
+-A KUBE-SERVICES -m comment --comment "ns2/svc2:p80 cluster IP" -m tcp -p tcp -d 172.30.0.42 --dport 80 -j KUBE-SVC-GNZBNJ2PO5MGZ6GT
+-A KUBE-SERVICES -m comment --comment "ns2/svc2:p80 external IP" -m tcp -p tcp -d 192.168.99.22 --dport 80 -j KUBE-EXT-GNZBNJ2PO5MGZ6GT
+-A KUBE-SERVICES -m comment --comment "ns2/svc2:p80 loadbalancer IP" -m tcp -p tcp -d 1.2.3.4 --dport 80 -j KUBE-EXT-GNZBNJ2PO5MGZ6GT
+-A KUBE-SERVICES -m comment --comment "ns7/svc7:p80 cluster IP" -m tcp -p tcp -d 172.30.0.47 --dport 80 -j KUBE-SVC-KPEMU3PDPRCEMWRI
+-A KUBE-SERVICES -m comment --comment "ns7/svc7:p80 external IP" -m tcp -p tcp -d 192.168.99.27 --dport 80 -j KUBE-EXT-KPEMU3PDPRCEMWRI
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-NODEPORTS -m comment --comment ns2/svc2:p80 -m tcp -p tcp --dport 3002 -j KUBE-EXT-GNZBNJ2PO5MGZ6GT
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+-A KUBE-SVC-GNZBNJ2PO5MGZ6GT -m comment --comment "ns2/svc2:p80 -> 10.180.0.2:80" -j KUBE-SEP-RS4RBKLTHTF2IUXJ
+-A KUBE-SEP-RS4RBKLTHTF2IUXJ -m comment --comment ns2/svc2:p80 -s 10.180.0.2 -j KUBE-MARK-MASQ
+-A KUBE-SEP-RS4RBKLTHTF2IUXJ -m comment --comment ns2/svc2:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.2:80
+-A KUBE-EXT-GNZBNJ2PO5MGZ6GT -m comment --comment "masquerade traffic for ns2/svc2:p80 external destinations" -j KUBE-MARK-MASQ
+-A KUBE-EXT-GNZBNJ2PO5MGZ6GT -j KUBE-SVC-GNZBNJ2PO5MGZ6GT
+-A KUBE-SVC-KPEMU3PDPRCEMWRI -m comment --comment "ns7/svc7:p80 -> 10.180.0.7:80" -j KUBE-SEP-HZXTC6EBGJZ64CAL
+-A KUBE-SEP-HZXTC6EBGJZ64CAL -m comment --comment ns7/svc7:p80 -s 10.180.0.7 -j KUBE-MARK-MASQ
+-A KUBE-SEP-HZXTC6EBGJZ64CAL -m comment --comment ns7/svc7:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.7:80
+-A KUBE-EXT-KPEMU3PDPRCEMWRI -m comment --comment "masquerade traffic for ns7/svc7:p80 external destinations" -j KUBE-MARK-MASQ
+-A KUBE-EXT-KPEMU3PDPRCEMWRI -j KUBE-SVC-KPEMU3PDPRCEMWRI
+COMMIT
+"#,
+    );
+    assert_eq!(nat.rule_count, 21);
+    assert!(!render_filter(&state).payload.contains("-d 192.168.99."));
+}
+
+#[test]
+fn external_and_load_balancer_ips_without_endpoints_are_rejected() {
+    let state = state(vec![Service {
+        external_ips: ips(&["192.168.99.26"]),
+        load_balancer_ips: ips(&["1.2.3.6"]),
+        ..service(
+            "ns6",
+            "svc6",
+            &["172.30.0.46"],
+            vec![port(
+                "p80",
+                Protocol::Tcp,
+                80,
+                Some(3006),
+                vec![starting("10.180.0.6", 80)],
+            )],
+        )
+    }]);
+
+    let filter = render_filter(&state);
+
+    assert_rules_eq(
+        &filter.payload,
+        r#"*filter
+:KUBE-SERVICES - [0:0]
+:KUBE-EXTERNAL-SERVICES - [0:0]
+:KUBE-FORWARD - [0:0]
+:KUBE-PROXY-FIREWALL - [0:0]
+-A KUBE-SERVICES -m comment --comment "ns6/svc6:p80 has no endpoints" -m tcp -p tcp -d 172.30.0.46 --dport 80 -j REJECT
+-A KUBE-EXTERNAL-SERVICES -m comment --comment "ns6/svc6:p80 has no endpoints" -m tcp -p tcp -d 192.168.99.26 --dport 80 -j REJECT
+-A KUBE-EXTERNAL-SERVICES -m comment --comment "ns6/svc6:p80 has no endpoints" -m tcp -p tcp -d 1.2.3.6 --dport 80 -j REJECT
+-A KUBE-EXTERNAL-SERVICES -m comment --comment "ns6/svc6:p80 has no endpoints" -m addrtype --dst-type LOCAL -m tcp -p tcp --dport 3006 -j REJECT
+-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+COMMIT
+"#,
+    );
+    assert_eq!(filter.rule_count, 7);
+    assert!(
+        !render_nat(&state, &BTreeSet::new())
+            .payload
+            .contains("svc6"),
+        "a port without endpoints has no nat rules"
+    );
+}
+
+#[test]
+fn session_affinity_checks_recent_clients_first_and_remembers_them_on_dnat() {
+    let state = state(vec![Service {
+        session_affinity: Some(Duration::from_secs(10800)),
+        ..service(
+            "ns1",
+            "svc1",
+            &["172.30.0.41"],
+            vec![port(
+                "p80",
+                Protocol::Tcp,
+                80,
+                None,
+                vec![ready("10.180.0.1", 80), ready("10.180.0.2", 80)],
+            )],
+        )
+    }]);
+
+    let nat = render_nat(&state, &BTreeSet::new());
+
+    assert_rules_eq(
+        &nat.payload,
+        r#"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-SVC-XPGD46QRK7WJZT7O - [0:0]
+:KUBE-SEP-SXIVWICOYRO3J4NJ - [0:0]
+:KUBE-SEP-LXVODXWDISEETFEF - [0:0]
+-A KUBE-SERVICES -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d 172.30.0.41 --dport 80 -j KUBE-SVC-XPGD46QRK7WJZT7O
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+-A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 -> 10.180.0.1:80" -m recent --name KUBE-SEP-SXIVWICOYRO3J4NJ --rcheck --seconds 10800 --reap -j KUBE-SEP-SXIVWICOYRO3J4NJ
+-A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 -> 10.180.0.2:80" -m recent --name KUBE-SEP-LXVODXWDISEETFEF --rcheck --seconds 10800 --reap -j KUBE-SEP-LXVODXWDISEETFEF
+-A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 -> 10.180.0.1:80" -m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-SXIVWICOYRO3J4NJ
+-A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 -> 10.180.0.2:80" -j KUBE-SEP-LXVODXWDISEETFEF
+-A KUBE-SEP-SXIVWICOYRO3J4NJ -m comment --comment ns1/svc1:p80 -s 10.180.0.1 -j KUBE-MARK-MASQ
+-A KUBE-SEP-SXIVWICOYRO3J4NJ -m comment --comment ns1/svc1:p80 -m recent --name KUBE-SEP-SXIVWICOYRO3J4NJ --set -m tcp -p tcp -j DNAT --to-destination 10.180.0.1:80
+-A KUBE-SEP-LXVODXWDISEETFEF -m comment --comment ns1/svc1:p80 -s 10.180.0.2 -j KUBE-MARK-MASQ
+-A KUBE-SEP-LXVODXWDISEETFEF -m comment --comment ns1/svc1:p80 -m recent --name KUBE-SEP-LXVODXWDISEETFEF --set -m tcp -p tcp -j DNAT --to-destination 10.180.0.2:80
+COMMIT
+"#,
+    );
+    assert_eq!(nat.rule_count, 14);
+}
+
+#[test]
+fn external_traffic_policy_local_keeps_external_clients_on_local_endpoints() {
+    let state = state(vec![Service {
+        external_ips: ips(&["192.168.99.22"]),
+        external_traffic_policy: TrafficPolicy::Local,
+        ..service(
+            "ns2",
+            "svc2",
+            &["172.30.0.42"],
+            vec![port(
+                "p80",
+                Protocol::Tcp,
+                80,
+                Some(3002),
+                vec![local("10.180.0.2", 80), ready("10.180.2.1", 80)],
+            )],
+        )
+    }]);
+
+    let nat = render_nat(&state, &BTreeSet::new());
+
+    // Cluster-IP traffic spreads over both endpoints; external traffic from the node itself is
+    // masqueraded and short-circuited to KUBE-SVC; all other external traffic goes to KUBE-SVL,
+    // unmasqueraded. No "pod traffic" rule: there is no cluster CIDR to detect pods by.
+    assert_rules_eq(
+        &nat.payload,
+        r#"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-SVC-GNZBNJ2PO5MGZ6GT - [0:0]
+:KUBE-SVL-GNZBNJ2PO5MGZ6GT - [0:0]
+:KUBE-SEP-RS4RBKLTHTF2IUXJ - [0:0]
+:KUBE-SEP-CL5TTP32JTFBIVMN - [0:0]
+:KUBE-EXT-GNZBNJ2PO5MGZ6GT - [0:0]
+-A KUBE-SERVICES -m comment --comment "ns2/svc2:p80 cluster IP" -m tcp -p tcp -d 172.30.0.42 --dport 80 -j KUBE-SVC-GNZBNJ2PO5MGZ6GT
+-A KUBE-SERVICES -m comment --comment "ns2/svc2:p80 external IP" -m tcp -p tcp -d 192.168.99.22 --dport 80 -j KUBE-EXT-GNZBNJ2PO5MGZ6GT
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-NODEPORTS -m comment --comment ns2/svc2:p80 -m tcp -p tcp --dport 3002 -j KUBE-EXT-GNZBNJ2PO5MGZ6GT
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+-A KUBE-SVC-GNZBNJ2PO5MGZ6GT -m comment --comment "ns2/svc2:p80 -> 10.180.0.2:80" -m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-RS4RBKLTHTF2IUXJ
+-A KUBE-SVC-GNZBNJ2PO5MGZ6GT -m comment --comment "ns2/svc2:p80 -> 10.180.2.1:80" -j KUBE-SEP-CL5TTP32JTFBIVMN
+-A KUBE-SVL-GNZBNJ2PO5MGZ6GT -m comment --comment "ns2/svc2:p80 -> 10.180.0.2:80" -j KUBE-SEP-RS4RBKLTHTF2IUXJ
+-A KUBE-SEP-RS4RBKLTHTF2IUXJ -m comment --comment ns2/svc2:p80 -s 10.180.0.2 -j KUBE-MARK-MASQ
+-A KUBE-SEP-RS4RBKLTHTF2IUXJ -m comment --comment ns2/svc2:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.2:80
+-A KUBE-SEP-CL5TTP32JTFBIVMN -m comment --comment ns2/svc2:p80 -s 10.180.2.1 -j KUBE-MARK-MASQ
+-A KUBE-SEP-CL5TTP32JTFBIVMN -m comment --comment ns2/svc2:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.2.1:80
+-A KUBE-EXT-GNZBNJ2PO5MGZ6GT -m comment --comment "masquerade LOCAL traffic for ns2/svc2:p80 external destinations" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ
+-A KUBE-EXT-GNZBNJ2PO5MGZ6GT -m comment --comment "route LOCAL traffic for ns2/svc2:p80 external destinations" -m addrtype --src-type LOCAL -j KUBE-SVC-GNZBNJ2PO5MGZ6GT
+-A KUBE-EXT-GNZBNJ2PO5MGZ6GT -j KUBE-SVL-GNZBNJ2PO5MGZ6GT
+COMMIT
+"#,
+    );
+    assert_eq!(nat.rule_count, 18);
+    assert!(!render_filter(&state).payload.contains("ns2/svc2"));
+}
+
+#[test]
+fn external_traffic_policy_local_without_local_endpoints_drops_external_traffic() {
+    let state = state(vec![Service {
+        external_ips: ips(&["192.168.99.25"]),
+        load_balancer_ips: ips(&["1.2.3.5"]),
+        external_traffic_policy: TrafficPolicy::Local,
+        ..service(
+            "ns5",
+            "svc5",
+            &["172.30.0.45"],
+            vec![port(
+                "p80",
+                Protocol::Tcp,
+                80,
+                Some(3005),
+                vec![ready("10.180.2.5", 80)],
+            )],
+        )
+    }]);
+
+    let nat = render_nat(&state, &BTreeSet::new());
+    let filter = render_filter(&state);
+
+    // The EXT chain still short-circuits the node's own traffic, then lets the rest fall out.
+    let ext: Vec<&str> = nat
+        .payload
+        .lines()
+        .filter(|l| l.starts_with("-A KUBE-EXT-"))
+        .collect();
+    assert_eq!(
+        ext,
+        [
+            r#"-A KUBE-EXT-NUKIZ6OKUXPJNT4C -m comment --comment "masquerade LOCAL traffic for ns5/svc5:p80 external destinations" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ"#,
+            r#"-A KUBE-EXT-NUKIZ6OKUXPJNT4C -m comment --comment "route LOCAL traffic for ns5/svc5:p80 external destinations" -m addrtype --src-type LOCAL -j KUBE-SVC-NUKIZ6OKUXPJNT4C"#,
+        ]
+    );
+    assert!(!nat.payload.contains("KUBE-SVL-"), "{}", nat.payload);
+    assert!(
+        nat.payload.contains(r#"-A KUBE-SERVICES -m comment --comment "ns5/svc5:p80 cluster IP" -m tcp -p tcp -d 172.30.0.45 --dport 80 -j KUBE-SVC-NUKIZ6OKUXPJNT4C"#),
+        "{}",
+        nat.payload
+    );
+    assert_rules_eq(
+        &filter.payload,
+        r#"*filter
+:KUBE-SERVICES - [0:0]
+:KUBE-EXTERNAL-SERVICES - [0:0]
+:KUBE-FORWARD - [0:0]
+:KUBE-PROXY-FIREWALL - [0:0]
+-A KUBE-EXTERNAL-SERVICES -m comment --comment "ns5/svc5:p80 has no local endpoints" -m tcp -p tcp -d 192.168.99.25 --dport 80 -j DROP
+-A KUBE-EXTERNAL-SERVICES -m comment --comment "ns5/svc5:p80 has no local endpoints" -m tcp -p tcp -d 1.2.3.5 --dport 80 -j DROP
+-A KUBE-EXTERNAL-SERVICES -m comment --comment "ns5/svc5:p80 has no local endpoints" -m addrtype --dst-type LOCAL -m tcp -p tcp --dport 3005 -j DROP
+-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+COMMIT
+"#,
+    );
+}
+
+#[test]
+fn internal_traffic_policy_local_uses_local_endpoints_or_drops() {
+    // svc3 has a local endpoint (and session affinity, which the SVL chain honours too); svc4 has
+    // endpoints on other nodes only.
+    let state = state(vec![
+        Service {
+            internal_traffic_policy: TrafficPolicy::Local,
+            session_affinity: Some(Duration::from_secs(60)),
+            ..service(
+                "ns3",
+                "svc3",
+                &["172.30.0.43"],
+                vec![port(
+                    "p80",
+                    Protocol::Tcp,
+                    80,
+                    None,
+                    vec![local("10.180.0.3", 80), ready("10.180.2.3", 80)],
+                )],
+            )
+        },
+        Service {
+            internal_traffic_policy: TrafficPolicy::Local,
+            ..service(
+                "ns4",
+                "svc4",
+                &["172.30.0.44"],
+                vec![port(
+                    "p80",
+                    Protocol::Tcp,
+                    80,
+                    None,
+                    vec![ready("10.180.2.4", 80)],
+                )],
+            )
+        },
+    ]);
+
+    let nat = render_nat(&state, &BTreeSet::new());
+    let filter = render_filter(&state);
+
+    assert_rules_eq(
+        &nat.payload,
+        r#"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-SVL-X27LE4BHSL4DOUIK - [0:0]
+:KUBE-SEP-OYPFS5VJICHGATKP - [0:0]
+-A KUBE-SERVICES -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp -p tcp -d 172.30.0.43 --dport 80 -j KUBE-SVL-X27LE4BHSL4DOUIK
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+-A KUBE-SVL-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 -> 10.180.0.3:80" -m recent --name KUBE-SEP-OYPFS5VJICHGATKP --rcheck --seconds 60 --reap -j KUBE-SEP-OYPFS5VJICHGATKP
+-A KUBE-SVL-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 -> 10.180.0.3:80" -j KUBE-SEP-OYPFS5VJICHGATKP
+-A KUBE-SEP-OYPFS5VJICHGATKP -m comment --comment ns3/svc3:p80 -s 10.180.0.3 -j KUBE-MARK-MASQ
+-A KUBE-SEP-OYPFS5VJICHGATKP -m comment --comment ns3/svc3:p80 -m recent --name KUBE-SEP-OYPFS5VJICHGATKP --set -m tcp -p tcp -j DNAT --to-destination 10.180.0.3:80
+COMMIT
+"#,
+    );
+    assert_rules_eq(
+        &filter.payload,
+        r#"*filter
+:KUBE-SERVICES - [0:0]
+:KUBE-EXTERNAL-SERVICES - [0:0]
+:KUBE-FORWARD - [0:0]
+:KUBE-PROXY-FIREWALL - [0:0]
+-A KUBE-SERVICES -m comment --comment "ns4/svc4:p80 has no local endpoints" -m tcp -p tcp -d 172.30.0.44 --dport 80 -j DROP
+-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+COMMIT
+"#,
+    );
+}
+
+#[test]
+fn load_balancer_source_ranges_filter_load_balancer_ips_only() {
+    let state = state(vec![Service {
+        load_balancer_ips: ips(&["5.6.7.8"]),
+        load_balancer_source_ranges: vec![
+            "203.0.113.0/25".parse().unwrap(),
+            "198.51.100.0/24".parse().unwrap(),
+            "fd00:203::/64".parse().unwrap(),
+        ],
+        ..service(
+            "ns5",
+            "svc5",
+            &["172.30.0.45"],
+            vec![port(
+                "p80",
+                Protocol::Tcp,
+                80,
+                Some(3005),
+                vec![ready("10.180.2.5", 80)],
+            )],
+        )
+    }]);
+
+    let nat = render_nat(&state, &BTreeSet::new());
+    let filter = render_filter(&state);
+
+    // Load-balancer traffic from an allowed source continues to KUBE-EXT; the rest falls out of
+    // KUBE-FW untranslated and is dropped by the filter table. The node port is not filtered.
+    assert_rules_eq(
+        &nat.payload,
+        r#"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-SVC-NUKIZ6OKUXPJNT4C - [0:0]
+:KUBE-SEP-YPA7HIMEQIB5XUUL - [0:0]
+:KUBE-EXT-NUKIZ6OKUXPJNT4C - [0:0]
+:KUBE-FW-NUKIZ6OKUXPJNT4C - [0:0]
+-A KUBE-SERVICES -m comment --comment "ns5/svc5:p80 cluster IP" -m tcp -p tcp -d 172.30.0.45 --dport 80 -j KUBE-SVC-NUKIZ6OKUXPJNT4C
+-A KUBE-SERVICES -m comment --comment "ns5/svc5:p80 loadbalancer IP" -m tcp -p tcp -d 5.6.7.8 --dport 80 -j KUBE-FW-NUKIZ6OKUXPJNT4C
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-NODEPORTS -m comment --comment ns5/svc5:p80 -m tcp -p tcp --dport 3005 -j KUBE-EXT-NUKIZ6OKUXPJNT4C
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+-A KUBE-SVC-NUKIZ6OKUXPJNT4C -m comment --comment "ns5/svc5:p80 -> 10.180.2.5:80" -j KUBE-SEP-YPA7HIMEQIB5XUUL
+-A KUBE-SEP-YPA7HIMEQIB5XUUL -m comment --comment ns5/svc5:p80 -s 10.180.2.5 -j KUBE-MARK-MASQ
+-A KUBE-SEP-YPA7HIMEQIB5XUUL -m comment --comment ns5/svc5:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.2.5:80
+-A KUBE-EXT-NUKIZ6OKUXPJNT4C -m comment --comment "masquerade traffic for ns5/svc5:p80 external destinations" -j KUBE-MARK-MASQ
+-A KUBE-EXT-NUKIZ6OKUXPJNT4C -j KUBE-SVC-NUKIZ6OKUXPJNT4C
+-A KUBE-FW-NUKIZ6OKUXPJNT4C -m comment --comment "ns5/svc5:p80 loadbalancer IP" -s 203.0.113.0/25 -j KUBE-EXT-NUKIZ6OKUXPJNT4C
+-A KUBE-FW-NUKIZ6OKUXPJNT4C -m comment --comment "ns5/svc5:p80 loadbalancer IP" -s 198.51.100.0/24 -j KUBE-EXT-NUKIZ6OKUXPJNT4C
+COMMIT
+"#,
+    );
+    assert_rules_eq(
+        &filter.payload,
+        r#"*filter
+:KUBE-SERVICES - [0:0]
+:KUBE-EXTERNAL-SERVICES - [0:0]
+:KUBE-FORWARD - [0:0]
+:KUBE-PROXY-FIREWALL - [0:0]
+-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A KUBE-PROXY-FIREWALL -m comment --comment "ns5/svc5:p80 traffic not accepted by KUBE-FW-NUKIZ6OKUXPJNT4C" -m tcp -p tcp -d 5.6.7.8 --dport 80 -j DROP
+COMMIT
+"#,
+    );
+}
+
+#[test]
+fn source_ranges_without_load_balancer_ips_or_endpoints_write_no_firewall() {
+    let ranged = |ingress: &[&str], endpoints| Service {
+        load_balancer_ips: ips(ingress),
+        load_balancer_source_ranges: vec!["203.0.113.0/25".parse().unwrap()],
+        ..service(
+            "ns5",
+            "svc5",
+            &["172.30.0.45"],
+            vec![port("p80", Protocol::Tcp, 80, None, endpoints)],
+        )
+    };
+    for state in [
+        state(vec![ranged(&[], vec![ready("10.180.2.5", 80)])]),
+        state(vec![ranged(&["5.6.7.8"], vec![])]),
+    ] {
+        let payload = format!(
+            "{}{}",
+            render_filter(&state).payload,
+            render_nat(&state, &BTreeSet::new()).payload
+        );
+        assert!(!payload.contains("KUBE-FW-"), "{payload}");
+        assert!(!payload.contains("-A KUBE-PROXY-FIREWALL"), "{payload}");
+    }
 }
 
 #[test]
@@ -506,7 +1090,7 @@ fn rendering_is_deterministic() {
 }
 
 #[test]
-fn ports_without_ready_endpoints_are_rejected_on_cluster_ip_and_node_port() {
+fn ports_without_usable_endpoints_are_rejected_on_cluster_ip_and_node_port() {
     let state = state(vec![
         service(
             "ns1",
@@ -517,7 +1101,7 @@ fn ports_without_ready_endpoints_are_rejected_on_cluster_ip_and_node_port() {
                 Protocol::Tcp,
                 80,
                 Some(3003),
-                vec![terminating("10.180.0.9", 80)],
+                vec![gone("10.180.0.9", 80)],
             )],
         ),
         service(
@@ -540,6 +1124,7 @@ fn ports_without_ready_endpoints_are_rejected_on_cluster_ip_and_node_port() {
 :KUBE-SERVICES - [0:0]
 :KUBE-EXTERNAL-SERVICES - [0:0]
 :KUBE-FORWARD - [0:0]
+:KUBE-PROXY-FIREWALL - [0:0]
 -A KUBE-SERVICES -m comment --comment "ns1/empty:p80 has no endpoints" -m tcp -p tcp -d 172.30.0.46 --dport 80 -j REJECT
 -A KUBE-EXTERNAL-SERVICES -m comment --comment "ns1/empty:p80 has no endpoints" -m addrtype --dst-type LOCAL -m tcp -p tcp --dport 3003 -j REJECT
 -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
@@ -596,6 +1181,12 @@ fn jumps_are_kube_proxys_and_inserted_first() {
             "-w 5 -t filter -I OUTPUT 1 -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES",
             "-w 5 -t filter -C FORWARD -m comment --comment kubernetes forwarding rules -j KUBE-FORWARD",
             "-w 5 -t filter -I FORWARD 1 -m comment --comment kubernetes forwarding rules -j KUBE-FORWARD",
+            "-w 5 -t filter -C INPUT -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
+            "-w 5 -t filter -I INPUT 1 -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
+            "-w 5 -t filter -C OUTPUT -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
+            "-w 5 -t filter -I OUTPUT 1 -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
+            "-w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
+            "-w 5 -t filter -I FORWARD 1 -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
         ]
     );
 }
@@ -688,6 +1279,9 @@ iptables -w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comme
 iptables -w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES
 iptables -w 5 -t filter -C OUTPUT -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES
 iptables -w 5 -t filter -C FORWARD -m comment --comment kubernetes forwarding rules -j KUBE-FORWARD
+iptables -w 5 -t filter -C INPUT -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL
+iptables -w 5 -t filter -C OUTPUT -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL
+iptables -w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL
 "#,
     );
 }

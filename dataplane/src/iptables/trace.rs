@@ -43,8 +43,10 @@
 //! Matches: `-s`/`-d` address or CIDR, `-p tcp|udp|sctp`, `--dport` (with `-m tcp|udp|sctp` or
 //! `-p`), `-m addrtype --src-type/--dst-type LOCAL` (the node's addresses and loopback; a
 //! [`Origin::Node`] flow's source is local), `-m statistic --mode random --probability p`,
-//! `-m mark --mark v[/mask]`, `-m conntrack --ctstate …`, `-m comment` (ignored); `!` before any
-//! of them but the comment. Targets: user chains (jump, with RETURN), `ACCEPT`, `DROP`, `RETURN`,
+//! `-m mark --mark v[/mask]`, `-m conntrack --ctstate …`, `-m recent --name n` with `--set` or
+//! `--rcheck [--seconds s] [--reap]` (and the source-address defaults `--mask 255.255.255.255`,
+//! `--rsource` that `iptables-save` prints), `-m comment` (ignored); `!` before any of them but
+//! the comment and the `recent` options. Targets: user chains (jump, with RETURN), `ACCEPT`, `DROP`, `RETURN`,
 //! `REJECT [--reject-with …]` (filter), `DNAT --to-destination ip[:port]` and
 //! `MASQUERADE [--random-fully]` (nat), `MARK --or-mark/--xor-mark/--and-mark/--set-mark/--set-xmark`.
 //! Anything else fails with [`TraceError::Unsupported`], so a renderer change the tracer does not
@@ -58,6 +60,12 @@
 //! in a DNAT, or the one verdict all branches agree on; anything else (a branch that falls through
 //! a Service chain, one target masqueraded on one branch but not another) is
 //! [`TraceError::Ambiguous`].
+//!
+//! A `recent --rcheck` match (session affinity: "has this client been sent to that endpoint
+//! lately?") depends on earlier connections, which a first packet does not know, so it is a
+//! branch too: the client may or may not be remembered. Affinity thus never changes the set of
+//! reachable endpoints, only which one a returning client gets. `recent --set` records the client
+//! and always matches.
 
 #[cfg(test)]
 mod tests;
@@ -250,6 +258,8 @@ enum Match {
         states: BTreeSet<CtState>,
         negated: bool,
     },
+    /// `-m recent --rcheck`: whether the source is on a list, which depends on history.
+    RecentCheck,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -642,7 +652,7 @@ fn words(line: &str) -> Option<Vec<String>> {
 }
 
 /// The match modules the tracer understands.
-const MODULES: [&str; 8] = [
+const MODULES: [&str; 9] = [
     "comment",
     "tcp",
     "udp",
@@ -651,6 +661,7 @@ const MODULES: [&str; 8] = [
     "statistic",
     "mark",
     "conntrack",
+    "recent",
 ];
 
 /// Parses the words of a rule after `-A CHAIN`; `text` is the whole rule, for errors.
@@ -666,6 +677,7 @@ fn parse_rule(table: &str, text: &str, words: &[String]) -> Result<Rule> {
     let mut protocol = None;
     let mut matches = Vec::new();
     let mut negated = false;
+    let mut recent = Recent::default();
     let mut words = words.iter().map(String::as_str);
     while let Some(option) = words.next() {
         if option == "!" {
@@ -811,9 +823,49 @@ fn parse_rule(table: &str, text: &str, words: &[String]) -> Result<Rule> {
                 matches.push(Match::CtState { states, negated });
                 true
             }
+            "--name" => {
+                require("recent")?;
+                recent.name = Some(value()?.to_owned());
+                false
+            }
+            "--set" | "--rcheck" => {
+                require("recent")?;
+                if recent.command.replace(option).is_some() {
+                    return Err(unsupported("two recent commands".to_owned()));
+                }
+                false
+            }
+            "--seconds" => {
+                require("recent")?;
+                let text = value()?;
+                text.parse::<u32>()
+                    .map_err(|_| unsupported(format!("seconds {text}")))?;
+                recent.seconds = true;
+                false
+            }
+            "--reap" => {
+                require("recent")?;
+                recent.reap = true;
+                false
+            }
+            "--mask" => {
+                require("recent")?;
+                let text = value()?;
+                if text != "255.255.255.255" {
+                    return Err(unsupported(format!("recent mask {text}")));
+                }
+                false
+            }
+            "--rsource" => {
+                require("recent")?;
+                false
+            }
             "-j" | "--jump" => {
                 if negated {
                     return Err(unsupported("negated -j".to_owned()));
+                }
+                if let Some(check) = recent.finish().map_err(unsupported)? {
+                    matches.push(check);
                 }
                 let name = value()?;
                 let options: Vec<&str> = words.collect();
@@ -832,6 +884,34 @@ fn parse_rule(table: &str, text: &str, words: &[String]) -> Result<Rule> {
         negated = false;
     }
     Err(unsupported("rule without -j".to_owned()))
+}
+
+/// The options of a `-m recent` match, collected while a rule is parsed.
+#[derive(Debug, Default)]
+struct Recent<'a> {
+    name: Option<String>,
+    /// `--set` or `--rcheck`.
+    command: Option<&'a str>,
+    seconds: bool,
+    reap: bool,
+}
+
+impl Recent<'_> {
+    /// The match these options make, if any (`--set` always matches, so it makes none); the
+    /// error says what is unsupported.
+    fn finish(self) -> Result<Option<Match>, String> {
+        match (self.command, self.name.is_some()) {
+            (None, false) if !self.seconds && !self.reap => Ok(None),
+            (None, _) => Err("recent without --set or --rcheck".to_owned()),
+            (Some(_), false) => Err("recent without --name".to_owned()),
+            (Some("--set"), true) if !self.seconds && !self.reap => Ok(None),
+            (Some("--set"), true) => Err("recent --set with --seconds or --reap".to_owned()),
+            (Some(_), true) if self.reap && !self.seconds => {
+                Err("recent --reap without --seconds".to_owned())
+            }
+            (Some(_), true) => Ok(Some(Match::RecentCheck)),
+        }
+    }
 }
 
 /// Parses a target and its options; the error says what is unsupported.
@@ -1214,6 +1294,8 @@ impl<'a> Tracer<'a> {
                 let dnat = packet.translated && states.contains(&CtState::Dnat);
                 (states.contains(&CtState::New) || dnat, *negated)
             }
+            // The client may or may not have been here before.
+            Match::RecentCheck => return Eval::Maybe,
         };
         if matched != negated {
             Eval::Yes

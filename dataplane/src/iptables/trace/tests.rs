@@ -413,6 +413,118 @@ COMMIT
     ));
 }
 
+/// [`TWO_ENDPOINTS`]' cluster IP with `sessionAffinity: ClientIP`, as `render_nat` writes it.
+const STICKY: &str = r#"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-WEB - [0:0]
+:KUBE-SEP-WEB1 - [0:0]
+:KUBE-SEP-WEB2 - [0:0]
+-A KUBE-SERVICES -m comment --comment "default/web: cluster IP" -m tcp -p tcp -d 10.96.0.10 --dport 80 -j KUBE-SVC-WEB
+-A KUBE-SVC-WEB -m comment --comment "default/web: -> 10.244.1.10:8080" -m recent --name KUBE-SEP-WEB1 --rcheck --seconds 10800 --reap -j KUBE-SEP-WEB1
+-A KUBE-SVC-WEB -m comment --comment "default/web: -> 10.244.2.10:8080" -m recent --name KUBE-SEP-WEB2 --rcheck --seconds 10800 --reap -j KUBE-SEP-WEB2
+-A KUBE-SVC-WEB -m comment --comment "default/web: -> 10.244.1.10:8080" -m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-WEB1
+-A KUBE-SVC-WEB -m comment --comment "default/web: -> 10.244.2.10:8080" -j KUBE-SEP-WEB2
+-A KUBE-SEP-WEB1 -m comment --comment default/web: -m recent --name KUBE-SEP-WEB1 --set -m tcp -p tcp -j DNAT --to-destination 10.244.1.10:8080
+-A KUBE-SEP-WEB2 -m comment --comment default/web: -m recent --name KUBE-SEP-WEB2 --set -m tcp -p tcp -j DNAT --to-destination 10.244.2.10:8080
+COMMIT
+"#;
+
+#[test]
+fn session_affinity_leaves_the_reachable_endpoints_unchanged() {
+    assert_eq!(
+        outcome_of(STICKY, &from_pod("10.96.0.10", 80)),
+        endpoints(&[("10.244.1.10:8080", false), ("10.244.2.10:8080", false)])
+    );
+}
+
+#[test]
+fn recent_check_may_or_may_not_match_and_recent_set_always_does() {
+    // A remembered client goes to WEB1; any other client falls through the chain untranslated.
+    let payload = r"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-SEP-WEB1 - [0:0]
+-A KUBE-SERVICES -d 10.96.0.10 -m recent --name KUBE-SEP-WEB1 --rcheck --seconds 10 --reap -j KUBE-SEP-WEB1
+-A KUBE-SEP-WEB1 -m recent --name KUBE-SEP-WEB1 --set -j DNAT --to-destination 10.244.1.10:8080
+COMMIT
+";
+    let ruleset = Ruleset::parse(payload).unwrap();
+    let flow = from_pod("10.96.0.10", 80);
+    assert_eq!(
+        ruleset.verdicts(&flow, &NODE_IPS).unwrap(),
+        BTreeSet::from([
+            Verdict::Endpoint {
+                target: "10.244.1.10:8080".parse().unwrap(),
+                masquerade: false
+            },
+            Verdict::Pass { masquerade: false },
+        ])
+    );
+    // `--set` on its own is no condition: the DNAT always happens.
+    let set_only = r"*nat
+:KUBE-SERVICES - [0:0]
+-A KUBE-SERVICES -m recent --name KUBE-SEP-WEB1 --set -j DNAT --to-destination 10.244.1.10:8080
+COMMIT
+";
+    assert_eq!(
+        outcome_of(set_only, &flow),
+        endpoints(&[("10.244.1.10:8080", false)])
+    );
+}
+
+#[test]
+fn recent_matches_read_back_by_iptables_save_are_understood() {
+    // iptables-save spells out the defaults: the full source mask and `--rsource`.
+    let payload = r#"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-SEP-WEB1 - [0:0]
+-A KUBE-SERVICES -d 10.96.0.10/32 -m comment --comment "default/web: -> 10.244.1.10:8080" -m recent --rcheck --seconds 10800 --reap --name KUBE-SEP-WEB1 --mask 255.255.255.255 --rsource -j KUBE-SEP-WEB1
+-A KUBE-SERVICES -d 10.96.0.10/32 -j KUBE-SEP-WEB1
+-A KUBE-SEP-WEB1 -p tcp -m comment --comment "default/web:" -m recent --set --name KUBE-SEP-WEB1 --mask 255.255.255.255 --rsource -m tcp -j DNAT --to-destination 10.244.1.10:8080
+COMMIT
+"#;
+    assert_eq!(
+        outcome_of(payload, &from_pod("10.96.0.10", 80)),
+        endpoints(&[("10.244.1.10:8080", false)])
+    );
+}
+
+#[test]
+fn recent_options_the_tracer_cannot_model_are_unsupported() {
+    let rule = |rule: &str| format!("*nat\n:KUBE-A - [0:0]\n-A KUBE-A {rule}\nCOMMIT\n");
+    for (text, what) in [
+        ("-m recent --name A --update -j ACCEPT", "option --update"),
+        ("-m recent --name A --remove -j ACCEPT", "option --remove"),
+        (
+            "-m recent --name A --rcheck --mask 255.255.0.0 -j ACCEPT",
+            "recent mask 255.255.0.0",
+        ),
+        (
+            "-m recent --name A --rdest --rcheck -j ACCEPT",
+            "option --rdest",
+        ),
+        ("-m recent --rcheck -j ACCEPT", "recent without --name"),
+        (
+            "-m recent --name A -j ACCEPT",
+            "recent without --set or --rcheck",
+        ),
+        (
+            "-m recent --name A --set --rcheck -j ACCEPT",
+            "two recent commands",
+        ),
+        (
+            "-m recent --name A --rcheck --reap -j ACCEPT",
+            "recent --reap without --seconds",
+        ),
+        (
+            "-m recent --name A ! --rcheck -j ACCEPT",
+            "negated --rcheck",
+        ),
+        ("--name A --set -j ACCEPT", "--name without -m recent"),
+    ] {
+        assert_eq!(unsupported_what(&rule(text)), what, "{text}");
+    }
+}
+
 #[test]
 fn mark_operations_follow_the_kernel() {
     assert_eq!(MarkOp::Or(0x4000).apply(0x1), 0x4001);
@@ -658,16 +770,16 @@ fn hooks_are_assumed_only_for_declared_chains() {
 fn unknown_match_modules_are_unsupported() {
     let payload = r"*nat
 :KUBE-SEP-A - [0:0]
--A KUBE-SEP-A -m recent --name KUBE-SEP-A --set -j DNAT --to-destination 10.244.1.10:8080
+-A KUBE-SEP-A -m string --string x --algo bm -j DNAT --to-destination 10.244.1.10:8080
 COMMIT
 ";
     let error = Ruleset::parse(payload).unwrap_err();
     assert_eq!(
         error,
         TraceError::Unsupported {
-            rule: "-A KUBE-SEP-A -m recent --name KUBE-SEP-A --set -j DNAT --to-destination 10.244.1.10:8080"
+            rule: "-A KUBE-SEP-A -m string --string x --algo bm -j DNAT --to-destination 10.244.1.10:8080"
                 .to_owned(),
-            what: "match module recent".to_owned(),
+            what: "match module string".to_owned(),
         }
     );
 }

@@ -1,0 +1,223 @@
+//! Which endpoints receive new connections: kube-proxy's `CategorizeEndpoints`, without topology.
+//!
+//! Upstream (`pkg/proxy/topology.go`) splits a Service port's endpoints into the set used by the
+//! `Cluster` traffic policy and the set used by the `Local` one:
+//!
+//! * **cluster**: the ready endpoints; when none is ready, those that are serving and terminating
+//!   (KEP-1669), so a rolling update that has only draining pods left still answers.
+//! * **local**: the same rule, restricted to endpoints on this node.
+//!
+//! Endpoints that are neither ready nor serving-and-terminating are never used. Topology hints are
+//! not modelled yet, so every ready endpoint counts. The selection is pure and backend-independent;
+//! backends filter by address family before calling [`categorize`], as upstream runs one proxier
+//! per family (an IPv4 proxier never sees the IPv6 endpoints, so they cannot mask its fallback).
+
+use crate::Endpoint;
+use std::collections::BTreeSet;
+
+/// A Service port's endpoints, split by traffic policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointSets<'a> {
+    /// The endpoints `Cluster` traffic policy spreads over, in input order.
+    pub cluster: Vec<&'a Endpoint>,
+    /// Whether [`cluster`](Self::cluster) holds terminating endpoints because none is ready.
+    pub cluster_is_terminating_fallback: bool,
+    /// The endpoints on this node that `Local` traffic policy spreads over, in input order.
+    pub local: Vec<&'a Endpoint>,
+    /// Whether [`local`](Self::local) holds terminating endpoints because no local one is ready.
+    pub local_is_terminating_fallback: bool,
+}
+
+impl<'a> EndpointSets<'a> {
+    /// Upstream's `hasAnyEndpoints`: some endpoint anywhere can take new connections. When this
+    /// is false the Service port is rejected; when it is true but a `Local` policy finds no local
+    /// endpoint, that traffic is dropped instead.
+    #[must_use]
+    pub fn has_any(&self) -> bool {
+        // Every usable local endpoint is usable cluster-wide too, so `cluster` is never empty
+        // when `local` is not.
+        !self.cluster.is_empty()
+    }
+
+    /// The endpoints some rule may send traffic to (upstream's `allReachableEndpoints`): the
+    /// cluster set if `cluster_policy_used`, plus the local set if `local_policy_used`, each
+    /// once, in the order of `cluster` then the local ones it lacks.
+    #[must_use]
+    pub fn reachable(
+        &self,
+        cluster_policy_used: bool,
+        local_policy_used: bool,
+    ) -> Vec<&'a Endpoint> {
+        let mut seen = BTreeSet::new();
+        let cluster = self.cluster.iter().filter(|_| cluster_policy_used);
+        let local = self.local.iter().filter(|_| local_policy_used);
+        cluster
+            .chain(local)
+            .filter(|endpoint| seen.insert((endpoint.ip, endpoint.port)))
+            .copied()
+            .collect()
+    }
+}
+
+/// Splits `endpoints` into the cluster-policy and local-policy sets; an address:port listed twice
+/// counts once (its first listing), as upstream merges EndpointSlices.
+#[must_use]
+pub fn categorize<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> EndpointSets<'a> {
+    let mut seen = BTreeSet::new();
+    let endpoints: Vec<&Endpoint> = endpoints
+        .into_iter()
+        .filter(|endpoint| seen.insert((endpoint.ip, endpoint.port)))
+        .collect();
+    let (cluster, cluster_is_terminating_fallback) = usable(&endpoints, |_| true);
+    let (local, local_is_terminating_fallback) = usable(&endpoints, |endpoint| endpoint.is_local);
+    EndpointSets {
+        cluster,
+        cluster_is_terminating_fallback,
+        local,
+        local_is_terminating_fallback,
+    }
+}
+
+/// The ready endpoints among those `eligible`, else the serving-and-terminating ones; and whether
+/// it fell back.
+fn usable<'a>(
+    endpoints: &[&'a Endpoint],
+    eligible: impl Fn(&Endpoint) -> bool,
+) -> (Vec<&'a Endpoint>, bool) {
+    let pick = |wanted: &dyn Fn(&Endpoint) -> bool| -> Vec<&'a Endpoint> {
+        endpoints
+            .iter()
+            .copied()
+            .filter(|endpoint| eligible(endpoint) && wanted(endpoint))
+            .collect()
+    };
+    let ready = pick(&|endpoint| endpoint.ready);
+    if !ready.is_empty() {
+        return (ready, false);
+    }
+    let draining = pick(&|endpoint| endpoint.serving && endpoint.terminating);
+    let fell_back = !draining.is_empty();
+    (draining, fell_back)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Endpoints are pods `10.244.x.y` (`10.244.0.x` on this node), all on port 8080 unless said.
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn endpoint(ip: &str, ready: bool, serving: bool, terminating: bool, local: bool) -> Endpoint {
+        Endpoint {
+            ip: ip.parse().unwrap(),
+            port: 8080,
+            ready,
+            serving,
+            terminating,
+            is_local: local,
+        }
+    }
+
+    fn ready(ip: &str, local: bool) -> Endpoint {
+        endpoint(ip, true, true, false, local)
+    }
+
+    fn draining(ip: &str, local: bool) -> Endpoint {
+        endpoint(ip, false, true, true, local)
+    }
+
+    fn addresses(endpoints: &[&Endpoint]) -> Vec<String> {
+        endpoints.iter().map(|e| e.socket_string()).collect()
+    }
+
+    #[test]
+    fn ready_endpoints_are_preferred_over_terminating_ones() {
+        let all = [
+            ready("10.244.1.1", false),
+            draining("10.244.2.1", false),
+            ready("10.244.0.1", true),
+            draining("10.244.0.2", true),
+        ];
+
+        let sets = categorize(&all);
+
+        assert_eq!(
+            addresses(&sets.cluster),
+            ["10.244.1.1:8080", "10.244.0.1:8080"]
+        );
+        assert!(!sets.cluster_is_terminating_fallback);
+        assert_eq!(addresses(&sets.local), ["10.244.0.1:8080"]);
+        assert!(!sets.local_is_terminating_fallback);
+        assert!(sets.has_any());
+    }
+
+    #[test]
+    fn serving_terminating_endpoints_are_used_when_none_is_ready() {
+        let all = [
+            draining("10.244.1.1", false),
+            endpoint("10.244.2.1", false, false, true, false),
+            endpoint("10.244.3.1", false, false, false, false),
+        ];
+
+        let sets = categorize(&all);
+
+        assert_eq!(addresses(&sets.cluster), ["10.244.1.1:8080"]);
+        assert!(sets.cluster_is_terminating_fallback);
+        assert!(sets.local.is_empty());
+        assert!(!sets.local_is_terminating_fallback);
+        assert!(sets.has_any());
+    }
+
+    #[test]
+    fn local_set_falls_back_on_its_own() {
+        // Ready endpoints elsewhere do not stop the local set from using a draining local one.
+        let all = [ready("10.244.1.1", false), draining("10.244.0.1", true)];
+
+        let sets = categorize(&all);
+
+        assert_eq!(addresses(&sets.cluster), ["10.244.1.1:8080"]);
+        assert!(!sets.cluster_is_terminating_fallback);
+        assert_eq!(addresses(&sets.local), ["10.244.0.1:8080"]);
+        assert!(sets.local_is_terminating_fallback);
+        assert_eq!(
+            addresses(&sets.reachable(true, true)),
+            ["10.244.1.1:8080", "10.244.0.1:8080"]
+        );
+        assert_eq!(addresses(&sets.reachable(true, false)), ["10.244.1.1:8080"]);
+        assert_eq!(addresses(&sets.reachable(false, true)), ["10.244.0.1:8080"]);
+    }
+
+    #[test]
+    fn endpoints_neither_ready_nor_serving_are_never_used() {
+        let all = [
+            endpoint("10.244.1.1", false, false, true, true),
+            endpoint("10.244.2.1", false, false, false, false),
+        ];
+
+        let sets = categorize(&all);
+
+        assert_eq!(sets, EndpointSets::default());
+        assert!(!sets.has_any());
+        assert!(sets.reachable(true, true).is_empty());
+    }
+
+    #[test]
+    fn duplicate_addresses_count_once() {
+        let all = [
+            ready("10.244.0.1", true),
+            ready("10.244.0.1", true),
+            ready("10.244.1.1", false),
+        ];
+
+        let sets = categorize(&all);
+
+        assert_eq!(
+            addresses(&sets.cluster),
+            ["10.244.0.1:8080", "10.244.1.1:8080"]
+        );
+        assert_eq!(
+            addresses(&sets.reachable(true, true)),
+            ["10.244.0.1:8080", "10.244.1.1:8080"]
+        );
+    }
+}

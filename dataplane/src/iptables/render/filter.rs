@@ -1,0 +1,116 @@
+//! The filter table: REJECT or DROP for Service traffic no endpoint can take, the load-balancer
+//! source-range firewall, and kube-proxy's forwarding rules.
+
+use super::plan::PortPlan;
+use super::{
+    FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_PROXY_FIREWALL,
+    MASQUERADE_MARK, comment, finish,
+};
+use crate::ProxyState;
+
+/// The rendered filter table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilterRules {
+    /// The `iptables-restore` input, from `*filter` to `COMMIT`, ending with a newline.
+    pub payload: String,
+    /// The number of rules (`-A` lines) in [`payload`](Self::payload).
+    pub rule_count: u32,
+}
+
+/// Renders the IPv4 filter table for `state`, as kube-proxy does:
+///
+/// * `KUBE-SERVICES`: a REJECT for each cluster IP whose port has no usable endpoint, so clients
+///   are refused at once instead of timing out; a DROP ("has no local endpoints") when only
+///   `internalTrafficPolicy: Local` finds none.
+/// * `KUBE-EXTERNAL-SERVICES`: the same for external IPs, load-balancer IPs and node ports, the
+///   DROP being for `externalTrafficPolicy: Local` (traffic the `KUBE-EXT-…` chain did not
+///   short-circuit to the cluster-wide endpoints).
+/// * `KUBE-PROXY-FIREWALL`: a DROP for load-balancer IP traffic its `KUBE-FW-…` chain did not
+///   accept (`loadBalancerSourceRanges`).
+/// * `KUBE-FORWARD`: accept forwarded Service traffic.
+///
+/// Every chain here is kube-proxy's fixed set and is rewritten whole on each sync.
+#[must_use]
+pub fn render_filter(state: &ProxyState) -> FilterRules {
+    let mut services = Vec::new();
+    let mut external = Vec::new();
+    let mut firewall = Vec::new();
+    for service in state.services.values() {
+        for port in &service.ports {
+            let plan = PortPlan::new(service, port);
+            let proto = plan.proto;
+            let (verdict, why) = plan.no_endpoint_verdict();
+            if !plan.has_internal_endpoints {
+                for ip in &plan.cluster_ips {
+                    services.push(format!(
+                        "-A {FILTER_KUBE_SERVICES} -m comment --comment {why} -m {proto} -p {proto} -d {ip} --dport {} -j {verdict}",
+                        port.port
+                    ));
+                }
+            }
+            for ip in &plan.external_ips {
+                if !plan.has_external_endpoints {
+                    external.push(format!(
+                        "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {why} -m {proto} -p {proto} -d {ip} --dport {} -j {verdict}",
+                        port.port
+                    ));
+                }
+            }
+            if plan.uses_firewall_chain {
+                let why = comment(&format!(
+                    "{} traffic not accepted by {}",
+                    plan.port_name, plan.firewall_chain
+                ));
+                for ip in &plan.load_balancer_ips {
+                    firewall.push(format!(
+                        "-A {KUBE_PROXY_FIREWALL} -m comment --comment {why} -m {proto} -p {proto} -d {ip} --dport {} -j DROP",
+                        port.port
+                    ));
+                }
+            }
+            if !plan.has_external_endpoints {
+                for ip in &plan.load_balancer_ips {
+                    external.push(format!(
+                        "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {why} -m {proto} -p {proto} -d {ip} --dport {} -j {verdict}",
+                        port.port
+                    ));
+                }
+                if let Some(node_port) = port.node_port {
+                    external.push(format!(
+                        "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {why} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {node_port} -j {verdict}"
+                    ));
+                }
+            }
+        }
+    }
+    let mut lines = vec!["*filter".to_owned()];
+    for chain in [
+        FILTER_KUBE_SERVICES,
+        KUBE_EXTERNAL_SERVICES,
+        KUBE_FORWARD,
+        KUBE_PROXY_FIREWALL,
+    ] {
+        lines.push(format!(":{chain} - [0:0]"));
+    }
+    let first_rule = lines.len();
+    lines.extend(services);
+    lines.extend(external);
+    lines.push(format!(
+        "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"
+    ));
+    lines.push(format!(
+        "-A {KUBE_FORWARD} -m comment --comment {} -m mark --mark {MASQUERADE_MARK}/{MASQUERADE_MARK} -j ACCEPT",
+        comment("kubernetes forwarding rules"),
+    ));
+    lines.push(format!(
+        "-A {KUBE_FORWARD} -m comment --comment {} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+        comment("kubernetes forwarding conntrack rule"),
+    ));
+    lines.extend(firewall);
+    let rule_count = lines.len() - first_rule;
+    let (payload, rule_count) = finish(lines, rule_count);
+    FilterRules {
+        payload,
+        rule_count,
+    }
+}

@@ -1,0 +1,180 @@
+//! What kube-proxy decides for one Service port before it writes a rule: which addresses, which
+//! endpoints, which chains, and what happens to traffic no endpoint can take.
+//!
+//! Both tables are rendered from the same [`PortPlan`], so the nat rules and the filter REJECT or
+//! DROP rules never disagree about whether a port has endpoints. The names follow upstream's
+//! `syncProxyRules` (`hasEndpoints`, `hasInternalEndpoints`, `usesExternalTrafficChain`, …).
+
+use super::super::chain_names::{
+    external_chain, firewall_chain, local_service_chain, service_chain,
+};
+use super::{comment, ipv4};
+use crate::endpoints::categorize;
+use crate::{Cidr, Endpoint, Service, ServicePort, TrafficPolicy};
+use std::net::Ipv4Addr;
+
+/// One IPv4 Service port, decided.
+pub(super) struct PortPlan<'a> {
+    /// The port.
+    pub port: &'a ServicePort,
+    /// `ns/name:port`.
+    pub port_name: String,
+    /// `tcp`, `udp` or `sctp`.
+    pub proto: &'static str,
+    /// The IPv4 cluster IPs.
+    pub cluster_ips: Vec<Ipv4Addr>,
+    /// The IPv4 external IPs.
+    pub external_ips: Vec<Ipv4Addr>,
+    /// The IPv4 load-balancer ingress IPs.
+    pub load_balancer_ips: Vec<Ipv4Addr>,
+    /// The IPv4 load-balancer source ranges.
+    pub source_ranges: Vec<Cidr>,
+    /// The session-affinity timeout in seconds, with `sessionAffinity: ClientIP`.
+    pub affinity_seconds: Option<u64>,
+    /// The endpoints `KUBE-SVC-…` spreads over.
+    pub cluster_endpoints: Vec<&'a Endpoint>,
+    /// The endpoints `KUBE-SVL-…` spreads over.
+    pub local_endpoints: Vec<&'a Endpoint>,
+    /// Every endpoint a `KUBE-SEP-…` chain is written for.
+    pub reachable: Vec<&'a Endpoint>,
+    /// `externalTrafficPolicy: Local` on a Service with external destinations.
+    pub external_policy_local: bool,
+    /// Some endpoint anywhere takes new connections; without one, everything is rejected.
+    pub has_endpoints: bool,
+    /// Cluster-IP traffic has endpoints (false under `internalTrafficPolicy: Local` without a
+    /// local endpoint).
+    pub has_internal_endpoints: bool,
+    /// External traffic has endpoints (false under `externalTrafficPolicy: Local` without a local
+    /// endpoint).
+    pub has_external_endpoints: bool,
+    /// `KUBE-SVC-…` is written.
+    pub uses_cluster_chain: bool,
+    /// `KUBE-SVL-…` is written.
+    pub uses_local_chain: bool,
+    /// `KUBE-EXT-…` is written.
+    pub uses_external_chain: bool,
+    /// `KUBE-FW-…` is written.
+    pub uses_firewall_chain: bool,
+    /// `KUBE-SVC-…`.
+    pub cluster_chain: String,
+    /// `KUBE-SVL-…`.
+    pub local_chain: String,
+    /// `KUBE-EXT-…`.
+    pub external_chain: String,
+    /// `KUBE-FW-…`.
+    pub firewall_chain: String,
+    internal_policy_local: bool,
+}
+
+impl<'a> PortPlan<'a> {
+    pub fn new(service: &'a Service, port: &'a ServicePort) -> Self {
+        let port_name = port.port_name(&service.key);
+        let external_ips: Vec<Ipv4Addr> = service.external_ips.iter().filter_map(ipv4).collect();
+        let load_balancer_ips: Vec<Ipv4Addr> =
+            service.load_balancer_ips.iter().filter_map(ipv4).collect();
+        let source_ranges: Vec<Cidr> = service
+            .load_balancer_source_ranges
+            .iter()
+            .filter(|range| range.address.is_ipv4())
+            .copied()
+            .collect();
+
+        // Upstream's ExternallyAccessible, UsesClusterEndpoints and UsesLocalEndpoints.
+        let externally_accessible =
+            port.node_port.is_some() || !external_ips.is_empty() || !load_balancer_ips.is_empty();
+        let external_policy_local =
+            externally_accessible && service.external_traffic_policy == TrafficPolicy::Local;
+        let internal_policy_local = service.internal_traffic_policy == TrafficPolicy::Local;
+        // External traffic needs the cluster set even under eTP Local: the node's own traffic
+        // short-circuits to it.
+        let uses_cluster_endpoints = !internal_policy_local || externally_accessible;
+        let uses_local_endpoints = internal_policy_local || external_policy_local;
+
+        let sets = categorize(port.endpoints.iter().filter(|e| e.ip.is_ipv4()));
+        let has_endpoints = sets.has_any();
+        let reachable = sets.reachable(uses_cluster_endpoints, uses_local_endpoints);
+        let no_local = sets.local.is_empty();
+        let uses_cluster_chain = uses_cluster_endpoints && !sets.cluster.is_empty();
+        let uses_local_chain = uses_local_endpoints && !no_local;
+
+        Self {
+            proto: port.protocol.as_str(),
+            cluster_ips: service.cluster_ips.iter().filter_map(ipv4).collect(),
+            affinity_seconds: service.session_affinity.map(|timeout| timeout.as_secs()),
+            has_endpoints,
+            has_internal_endpoints: has_endpoints && !(internal_policy_local && no_local),
+            has_external_endpoints: has_endpoints && !(external_policy_local && no_local),
+            uses_cluster_chain,
+            uses_local_chain,
+            uses_external_chain: has_endpoints && externally_accessible,
+            uses_firewall_chain: has_endpoints
+                && !load_balancer_ips.is_empty()
+                && !source_ranges.is_empty(),
+            cluster_chain: service_chain(&port_name, port.protocol),
+            local_chain: local_service_chain(&port_name, port.protocol),
+            external_chain: external_chain(&port_name, port.protocol),
+            firewall_chain: firewall_chain(&port_name, port.protocol),
+            cluster_endpoints: if uses_cluster_chain {
+                sets.cluster
+            } else {
+                Vec::new()
+            },
+            local_endpoints: if uses_local_chain {
+                sets.local
+            } else {
+                Vec::new()
+            },
+            reachable,
+            external_policy_local,
+            internal_policy_local,
+            external_ips,
+            load_balancer_ips,
+            source_ranges,
+            port,
+            port_name,
+        }
+    }
+
+    /// Where cluster-IP traffic goes (upstream's `internalTrafficChain`).
+    pub fn internal_chain(&self) -> &str {
+        if self.internal_policy_local {
+            &self.local_chain
+        } else {
+            &self.cluster_chain
+        }
+    }
+
+    /// Where external traffic ends up after `KUBE-EXT-…` (upstream's `externalPolicyChain`).
+    pub fn external_policy_chain(&self) -> &str {
+        if self.external_policy_local {
+            &self.local_chain
+        } else {
+            &self.cluster_chain
+        }
+    }
+
+    /// Where load-balancer IP traffic goes: through the source-range filter when there is one.
+    pub fn load_balancer_chain(&self) -> &str {
+        if self.uses_firewall_chain {
+            &self.firewall_chain
+        } else {
+            &self.external_chain
+        }
+    }
+
+    /// The filter verdict and comment for traffic no endpoint takes: REJECT when the port has no
+    /// endpoint at all, DROP when only a `Local` policy finds none.
+    pub fn no_endpoint_verdict(&self) -> (&'static str, String) {
+        if self.has_endpoints {
+            (
+                "DROP",
+                comment(&format!("{} has no local endpoints", self.port_name)),
+            )
+        } else {
+            (
+                "REJECT",
+                comment(&format!("{} has no endpoints", self.port_name)),
+            )
+        }
+    }
+}
