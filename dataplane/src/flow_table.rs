@@ -1,6 +1,7 @@
 //! The packet-flow table every backend is checked against: sample connections and what must happen to them.
 //!
-//! Each [`Scenario`] is a [`ProxyState`] plus the addresses local to the node, and a list of
+//! Each [`Scenario`] is a [`ProxyState`] plus the addresses local to the node and the node's
+//! masquerade settings (kube-proxy's `--cluster-cidr`, `--masquerade-all`), and a list of
 //! [`FlowCase`]s: one new connection ([`Flow`]) and its [`Expected`] fate. The table says nothing
 //! about iptables, nftables or IPVS; each backend has its own tracer (or real traffic in network
 //! namespaces) that turns a flow into an outcome comparable with [`Expected`]. A backend change that
@@ -111,6 +112,11 @@ pub struct Scenario {
     pub state: ProxyState,
     /// The addresses local to the node (`addrtype LOCAL`, node ports).
     pub node_ips: Vec<IpAddr>,
+    /// The cluster's pod CIDRs (kube-proxy's `--cluster-cidr`): traffic from inside is pod
+    /// traffic. Empty: no local-traffic detector.
+    pub cluster_cidrs: Vec<Cidr>,
+    /// Masquerade all cluster-IP traffic (kube-proxy's `--masquerade-all`).
+    pub masquerade_all: bool,
     /// The rows.
     pub cases: Vec<FlowCase>,
 }
@@ -126,6 +132,8 @@ pub fn scenarios() -> Vec<Scenario> {
         node_with_session_affinity(),
         node_with_local_traffic_policies(),
         node_with_load_balancer_source_ranges(),
+        node_with_cluster_cidr(),
+        node_with_masquerade_all(),
     ]
 }
 
@@ -320,6 +328,8 @@ fn node_with_services() -> Scenario {
         name: "node with web (NodePort), idle (no ready endpoints), kube-dns (UDP) and api (two named ports)",
         state: state([web, idle, dns, api]),
         node_ips: vec![NODE_IP],
+        cluster_cidrs: Vec::new(),
+        masquerade_all: false,
         cases,
     }
 }
@@ -330,6 +340,8 @@ fn node_without_services() -> Scenario {
         name: "node without services",
         state: ProxyState::default(),
         node_ips: vec![NODE_IP],
+        cluster_cidrs: Vec::new(),
+        masquerade_all: false,
         cases: vec![
             case(
                 "pod to an unused cluster IP passes",
@@ -404,6 +416,8 @@ fn node_with_terminating_endpoints() -> Scenario {
         name: "node with draining (only terminating endpoints), gone (none serving) and rolling (ready and terminating)",
         state: state([draining_service, gone_service, rolling]),
         node_ips: vec![NODE_IP],
+        cluster_cidrs: Vec::new(),
+        masquerade_all: false,
         cases: vec![
             case(
                 "pod to cluster IP whose endpoints all terminate reaches the one still serving",
@@ -486,6 +500,8 @@ fn node_with_external_ips() -> Scenario {
         name: "node with front (external IP and load-balancer IP) and closed (the same, no endpoints)",
         state: state([front, closed]),
         node_ips: vec![NODE_IP],
+        cluster_cidrs: Vec::new(),
+        masquerade_all: false,
         cases: vec![
             case(
                 "external client to external IP reaches the endpoints masqueraded",
@@ -581,6 +597,8 @@ fn node_with_session_affinity() -> Scenario {
         name: "node with sticky (session affinity, NodePort)",
         state: state([sticky]),
         node_ips: vec![NODE_IP],
+        cluster_cidrs: Vec::new(),
+        masquerade_all: false,
         cases: vec![
             case(
                 "pod to cluster IP with session affinity reaches exactly its endpoints",
@@ -632,9 +650,9 @@ const AGENT_THERE: SocketAddr = at(v4(10, 244, 1, 73), 8080);
 /// `externalTrafficPolicy: Local` and `internalTrafficPolicy: Local`: only endpoints on this node,
 /// the client IP kept for external traffic; DROP where there is none (but some elsewhere).
 ///
-/// No cluster CIDR is configured, so pod traffic to an external destination is not
+/// No cluster CIDR is configured here, so pod traffic to an external destination is not
 /// short-circuited to every endpoint as upstream does with a local-traffic detector: it follows
-/// the Local policy like any other external client.
+/// the Local policy like any other external client ([`node_with_cluster_cidr`] has the detector).
 fn node_with_local_traffic_policies() -> Scenario {
     let external_local = |service: Service| Service {
         external_traffic_policy: TrafficPolicy::Local,
@@ -777,6 +795,8 @@ fn node_with_local_traffic_policies() -> Scenario {
         name: "node with edge, elsewhere and edge-draining (externalTrafficPolicy Local), node-cache and node-agent (internalTrafficPolicy Local)",
         state: state([edge, elsewhere, edge_draining, cache, agent]),
         node_ips: vec![NODE_IP],
+        cluster_cidrs: Vec::new(),
+        masquerade_all: false,
         cases,
     }
 }
@@ -817,6 +837,8 @@ fn node_with_load_balancer_source_ranges() -> Scenario {
         name: "node with guarded (load-balancer IP with source ranges, NodePort)",
         state: state([guarded]),
         node_ips: vec![NODE_IP],
+        cluster_cidrs: Vec::new(),
+        masquerade_all: false,
         cases: vec![
             case(
                 "external client inside the source ranges to load-balancer IP reaches the endpoints masqueraded",
@@ -855,6 +877,220 @@ fn node_with_load_balancer_source_ranges() -> Scenario {
                 Expected::Pass,
             ),
         ],
+    }
+}
+
+/// The pod network as `--cluster-cidr` names it.
+const CLUSTER_CIDR: Cidr = Cidr {
+    address: v4(10, 244, 0, 0),
+    prefix: 16,
+};
+/// `default/app`: ClusterIP and NodePort, two endpoints on other nodes.
+const APP_IP: IpAddr = v4(10, 96, 0, 90);
+const APP_NODE_PORT: u16 = 30095;
+const APP_1: SocketAddr = at(v4(10, 244, 1, 90), 8080);
+const APP_2: SocketAddr = at(v4(10, 244, 2, 90), 8080);
+/// `default/gateway`: NodePort, `externalTrafficPolicy: Local`, one endpoint here, one elsewhere.
+const GATEWAY_IP: IpAddr = v4(10, 96, 0, 91);
+const GATEWAY_NODE_PORT: u16 = 30096;
+const GATEWAY_HERE: SocketAddr = at(v4(10, 244, 0, 91), 8080);
+const GATEWAY_THERE: SocketAddr = at(v4(10, 244, 1, 91), 8080);
+/// `default/far-gateway`: NodePort, `externalTrafficPolicy: Local`, endpoints elsewhere only.
+const FAR_GATEWAY_IP: IpAddr = v4(10, 96, 0, 92);
+const FAR_GATEWAY_NODE_PORT: u16 = 30097;
+const FAR_GATEWAY_THERE: SocketAddr = at(v4(10, 244, 1, 92), 8080);
+/// `default/local-cache`: `internalTrafficPolicy: Local`, one endpoint here, one elsewhere.
+const LOCAL_CACHE_IP: IpAddr = v4(10, 96, 0, 93);
+const LOCAL_CACHE_HERE: SocketAddr = at(v4(10, 244, 0, 93), 8080);
+const LOCAL_CACHE_THERE: SocketAddr = at(v4(10, 244, 1, 93), 8080);
+
+/// The Services of [`node_with_cluster_cidr`] and [`node_with_masquerade_all`].
+fn masquerade_services() -> ProxyState {
+    let one_port = |node_port, endpoints| vec![port("", Protocol::Tcp, 80, node_port, endpoints)];
+    let app = service(
+        "default",
+        "app",
+        APP_IP,
+        one_port(Some(APP_NODE_PORT), vec![ready(APP_1), ready(APP_2)]),
+    );
+    let gateway = Service {
+        external_traffic_policy: TrafficPolicy::Local,
+        ..service(
+            "default",
+            "gateway",
+            GATEWAY_IP,
+            one_port(
+                Some(GATEWAY_NODE_PORT),
+                vec![local(GATEWAY_HERE), ready(GATEWAY_THERE)],
+            ),
+        )
+    };
+    let far_gateway = Service {
+        external_traffic_policy: TrafficPolicy::Local,
+        ..service(
+            "default",
+            "far-gateway",
+            FAR_GATEWAY_IP,
+            one_port(Some(FAR_GATEWAY_NODE_PORT), vec![ready(FAR_GATEWAY_THERE)]),
+        )
+    };
+    let local_cache = Service {
+        internal_traffic_policy: TrafficPolicy::Local,
+        ..service(
+            "default",
+            "local-cache",
+            LOCAL_CACHE_IP,
+            one_port(
+                None,
+                vec![local(LOCAL_CACHE_HERE), ready(LOCAL_CACHE_THERE)],
+            ),
+        )
+    };
+    state([app, gateway, far_gateway, local_cache])
+}
+
+/// `--cluster-cidr` (kube-proxy's `ClusterCIDR` local-traffic detector): cluster-IP traffic from
+/// outside the pod network is masqueraded, pod traffic is not (but for hairpin), and pod traffic
+/// to an `externalTrafficPolicy: Local` destination reaches every endpoint.
+fn node_with_cluster_cidr() -> Scenario {
+    let app = |masqueraded| Expected::endpoints([(APP_1, masqueraded), (APP_2, masqueraded)]);
+    use Origin::{External, Node, Pod};
+    use Protocol::Tcp;
+    let cases = vec![
+        case(
+            "pod to cluster IP reaches the endpoints unmasqueraded",
+            (Pod, CLIENT_POD),
+            (Tcp, APP_IP, 80),
+            app(false),
+        ),
+        case(
+            "node to cluster IP reaches the endpoints masqueraded",
+            (Node, NODE_IP),
+            (Tcp, APP_IP, 80),
+            app(true),
+        ),
+        case(
+            "external client routed to a cluster IP reaches the endpoints masqueraded",
+            (External, EXTERNAL_CLIENT),
+            (Tcp, APP_IP, 80),
+            app(true),
+        ),
+        case(
+            "endpoint to its own service is masqueraded only when it reaches itself",
+            (Pod, APP_1.ip()),
+            (Tcp, APP_IP, 80),
+            Expected::endpoints([(APP_1, true), (APP_2, false)]),
+        ),
+        case(
+            "pod to node port reaches the endpoints masqueraded",
+            (Pod, CLIENT_POD),
+            (Tcp, NODE_IP, APP_NODE_PORT),
+            app(true),
+        ),
+        case(
+            "pod to externalTrafficPolicy Local node port reaches every endpoint unmasqueraded",
+            (Pod, CLIENT_POD),
+            (Tcp, NODE_IP, GATEWAY_NODE_PORT),
+            Expected::endpoints([(GATEWAY_HERE, false), (GATEWAY_THERE, false)]),
+        ),
+        case(
+            "external client to externalTrafficPolicy Local node port reaches only the local endpoint, client IP kept",
+            (External, EXTERNAL_CLIENT),
+            (Tcp, NODE_IP, GATEWAY_NODE_PORT),
+            Expected::endpoints([(GATEWAY_HERE, false)]),
+        ),
+        case(
+            "node to its own externalTrafficPolicy Local node port reaches every endpoint masqueraded",
+            (Node, NODE_IP),
+            (Tcp, NODE_IP, GATEWAY_NODE_PORT),
+            Expected::endpoints([(GATEWAY_HERE, true), (GATEWAY_THERE, true)]),
+        ),
+        case(
+            "pod to externalTrafficPolicy Local node port without a local endpoint reaches the remote one",
+            (Pod, CLIENT_POD),
+            (Tcp, NODE_IP, FAR_GATEWAY_NODE_PORT),
+            Expected::endpoints([(FAR_GATEWAY_THERE, false)]),
+        ),
+        case(
+            "external client to externalTrafficPolicy Local node port without a local endpoint is dropped",
+            (External, EXTERNAL_CLIENT),
+            (Tcp, NODE_IP, FAR_GATEWAY_NODE_PORT),
+            Expected::Drop,
+        ),
+        case(
+            "pod to internalTrafficPolicy Local cluster IP reaches the local endpoint unmasqueraded",
+            (Pod, CLIENT_POD),
+            (Tcp, LOCAL_CACHE_IP, 80),
+            Expected::endpoints([(LOCAL_CACHE_HERE, false)]),
+        ),
+        case(
+            "node to internalTrafficPolicy Local cluster IP reaches the local endpoint masqueraded",
+            (Node, NODE_IP),
+            (Tcp, LOCAL_CACHE_IP, 80),
+            Expected::endpoints([(LOCAL_CACHE_HERE, true)]),
+        ),
+    ];
+    Scenario {
+        name: "node with cluster CIDR 10.244.0.0/16: app (NodePort), gateway and far-gateway (externalTrafficPolicy Local), local-cache (internalTrafficPolicy Local)",
+        state: masquerade_services(),
+        node_ips: vec![NODE_IP],
+        cluster_cidrs: vec![CLUSTER_CIDR],
+        masquerade_all: false,
+        cases,
+    }
+}
+
+/// `--masquerade-all` (with the cluster CIDR too): every packet to a cluster IP is masqueraded,
+/// pod traffic included; as upstream, it changes nothing for external destinations.
+fn node_with_masquerade_all() -> Scenario {
+    let app = || Expected::endpoints([(APP_1, true), (APP_2, true)]);
+    use Origin::{External, Node, Pod};
+    use Protocol::Tcp;
+    let cases = vec![
+        case(
+            "pod to cluster IP reaches the endpoints masqueraded",
+            (Pod, CLIENT_POD),
+            (Tcp, APP_IP, 80),
+            app(),
+        ),
+        case(
+            "node to cluster IP reaches the endpoints masqueraded",
+            (Node, NODE_IP),
+            (Tcp, APP_IP, 80),
+            app(),
+        ),
+        case(
+            "external client routed to a cluster IP reaches the endpoints masqueraded",
+            (External, EXTERNAL_CLIENT),
+            (Tcp, APP_IP, 80),
+            app(),
+        ),
+        case(
+            "pod to internalTrafficPolicy Local cluster IP reaches the local endpoint masqueraded",
+            (Pod, CLIENT_POD),
+            (Tcp, LOCAL_CACHE_IP, 80),
+            Expected::endpoints([(LOCAL_CACHE_HERE, true)]),
+        ),
+        case(
+            "external client to externalTrafficPolicy Local node port still keeps its client IP",
+            (External, EXTERNAL_CLIENT),
+            (Tcp, NODE_IP, GATEWAY_NODE_PORT),
+            Expected::endpoints([(GATEWAY_HERE, false)]),
+        ),
+        case(
+            "pod to externalTrafficPolicy Local node port reaches every endpoint unmasqueraded, as it is no cluster-IP traffic",
+            (Pod, CLIENT_POD),
+            (Tcp, NODE_IP, GATEWAY_NODE_PORT),
+            Expected::endpoints([(GATEWAY_HERE, false), (GATEWAY_THERE, false)]),
+        ),
+    ];
+    Scenario {
+        name: "node with masquerade-all and cluster CIDR 10.244.0.0/16: app (NodePort), gateway (externalTrafficPolicy Local), local-cache (internalTrafficPolicy Local)",
+        state: masquerade_services(),
+        node_ips: vec![NODE_IP],
+        cluster_cidrs: vec![CLUSTER_CIDR],
+        masquerade_all: true,
+        cases,
     }
 }
 

@@ -12,7 +12,7 @@ pub mod save;
 mod tests;
 pub mod trace;
 
-pub use render::{FilterRules, NatRules, render_filter, render_nat};
+pub use render::{FilterRules, NatRules, RenderOptions, render_filter, render_nat};
 
 use crate::{Dataplane, ProxyState, SyncReport};
 use render::{
@@ -83,6 +83,8 @@ pub struct Config {
     pub command_prefix: Vec<String>,
     /// Seconds `iptables` and `iptables-restore` wait for the xtables lock (`-w`).
     pub lock_wait_seconds: u32,
+    /// The node's configuration the rules depend on (cluster CIDR, masquerade-all).
+    pub render: RenderOptions,
 }
 
 impl Default for Config {
@@ -96,6 +98,8 @@ impl Default for Config {
             command_prefix: Vec::new(),
             // kube-proxy's `-w 5`: wait for other writers, but not forever.
             lock_wait_seconds: 5,
+            // No cluster CIDR and no masquerade-all: kube-proxy's defaults.
+            render: RenderOptions::default(),
         }
     }
 }
@@ -109,6 +113,13 @@ impl Config {
         S: Into<String>,
     {
         self.command_prefix = prefix.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Renders the rules with `options` (cluster CIDR, masquerade-all).
+    #[must_use]
+    pub fn with_render_options(mut self, options: RenderOptions) -> Self {
+        self.render = options;
         self
     }
 
@@ -168,7 +179,7 @@ const EXTERNAL_PORTALS: &str = "kubernetes externally-visible service portals";
 const LOAD_BALANCER_FIREWALL: &str = "kubernetes load balancer firewall";
 
 /// The jumps that hook our chains into the built-in ones, as kube-proxy installs them.
-const JUMPS: [Jump; 11] = [
+const JUMPS: [Jump; 12] = [
     Jump::nat("PREROUTING", SERVICE_PORTALS, KUBE_SERVICES),
     Jump::nat("OUTPUT", SERVICE_PORTALS, KUBE_SERVICES),
     Jump::nat(
@@ -178,6 +189,13 @@ const JUMPS: [Jump; 11] = [
     ),
     Jump::filter("INPUT", true, EXTERNAL_PORTALS, KUBE_EXTERNAL_SERVICES),
     Jump::filter("FORWARD", true, EXTERNAL_PORTALS, KUBE_EXTERNAL_SERVICES),
+    // The filter table's KUBE-NODEPORTS (health-check node port ACCEPTs) shares the nat name.
+    Jump::filter(
+        "INPUT",
+        false,
+        "kubernetes health check service ports",
+        render::KUBE_NODEPORTS,
+    ),
     Jump::filter("FORWARD", true, SERVICE_PORTALS, FILTER_KUBE_SERVICES),
     Jump::filter("OUTPUT", true, SERVICE_PORTALS, FILTER_KUBE_SERVICES),
     Jump::filter(
@@ -382,7 +400,7 @@ impl Dataplane for Iptables {
     async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport> {
         let existing = self.existing_chains().await?;
         let filter = render_filter(state);
-        let nat = render_nat(state, &existing);
+        let nat = render_nat(state, &self.config.render, &existing);
         // Both tables in one transaction.
         self.restore(&format!("{}{}", filter.payload, nat.payload))
             .await?;

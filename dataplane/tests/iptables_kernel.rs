@@ -4,7 +4,7 @@
 
 use splitproxy_dataplane::{
     Dataplane, Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy,
-    iptables::{Config, Iptables},
+    iptables::{Config, Iptables, RenderOptions},
 };
 use std::{process::Command, time::Duration};
 
@@ -44,8 +44,14 @@ impl Netns {
     }
 
     fn iptables(&self) -> Iptables {
+        self.iptables_with(RenderOptions::default())
+    }
+
+    fn iptables_with(&self, options: RenderOptions) -> Iptables {
         Iptables::with_config(
-            Config::default().with_command_prefix(["ip", "netns", "exec", &self.name]),
+            Config::default()
+                .with_command_prefix(["ip", "netns", "exec", &self.name])
+                .with_render_options(options),
         )
     }
 }
@@ -282,7 +288,10 @@ async fn sync_programs_the_nat_table_idempotently_and_removes_stale_chains() {
 #[tokio::test]
 async fn kernel_accepts_affinity_external_ips_local_policies_and_source_ranges() {
     let netns = Netns::create("features");
-    let mut iptables = netns.iptables();
+    // With a cluster CIDR, so the kernel also takes the `! -s` and pod-traffic rules.
+    let mut iptables = netns.iptables_with(
+        RenderOptions::default().with_cluster_cidrs(["10.0.0.0/8".parse().unwrap()]),
+    );
 
     iptables.sync(&every_feature()).await.unwrap();
 
@@ -296,6 +305,8 @@ async fn kernel_accepts_affinity_external_ips_local_policies_and_source_ranges()
         r#"-A KUBE-FW-GNZBNJ2PO5MGZ6GT -s 203.0.113.0/25 -m comment --comment "ns2/svc2:p80 loadbalancer IP" -j KUBE-EXT-GNZBNJ2PO5MGZ6GT"#,
         r#"-A KUBE-EXT-GNZBNJ2PO5MGZ6GT -m comment --comment "route LOCAL traffic for ns2/svc2:p80 external destinations" -m addrtype --src-type LOCAL -j KUBE-SVC-GNZBNJ2PO5MGZ6GT"#,
         "-A KUBE-EXT-GNZBNJ2PO5MGZ6GT -j KUBE-SVL-GNZBNJ2PO5MGZ6GT",
+        r#"-A KUBE-SVC-GNZBNJ2PO5MGZ6GT ! -s 10.0.0.0/8 -d 172.30.0.42/32 -p tcp -m comment --comment "ns2/svc2:p80 cluster IP" -m tcp --dport 80 -j KUBE-MARK-MASQ"#,
+        r#"-A KUBE-EXT-GNZBNJ2PO5MGZ6GT -s 10.0.0.0/8 -m comment --comment "pod traffic for ns2/svc2:p80 external destinations" -j KUBE-SVC-GNZBNJ2PO5MGZ6GT"#,
     ] {
         assert!(
             nat.lines().any(|line| line == expected),

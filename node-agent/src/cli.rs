@@ -2,6 +2,7 @@
 
 use crate::runner::{InvalidPeriods, SyncPeriods};
 use clap::{CommandFactory, Parser, ValueEnum, error::ErrorKind};
+use splitproxy_dataplane::{Cidr, iptables::RenderOptions};
 use std::{net::SocketAddr, time::Duration};
 
 /// Programs this node's Services from the splitproxy controller's stream.
@@ -62,9 +63,27 @@ pub struct Cli {
         value_parser = parse_duration
     )]
     pub iptables_min_sync_period: Duration,
+    /// The cluster's pod CIDRs, comma-separated, at most one per IP family (e.g.
+    /// `10.244.0.0/16,fd00:10:244::/56`). Cluster-IP traffic from outside them is masqueraded,
+    /// and pod traffic to an externalTrafficPolicy Local node port, external IP or load-balancer
+    /// IP reaches every endpoint. The iptables backend uses the first IPv4 one. Unset: traffic
+    /// from outside the cluster to a cluster IP is not masqueraded.
+    #[arg(long, env = "SPLITPROXY_CLUSTER_CIDR", value_delimiter = ',')]
+    pub cluster_cidr: Vec<Cidr>,
+    /// Masquerade every packet sent to a cluster IP, whatever its source.
+    #[arg(long, env = "SPLITPROXY_MASQUERADE_ALL")]
+    pub masquerade_all: bool,
 }
 
 impl Cli {
+    /// What `--cluster-cidr` and `--masquerade-all` ask of the rules.
+    #[must_use]
+    pub fn render_options(&self) -> RenderOptions {
+        RenderOptions::default()
+            .with_cluster_cidrs(self.cluster_cidr.iter().copied())
+            .with_masquerade_all(self.masquerade_all)
+    }
+
     /// The sync periods, checked against each other as kube-proxy checks them.
     ///
     /// # Errors
@@ -354,6 +373,47 @@ mod tests {
         ] {
             assert_eq!(parse_duration(text), Err(expected), "{text:?}");
         }
+    }
+
+    #[test]
+    fn cluster_cidr_and_masquerade_all_default_to_kube_proxys() {
+        let cli = parse(&[]).expect("valid flags");
+        assert!(cli.cluster_cidr.is_empty());
+        assert!(!cli.masquerade_all);
+        assert_eq!(cli.render_options(), RenderOptions::default());
+    }
+
+    #[test]
+    fn cluster_cidr_takes_a_comma_separated_list_and_masquerade_all_is_a_switch() {
+        let cli = parse(&[
+            "--cluster-cidr",
+            "10.244.0.0/16,fd00:10:244::/56",
+            "--masquerade-all",
+        ])
+        .expect("valid flags");
+        let cidrs: Vec<Cidr> = ["10.244.0.0/16", "fd00:10:244::/56"]
+            .iter()
+            .map(|text| text.parse().expect("valid CIDR"))
+            .collect();
+        assert_eq!(cli.cluster_cidr, cidrs);
+        assert_eq!(
+            cli.render_options(),
+            RenderOptions::default()
+                .with_cluster_cidrs(cidrs)
+                .with_masquerade_all(true)
+        );
+    }
+
+    #[test]
+    fn an_invalid_cluster_cidr_is_a_usage_error() {
+        for bad in ["10.244.0.0", "10.244.0.0/33", "pods", "10.244.0.0/16,"] {
+            let err = parse(&["--cluster-cidr", bad]).expect_err(bad);
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{bad}");
+            // main exits 64 for errors that go to stderr.
+            assert!(err.use_stderr());
+        }
+        let err = parse(&["--cluster-cidr", "10.244.0.0/33"]).expect_err("prefix too long");
+        assert!(err.to_string().contains("invalid CIDR"), "{err}");
     }
 
     #[test]

@@ -93,9 +93,7 @@ async fn livez(State(state): State<HealthState>) -> impl IntoResponse {
 /// then the node counts as eligible.
 fn health_response(state: &HealthState, with_eligibility: bool) -> impl IntoResponse + use<> {
     let snapshot = state.status.snapshot();
-    let healthy = snapshot
-        .queued_since
-        .is_none_or(|since| since.elapsed() < state.timeout);
+    let healthy = snapshot.proxy_healthy(state.timeout);
     let now = SystemTime::now();
     let last_updated = if healthy {
         now

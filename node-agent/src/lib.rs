@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod client;
+pub mod health_check;
 pub mod http;
 pub mod inspection;
 pub mod metrics;
@@ -98,8 +99,15 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
             status.clone(),
         ),
     );
+    // kube-proxy binds the health-check node ports on every address (no `nodePortAddresses`).
+    let health_checks = health_check::HealthChecks::new(
+        std::net::Ipv4Addr::UNSPECIFIED.into(),
+        status.clone(),
+        config.sync_periods.health_timeout(),
+    );
     let applier = sync::Applier::new(dataplane, status.clone(), metrics.clone())
-        .with_sync_periods(config.sync_periods);
+        .with_sync_periods(config.sync_periods)
+        .with_health_checks(health_checks);
     let client = client::run(config.client, applier, status, metrics);
     tokio::select! {
         () = client => Ok(()),

@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use splitproxy_agent::{Config, cli::Cli, client::ClientConfig, wire_mode};
-use splitproxy_dataplane::iptables::Iptables;
+use splitproxy_dataplane::iptables::{self, Iptables};
 use std::{process::ExitCode, time::Duration};
 use tracing::Instrument;
 
@@ -37,6 +37,9 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    let dataplane = Iptables::with_config(
+        iptables::Config::default().with_render_options(cli.render_options()),
+    );
     let config = Config {
         client: ClientConfig {
             controllers: cli.controllers,
@@ -58,7 +61,7 @@ fn main() -> ExitCode {
         }
     };
     let span = tracing::info_span!("agent", node = %config.client.node_name);
-    match runtime.block_on(run(config).instrument(span)) {
+    match runtime.block_on(run(config, dataplane).instrument(span)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "agent stopped");
@@ -67,9 +70,9 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
+async fn run(config: Config, dataplane: Iptables) -> anyhow::Result<()> {
     tokio::select! {
-        result = splitproxy_agent::run(config, Iptables::new()) => Ok(result?),
+        result = splitproxy_agent::run(config, dataplane) => Ok(result?),
         _ = tokio::signal::ctrl_c() => {
             // Rules stay in place on exit: traffic keeps flowing while the agent restarts.
             tracing::info!("interrupted; stopping and leaving the rules in place");

@@ -38,6 +38,16 @@ pub struct Snapshot {
     pub queued_since: Option<Instant>,
 }
 
+impl Snapshot {
+    /// kube-proxy's proxier health (`Health().Healthy`), without node eligibility: no received
+    /// revision has waited longer than `timeout` to be applied.
+    #[must_use]
+    pub fn proxy_healthy(&self, timeout: Duration) -> bool {
+        self.queued_since
+            .is_none_or(|since| since.elapsed() < timeout)
+    }
+}
+
 /// The shared status; clones share it.
 #[derive(Debug, Clone, Default)]
 pub struct Status {

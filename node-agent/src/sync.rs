@@ -4,6 +4,7 @@
 
 use crate::{
     client::error_chain,
+    health_check::HealthChecks,
     metrics::{Metrics, TableLabel},
     runner::{SyncPeriods, SyncTimer},
     state::{NodeState, Revision},
@@ -35,6 +36,7 @@ pub struct Applier<D> {
     status: Status,
     metrics: Metrics,
     timer: SyncTimer,
+    health_checks: Option<HealthChecks>,
 }
 
 impl<D: Dataplane> Applier<D> {
@@ -46,7 +48,16 @@ impl<D: Dataplane> Applier<D> {
             status,
             metrics,
             timer: SyncTimer::new(SyncPeriods::default()),
+            health_checks: None,
         }
+    }
+
+    /// The same applier, reconciling `health_checks` with the applied state after every
+    /// successful sync.
+    #[must_use]
+    pub fn with_health_checks(mut self, health_checks: HealthChecks) -> Self {
+        self.health_checks = Some(health_checks);
+        self
     }
 
     /// The same applier with `periods` instead; meant right after [`Applier::new`], before any
@@ -108,6 +119,7 @@ impl<D: Dataplane> Applier<D> {
 
         let (report, duration, finished_at) = self.sync_kernel(&proxy_state).await?;
         self.record_success(&current, next, report.rules_written, duration, finished_at);
+        self.reconcile_health_checks(&proxy_state);
         Ok(())
     }
 
@@ -124,6 +136,8 @@ impl<D: Dataplane> Applier<D> {
             Ok((report, duration, finished_at)) => {
                 tracing::debug!(revision = held.revision, "resynced");
                 self.record_sync(report.rules_written, duration, finished_at, |_| {});
+                // Retries the health-check ports that could not be bound before.
+                self.reconcile_health_checks(&proxy_state);
             }
             Err(err) => {
                 tracing::warn!(
@@ -133,6 +147,12 @@ impl<D: Dataplane> Applier<D> {
                     "resync failed"
                 );
             }
+        }
+    }
+
+    fn reconcile_health_checks(&mut self, state: &ProxyState) {
+        if let Some(health_checks) = &mut self.health_checks {
+            health_checks.reconcile(state);
         }
     }
 

@@ -19,6 +19,11 @@
 //! [`render_filter`] REJECTs them instead (or DROPs, when only a `Local` traffic policy finds
 //! none).
 //!
+//! [`RenderOptions`] carry the node's configuration beyond its state: kube-proxy's
+//! `--cluster-cidr` (the `ClusterCIDR` local-traffic detector) and `--masquerade-all`, which decide
+//! which cluster-IP traffic is masqueraded and whether pod traffic to an external destination
+//! skips the `Local` traffic policy.
+//!
 //! Every chain written is declared (`:CHAIN - [0:0]`), which flushes it, so with
 //! `iptables-restore --noflush` the payload replaces exactly the chains it names. Stale per-service
 //! chains are declared too, then deleted with `-X`.
@@ -30,6 +35,7 @@ mod plan;
 pub use filter::{FilterRules, render_filter};
 pub use nat::{NatRules, render_nat};
 
+use crate::Cidr;
 use std::net::{IpAddr, Ipv4Addr};
 
 /// The nat chain every Service dispatch starts from (jumped to from PREROUTING and OUTPUT).
@@ -53,6 +59,55 @@ pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
 /// `loadBalancerSourceRanges` (kube-proxy jumps to it from INPUT, OUTPUT and FORWARD, for new
 /// connections).
 pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
+
+/// How the node is configured, beyond the Services it programs: what kube-proxy takes from
+/// `--cluster-cidr` and `--masquerade-all`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// The cluster's pod CIDRs (`--cluster-cidr`). Traffic from inside one is pod traffic
+    /// (kube-proxy's `ClusterCIDR` local-traffic detector): cluster-IP traffic from outside is
+    /// masqueraded (`! -s <cidr> -j KUBE-MARK-MASQ` first in the Service chain), and pod traffic to
+    /// an `externalTrafficPolicy: Local` destination goes to every endpoint, as if it had left the
+    /// cluster and come back through a load balancer.
+    ///
+    /// kube-proxy takes one CIDR per IP family; this IPv4 renderer uses the first IPv4 one and
+    /// ignores the rest. Empty (the default): no detector, so cluster-IP traffic from outside the
+    /// cluster is not masqueraded, as upstream without one.
+    pub cluster_cidrs: Vec<Cidr>,
+    /// Masquerade every packet sent to a cluster IP, whatever its source (`--masquerade-all`);
+    /// it wins over the cluster CIDR for cluster-IP traffic and changes nothing else. Off by
+    /// default, as upstream.
+    pub masquerade_all: bool,
+}
+
+impl RenderOptions {
+    /// Sets [`cluster_cidrs`](Self::cluster_cidrs).
+    #[must_use]
+    pub fn with_cluster_cidrs(mut self, cidrs: impl IntoIterator<Item = Cidr>) -> Self {
+        self.cluster_cidrs = cidrs.into_iter().collect();
+        self
+    }
+
+    /// Sets [`masquerade_all`](Self::masquerade_all).
+    #[must_use]
+    pub fn with_masquerade_all(mut self, masquerade_all: bool) -> Self {
+        self.masquerade_all = masquerade_all;
+        self
+    }
+
+    /// The IPv4 cluster CIDR this renderer matches pod traffic with, as `iptables-save` prints it
+    /// (host bits cleared): the first IPv4 one.
+    fn ipv4_cluster_cidr(&self) -> Option<String> {
+        self.cluster_cidrs.iter().find_map(|cidr| {
+            let address = ipv4(&cidr.address)?;
+            let prefix = u32::from(cidr.prefix.min(32));
+            // `checked_shl` is `None` for a shift by 32, the `/0` network.
+            let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
+            let network = Ipv4Addr::from(u32::from(address) & mask);
+            Some(format!("{network}/{prefix}"))
+        })
+    }
+}
 
 /// Joins a table's lines with `COMMIT` into a payload; returns it with the rule count.
 fn finish(mut lines: Vec<String>, rule_count: usize) -> (String, u32) {
@@ -86,6 +141,7 @@ fn comment(text: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -95,6 +151,25 @@ mod tests {
         assert_eq!(probability(2), "0.5000000000");
         assert_eq!(probability(7), "0.1428571429");
         assert_eq!(probability(1), "1.0000000000");
+    }
+
+    #[test]
+    fn the_first_ipv4_cluster_cidr_is_used_with_its_host_bits_cleared() {
+        let options = RenderOptions::default().with_cluster_cidrs([
+            "fd00:10::/64".parse().unwrap(),
+            "10.244.7.1/16".parse().unwrap(),
+            "10.0.0.0/8".parse().unwrap(),
+        ]);
+        assert_eq!(
+            options.ipv4_cluster_cidr().as_deref(),
+            Some("10.244.0.0/16")
+        );
+        let everything =
+            RenderOptions::default().with_cluster_cidrs(["1.2.3.4/0".parse().unwrap()]);
+        assert_eq!(everything.ipv4_cluster_cidr().as_deref(), Some("0.0.0.0/0"));
+        let host = RenderOptions::default().with_cluster_cidrs(["1.2.3.4/32".parse().unwrap()]);
+        assert_eq!(host.ipv4_cluster_cidr().as_deref(), Some("1.2.3.4/32"));
+        assert_eq!(RenderOptions::default().ipv4_cluster_cidr(), None);
     }
 
     #[test]

@@ -1,12 +1,16 @@
 //! The filter table: REJECT or DROP for Service traffic no endpoint can take, the load-balancer
-//! source-range firewall, and kube-proxy's forwarding rules.
+//! source-range firewall, the health-check node port ACCEPTs, and kube-proxy's forwarding rules.
 
 use super::plan::PortPlan;
 use super::{
     FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_PROXY_FIREWALL,
     MASQUERADE_MARK, comment, finish,
 };
-use crate::ProxyState;
+use crate::{ProxyState, TrafficPolicy};
+
+/// The filter chain accepting health-check node ports (jumped to from INPUT). It shares its name
+/// with the nat [`KUBE_NODEPORTS`](super::KUBE_NODEPORTS) chain, as in kube-proxy.
+const FILTER_KUBE_NODEPORTS: &str = "KUBE-NODEPORTS";
 
 /// The rendered filter table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +31,9 @@ pub struct FilterRules {
 ///   short-circuit to the cluster-wide endpoints).
 /// * `KUBE-PROXY-FIREWALL`: a DROP for load-balancer IP traffic its `KUBE-FW-…` chain did not
 ///   accept (`loadBalancerSourceRanges`).
+/// * `KUBE-NODEPORTS`: accept the `healthCheckNodePort` of each `externalTrafficPolicy: Local`
+///   Service, once per Service port as upstream writes it, whether or not it has endpoints, so
+///   load balancers can reach the agent's health-check server through a host firewall.
 /// * `KUBE-FORWARD`: accept forwarded Service traffic.
 ///
 /// Every chain here is kube-proxy's fixed set and is rewritten whole on each sync.
@@ -35,10 +42,20 @@ pub fn render_filter(state: &ProxyState) -> FilterRules {
     let mut services = Vec::new();
     let mut external = Vec::new();
     let mut firewall = Vec::new();
+    let mut node_ports = Vec::new();
     for service in state.services.values() {
+        let health_check_node_port = service
+            .health_check_node_port
+            .filter(|_| service.external_traffic_policy == TrafficPolicy::Local);
         for port in &service.ports {
             let plan = PortPlan::new(service, port);
             let proto = plan.proto;
+            if let Some(health_check_node_port) = health_check_node_port {
+                node_ports.push(format!(
+                    "-A {FILTER_KUBE_NODEPORTS} -m comment --comment {} -m tcp -p tcp --dport {health_check_node_port} -j ACCEPT",
+                    comment(&format!("{} health check node port", plan.port_name)),
+                ));
+            }
             let (verdict, why) = plan.no_endpoint_verdict();
             if !plan.has_internal_endpoints {
                 for ip in &plan.cluster_ips {
@@ -88,6 +105,7 @@ pub fn render_filter(state: &ProxyState) -> FilterRules {
         FILTER_KUBE_SERVICES,
         KUBE_EXTERNAL_SERVICES,
         KUBE_FORWARD,
+        FILTER_KUBE_NODEPORTS,
         KUBE_PROXY_FIREWALL,
     ] {
         lines.push(format!(":{chain} - [0:0]"));
@@ -95,6 +113,7 @@ pub fn render_filter(state: &ProxyState) -> FilterRules {
     let first_rule = lines.len();
     lines.extend(services);
     lines.extend(external);
+    lines.extend(node_ports);
     lines.push(format!(
         "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"
     ));

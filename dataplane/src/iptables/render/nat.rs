@@ -4,8 +4,8 @@
 use super::super::chain_names::{endpoint_chain, is_owned};
 use super::plan::PortPlan;
 use super::{
-    KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_SERVICES, MASQUERADE_MARK, comment,
-    finish, probability,
+    KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_SERVICES, MASQUERADE_MARK,
+    RenderOptions, comment, finish, probability,
 };
 use crate::{Endpoint, ProxyState};
 use std::collections::BTreeSet;
@@ -26,10 +26,20 @@ pub struct NatRules {
 /// flushed and deleted.
 ///
 /// A Service port gets nat rules only when it has a usable IPv4 endpoint (see
-/// [`crate::endpoints`]); IPv6 addresses and endpoints are skipped.
+/// [`crate::endpoints`]); IPv6 addresses and endpoints are skipped. `options` decide which
+/// cluster-IP traffic is masqueraded and whether pod traffic skips `externalTrafficPolicy: Local`
+/// (see [`RenderOptions`]).
 #[must_use]
-pub fn render_nat(state: &ProxyState, existing_chains: &BTreeSet<String>) -> NatRules {
-    let mut nat = NatTable::default();
+pub fn render_nat(
+    state: &ProxyState,
+    options: &RenderOptions,
+    existing_chains: &BTreeSet<String>,
+) -> NatRules {
+    let mut nat = NatTable {
+        masquerade_all: options.masquerade_all,
+        cluster_cidr: options.ipv4_cluster_cidr(),
+        ..NatTable::default()
+    };
     for service in state.services.values() {
         for port in &service.ports {
             nat.add(&PortPlan::new(service, port));
@@ -41,6 +51,10 @@ pub fn render_nat(state: &ProxyState, existing_chains: &BTreeSet<String>) -> Nat
 /// The nat table while it is being rendered: declared chains and rules, per section.
 #[derive(Default)]
 struct NatTable {
+    /// [`RenderOptions::masquerade_all`].
+    masquerade_all: bool,
+    /// The IPv4 cluster CIDR pod traffic comes from (the local-traffic detector), if known.
+    cluster_cidr: Option<String>,
     /// Per-service chains in the order they are written.
     chains: Vec<String>,
     /// `chains` as a set, so a chain is declared once.
@@ -106,10 +120,12 @@ impl NatTable {
 
         if plan.uses_cluster_chain {
             self.declare(&plan.cluster_chain);
+            self.masquerade_cluster_ip(plan, &plan.cluster_chain);
             self.spread(plan, &plan.cluster_chain, &plan.cluster_endpoints);
         }
         if plan.uses_local_chain {
             self.declare(&plan.local_chain);
+            self.masquerade_cluster_ip(plan, &plan.local_chain);
             self.spread(plan, &plan.local_chain, &plan.local_endpoints);
         }
         for endpoint in &plan.reachable {
@@ -120,6 +136,34 @@ impl NatTable {
         }
         if plan.uses_firewall_chain {
             self.firewall(plan);
+        }
+    }
+
+    /// The first rule of the chain cluster-IP traffic goes to (`KUBE-SVL-…` under
+    /// `internalTrafficPolicy: Local`, else `KUBE-SVC-…`), as upstream writes it: with
+    /// `masquerade_all` every packet to the cluster IP is marked for masquerading; with a cluster
+    /// CIDR only those from outside it (`! -s <cidr>`: the node itself, or an off-cluster client
+    /// routing the Service range through this node), so replies come back through this node
+    /// whichever node the endpoint is on. Without either, nothing is marked here.
+    fn masquerade_cluster_ip(&mut self, plan: &PortPlan<'_>, chain: &str) {
+        if !plan.has_internal_endpoints || chain != plan.internal_chain() {
+            return;
+        }
+        let from = match (&self.cluster_cidr, self.masquerade_all) {
+            (_, true) => String::new(),
+            (Some(cidr), false) => format!(" ! -s {cidr}"),
+            (None, false) => return,
+        };
+        let why = comment(&format!("{} cluster IP", plan.port_name));
+        let proto = plan.proto;
+        let port = plan.port.port;
+        for ip in &plan.cluster_ips {
+            self.rule(
+                chain,
+                &format!(
+                    "-m comment --comment {why} -m {proto} -p {proto} -d {ip} --dport {port}{from} -j {KUBE_MARK_MASQ}"
+                ),
+            );
         }
     }
 
@@ -191,15 +235,27 @@ impl NatTable {
     /// The `KUBE-EXT-…` chain every external destination (node port, external IP, load-balancer
     /// IP) jumps to.
     ///
-    /// Under `externalTrafficPolicy: Local` upstream first sends pod traffic (its local-traffic
-    /// detector, e.g. `-s <clusterCIDR>`) to the cluster-wide chain; splitproxy has no cluster
-    /// CIDR configured yet, so that rule is left out, as upstream does without a detector, and pod
-    /// traffic to an external destination follows the Local policy.
+    /// Under `externalTrafficPolicy: Local`, pod traffic (from the cluster CIDR, when one is
+    /// configured) first goes to the cluster-wide chain unmasqueraded, as if it had gone out to a
+    /// load balancer and come back; then the node's own traffic is masqueraded and goes there too;
+    /// everything else reaches only the local endpoints with its client IP kept. Without a
+    /// cluster CIDR the pod rule is left out, as upstream does without a local-traffic detector,
+    /// and pod traffic follows the Local policy like any external client's.
     fn external(&mut self, plan: &PortPlan<'_>) {
         let chain = &plan.external_chain;
         self.declare(chain);
         let port_name = &plan.port_name;
         if plan.external_policy_local {
+            if let Some(cidr) = &self.cluster_cidr {
+                let rule = format!(
+                    "-m comment --comment {} -s {cidr} -j {}",
+                    comment(&format!(
+                        "pod traffic for {port_name} external destinations"
+                    )),
+                    plan.cluster_chain,
+                );
+                self.rule(chain, &rule);
+            }
             self.rule(
                 chain,
                 &format!(

@@ -13,7 +13,7 @@
 
 use super::*;
 use crate::flow_table::{self, CLIENT_POD, EXTERNAL_CLIENT, NODE_IP};
-use crate::iptables::render::{render_filter, render_nat};
+use crate::iptables::render::{RenderOptions, render_filter, render_nat};
 
 const NODE_IPS: [IpAddr; 1] = [NODE_IP];
 
@@ -958,9 +958,9 @@ COMMIT
 // The shared flow table against the rendered rules
 
 /// What the iptables backend restores for `state` in one transaction (as `Iptables::sync`).
-fn rendered(state: &crate::ProxyState) -> String {
+fn rendered(state: &crate::ProxyState, options: &RenderOptions) -> String {
     let filter = render_filter(state);
-    let nat = render_nat(state, &Default::default());
+    let nat = render_nat(state, options, &Default::default());
     format!("{}{}", filter.payload, nat.payload)
 }
 
@@ -968,7 +968,10 @@ fn rendered(state: &crate::ProxyState) -> String {
 fn every_flow_table_row_traces_to_its_expected_outcome() {
     let mut failures = Vec::new();
     for scenario in flow_table::scenarios() {
-        let payload = rendered(&scenario.state);
+        let options = RenderOptions::default()
+            .with_cluster_cidrs(scenario.cluster_cidrs.iter().copied())
+            .with_masquerade_all(scenario.masquerade_all);
+        let payload = rendered(&scenario.state, &options);
         let ruleset = match Ruleset::parse(&payload) {
             Ok(ruleset) => ruleset,
             Err(error) => panic!("{}: {error}\n{payload}", scenario.name),

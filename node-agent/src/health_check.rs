@@ -1,0 +1,241 @@
+//! kube-proxy's per-Service health-check servers: one HTTP server per `healthCheckNodePort` of an
+//! `externalTrafficPolicy: Local` Service, telling load balancers whether this node has a local
+//! endpoint for it.
+//!
+//! Upstream: `pkg/proxy/healthcheck/service_health.go`. Every path answers
+//! `{"service":{"namespace":…,"name":…},"localEndpoints":n,"serviceProxyHealthy":b}`, with 200 when
+//! `n > 0` and the proxy is healthy, 503 otherwise. [`wanted`] decides which ports serve what (pure);
+//! [`HealthChecks`] is the thin shell that binds, serves and stops the servers, reconciled by the
+//! sync loop after every successful sync.
+
+use crate::status::Status;
+use axum::{
+    Router,
+    extract::State,
+    http::{StatusCode, header},
+    response::IntoResponse,
+};
+use splitproxy_dataplane::{ProxyState, ServiceKey, TrafficPolicy, endpoints};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
+use tokio::sync::{oneshot, watch};
+
+/// What one health-check server reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceHealth {
+    /// The Service the port belongs to.
+    pub service: ServiceKey,
+    /// Distinct local ready endpoint addresses of the Service, over all its ports.
+    pub local_endpoints: usize,
+}
+
+/// The health-check node ports `state` asks for, with what each reports.
+///
+/// Only `externalTrafficPolicy: Local` Services with a `healthCheckNodePort` get one. As upstream
+/// (`LocalReadyEndpoints`), `localEndpoints` counts the distinct addresses of the local endpoints
+/// that are *ready*: a node left with only serving-but-terminating local endpoints answers 503, so
+/// load balancers drain it even though the dataplane still sends it the connections that arrive.
+/// Only IPv4 endpoints count, as the dataplane programs IPv4 only. Should two Services claim one
+/// port (the API server prevents it), the first in key order keeps it.
+#[must_use]
+pub fn wanted(state: &ProxyState) -> BTreeMap<u16, ServiceHealth> {
+    let mut ports: BTreeMap<u16, ServiceHealth> = BTreeMap::new();
+    for service in state.services.values() {
+        if service.external_traffic_policy != TrafficPolicy::Local {
+            continue;
+        }
+        let Some(port) = service.health_check_node_port else {
+            continue;
+        };
+        let mut local = BTreeSet::new();
+        for service_port in &service.ports {
+            let sets = endpoints::categorize(
+                service_port
+                    .endpoints
+                    .iter()
+                    .filter(|endpoint| endpoint.ip.is_ipv4()),
+            );
+            if !sets.local_is_terminating_fallback {
+                local.extend(sets.local.iter().map(|endpoint| endpoint.ip));
+            }
+        }
+        let health = ServiceHealth {
+            service: service.key.clone(),
+            local_endpoints: local.len(),
+        };
+        if let Some(kept) = ports.get(&port) {
+            tracing::warn!(
+                port,
+                service = %format!("{}/{}", service.key.namespace, service.key.name),
+                kept = %format!("{}/{}", kept.service.namespace, kept.service.name),
+                "health check node port claimed twice"
+            );
+            continue;
+        }
+        ports.insert(port, health);
+    }
+    ports
+}
+
+/// One running server.
+struct Server {
+    /// What the server reports; updated in place.
+    health: watch::Sender<ServiceHealth>,
+    /// Dropping it shuts the server down.
+    _shutdown: oneshot::Sender<()>,
+    address: SocketAddr,
+}
+
+/// The health-check servers of one node, reconciled with each applied state.
+pub struct HealthChecks {
+    bind_ip: IpAddr,
+    status: Status,
+    timeout: Duration,
+    servers: BTreeMap<u16, Server>,
+}
+
+impl std::fmt::Debug for HealthChecks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HealthChecks")
+            .field("bind_ip", &self.bind_ip)
+            .field("ports", &self.servers.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HealthChecks {
+    /// Servers bound to `bind_ip` (kube-proxy: every address, `0.0.0.0`), reporting
+    /// `serviceProxyHealthy` from `status` as `/livez` does: unhealthy once a revision has waited
+    /// longer than `timeout`.
+    #[must_use]
+    pub fn new(bind_ip: IpAddr, status: Status, timeout: Duration) -> Self {
+        Self {
+            bind_ip,
+            status,
+            timeout,
+            servers: BTreeMap::new(),
+        }
+    }
+
+    /// Makes the servers match `state`: starts one for each new port, stops those whose port is
+    /// gone, and updates the others' counts in place. A port that cannot be bound is logged and
+    /// tried again on the next call. Must run inside a tokio runtime.
+    pub fn reconcile(&mut self, state: &ProxyState) {
+        let mut wanted = wanted(state);
+        self.servers.retain(|port, server| {
+            let keep = wanted.contains_key(port);
+            if !keep {
+                tracing::info!(port, address = %server.address, "stopped health check server");
+            }
+            keep
+        });
+        for (port, server) in &self.servers {
+            if let Some(health) = wanted.remove(port) {
+                server.health.send_if_modified(|current| {
+                    let changed = *current != health;
+                    *current = health;
+                    changed
+                });
+            }
+        }
+        for (port, health) in wanted {
+            match self.start(port, health) {
+                Ok(server) => {
+                    tracing::info!(port, address = %server.address, "started health check server");
+                    self.servers.insert(port, server);
+                }
+                Err(err) => {
+                    tracing::warn!(port, %err, "cannot serve health check node port, retrying on the next sync");
+                }
+            }
+        }
+    }
+
+    /// The address each running server listens on, by health-check node port.
+    #[must_use]
+    pub fn addresses(&self) -> BTreeMap<u16, SocketAddr> {
+        self.servers
+            .iter()
+            .map(|(port, server)| (*port, server.address))
+            .collect()
+    }
+
+    fn start(&self, port: u16, health: ServiceHealth) -> std::io::Result<Server> {
+        let listener = std::net::TcpListener::bind((self.bind_ip, port))?;
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let address = listener.local_addr()?;
+        let (health, reported) = watch::channel(health);
+        let (shutdown, stopped) = oneshot::channel::<()>();
+        let router = router(reported, self.status.clone(), self.timeout);
+        tokio::spawn(async move {
+            let served = axum::serve(listener, router)
+                // The sender is dropped, never used: either way the server stops.
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await;
+            if let Err(err) = served {
+                tracing::warn!(%address, %err, "health check server failed");
+            }
+        });
+        Ok(Server {
+            health,
+            _shutdown: shutdown,
+            address,
+        })
+    }
+}
+
+/// State of one health-check server.
+#[derive(Clone)]
+struct HealthCheckState {
+    health: watch::Receiver<ServiceHealth>,
+    status: Status,
+    timeout: Duration,
+}
+
+/// The router of one health-check server: every path, every method, kube-proxy's answer.
+fn router(health: watch::Receiver<ServiceHealth>, status: Status, timeout: Duration) -> Router {
+    Router::new().fallback(answer).with_state(HealthCheckState {
+        health,
+        status,
+        timeout,
+    })
+}
+
+async fn answer(State(state): State<HealthCheckState>) -> impl IntoResponse {
+    let health = state.health.borrow().clone();
+    let healthy = state.status.snapshot().proxy_healthy(state.timeout);
+    let body = serde_json::json!({
+        "service": {
+            "namespace": health.service.namespace,
+            "name": health.service.name,
+        },
+        "localEndpoints": health.local_endpoints,
+        "serviceProxyHealthy": healthy,
+    });
+    let code = if health.local_endpoints > 0 && healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        code,
+        [
+            (header::CONTENT_TYPE, "application/json".to_owned()),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_owned()),
+            (
+                header::HeaderName::from_static("x-load-balancing-endpoint-weight"),
+                health.local_endpoints.to_string(),
+            ),
+        ],
+        body.to_string(),
+    )
+}
+
+#[cfg(test)]
+mod tests;
