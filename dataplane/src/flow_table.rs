@@ -161,7 +161,7 @@ fn node_with_services() -> Scenario {
         "default",
         "web",
         WEB_IP,
-        vec![port(
+        vec![ServicePort::new(
             "",
             Protocol::Tcp,
             80,
@@ -173,7 +173,7 @@ fn node_with_services() -> Scenario {
         "default",
         "idle",
         IDLE_IP,
-        vec![port(
+        vec![ServicePort::new(
             "",
             Protocol::Tcp,
             80,
@@ -185,7 +185,7 @@ fn node_with_services() -> Scenario {
         "kube-system",
         "kube-dns",
         DNS_IP,
-        vec![port(
+        vec![ServicePort::new(
             "dns",
             Protocol::Udp,
             53,
@@ -198,14 +198,14 @@ fn node_with_services() -> Scenario {
         "api",
         API_IP,
         vec![
-            port(
+            ServicePort::new(
                 "http",
                 Protocol::Tcp,
                 80,
                 None,
                 vec![ready(at(API_1, 8080)), ready(at(API_2, 8080))],
             ),
-            port(
+            ServicePort::new(
                 "metrics",
                 Protocol::Tcp,
                 9090,
@@ -378,7 +378,7 @@ fn node_with_terminating_endpoints() -> Scenario {
         "default",
         "draining",
         DRAINING_IP,
-        vec![port(
+        vec![ServicePort::new(
             "",
             Protocol::Tcp,
             80,
@@ -390,7 +390,7 @@ fn node_with_terminating_endpoints() -> Scenario {
         "default",
         "gone",
         GONE_IP,
-        vec![port(
+        vec![ServicePort::new(
             "",
             Protocol::Tcp,
             80,
@@ -402,7 +402,7 @@ fn node_with_terminating_endpoints() -> Scenario {
         "default",
         "rolling",
         ROLLING_IP,
-        vec![port(
+        vec![ServicePort::new(
             "",
             Protocol::Tcp,
             80,
@@ -468,7 +468,7 @@ fn node_with_external_ips() -> Scenario {
             "shop",
             "front",
             FRONT_IP,
-            vec![port(
+            vec![ServicePort::new(
                 "http",
                 Protocol::Tcp,
                 80,
@@ -484,7 +484,7 @@ fn node_with_external_ips() -> Scenario {
             "shop",
             "closed",
             CLOSED_IP,
-            vec![port(
+            vec![ServicePort::new(
                 "http",
                 Protocol::Tcp,
                 80,
@@ -582,7 +582,7 @@ fn node_with_session_affinity() -> Scenario {
             "default",
             "sticky",
             STICKY_IP,
-            vec![port(
+            vec![ServicePort::new(
                 "",
                 Protocol::Tcp,
                 80,
@@ -662,7 +662,15 @@ fn node_with_local_traffic_policies() -> Scenario {
         internal_traffic_policy: TrafficPolicy::Local,
         ..service
     };
-    let one_port = |node_port, endpoints| vec![port("", Protocol::Tcp, 80, node_port, endpoints)];
+    let one_port = |node_port, endpoints| {
+        vec![ServicePort::new(
+            "",
+            Protocol::Tcp,
+            80,
+            node_port,
+            endpoints,
+        )]
+    };
     let edge = external_local(service(
         "default",
         "edge",
@@ -821,7 +829,7 @@ fn node_with_load_balancer_source_ranges() -> Scenario {
             "shop",
             "guarded",
             GUARDED_IP,
-            vec![port(
+            vec![ServicePort::new(
                 "https",
                 Protocol::Tcp,
                 443,
@@ -906,7 +914,15 @@ const LOCAL_CACHE_THERE: SocketAddr = at(v4(10, 244, 1, 93), 8080);
 
 /// The Services of [`node_with_cluster_cidr`] and [`node_with_masquerade_all`].
 fn masquerade_services() -> ProxyState {
-    let one_port = |node_port, endpoints| vec![port("", Protocol::Tcp, 80, node_port, endpoints)];
+    let one_port = |node_port, endpoints| {
+        vec![ServicePort::new(
+            "",
+            Protocol::Tcp,
+            80,
+            node_port,
+            endpoints,
+        )]
+    };
     let app = service(
         "default",
         "app",
@@ -1124,31 +1140,7 @@ fn state(services: impl IntoIterator<Item = Service>) -> ProxyState {
 }
 
 fn service(namespace: &str, name: &str, cluster_ip: IpAddr, ports: Vec<ServicePort>) -> Service {
-    Service {
-        key: ServiceKey {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-        },
-        cluster_ips: vec![cluster_ip],
-        ports,
-        ..Default::default()
-    }
-}
-
-fn port(
-    name: &str,
-    protocol: Protocol,
-    port: u16,
-    node_port: Option<u16>,
-    endpoints: Vec<Endpoint>,
-) -> ServicePort {
-    ServicePort {
-        name: name.to_owned(),
-        protocol,
-        port,
-        node_port,
-        endpoints,
-    }
+    Service::new(ServiceKey::new(namespace, name), vec![cluster_ip], ports)
 }
 
 /// A ready endpoint on another node.

@@ -18,6 +18,30 @@ pub struct ServiceKey {
     pub name: String,
 }
 
+impl ServiceKey {
+    /// The key of `namespace/name`.
+    #[must_use]
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl Service {
+    /// A Service with only cluster IPs and ports; every other field at its default.
+    #[must_use]
+    pub fn new(key: ServiceKey, cluster_ips: Vec<IpAddr>, ports: Vec<ServicePort>) -> Self {
+        Self {
+            key,
+            cluster_ips,
+            ports,
+            ..Self::default()
+        }
+    }
+}
+
 impl fmt::Display for ServiceKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
@@ -112,6 +136,24 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// A port with its endpoints.
+    #[must_use]
+    pub fn new(
+        name: impl Into<String>,
+        protocol: Protocol,
+        port: u16,
+        node_port: Option<u16>,
+        endpoints: Vec<Endpoint>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            protocol,
+            port,
+            node_port,
+            endpoints,
+        }
+    }
+
     /// kube-proxy's `ServicePortName` string: `namespace/name:portname` (the port name may be
     /// empty, leaving a trailing colon).
     #[must_use]

@@ -26,31 +26,8 @@ fn state(services: Vec<Service>) -> ProxyState {
 }
 
 fn service(namespace: &str, name: &str, cluster_ips: &[&str], ports: Vec<ServicePort>) -> Service {
-    Service {
-        key: ServiceKey {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-        },
-        cluster_ips: cluster_ips.iter().map(|ip| ip.parse().unwrap()).collect(),
-        ports,
-        ..Default::default()
-    }
-}
-
-fn port(
-    name: &str,
-    protocol: Protocol,
-    port: u16,
-    node_port: Option<u16>,
-    endpoints: Vec<Endpoint>,
-) -> ServicePort {
-    ServicePort {
-        name: name.to_owned(),
-        protocol,
-        port,
-        node_port,
-        endpoints,
-    }
+    let cluster_ips = cluster_ips.iter().map(|ip| ip.parse().unwrap()).collect();
+    Service::new(ServiceKey::new(namespace, name), cluster_ips, ports)
 }
 
 fn ready(ip: &str, port: u16) -> Endpoint {
@@ -156,7 +133,7 @@ fn cluster_ip_and_node_port_service_spreads_over_three_endpoints() {
         "ns1",
         "svc1",
         &["172.30.0.41"],
-        vec![port(
+        vec![ServicePort::new(
             "p80",
             Protocol::Tcp,
             80,
@@ -227,7 +204,7 @@ fn stale_chains_are_flushed_and_deleted_but_live_and_foreign_ones_are_kept() {
         "ns2",
         "svc2",
         &["172.30.0.42"],
-        vec![port(
+        vec![ServicePort::new(
             "p80",
             Protocol::Tcp,
             80,
@@ -280,14 +257,14 @@ fn port_without_usable_endpoints_gets_no_chains() {
         "svc3",
         &["172.30.0.43"],
         vec![
-            port(
+            ServicePort::new(
                 "p80",
                 Protocol::Tcp,
                 80,
                 Some(3003),
                 vec![gone("10.180.0.3", 80), starting("10.180.0.4", 80)],
             ),
-            port("p81", Protocol::Tcp, 81, None, vec![]),
+            ServicePort::new("p81", Protocol::Tcp, 81, None, vec![]),
         ],
     )]);
 
@@ -319,7 +296,7 @@ fn serving_terminating_endpoints_take_traffic_only_while_none_is_ready() {
             "ns3",
             "svc3",
             &["172.30.0.43"],
-            vec![port(
+            vec![ServicePort::new(
                 "p80",
                 Protocol::Tcp,
                 80,
@@ -335,7 +312,7 @@ fn serving_terminating_endpoints_take_traffic_only_while_none_is_ready() {
             "ns4",
             "svc4",
             &["172.30.0.44"],
-            vec![port(
+            vec![ServicePort::new(
                 "p80",
                 Protocol::Tcp,
                 80,
@@ -398,7 +375,7 @@ fn external_and_load_balancer_ips_go_through_the_external_chain() {
                 "ns2",
                 "svc2",
                 &["172.30.0.42"],
-                vec![port(
+                vec![ServicePort::new(
                     "p80",
                     Protocol::Tcp,
                     80,
@@ -413,7 +390,7 @@ fn external_and_load_balancer_ips_go_through_the_external_chain() {
                 "ns7",
                 "svc7",
                 &["172.30.0.47"],
-                vec![port(
+                vec![ServicePort::new(
                     "p80",
                     Protocol::Tcp,
                     80,
@@ -476,7 +453,7 @@ fn external_and_load_balancer_ips_without_endpoints_are_rejected() {
             "ns6",
             "svc6",
             &["172.30.0.46"],
-            vec![port(
+            vec![ServicePort::new(
                 "p80",
                 Protocol::Tcp,
                 80,
@@ -523,7 +500,7 @@ fn session_affinity_checks_recent_clients_first_and_remembers_them_on_dnat() {
             "ns1",
             "svc1",
             &["172.30.0.41"],
-            vec![port(
+            vec![ServicePort::new(
                 "p80",
                 Protocol::Tcp,
                 80,
@@ -574,7 +551,7 @@ fn external_traffic_policy_local_keeps_external_clients_on_local_endpoints() {
             "ns2",
             "svc2",
             &["172.30.0.42"],
-            vec![port(
+            vec![ServicePort::new(
                 "p80",
                 Protocol::Tcp,
                 80,
@@ -636,7 +613,7 @@ fn external_traffic_policy_local_without_local_endpoints_drops_external_traffic(
             "ns5",
             "svc5",
             &["172.30.0.45"],
-            vec![port(
+            vec![ServicePort::new(
                 "p80",
                 Protocol::Tcp,
                 80,
@@ -699,7 +676,7 @@ fn internal_traffic_policy_local_uses_local_endpoints_or_drops() {
                 "ns3",
                 "svc3",
                 &["172.30.0.43"],
-                vec![port(
+                vec![ServicePort::new(
                     "p80",
                     Protocol::Tcp,
                     80,
@@ -714,7 +691,7 @@ fn internal_traffic_policy_local_uses_local_endpoints_or_drops() {
                 "ns4",
                 "svc4",
                 &["172.30.0.44"],
-                vec![port(
+                vec![ServicePort::new(
                     "p80",
                     Protocol::Tcp,
                     80,
@@ -780,7 +757,7 @@ fn load_balancer_source_ranges_filter_load_balancer_ips_only() {
             "ns5",
             "svc5",
             &["172.30.0.45"],
-            vec![port(
+            vec![ServicePort::new(
                 "p80",
                 Protocol::Tcp,
                 80,
@@ -850,7 +827,7 @@ fn source_ranges_without_load_balancer_ips_or_endpoints_write_no_firewall() {
             "ns5",
             "svc5",
             &["172.30.0.45"],
-            vec![port("p80", Protocol::Tcp, 80, None, endpoints)],
+            vec![ServicePort::new("p80", Protocol::Tcp, 80, None, endpoints)],
         )
     };
     for state in [
@@ -873,7 +850,7 @@ fn ipv6_cluster_ips_and_endpoints_are_left_out() {
         "ns4",
         "svc4",
         &["172.30.0.44", "fd00:172:30::44"],
-        vec![port(
+        vec![ServicePort::new(
             "p80",
             Protocol::Tcp,
             80,
@@ -913,7 +890,7 @@ fn udp_port_matches_and_dnats_udp() {
         "ns5",
         "svc5",
         &["172.30.0.45"],
-        vec![port(
+        vec![ServicePort::new(
             "dns",
             Protocol::Udp,
             53,
@@ -941,7 +918,7 @@ fn duplicate_endpoints_get_one_chain() {
         "ns1",
         "svc1",
         &["172.30.0.41"],
-        vec![port(
+        vec![ServicePort::new(
             "p80",
             Protocol::Tcp,
             80,
@@ -963,7 +940,7 @@ fn everything() -> (ProxyState, BTreeSet<String>) {
             "ns1",
             "svc1",
             &["172.30.0.41"],
-            vec![port(
+            vec![ServicePort::new(
                 "p80",
                 Protocol::Tcp,
                 80,
@@ -975,13 +952,19 @@ fn everything() -> (ProxyState, BTreeSet<String>) {
             "ns3",
             "svc3",
             &["172.30.0.43"],
-            vec![port("p80", Protocol::Tcp, 80, Some(3003), vec![])],
+            vec![ServicePort::new(
+                "p80",
+                Protocol::Tcp,
+                80,
+                Some(3003),
+                vec![],
+            )],
         ),
         service(
             "ns5",
             "svc5",
             &["172.30.0.45", "fd00:172:30::45"],
-            vec![port(
+            vec![ServicePort::new(
                 "",
                 Protocol::Udp,
                 53,
@@ -1103,7 +1086,7 @@ fn ports_without_usable_endpoints_are_rejected_on_cluster_ip_and_node_port() {
             "ns1",
             "empty",
             &["172.30.0.46"],
-            vec![port(
+            vec![ServicePort::new(
                 "p80",
                 Protocol::Tcp,
                 80,
@@ -1115,7 +1098,7 @@ fn ports_without_usable_endpoints_are_rejected_on_cluster_ip_and_node_port() {
             "ns2",
             "served",
             &["172.30.0.47"],
-            vec![port(
+            vec![ServicePort::new(
                 "p80",
                 Protocol::Tcp,
                 80,
@@ -1370,8 +1353,8 @@ fn health_check_node_ports_of_local_policy_services_are_accepted_even_without_en
             name,
             &[cluster_ip],
             vec![
-                port("p80", Protocol::Tcp, 80, Some(3001), endpoints.clone()),
-                port("p81", Protocol::Udp, 81, Some(3002), endpoints),
+                ServicePort::new("p80", Protocol::Tcp, 80, Some(3001), endpoints.clone()),
+                ServicePort::new("p81", Protocol::Udp, 81, Some(3002), endpoints),
             ],
         )
     };
@@ -1431,7 +1414,7 @@ fn one_node_port_service() -> ProxyState {
         "ns1",
         "svc1",
         &["172.30.0.41"],
-        vec![port(
+        vec![ServicePort::new(
             "p80",
             Protocol::Tcp,
             80,
@@ -1533,7 +1516,7 @@ fn cluster_cidr_sends_pod_traffic_for_external_local_destinations_to_every_endpo
             "ns2",
             "svc2",
             &["172.30.0.42"],
-            vec![port(
+            vec![ServicePort::new(
                 "p80",
                 Protocol::Tcp,
                 80,
@@ -1593,7 +1576,7 @@ fn internal_traffic_policy_local_marks_in_the_local_chain() {
             "ns3",
             "svc3",
             &["172.30.0.43"],
-            vec![port(
+            vec![ServicePort::new(
                 "p80",
                 Protocol::Tcp,
                 80,
