@@ -3,7 +3,8 @@
 //! The work is split as everywhere in this crate: [`render`] turns a [`ProxyState`] into the
 //! `iptables-restore` payload (pure, unit-tested), and [`Iptables`] is the thin executor that reads
 //! the kernel's chains with `iptables-save`, pipes the payload to `iptables-restore --noflush`, and
-//! makes sure the built-in chains jump to ours. IPv4 only, for now.
+//! makes sure the built-in chains jump to ours; then it deletes the UDP and SCTP conntrack entries
+//! the change left stale ([`crate::conntrack`]). IPv4 only, for now.
 
 pub mod chain_names;
 pub mod render;
@@ -14,6 +15,7 @@ pub mod trace;
 
 pub use render::{FilterRules, NatRules, RenderOptions, render_filter, render_nat};
 
+use crate::conntrack::{self, Conntrack, IpFamily};
 use crate::{Dataplane, ProxyState, SyncReport};
 use render::{
     FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_POSTROUTING,
@@ -79,6 +81,8 @@ pub struct Config {
     pub iptables_save: String,
     /// The `iptables-restore` binary, used to write the rules.
     pub iptables_restore: String,
+    /// The `conntrack` binary (conntrack-tools), used to delete stale UDP and SCTP flows.
+    pub conntrack: String,
     /// Words put before every command, e.g. `["ip", "netns", "exec", "ns1"]`.
     pub command_prefix: Vec<String>,
     /// Seconds `iptables` and `iptables-restore` wait for the xtables lock (`-w`).
@@ -94,6 +98,9 @@ impl Default for Config {
             iptables: "iptables".to_owned(),
             iptables_save: "iptables-save".to_owned(),
             iptables_restore: "iptables-restore".to_owned(),
+            // Looked up in PATH too, as kube-proxy did before it switched to netlink; a missing
+            // binary only leaves stale flows (logged), it never fails a sync.
+            conntrack: "conntrack".to_owned(),
             // Run the tools directly, in the agent's own network namespace.
             command_prefix: Vec::new(),
             // kube-proxy's `-w 5`: wait for other writers, but not forever.
@@ -248,6 +255,9 @@ impl Jump {
 #[derive(Debug, Clone, Default)]
 pub struct Iptables {
     config: Config,
+    /// The state of the last successful sync; `None` before the first one, which deletes no
+    /// flows (kube-proxy does not flush conntrack on startup either).
+    applied: Option<ProxyState>,
 }
 
 impl Iptables {
@@ -260,7 +270,10 @@ impl Iptables {
     /// An executor with `config`.
     #[must_use]
     pub fn with_config(config: Config) -> Self {
-        Self { config }
+        Self {
+            config,
+            applied: None,
+        }
     }
 
     /// The configuration in use.
@@ -347,6 +360,36 @@ impl Iptables {
         Ok(())
     }
 
+    /// Deletes the conntrack entries the change from `previous` to `current` left stale. Failures
+    /// are logged, never returned: the rules are in place, and a stale flow is less harm than a
+    /// failed sync.
+    async fn delete_stale_flows(&self, previous: &ProxyState, current: &ProxyState) {
+        let deletions = conntrack::stale_flows(previous, current, IpFamily::V4);
+        if deletions.is_empty() {
+            return;
+        }
+        let executor = Conntrack::new(&self.config.command_prefix, &self.config.conntrack);
+        let (mut deleted, mut failed) = (0_u32, 0_u32);
+        for deletion in &deletions {
+            match executor.delete(deletion).await {
+                Ok(count) => deleted = deleted.saturating_add(count),
+                Err(error) => {
+                    failed += 1;
+                    tracing::warn!(
+                        error = &error as &dyn std::error::Error,
+                        "could not delete stale conntrack entries"
+                    );
+                }
+            }
+        }
+        tracing::debug!(
+            deletions = deletions.len(),
+            deleted,
+            failed,
+            "deleted stale conntrack entries"
+        );
+    }
+
     /// Runs `binary args...` (no shell), feeding it `stdin` if given, and collects its output.
     async fn run(
         &self,
@@ -413,6 +456,10 @@ impl Dataplane for Iptables {
             nat_rules = nat.rule_count,
             "synced iptables rules"
         );
+        if let Some(previous) = &self.applied {
+            self.delete_stale_flows(previous, state).await;
+        }
+        self.applied = Some(state.clone());
         Ok(SyncReport {
             rules_written: vec![
                 ("filter".to_owned(), filter.rule_count),

@@ -3,6 +3,7 @@
 //! Backends consume [`model::ProxyState`], never wire or Kubernetes types. Each backend keeps a
 //! pure render step (state → kernel input) apart from a thin executor (processes, sockets).
 
+pub mod conntrack;
 pub mod endpoints;
 pub mod flow_table;
 pub mod iptables;

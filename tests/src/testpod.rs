@@ -62,9 +62,63 @@ pub fn hit(
     url: &str,
     count: u32,
 ) -> Result<HitReport> {
-    let binary = workspace_binary("sp-testpod")?;
     let count = count.to_string();
-    let output = lab.exec(ns, binary, &["hit", "--url", url, "--count", &count])?;
+    run_hit(lab, ns, url, &["hit", "--url", url, "--count", &count])
+}
+
+/// Starts `sp-testpod serve --udp` in `ns`, answering every datagram on `0.0.0.0:port` with `name`.
+///
+/// # Errors
+///
+/// If the `sp-testpod` binary is missing or cannot be started.
+pub fn serve_udp(
+    lab: &mut Lab,
+    ns: &(impl HasNamespace + ?Sized),
+    name: &str,
+    port: u16,
+) -> Result<Process> {
+    let binary = workspace_binary("sp-testpod")?;
+    let listen = format!("0.0.0.0:{port}");
+    lab.spawn(
+        ns,
+        binary,
+        &["serve", "--udp", "--name", name, "--listen", &listen],
+    )
+}
+
+/// Sends `count` datagrams to `url` (`udp://IP:PORT`) from `ns` and reports who answered: all
+/// from `source_port` on one socket (one conntrack flow), or each from a fresh ephemeral port.
+///
+/// Unanswered datagrams are counted in the report, not returned as errors: the test decides.
+///
+/// # Errors
+///
+/// If `sp-testpod` is missing, cannot run, exits unsuccessfully or prints no report.
+pub fn hit_udp(
+    lab: &Lab,
+    ns: &(impl HasNamespace + ?Sized),
+    url: &str,
+    count: u32,
+    source_port: Option<u16>,
+) -> Result<HitReport> {
+    let count = count.to_string();
+    let source_port = source_port.map(|port| port.to_string());
+    let mut args = vec!["hit", "--udp", "--url", url, "--count", &count];
+    if let Some(port) = &source_port {
+        args.extend(["--source-port", port]);
+    }
+    run_hit(lab, ns, url, &args)
+}
+
+/// Runs `sp-testpod args...` (a `hit` to `url`) in `ns` to completion and reads its report.
+fn run_hit(
+    lab: &Lab,
+    ns: &(impl HasNamespace + ?Sized),
+    url: &str,
+    args: &[&str],
+) -> Result<HitReport> {
+    let binary = workspace_binary("sp-testpod")?;
+    let output = lab.exec(ns, binary, args)?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     ensure!(
         output.status.success(),

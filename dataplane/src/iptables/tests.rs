@@ -1212,7 +1212,9 @@ impl Drop for Scratch {
 
 /// An executor whose tools are one `sh` script: `sh -c SCRIPT DIR TOOL ARGS...`. The script logs
 /// each call to `DIR/calls`; `iptables-save` prints `saved`, `iptables-restore` copies its input
-/// to `DIR/payload`, and `iptables -C` fails with `check_exit` for PREROUTING only.
+/// to `DIR/payload`, and `iptables -C` fails with `check_exit` for PREROUTING only. `conntrack`
+/// answers as conntrack-tools does when nothing matches (exit 1, "0 flow entries"), or fails with
+/// another message while `DIR/conntrack-fails` exists.
 fn fake_tools(scratch: &Scratch, saved: &str, restore_exit: u8, check_exit: u8) -> Iptables {
     let script = format!(
         r#"dir=$0; tool=$1; shift
@@ -1221,6 +1223,8 @@ case "$tool" in
   iptables-save) printf '%s' '{saved}' ;;
   iptables-restore) cat > "$dir/payload"; [ {restore_exit} = 0 ] || {{ echo 'iptables-restore: line 2 failed' >&2; exit {restore_exit}; }} ;;
   iptables) case "$*" in *"-C PREROUTING"*) echo 'Bad rule' >&2; exit {check_exit} ;; esac ;;
+  conntrack) [ -e "$dir/conntrack-fails" ] && {{ echo 'conntrack v1.4.7 (conntrack-tools): Operation failed: such conntrack doesn'"'"'t exist' >&2; exit 1; }}
+    echo 'conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.' >&2; exit 1 ;;
 esac"#
     );
     let dir = scratch.0.to_string_lossy().into_owned();
@@ -1597,4 +1601,104 @@ fn internal_traffic_policy_local_marks_in_the_local_chain() {
         ]
     );
     assert!(rules_of(&nat.payload, "KUBE-SVC-").is_empty());
+}
+
+/// A UDP Service `ns1/dns` on 172.30.0.10:53 (node port 30053) with endpoints at `endpoints`.
+fn udp_dns(endpoints: &[&str]) -> ProxyState {
+    state(vec![service(
+        "ns1",
+        "dns",
+        &["172.30.0.10"],
+        vec![ServicePort::new(
+            "dns",
+            Protocol::Udp,
+            53,
+            Some(30053),
+            endpoints.iter().map(|ip| ready(ip, 5353)).collect(),
+        )],
+    )])
+}
+
+/// The `conntrack` lines of the fake tools' call log.
+fn conntrack_calls(scratch: &Scratch) -> Vec<String> {
+    scratch
+        .read("calls")
+        .lines()
+        .filter(|line| line.starts_with("conntrack "))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn sync_deletes_the_flows_of_a_removed_udp_endpoint_after_the_rules() {
+    let scratch = Scratch::new("conntrack");
+    let mut iptables = fake_tools(&scratch, SAVED, 0, 0);
+
+    iptables
+        .sync(&udp_dns(&["10.180.0.1", "10.180.2.1"]))
+        .await
+        .unwrap();
+    // The first sync has no previous state: kube-proxy does not flush on startup.
+    assert!(conntrack_calls(&scratch).is_empty());
+    iptables.sync(&udp_dns(&["10.180.2.1"])).await.unwrap();
+
+    assert_eq!(
+        conntrack_calls(&scratch),
+        [
+            "conntrack -D -p udp --orig-dst 172.30.0.10 --dport 53 --reply-src 10.180.0.1",
+            "conntrack -D -p udp --dport 30053 --reply-src 10.180.0.1",
+        ]
+    );
+    // After the restore and the jumps: the last calls of the second sync.
+    let calls = scratch.read("calls");
+    let last: Vec<&str> = calls.lines().rev().take(3).collect();
+    assert!(last[2].starts_with("iptables -w"), "{calls}");
+}
+
+#[tokio::test]
+async fn failed_conntrack_cleanup_does_not_fail_the_sync() {
+    let scratch = Scratch::new("conntrack-fails");
+    std::fs::write(scratch.0.join("conntrack-fails"), "").unwrap();
+    let mut iptables = fake_tools(&scratch, SAVED, 0, 0);
+
+    iptables.sync(&ProxyState::default()).await.unwrap();
+    let report = iptables.sync(&udp_dns(&["10.180.0.1"])).await.unwrap();
+
+    assert_eq!(report.rules_written.len(), 2);
+    assert_eq!(
+        conntrack_calls(&scratch),
+        [
+            "conntrack -D -p udp --orig-dst 172.30.0.10 --dport 53",
+            "conntrack -D -p udp --dport 30053"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn failed_sync_keeps_the_last_applied_state_for_the_cleanup() {
+    let scratch = Scratch::new("conntrack-after-failure");
+    let mut iptables = fake_tools(&scratch, SAVED, 0, 0);
+    iptables
+        .sync(&udp_dns(&["10.180.0.1", "10.180.2.1"]))
+        .await
+        .unwrap();
+
+    // A sync whose jump check fails applied nothing as far as the cleanup is concerned.
+    let mut failing = Iptables {
+        config: fake_tools(&scratch, SAVED, 0, 4).config,
+        applied: iptables.applied.clone(),
+    };
+    failing.sync(&udp_dns(&[])).await.unwrap_err();
+    assert!(conntrack_calls(&scratch).is_empty());
+    failing.sync(&udp_dns(&["10.180.2.1"])).await.unwrap_err();
+    assert_eq!(failing.applied, iptables.applied);
+
+    iptables.sync(&udp_dns(&["10.180.2.1"])).await.unwrap();
+    assert_eq!(
+        conntrack_calls(&scratch),
+        [
+            "conntrack -D -p udp --orig-dst 172.30.0.10 --dport 53 --reply-src 10.180.0.1",
+            "conntrack -D -p udp --dport 30053 --reply-src 10.180.0.1",
+        ]
+    );
 }

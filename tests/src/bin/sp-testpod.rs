@@ -1,16 +1,24 @@
-//! `sp-testpod`: a tiny HTTP server that answers with its name, and a client that counts who answered.
+//! `sp-testpod`: a tiny HTTP (or UDP) server that answers with its name, and a client that counts
+//! who answered.
 //!
 //! ```text
 //! sp-testpod serve --name pod-a --listen 0.0.0.0:8080
 //! sp-testpod hit --url http://10.96.0.10:80/ --count 20 [--timeout-ms 2000]
+//! sp-testpod serve --udp --name pod-a --listen 0.0.0.0:5353
+//! sp-testpod hit --udp --url udp://10.96.0.30:53 --count 20 [--source-port 40000]
 //! ```
 //!
 //! `hit` makes each request on a new TCP connection (so a proxy balances every one) and prints one
 //! JSON line: `{"answers":{"pod-a":12,"pod-b":8},"failures":0,"errors":[]}`. It exits 0 even when
 //! requests fail; the test decides what that means. Only IP addresses are accepted, never names.
+//!
+//! With `--udp`, the server answers every datagram with its name, and `hit` sends one datagram per
+//! request and waits for the answer: from a fresh ephemeral port each time (a new conntrack flow
+//! each, so a proxy balances every one), or all from `--source-port` (one flow, which sticks to
+//! one endpoint for as long as conntrack remembers it).
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -35,7 +43,8 @@ struct Cli {
 /// What to do.
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Answer every HTTP request with 200 and NAME as the body.
+    /// Answer every HTTP request with 200 and NAME as the body (with `--udp`: every datagram
+    /// with NAME).
     Serve {
         /// The name to answer with (the pod's name).
         #[arg(long, env = "SP_TESTPOD_NAME")]
@@ -43,10 +52,13 @@ enum Cmd {
         /// The address to listen on.
         #[arg(long, env = "SP_TESTPOD_LISTEN")]
         listen: SocketAddr,
+        /// Serve UDP instead of HTTP.
+        #[arg(long, env = "SP_TESTPOD_UDP")]
+        udp: bool,
     },
     /// Make COUNT requests to URL, each on a new connection, and print who answered as JSON.
     Hit {
-        /// `http://IP:PORT/path`.
+        /// `http://IP:PORT/path`, or `udp://IP:PORT` with `--udp`.
         #[arg(long, env = "SP_TESTPOD_URL")]
         url: String,
         /// How many requests to make.
@@ -58,6 +70,13 @@ enum Cmd {
         /// Pause between requests, in milliseconds, for steady load over a while.
         #[arg(long, env = "SP_TESTPOD_INTERVAL_MS", default_value_t = 0)]
         interval_ms: u64,
+        /// Send datagrams instead of HTTP requests.
+        #[arg(long, env = "SP_TESTPOD_UDP")]
+        udp: bool,
+        /// With `--udp`: send every request from this port, on one socket (default: a fresh
+        /// ephemeral port per request).
+        #[arg(long, env = "SP_TESTPOD_SOURCE_PORT", requires = "udp")]
+        source_port: Option<u16>,
     },
 }
 
@@ -71,19 +90,36 @@ fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     let result = match cli.command {
-        Cmd::Serve { name, listen } => serve(&name, listen),
+        Cmd::Serve {
+            name,
+            listen,
+            udp: false,
+        } => serve(&name, listen),
+        Cmd::Serve {
+            name,
+            listen,
+            udp: true,
+        } => serve_udp(&name, listen),
         Cmd::Hit {
             url,
             count,
             timeout_ms,
             interval_ms,
-        } => parse_url(&url).map(|(addr, path)| {
+            udp,
+            source_port,
+        } => {
             let pace = Pace {
                 timeout: Duration::from_millis(timeout_ms),
                 interval: Duration::from_millis(interval_ms),
             };
-            hit(addr, &path, count, pace);
-        }),
+            if udp {
+                parse_udp_url(&url).and_then(|addr| hit_udp(addr, count, &pace, source_port))
+            } else {
+                parse_url(&url).map(|(addr, path)| {
+                    hit(count, &pace, |timeout| request(addr, &path, timeout));
+                })
+            }
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -114,6 +150,24 @@ fn serve(name: &str, listen: SocketAddr) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Answers every datagram with `name`, forever.
+fn serve_udp(name: &str, listen: SocketAddr) -> Result<()> {
+    let socket = UdpSocket::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+    println!("sp-testpod {name} listening on udp {listen}");
+    let mut buf = [0_u8; 2048];
+    loop {
+        match socket.recv_from(&mut buf) {
+            Ok((_, peer)) => {
+                println!("{peer} datagram");
+                if let Err(e) = socket.send_to(name.as_bytes(), peer) {
+                    eprintln!("sp-testpod: cannot answer {peer}: {e}");
+                }
+            }
+            Err(e) => eprintln!("sp-testpod: receive failed: {e}"),
+        }
+    }
 }
 
 /// Reads one request head and answers it with `body`.
@@ -148,6 +202,17 @@ fn read_head(stream: &mut TcpStream) -> Result<String> {
     Ok(String::from_utf8_lossy(&head).into_owned())
 }
 
+/// The address of `udp://IP:PORT`.
+fn parse_udp_url(url: &str) -> Result<SocketAddr> {
+    let authority = url
+        .strip_prefix("udp://")
+        .ok_or_else(|| anyhow!("url {url:?} must start with udp:// (with --udp)"))?;
+    authority
+        .trim_end_matches('/')
+        .parse()
+        .map_err(|_| anyhow!("url {url:?} must name an IP address and a port"))
+}
+
 /// Splits `http://IP:PORT/path` into a socket address and a path.
 fn parse_url(url: &str) -> Result<(SocketAddr, String)> {
     let rest = url
@@ -172,14 +237,14 @@ struct Pace {
     interval: Duration,
 }
 
-/// Makes the requests and prints the report.
-fn hit(addr: SocketAddr, path: &str, count: u32, pace: Pace) {
+/// Makes `count` requests with `request` (given the per-request timeout) and prints the report.
+fn hit(count: u32, pace: &Pace, mut request: impl FnMut(Duration) -> Result<String>) {
     let mut report = HitReport::default();
     for i in 0..count {
         if i > 0 && !pace.interval.is_zero() {
             std::thread::sleep(pace.interval);
         }
-        match request(addr, path, pace.timeout) {
+        match request(pace.timeout) {
             Ok(name) => *report.answers.entry(name).or_default() += 1,
             Err(e) => {
                 report.failures += 1;
@@ -194,6 +259,41 @@ fn hit(addr: SocketAddr, path: &str, count: u32, pace: Pace) {
         "{}",
         serde_json::to_string(&report).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
     );
+}
+
+/// Sends the datagrams, from one socket on `source_port` or a fresh one each, and prints the report.
+fn hit_udp(addr: SocketAddr, count: u32, pace: &Pace, source_port: Option<u16>) -> Result<()> {
+    let fixed = source_port
+        .map(|port| {
+            let local = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+            UdpSocket::bind(local).with_context(|| format!("cannot bind {local}"))
+        })
+        .transpose()?;
+    hit(count, pace, |timeout| match &fixed {
+        Some(socket) => datagram(socket, addr, timeout),
+        None => {
+            let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).context("bind")?;
+            datagram(&socket, addr, timeout)
+        }
+    });
+    Ok(())
+}
+
+/// One datagram to `addr` from `socket`; returns the answering server's name.
+fn datagram(socket: &UdpSocket, addr: SocketAddr, timeout: Duration) -> Result<String> {
+    // Connected, so only answers from `addr` count and an ICMP error fails the request at once.
+    socket
+        .connect(addr)
+        .with_context(|| format!("connect {addr}"))?;
+    socket.set_read_timeout(Some(timeout))?;
+    socket
+        .send(b"hit")
+        .with_context(|| format!("send to {addr}"))?;
+    let mut buf = [0_u8; 2048];
+    let n = socket
+        .recv(&mut buf)
+        .with_context(|| format!("receive from {addr}"))?;
+    Ok(String::from_utf8_lossy(&buf[..n]).trim().to_owned())
 }
 
 /// One request on a new connection; returns the answering server's name.
@@ -287,6 +387,33 @@ mod tests {
             panic!("{cli:?}")
         };
         assert_eq!((count, timeout_ms), (3, 2000));
+    }
+
+    #[test]
+    fn udp_urls_name_an_address_and_a_port() {
+        assert_eq!(
+            parse_udp_url("udp://10.96.0.30:53").unwrap(),
+            "10.96.0.30:53".parse().unwrap()
+        );
+        assert!(parse_udp_url("udp://10.96.0.30").is_err());
+        assert!(parse_udp_url("http://10.96.0.30:53").is_err());
+    }
+
+    #[test]
+    fn source_port_needs_udp() {
+        let args = ["sp-testpod", "hit", "--url", "udp://10.96.0.30:53"];
+        let with_port = |extra: &[&'static str]| {
+            Cli::try_parse_from(args.iter().chain(extra).copied().collect::<Vec<_>>())
+        };
+        assert!(with_port(&["--source-port", "40000"]).is_err());
+        let cli = with_port(&["--udp", "--source-port", "40000"]).unwrap();
+        let Cmd::Hit {
+            udp, source_port, ..
+        } = cli.command
+        else {
+            panic!("{cli:?}")
+        };
+        assert_eq!((udp, source_port), (true, Some(40000)));
     }
 
     #[test]
