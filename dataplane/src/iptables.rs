@@ -185,6 +185,15 @@ const SERVICE_PORTALS: &str = "kubernetes service portals";
 const EXTERNAL_PORTALS: &str = "kubernetes externally-visible service portals";
 const LOAD_BALANCER_FIREWALL: &str = "kubernetes load balancer firewall";
 
+/// The jumps [`Iptables::sync`] installs, as `(table, built-in chain, rule)` in the order it
+/// inserts them, each as the chain's first rule: the packet tracer hooks the same rules the same
+/// way, so it follows exactly what a node gets.
+pub(crate) fn installed_jumps() -> impl Iterator<Item = (&'static str, &'static str, String)> {
+    JUMPS
+        .iter()
+        .map(|jump| (jump.table, jump.chain, jump.rule_text()))
+}
+
 /// The jumps that hook our chains into the built-in ones, as kube-proxy installs them.
 const JUMPS: [Jump; 12] = [
     Jump::nat("PREROUTING", SERVICE_PORTALS, KUBE_SERVICES),
@@ -225,6 +234,19 @@ impl Jump {
     /// The `iptables` arguments that insert this jump as the chain's first rule.
     fn insert_args(&self, wait_seconds: u32) -> Vec<String> {
         self.args(wait_seconds, &["-I", self.chain, "1"])
+    }
+
+    /// The rule as `iptables-save` writes it after `-A <chain>`, for the tracer.
+    fn rule_text(&self) -> String {
+        let new_only = if self.new_only {
+            "-m conntrack --ctstate NEW "
+        } else {
+            ""
+        };
+        format!(
+            "{new_only}-m comment --comment \"{}\" -j {}",
+            self.comment, self.target
+        )
     }
 
     fn args(&self, wait_seconds: u32, operation: &[&str]) -> Vec<String> {

@@ -20,23 +20,12 @@
 //! was translated. Masquerading is what nat POSTROUTING decides (the `KUBE-POSTROUTING` mark test
 //! and `MASQUERADE`), not merely whether `KUBE-MARK-MASQ` ran.
 //!
-//! # Hooks the tracer assumes
+//! # Hooks
 //!
-//! The executor installs the jumps from built-in chains with `iptables -I`, outside the payload,
-//! so the tracer puts kube-proxy's in front of the built-in chains' own rules, in the order they
-//! end up on a kube-proxy node, each only when the payload declares its target chain in that
-//! table:
-//!
-//! | table  | built-in chain | jumps to, in order                                                           |
-//! |--------|----------------|------------------------------------------------------------------------------|
-//! | nat    | PREROUTING     | `KUBE-SERVICES`                                                              |
-//! | nat    | OUTPUT         | `KUBE-SERVICES`                                                              |
-//! | nat    | POSTROUTING    | `KUBE-POSTROUTING`                                                           |
-//! | filter | INPUT          | `KUBE-PROXY-FIREWALL`¹, `KUBE-NODEPORTS`, `KUBE-EXTERNAL-SERVICES`¹, `KUBE-FIREWALL` |
-//! | filter | FORWARD        | `KUBE-PROXY-FIREWALL`¹, `KUBE-FORWARD`, `KUBE-SERVICES`¹, `KUBE-EXTERNAL-SERVICES`¹ |
-//! | filter | OUTPUT         | `KUBE-PROXY-FIREWALL`¹, `KUBE-SERVICES`¹, `KUBE-FIREWALL`                    |
-//!
-//! ¹ with `-m conntrack --ctstate NEW`, as upstream.
+//! The executor installs the jumps from built-in chains with `iptables -I`, outside the payload.
+//! The tracer hooks exactly those jumps (`super::installed_jumps`), inserted the same way, each
+//! only when the payload declares its target chain in that table; so a trace follows what a node
+//! really gets, and a jump the executor forgets is a jump the trace does not take.
 //!
 //! # What it understands
 //!
@@ -189,7 +178,7 @@ fn list(verdicts: &[Verdict]) -> String {
         .join(", ")
 }
 
-/// A parsed `iptables-restore` payload: its tables, chains and rules, with the assumed hooks.
+/// A parsed `iptables-restore` payload: its tables, chains and rules, with the executor's hooks.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ruleset {
     tables: BTreeMap<String, Table>,
@@ -368,72 +357,6 @@ fn builtin_chains(table: &str) -> &'static [&'static str] {
     }
 }
 
-/// kube-proxy's jumps from built-in chains, in chain order: (table, built-in chain, rule).
-const HOOKS: [(&str, &str, &str); 14] = [
-    (
-        "nat",
-        "PREROUTING",
-        r#"-m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#,
-    ),
-    (
-        "nat",
-        "OUTPUT",
-        r#"-m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#,
-    ),
-    (
-        "nat",
-        "POSTROUTING",
-        r#"-m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING"#,
-    ),
-    (
-        "filter",
-        "INPUT",
-        r#"-m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL"#,
-    ),
-    (
-        "filter",
-        "INPUT",
-        r#"-m comment --comment "kubernetes health check service ports" -j KUBE-NODEPORTS"#,
-    ),
-    (
-        "filter",
-        "INPUT",
-        r#"-m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES"#,
-    ),
-    ("filter", "INPUT", "-j KUBE-FIREWALL"),
-    (
-        "filter",
-        "FORWARD",
-        r#"-m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL"#,
-    ),
-    (
-        "filter",
-        "FORWARD",
-        r#"-m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD"#,
-    ),
-    (
-        "filter",
-        "FORWARD",
-        r#"-m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#,
-    ),
-    (
-        "filter",
-        "FORWARD",
-        r#"-m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES"#,
-    ),
-    (
-        "filter",
-        "OUTPUT",
-        r#"-m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL"#,
-    ),
-    (
-        "filter",
-        "OUTPUT",
-        r#"-m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#,
-    ),
-    ("filter", "OUTPUT", "-j KUBE-FIREWALL"),
-];
-
 /// Parses `payload` and traces `flow` through it; see [`Ruleset::parse`] and [`Ruleset::trace`].
 ///
 /// # Errors
@@ -577,16 +500,17 @@ impl Ruleset {
 impl Table {
     /// Finishes a table at `COMMIT`: puts the hooks in front and checks that every jump lands.
     fn commit(mut self, name: &str) -> Result<Self> {
-        for (table, builtin, rule) in HOOKS.iter().rev() {
+        // The executor inserts each jump as its chain's first rule, in this order.
+        for (table, builtin, rule) in super::installed_jumps() {
             let target = rule.rsplit(' ').next().unwrap_or_default();
-            if *table != name || !self.chains.contains_key(target) {
+            if table != name || !self.chains.contains_key(target) {
                 continue;
             }
             let text = format!("-A {builtin} {rule}");
-            let words = words(rule).unwrap_or_default();
+            let words = words(&rule).unwrap_or_default();
             let rule = parse_rule(name, &text, &words)?;
             self.chains
-                .entry((*builtin).to_owned())
+                .entry(builtin.to_owned())
                 .or_insert(Chain {
                     policy: Some(Policy::Accept),
                     rules: Vec::new(),
