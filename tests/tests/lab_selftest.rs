@@ -154,6 +154,21 @@ fn namespaces_left_by_a_dead_run_are_removed_with_their_processes() -> Result<()
     let mut orphan = Command::new("ip")
         .args(["netns", "exec", &stale, "sleep", "600"])
         .spawn()?;
+    // `ip netns exec` enters the namespace a moment after it starts; a process not yet inside
+    // is not one the namespace holds, so wait until it is.
+    let orphan_pid = orphan.id().to_string();
+    eventually(
+        "the orphan to enter the stale namespace",
+        START_TIMEOUT,
+        || {
+            let pids = Command::new("ip")
+                .args(["netns", "pids", &stale])
+                .output()?;
+            let pids = String::from_utf8_lossy(&pids.stdout);
+            ensure!(pids.split_whitespace().any(|p| p == orphan_pid), "not yet");
+            Ok(())
+        },
+    )?;
 
     let lab = Lab::new("fresh")?;
 
