@@ -5,8 +5,15 @@
 //! the kernel's chains with `iptables-save`, pipes the payload to `iptables-restore --noflush`, and
 //! makes sure the built-in chains jump to ours; then it deletes the UDP and SCTP conntrack entries
 //! the change left stale ([`crate::conntrack`]). IPv4 only, for now.
+//!
+//! Syncs are partial as in kube-proxy ([`partial`]): only the per-Service chains whose rules
+//! changed are written. A sync is full (every chain written, the jumps checked) the first time,
+//! after a failure, once an hour, and when a `KUBE-PROXY-CANARY` chain is gone: someone (a
+//! firewall reload, an operator) deleted chains behind the agent's back, so nothing written
+//! before can be trusted to be there.
 
 pub mod chain_names;
+pub mod partial;
 pub mod render;
 pub mod save;
 #[cfg(test)]
@@ -17,11 +24,17 @@ pub use render::{FilterRules, NatRules, RenderOptions, render_filter, render_nat
 
 use crate::conntrack::{self, Conntrack, IpFamily};
 use crate::{Dataplane, ProxyState, SyncReport};
+use partial::WrittenChains;
 use render::{
     FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_POSTROUTING,
     KUBE_PROXY_FIREWALL, KUBE_SERVICES,
 };
-use std::{collections::BTreeSet, io, process::ExitStatus, process::Stdio};
+use std::{
+    collections::BTreeSet,
+    io,
+    process::{ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
 use tokio::{io::AsyncWriteExt, process::Command};
 
 /// What can go wrong while syncing the iptables backend.
@@ -181,6 +194,13 @@ impl Jump {
     }
 }
 
+/// The empty chain whose absence shows that the tables were flushed behind the agent's back.
+pub const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
+/// The tables holding a canary, as kube-proxy's.
+const CANARY_TABLES: [&str; 3] = ["mangle", "nat", "filter"];
+/// How often a sync is full even when nothing forces it (kube-proxy's `FullSyncPeriod`).
+pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(60 * 60);
+
 const SERVICE_PORTALS: &str = "kubernetes service portals";
 const EXTERNAL_PORTALS: &str = "kubernetes externally-visible service portals";
 const LOAD_BALANCER_FIREWALL: &str = "kubernetes load balancer firewall";
@@ -273,13 +293,18 @@ impl Jump {
     }
 }
 
-/// The iptables dataplane: programs the IPv4 nat table through the iptables tools.
+/// The iptables dataplane: programs the IPv4 nat and filter tables through the iptables tools.
 #[derive(Debug, Clone, Default)]
 pub struct Iptables {
     config: Config,
     /// The state of the last successful sync; `None` before the first one, which deletes no
     /// flows (kube-proxy does not flush conntrack on startup either).
     applied: Option<ProxyState>,
+    /// The per-Service chains the last successful sync left in the kernel; empty before the
+    /// first sync and after a failed one, which makes the next sync full.
+    written: WrittenChains,
+    /// When the last full sync finished.
+    last_full_sync: Option<Instant>,
 }
 
 impl Iptables {
@@ -294,7 +319,7 @@ impl Iptables {
     pub fn with_config(config: Config) -> Self {
         Self {
             config,
-            applied: None,
+            ..Self::default()
         }
     }
 
@@ -318,6 +343,51 @@ impl Iptables {
             &String::from_utf8_lossy(&output.stdout),
             "nat",
         ))
+    }
+
+    /// Why this sync must be full, or `None` when a partial one is enough. `nat_chains` are the
+    /// nat chains now in the kernel; the other tables' canaries are probed.
+    async fn full_sync_reason(
+        &self,
+        nat_chains: &BTreeSet<String>,
+    ) -> Result<Option<&'static str>> {
+        if self.written == WrittenChains::default() {
+            return Ok(Some("first sync or previous failure"));
+        }
+        if self
+            .last_full_sync
+            .is_none_or(|at| at.elapsed() >= FULL_SYNC_PERIOD)
+        {
+            return Ok(Some("periodic full sync"));
+        }
+        for table in CANARY_TABLES {
+            let present = if table == "nat" {
+                nat_chains.contains(KUBE_PROXY_CANARY)
+            } else {
+                let args = [
+                    "-w".to_owned(),
+                    self.config.lock_wait_seconds.to_string(),
+                    "-t".to_owned(),
+                    table.to_owned(),
+                    "-S".to_owned(),
+                    KUBE_PROXY_CANARY.to_owned(),
+                ];
+                // Any failure (missing chain or table, or worse) counts as gone: a full sync is
+                // always safe.
+                self.run(&self.config.iptables, &args, None)
+                    .await?
+                    .status
+                    .success()
+            };
+            if !present {
+                tracing::warn!(
+                    table,
+                    "canary chain is gone, the rules were flushed; syncing all of them"
+                );
+                return Ok(Some("canary chain gone"));
+            }
+        }
+        Ok(None)
     }
 
     /// Applies `payload` in one `iptables-restore --noflush` transaction.
@@ -464,31 +534,62 @@ impl Dataplane for Iptables {
 
     async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport> {
         let existing = self.existing_chains().await?;
+        let full_reason = self.full_sync_reason(&existing).await?;
+        // Taken, so that a sync failing from here on leaves it empty and the next one is full.
+        let previous = std::mem::take(&mut self.written);
+        let previous = if full_reason.is_some() {
+            WrittenChains::default()
+        } else {
+            previous
+        };
         let filter = render_filter(state);
         let nat = render_nat(state, &self.config.render, &existing);
-        // Both tables in one transaction.
-        self.restore(&format!("{}{}", filter.payload, nat.payload))
+        let existing_nat = existing
+            .into_iter()
+            .map(|chain| ("nat".to_owned(), chain))
+            .collect();
+        let trimmed = partial::trim(
+            &format!("{}{}", filter.payload, nat.payload),
+            &previous,
+            &existing_nat,
+        );
+        // Both tables and the canaries in one transaction.
+        self.restore(&format!("{}{}", trimmed.payload, canaries()))
             .await?;
-        // After the restore, so the target chains exist when the jumps are checked.
-        for jump in &JUMPS {
-            self.ensure_jump(jump).await?;
+        if let Some(reason) = full_reason {
+            // After the restore, so the target chains exist when the jumps are checked. Partial
+            // syncs trust them, as kube-proxy's: the canary tells when they may be gone.
+            for jump in &JUMPS {
+                self.ensure_jump(jump).await?;
+            }
+            self.last_full_sync = Some(Instant::now());
+            tracing::debug!(reason, "full sync");
         }
         tracing::debug!(
-            filter_rules = filter.rule_count,
-            nat_rules = nat.rule_count,
+            full = full_reason.is_some(),
+            rules_written = ?trimmed.rules_written,
+            rules_total = ?trimmed.rules_total,
             "synced iptables rules"
         );
         if let Some(previous) = &self.applied {
             self.delete_stale_flows(previous, state).await;
         }
         self.applied = Some(state.clone());
+        self.written = trimmed.chains;
         Ok(SyncReport {
-            rules_written: vec![
-                ("filter".to_owned(), filter.rule_count),
-                ("nat".to_owned(), nat.rule_count),
-            ],
+            rules_written: trimmed.rules_written,
+            rules_total: trimmed.rules_total,
+            full: full_reason.is_some(),
         })
     }
+}
+
+/// The restore input that (re)creates the empty canary chains.
+fn canaries() -> String {
+    CANARY_TABLES
+        .iter()
+        .map(|table| format!("*{table}\n:{KUBE_PROXY_CANARY} - [0:0]\nCOMMIT\n"))
+        .collect()
 }
 
 /// A tool's stderr as one trimmed line of text for an error message.

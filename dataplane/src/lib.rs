@@ -19,8 +19,13 @@ pub use model::{
 /// What one successful sync wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SyncReport {
-    /// Rules written per table, e.g. `("nat", 12)`.
+    /// Rules written by this sync per table, e.g. `("nat", 12)`.
     pub rules_written: Vec<(String, u32)>,
+    /// Rules the backend's tables hold after this sync, per table: those written and those an
+    /// incremental sync left in place.
+    pub rules_total: Vec<(String, u32)>,
+    /// Every rule was written, not only the changed Services' (kube-proxy's full sync).
+    pub full: bool,
 }
 
 /// A dataplane backend: makes the kernel match a [`ProxyState`].

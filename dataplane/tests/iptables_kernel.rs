@@ -342,3 +342,64 @@ async fn kernel_accepts_affinity_external_ips_local_policies_and_source_ranges()
         "{emptied}"
     );
 }
+
+/// `one_service()` plus `every_feature()`, with svc1's endpoints replaced by `svc1_endpoints`.
+fn both(svc1_endpoints: &[&str]) -> ProxyState {
+    let mut state = one_service();
+    for service in state.services.values_mut() {
+        service.ports[0].endpoints = svc1_endpoints.iter().map(|ip| endpoint(ip)).collect();
+    }
+    state.services.extend(every_feature().services);
+    state
+}
+
+#[tokio::test]
+async fn partial_syncs_leave_unchanged_services_alone_until_the_tables_are_flushed() {
+    let netns = Netns::create("partial");
+    let mut iptables = netns.iptables();
+    let first = iptables.sync(&both(&["10.180.0.1"])).await.unwrap();
+    assert!(first.full);
+    for table in ["mangle", "nat", "filter"] {
+        netns.exec(&["iptables", "-t", table, "-S", "KUBE-PROXY-CANARY"]);
+    }
+    // A mark no render writes, in svc2's chain: a partial sync must not touch that chain.
+    let svc2_chain = per_service_chains(&netns.nat_rules())
+        .into_iter()
+        .find(|chain| chain.starts_with("KUBE-SVC-") && *chain != "KUBE-SVC-XPGD46QRK7WJZT7O")
+        .unwrap()
+        .to_owned();
+    netns.exec(&["iptables", "-t", "nat", "-A", &svc2_chain, "-j", "RETURN"]);
+    let tampered = format!("-A {svc2_chain} -j RETURN");
+
+    // svc1's endpoint moves: only its chains are written.
+    let second = iptables.sync(&both(&["10.180.0.9"])).await.unwrap();
+    assert!(!second.full);
+    let saved = netns.nat_rules();
+    assert!(saved.contains("--to-destination 10.180.0.9:80"), "{saved}");
+    assert!(!saved.contains("10.180.0.1:80"), "{saved}");
+    assert!(saved.lines().any(|line| line == tampered), "{saved}");
+    let nat_written = |report: &splitproxy_dataplane::SyncReport| report.rules_written[1].1;
+    assert!(nat_written(&second) < nat_written(&first), "{second:?}");
+    assert_eq!(second.rules_total, first.rules_total);
+
+    // A firewall reload deletes every chain: the canary is gone, so everything comes back.
+    for table in ["nat", "filter"] {
+        netns.exec(&["iptables", "-t", table, "-F"]);
+        netns.exec(&["iptables", "-t", table, "-X"]);
+    }
+    let third = iptables.sync(&both(&["10.180.0.9"])).await.unwrap();
+    assert!(third.full);
+    let restored = netns.nat_rules();
+    assert!(!restored.lines().any(|line| line == tampered), "{restored}");
+    assert!(
+        restored.contains("--to-destination 10.180.0.9:80"),
+        "{restored}"
+    );
+    for jump in JUMPS {
+        assert!(
+            restored.lines().any(|line| line == jump),
+            "{jump} missing in\n{restored}"
+        );
+    }
+    assert_eq!(third.rules_total, first.rules_total);
+}

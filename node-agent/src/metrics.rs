@@ -27,6 +27,10 @@ pub struct CodeLabel {
 pub struct Metrics {
     /// `kubeproxy_sync_proxy_rules_duration_seconds`.
     pub sync_duration: Histogram,
+    /// `kubeproxy_sync_full_proxy_rules_duration_seconds`.
+    pub full_sync_duration: Histogram,
+    /// `kubeproxy_sync_partial_proxy_rules_duration_seconds`.
+    pub partial_sync_duration: Histogram,
     /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`.
     pub last_sync_timestamp: Gauge<f64, AtomicU64>,
     /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`.
@@ -37,6 +41,8 @@ pub struct Metrics {
     pub endpoint_changes: Counter,
     /// `kubeproxy_sync_proxy_rules_iptables_last`.
     pub rules_last: Family<TableLabel, Gauge>,
+    /// `kubeproxy_sync_proxy_rules_iptables_total`.
+    pub rules_total: Family<TableLabel, Gauge>,
     /// `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`.
     pub restore_failures: Counter,
     /// `kubeproxy_proxy_healthz_total`.
@@ -56,15 +62,15 @@ impl Metrics {
     #[must_use]
     pub fn new(registry: &mut Registry) -> Self {
         let metrics = Self {
-            // kube-proxy's buckets: ExponentialBuckets(0.001, 2, 15).
-            sync_duration: Histogram::new(
-                prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 15),
-            ),
+            sync_duration: Histogram::new(sync_buckets()),
+            full_sync_duration: Histogram::new(sync_buckets()),
+            partial_sync_duration: Histogram::new(sync_buckets()),
             last_sync_timestamp: Gauge::default(),
             last_queued_timestamp: Gauge::default(),
             network_programming: Histogram::new(network_programming_buckets()),
             endpoint_changes: Counter::default(),
             rules_last: Family::default(),
+            rules_total: Family::default(),
             restore_failures: Counter::default(),
             healthz: Family::default(),
             livez: Family::default(),
@@ -76,6 +82,16 @@ impl Metrics {
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds",
             metrics.sync_duration.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs",
+            metrics.full_sync_duration.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs",
+            metrics.partial_sync_duration.clone(),
         );
         registry.register(
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
@@ -101,6 +117,11 @@ impl Metrics {
             "kubeproxy_sync_proxy_rules_iptables_last",
             "Number of proxy rules written in the last sync, per table",
             metrics.rules_last.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_total",
+            "Number of proxy rules the tables hold after the last sync, per table",
+            metrics.rules_total.clone(),
         );
         registry.register(
             "kubeproxy_sync_proxy_rules_iptables_restore_failures",
@@ -134,6 +155,11 @@ impl Metrics {
         );
         metrics
     }
+}
+
+/// kube-proxy's sync duration buckets: `ExponentialBuckets(0.001, 2, 15)`.
+fn sync_buckets() -> impl Iterator<Item = f64> {
+    prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 15)
 }
 
 /// kube-proxy's network programming buckets: 0.25, 0.5, 1..59 by 1, 60..115 by 5, 120..300 by 30.

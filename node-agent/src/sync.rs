@@ -118,7 +118,7 @@ impl<D: Dataplane> Applier<D> {
             .set(i64::try_from(invalid.len()).unwrap_or(i64::MAX));
 
         let (report, duration, finished_at) = self.sync_kernel(&proxy_state).await?;
-        self.record_success(&current, next, report.rules_written, duration, finished_at);
+        self.record_success(&current, next, report, duration, finished_at);
         self.reconcile_health_checks(&proxy_state);
         Ok(())
     }
@@ -135,7 +135,7 @@ impl<D: Dataplane> Applier<D> {
         match self.sync_kernel(&proxy_state).await {
             Ok((report, duration, finished_at)) => {
                 tracing::debug!(revision = held.revision, "resynced");
-                self.record_sync(report.rules_written, duration, finished_at, |_| {});
+                self.record_sync(report, duration, finished_at, |_| {});
                 // Retries the health-check ports that could not be bound before.
                 self.reconcile_health_checks(&proxy_state);
             }
@@ -173,6 +173,12 @@ impl<D: Dataplane> Applier<D> {
         let finished_at = SystemTime::now();
         match result {
             Ok(report) => {
+                let kind = if report.full {
+                    &self.metrics.full_sync_duration
+                } else {
+                    &self.metrics.partial_sync_duration
+                };
+                kind.observe(duration.as_secs_f64());
                 self.timer.succeeded(started, finished);
                 Ok((report, duration, finished_at))
             }
@@ -200,7 +206,7 @@ impl<D: Dataplane> Applier<D> {
         &self,
         previous: &NodeState,
         next: NodeState,
-        rules_written: Vec<(String, u32)>,
+        report: SyncReport,
         duration: Duration,
         finished_at: SystemTime,
     ) {
@@ -216,7 +222,7 @@ impl<D: Dataplane> Applier<D> {
                 self.metrics.network_programming.observe(since.max(0.0));
             }
         }
-        self.record_sync(rules_written, duration, finished_at, |s| {
+        self.record_sync(report, duration, finished_at, |s| {
             s.state = Arc::new(next);
             s.applied_at = Some(finished_at);
             s.queued_since = None;
@@ -227,18 +233,22 @@ impl<D: Dataplane> Applier<D> {
     /// `change` updates the status in the same step.
     fn record_sync(
         &self,
-        rules_written: Vec<(String, u32)>,
+        report: SyncReport,
         duration: Duration,
         finished_at: SystemTime,
         change: impl FnOnce(&mut Snapshot),
     ) {
-        for (table, rules) in &rules_written {
-            self.metrics
-                .rules_last
-                .get_or_create(&TableLabel {
-                    table: table.clone(),
-                })
-                .set(i64::from(*rules));
+        for (gauge, counts) in [
+            (&self.metrics.rules_last, &report.rules_written),
+            (&self.metrics.rules_total, &report.rules_total),
+        ] {
+            for (table, rules) in counts {
+                gauge
+                    .get_or_create(&TableLabel {
+                        table: table.clone(),
+                    })
+                    .set(i64::from(*rules));
+            }
         }
         self.metrics
             .last_sync_timestamp
@@ -249,7 +259,7 @@ impl<D: Dataplane> Applier<D> {
                 finished_at,
                 duration,
                 error: None,
-                rules_written,
+                rules_written: report.rules_written,
             });
         });
     }

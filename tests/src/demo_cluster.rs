@@ -125,22 +125,44 @@ impl DemoCluster {
         cluster.write_manifests()?;
         cluster.start_controller()?;
         for i in 0..cluster.nodes.len() {
-            let node = cluster.nodes[i].clone();
-            let agent = cluster.lab.spawn(
-                &node,
-                workspace_binary("splitproxy-agent")?,
-                &[
-                    "--controller",
-                    &cluster.controller_url(),
-                    "--hostname-override",
-                    node.name(),
-                    "--proxy-mode",
-                    "iptables",
-                ],
-            )?;
+            let agent = cluster.start_agent(i, &[])?;
             cluster.agents.push(agent);
         }
         Ok(cluster)
+    }
+
+    /// Starts an agent on the node at `index`, with `extra` flags after the usual ones.
+    ///
+    /// # Errors
+    ///
+    /// If the binary is missing or cannot be started.
+    pub fn start_agent(&mut self, index: usize, extra: &[&str]) -> Result<Process> {
+        let node = self.nodes.get(index).context("no such node")?.clone();
+        let url = self.controller_url();
+        let mut args = vec![
+            "--controller",
+            &url,
+            "--hostname-override",
+            node.name(),
+            "--proxy-mode",
+            "iptables",
+        ];
+        args.extend_from_slice(extra);
+        self.lab
+            .spawn(&node, workspace_binary("splitproxy-agent")?, &args)
+    }
+
+    /// Replaces the agent on the node at `index` with one started with `extra` flags; the rules
+    /// stay in place meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// If the old agent cannot be killed or the new one started.
+    pub fn restart_agent(&mut self, index: usize, extra: &[&str]) -> Result<()> {
+        let old = self.agents.get(index).context("no such agent")?.clone();
+        self.lab.kill(&old)?;
+        self.agents[index] = self.start_agent(index, extra)?;
+        Ok(())
     }
 
     /// The controller's and agents' logs, for failure messages.

@@ -12,7 +12,9 @@
 //! | LB ingress   | `1.2.3.x`                    |
 #![allow(clippy::unwrap_used)]
 
-use super::{Config, Dataplane, Error, Iptables, JUMPS, RenderOptions, render_filter, render_nat};
+use super::{
+    Config, Dataplane, Error, Iptables, JUMPS, RenderOptions, canaries, render_filter, render_nat,
+};
 use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy};
 use std::{collections::BTreeSet, path::PathBuf, time::Duration};
 
@@ -1211,8 +1213,9 @@ impl Drop for Scratch {
 }
 
 /// An executor whose tools are one `sh` script: `sh -c SCRIPT DIR TOOL ARGS...`. The script logs
-/// each call to `DIR/calls`; `iptables-save` prints `saved`, `iptables-restore` copies its input
-/// to `DIR/payload`, and `iptables -C` fails with `check_exit` for PREROUTING only. `conntrack`
+/// each call to `DIR/calls`; `iptables-save` prints `DIR/saved` (initially `saved`),
+/// `iptables-restore` copies its input to `DIR/payload`, `iptables -C` fails with `check_exit`
+/// for PREROUTING only, and `iptables -S` (the canary probe) succeeds. `conntrack`
 /// answers as conntrack-tools does when nothing matches (exit 1, "0 flow entries"), or fails with
 /// another message while `DIR/conntrack-fails` exists.
 fn fake_tools(scratch: &Scratch, saved: &str, restore_exit: u8, check_exit: u8) -> Iptables {
@@ -1220,13 +1223,14 @@ fn fake_tools(scratch: &Scratch, saved: &str, restore_exit: u8, check_exit: u8) 
         r#"dir=$0; tool=$1; shift
 echo "$tool $*" >> "$dir/calls"
 case "$tool" in
-  iptables-save) printf '%s' '{saved}' ;;
+  iptables-save) cat "$dir/saved" ;;
   iptables-restore) cat > "$dir/payload"; [ {restore_exit} = 0 ] || {{ echo 'iptables-restore: line 2 failed' >&2; exit {restore_exit}; }} ;;
   iptables) case "$*" in *"-C PREROUTING"*) echo 'Bad rule' >&2; exit {check_exit} ;; esac ;;
   conntrack) [ -e "$dir/conntrack-fails" ] && {{ echo 'conntrack v1.4.7 (conntrack-tools): Operation failed: such conntrack doesn'"'"'t exist' >&2; exit 1; }}
     echo 'conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.' >&2; exit 1 ;;
 esac"#
     );
+    std::fs::write(scratch.0.join("saved"), saved).unwrap();
     let dir = scratch.0.to_string_lossy().into_owned();
     Iptables::with_config(Config::default().with_command_prefix([
         "sh".to_owned(),
@@ -1261,7 +1265,7 @@ async fn sync_restores_the_render_and_inserts_only_missing_jumps() {
     );
     assert_rules_eq(
         &scratch.read("payload"),
-        &format!("{}{}", filter.payload, expected.payload),
+        &format!("{}{}{}", filter.payload, expected.payload, canaries()),
     );
     assert!(expected.payload.contains("-X KUBE-SVC-GNZBNJ2PO5MGZ6GT"));
     assert_rules_eq(
@@ -1687,6 +1691,7 @@ async fn failed_sync_keeps_the_last_applied_state_for_the_cleanup() {
     let mut failing = Iptables {
         config: fake_tools(&scratch, SAVED, 0, 4).config,
         applied: iptables.applied.clone(),
+        ..Iptables::default()
     };
     failing.sync(&udp_dns(&[])).await.unwrap_err();
     assert!(conntrack_calls(&scratch).is_empty());
@@ -1701,4 +1706,73 @@ async fn failed_sync_keeps_the_last_applied_state_for_the_cleanup() {
             "conntrack -D -p udp --dport 30053 --reply-src 10.180.0.1",
         ]
     );
+}
+
+/// The calls of the fake tools after the first `skip` ones.
+fn calls_after(scratch: &Scratch, skip: usize) -> Vec<String> {
+    scratch
+        .read("calls")
+        .lines()
+        .skip(skip)
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn unchanged_services_are_not_rewritten_until_a_canary_goes() {
+    let scratch = Scratch::new("partial");
+    let mut iptables = fake_tools(&scratch, SAVED, 0, 0);
+    let (state, _) = everything();
+    let first = iptables.sync(&state).await.unwrap();
+    assert!(first.full);
+    // The kernel now holds what was restored, canaries included.
+    std::fs::write(scratch.0.join("saved"), scratch.read("payload")).unwrap();
+
+    let done = scratch.read("calls").lines().count();
+    let second = iptables.sync(&state).await.unwrap();
+    assert!(!second.full);
+    let payload = scratch.read("payload");
+    assert!(!payload.contains("-A KUBE-SEP-"), "{payload}");
+    assert!(payload.contains("-A KUBE-SERVICES"), "{payload}");
+    assert_eq!(second.rules_total, first.rules_total);
+    assert!(
+        second.rules_written[1].1 < first.rules_written[1].1,
+        "{second:?}"
+    );
+    // A partial sync probes the canaries and trusts the jumps.
+    assert_eq!(
+        calls_after(&scratch, done),
+        [
+            "iptables-save -t nat",
+            "iptables -w 5 -t mangle -S KUBE-PROXY-CANARY",
+            "iptables -w 5 -t filter -S KUBE-PROXY-CANARY",
+            "iptables-restore -w 5 --noflush",
+        ]
+    );
+
+    // Someone deletes our nat chains: the next sync writes everything and checks the jumps.
+    std::fs::write(scratch.0.join("saved"), SAVED).unwrap();
+    let third = iptables.sync(&state).await.unwrap();
+    assert!(third.full);
+    assert_eq!(third.rules_written, first.rules_written);
+    assert!(scratch.read("payload").contains("-A KUBE-SEP-"));
+}
+
+#[tokio::test]
+async fn a_failed_sync_makes_the_next_one_full() {
+    let scratch = Scratch::new("partial-after-failure");
+    let (state, _) = everything();
+    let mut iptables = fake_tools(&scratch, SAVED, 0, 0);
+    iptables.sync(&state).await.unwrap();
+    std::fs::write(scratch.0.join("saved"), scratch.read("payload")).unwrap();
+
+    // The jump check fails after the restore: the sync fails.
+    iptables.config = fake_tools(&scratch, &scratch.read("saved"), 0, 4).config;
+    iptables.last_full_sync = None;
+    iptables.sync(&state).await.unwrap_err();
+
+    iptables.config = fake_tools(&scratch, &scratch.read("saved"), 0, 0).config;
+    let next = iptables.sync(&state).await.unwrap();
+    assert!(next.full);
+    assert!(scratch.read("payload").contains("-A KUBE-SEP-"));
 }

@@ -1,0 +1,69 @@
+//! How the agent keeps the kernel in line: periodic resyncs that rewrite only what changed, and
+//! rules brought back after someone deletes them (a firewall reload), noticed through the
+//! `KUBE-PROXY-CANARY` chains. Needs root; `scripts/test.sh` builds the binaries first.
+
+#![allow(clippy::unwrap_used)]
+
+use anyhow::{Context, Result, ensure};
+use splitproxy_e2e::{demo_cluster::DemoCluster, eventually};
+use std::time::Duration;
+
+/// The longest wait for rules to converge; generous because CI machines are slow and shared.
+const CONVERGE: Duration = Duration::from_secs(90);
+const REQUESTS: u32 = 40;
+
+/// A counter or gauge from node `index`'s agent `/metrics`, 0 when not exported yet.
+fn agent_metric(cluster: &DemoCluster, index: usize, name: &str) -> Result<f64> {
+    let text = cluster.run(
+        &cluster.nodes[index],
+        "curl",
+        &["-sf", "http://127.0.0.1:10249/metrics"],
+    )?;
+    Ok(text
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .map_or(0.0, |value| value.trim().parse().unwrap_or(0.0)))
+}
+
+#[test]
+fn rules_deleted_behind_the_agents_back_come_back_and_resyncs_are_partial() -> Result<()> {
+    let mut cluster = DemoCluster::start("resync")?;
+    eventually("traffic reaches the ready endpoints", CONVERGE, || {
+        cluster.check_traffic(REQUESTS).map(drop)
+    })
+    .with_context(|| cluster.logs())?;
+    // Resync every second on node-1; its rules stay in place while the agent restarts.
+    cluster.restart_agent(0, &["--iptables-sync-period", "1s"])?;
+
+    let partial = "kubeproxy_sync_partial_proxy_rules_duration_seconds_count";
+    eventually("node-1's resyncs to be partial", CONVERGE, || {
+        let count = agent_metric(&cluster, 0, partial)?;
+        ensure!(count >= 2.0, "{partial} is {count}");
+        Ok(())
+    })
+    .with_context(|| cluster.logs())?;
+
+    // What a firewall reload does: every rule and chain of nat and filter deleted.
+    let full = "kubeproxy_sync_full_proxy_rules_duration_seconds_count";
+    let full_before = agent_metric(&cluster, 0, full)?;
+    let node1 = cluster.nodes[0].clone();
+    for table in ["nat", "filter"] {
+        cluster.run(&node1, "iptables", &["-t", table, "-F"])?;
+        cluster.run(&node1, "iptables", &["-t", table, "-X"])?;
+    }
+    eventually("node-1's rules to come back", CONVERGE, || {
+        let nat = cluster.run(&node1, "iptables-save", &["-t", "nat"])?;
+        ensure!(nat.contains("-j KUBE-SERVICES"), "no jump to KUBE-SERVICES");
+        ensure!(nat.contains("KUBE-PROXY-CANARY"), "no canary");
+        cluster.check_traffic(REQUESTS).map(drop)
+    })
+    .with_context(|| cluster.logs())?;
+    let full_after = agent_metric(&cluster, 0, full)?;
+    ensure!(
+        full_after > full_before,
+        "{full} stayed at {full_before} although the canary was deleted"
+    );
+    let log = cluster.agents[0].log();
+    ensure!(log.contains("canary chain is gone"), "{log}");
+    Ok(())
+}
