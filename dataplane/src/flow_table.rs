@@ -117,6 +117,9 @@ pub struct Scenario {
     pub cluster_cidrs: Vec<Cidr>,
     /// Masquerade all cluster-IP traffic (kube-proxy's `--masquerade-all`).
     pub masquerade_all: bool,
+    /// The node addresses that take node ports (kube-proxy's `--nodeport-addresses`, resolved);
+    /// `None` for every address in `node_ips`.
+    pub node_port_addresses: Option<Vec<IpAddr>>,
     /// The rows.
     pub cases: Vec<FlowCase>,
 }
@@ -134,6 +137,7 @@ pub fn scenarios() -> Vec<Scenario> {
         node_with_load_balancer_source_ranges(),
         node_with_cluster_cidr(),
         node_with_masquerade_all(),
+        node_with_node_port_addresses(),
     ]
 }
 
@@ -330,6 +334,7 @@ fn node_with_services() -> Scenario {
         node_ips: vec![NODE_IP],
         cluster_cidrs: Vec::new(),
         masquerade_all: false,
+        node_port_addresses: None,
         cases,
     }
 }
@@ -342,6 +347,7 @@ fn node_without_services() -> Scenario {
         node_ips: vec![NODE_IP],
         cluster_cidrs: Vec::new(),
         masquerade_all: false,
+        node_port_addresses: None,
         cases: vec![
             case(
                 "pod to an unused cluster IP passes",
@@ -418,6 +424,7 @@ fn node_with_terminating_endpoints() -> Scenario {
         node_ips: vec![NODE_IP],
         cluster_cidrs: Vec::new(),
         masquerade_all: false,
+        node_port_addresses: None,
         cases: vec![
             case(
                 "pod to cluster IP whose endpoints all terminate reaches the one still serving",
@@ -502,6 +509,7 @@ fn node_with_external_ips() -> Scenario {
         node_ips: vec![NODE_IP],
         cluster_cidrs: Vec::new(),
         masquerade_all: false,
+        node_port_addresses: None,
         cases: vec![
             case(
                 "external client to external IP reaches the endpoints masqueraded",
@@ -599,6 +607,7 @@ fn node_with_session_affinity() -> Scenario {
         node_ips: vec![NODE_IP],
         cluster_cidrs: Vec::new(),
         masquerade_all: false,
+        node_port_addresses: None,
         cases: vec![
             case(
                 "pod to cluster IP with session affinity reaches exactly its endpoints",
@@ -805,6 +814,7 @@ fn node_with_local_traffic_policies() -> Scenario {
         node_ips: vec![NODE_IP],
         cluster_cidrs: Vec::new(),
         masquerade_all: false,
+        node_port_addresses: None,
         cases,
     }
 }
@@ -847,6 +857,7 @@ fn node_with_load_balancer_source_ranges() -> Scenario {
         node_ips: vec![NODE_IP],
         cluster_cidrs: Vec::new(),
         masquerade_all: false,
+        node_port_addresses: None,
         cases: vec![
             case(
                 "external client inside the source ranges to load-balancer IP reaches the endpoints masqueraded",
@@ -1052,6 +1063,7 @@ fn node_with_cluster_cidr() -> Scenario {
         node_ips: vec![NODE_IP],
         cluster_cidrs: vec![CLUSTER_CIDR],
         masquerade_all: false,
+        node_port_addresses: None,
         cases,
     }
 }
@@ -1106,6 +1118,69 @@ fn node_with_masquerade_all() -> Scenario {
         node_ips: vec![NODE_IP],
         cluster_cidrs: vec![CLUSTER_CIDR],
         masquerade_all: true,
+        node_port_addresses: None,
+        cases,
+    }
+}
+
+/// A second node address, on the pod bridge: not among `--nodeport-addresses`.
+const BRIDGE_IP: IpAddr = v4(10, 244, 0, 1);
+
+fn node_with_node_port_addresses() -> Scenario {
+    let web = service(
+        "default",
+        "web",
+        WEB_IP,
+        vec![ServicePort::new(
+            "http",
+            Protocol::Tcp,
+            80,
+            Some(WEB_NODE_PORT),
+            vec![ready(WEB_1), ready(WEB_2)],
+        )],
+    );
+    let web_masqueraded = || Expected::endpoints([(WEB_1, true), (WEB_2, true)]);
+    use Origin::{External, Node, Pod};
+    use Protocol::Tcp;
+    let cases = vec![
+        case(
+            "external client to node port on a selected address reaches the endpoints masqueraded",
+            (External, EXTERNAL_CLIENT),
+            (Tcp, NODE_IP, WEB_NODE_PORT),
+            web_masqueraded(),
+        ),
+        case(
+            "node to node port on a selected address reaches the endpoints masqueraded",
+            (Node, NODE_IP),
+            (Tcp, NODE_IP, WEB_NODE_PORT),
+            web_masqueraded(),
+        ),
+        case(
+            "pod to node port on an address outside --nodeport-addresses passes",
+            (Pod, CLIENT_POD),
+            (Tcp, BRIDGE_IP, WEB_NODE_PORT),
+            Expected::Pass,
+        ),
+        case(
+            "node to node port on loopback passes",
+            (Node, NODE_IP),
+            (Tcp, v4(127, 0, 0, 1), WEB_NODE_PORT),
+            Expected::Pass,
+        ),
+        case(
+            "pod to cluster IP is unaffected",
+            (Pod, CLIENT_POD),
+            (Tcp, WEB_IP, 80),
+            Expected::endpoints([(WEB_1, false), (WEB_2, false)]),
+        ),
+    ];
+    Scenario {
+        name: "node with two addresses and --nodeport-addresses selecting one: web (NodePort)",
+        state: state([web]),
+        node_ips: vec![NODE_IP, BRIDGE_IP],
+        cluster_cidrs: Vec::new(),
+        masquerade_all: false,
+        node_port_addresses: Some(vec![NODE_IP]),
         cases,
     }
 }

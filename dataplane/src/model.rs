@@ -114,6 +114,28 @@ impl FromStr for Cidr {
     }
 }
 
+impl Cidr {
+    /// Whether `ip` is inside this block; never for an address of the other family.
+    #[must_use]
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.address, ip) {
+            (IpAddr::V4(network), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix.min(32)))
+                    .unwrap_or(0);
+                u32::from(network) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(network), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix.min(128)))
+                    .unwrap_or(0);
+                u128::from(network) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.address, self.prefix)
@@ -235,5 +257,21 @@ mod tests {
         ] {
             assert!(bad.parse::<Cidr>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn cidrs_contain_the_addresses_of_their_block_and_family_only() {
+        let cidr = |text: &str| text.parse::<Cidr>().expect("valid");
+        let ip = |text: &str| text.parse::<IpAddr>().expect("valid");
+        assert!(cidr("10.244.0.0/16").contains(ip("10.244.255.1")));
+        assert!(!cidr("10.244.0.0/16").contains(ip("10.245.0.1")));
+        assert!(cidr("10.244.7.1/16").contains(ip("10.244.0.1")));
+        assert!(cidr("0.0.0.0/0").contains(ip("203.0.113.9")));
+        assert!(cidr("198.18.0.11/32").contains(ip("198.18.0.11")));
+        assert!(!cidr("198.18.0.11/32").contains(ip("198.18.0.12")));
+        assert!(cidr("fd00::/8").contains(ip("fd00:198:18::11")));
+        assert!(cidr("::/0").contains(ip("::1")));
+        assert!(!cidr("::/0").contains(ip("10.0.0.1")));
+        assert!(!cidr("0.0.0.0/0").contains(ip("::1")));
     }
 }

@@ -1,9 +1,13 @@
 //! Command-line flags, named as kube-proxy names them where the meaning is the same.
 
+use crate::node_port_addresses::NodePortAddress;
 use crate::runner::{InvalidPeriods, SyncPeriods};
 use clap::{CommandFactory, Parser, ValueEnum, error::ErrorKind};
 use splitproxy_dataplane::{Cidr, iptables::RenderOptions};
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
 
 /// Programs this node's Services from the splitproxy controller's stream.
 #[derive(Debug, Parser)]
@@ -73,15 +77,45 @@ pub struct Cli {
     /// Masquerade every packet sent to a cluster IP, whatever its source.
     #[arg(long, env = "SPLITPROXY_MASQUERADE_ALL")]
     pub masquerade_all: bool,
+    /// Which node addresses accept node-port traffic, comma-separated: CIDRs (the node's
+    /// addresses inside them, e.g. `198.18.0.0/24`) or `primary` (the node's primary IP).
+    /// Unset: every local address. Read when the agent starts.
+    #[arg(
+        long = "nodeport-addresses",
+        env = "SPLITPROXY_NODEPORT_ADDRESSES",
+        value_delimiter = ','
+    )]
+    pub nodeport_addresses: Vec<NodePortAddress>,
+    /// The node's primary IP, for `--nodeport-addresses primary`. Unset (or 0.0.0.0): the
+    /// address the node reaches the first controller from.
+    #[arg(long, env = "SPLITPROXY_BIND_ADDRESS")]
+    pub bind_address: Option<IpAddr>,
 }
 
 impl Cli {
-    /// What `--cluster-cidr` and `--masquerade-all` ask of the rules.
+    /// What `--cluster-cidr` and `--masquerade-all` ask of the rules, with the node-port
+    /// addresses `--nodeport-addresses` resolved to (`None`: every local address).
     #[must_use]
-    pub fn render_options(&self) -> RenderOptions {
+    pub fn render_options(&self, node_port_addresses: Option<Vec<IpAddr>>) -> RenderOptions {
         RenderOptions::default()
             .with_cluster_cidrs(self.cluster_cidr.iter().copied())
             .with_masquerade_all(self.masquerade_all)
+            .with_node_port_addresses(node_port_addresses)
+    }
+
+    /// The node's primary IP: `--bind-address` when it names one, else the address the node
+    /// reaches the first controller from.
+    ///
+    /// # Errors
+    ///
+    /// If neither tells.
+    pub fn primary_ip(&self) -> std::io::Result<IpAddr> {
+        match self.bind_address {
+            Some(ip) if !ip.is_unspecified() => Ok(ip),
+            _ => crate::node_port_addresses::primary_toward(
+                self.controllers.first().map_or("", String::as_str),
+            ),
+        }
     }
 
     /// The sync periods, checked against each other as kube-proxy checks them.
@@ -380,7 +414,7 @@ mod tests {
         let cli = parse(&[]).expect("valid flags");
         assert!(cli.cluster_cidr.is_empty());
         assert!(!cli.masquerade_all);
-        assert_eq!(cli.render_options(), RenderOptions::default());
+        assert_eq!(cli.render_options(None), RenderOptions::default());
     }
 
     #[test]
@@ -397,7 +431,7 @@ mod tests {
             .collect();
         assert_eq!(cli.cluster_cidr, cidrs);
         assert_eq!(
-            cli.render_options(),
+            cli.render_options(None),
             RenderOptions::default()
                 .with_cluster_cidrs(cidrs)
                 .with_masquerade_all(true)
@@ -429,5 +463,34 @@ mod tests {
             ])
             .is_err()
         );
+    }
+
+    #[test]
+    fn nodeport_addresses_take_cidrs_and_primary_and_refuse_bare_ips() {
+        let cli = parse(&["--nodeport-addresses", "198.18.0.0/24,primary"]).expect("valid");
+        assert_eq!(
+            cli.nodeport_addresses,
+            [
+                NodePortAddress::Cidr("198.18.0.0/24".parse().expect("valid CIDR")),
+                NodePortAddress::Primary
+            ]
+        );
+        assert!(parse(&[]).expect("valid").nodeport_addresses.is_empty());
+        assert!(parse(&["--nodeport-addresses", "198.18.0.11"]).is_err());
+    }
+
+    #[test]
+    fn the_primary_ip_is_the_bind_address_or_the_route_to_the_controller() {
+        let named = parse(&["--bind-address", "198.18.0.11"]).expect("valid");
+        assert_eq!(named.primary_ip().ok(), "198.18.0.11".parse().ok());
+        let unspecified = Cli::try_parse_from([
+            "splitproxy-agent",
+            "--controller",
+            "http://127.0.0.1:10660",
+            "--bind-address",
+            "0.0.0.0",
+        ])
+        .expect("valid");
+        assert_eq!(unspecified.primary_ip().ok(), "127.0.0.1".parse().ok());
     }
 }

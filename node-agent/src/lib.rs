@@ -7,6 +7,7 @@ pub mod health_check;
 pub mod http;
 pub mod inspection;
 pub mod metrics;
+pub mod node_port_addresses;
 pub mod runner;
 pub mod state;
 pub mod status;

@@ -1,7 +1,13 @@
 //! `splitproxy-agent`: parses flags, runs the agent, exits on a fatal error.
 
 use clap::Parser;
-use splitproxy_agent::{Config, cli::Cli, client::ClientConfig, wire_mode};
+use splitproxy_agent::{
+    Config,
+    cli::Cli,
+    client::ClientConfig,
+    node_port_addresses::{interface_addresses, needs_primary, select},
+    wire_mode,
+};
 use splitproxy_dataplane::iptables::{self, Iptables};
 use std::{process::ExitCode, time::Duration};
 use tracing::Instrument;
@@ -37,8 +43,15 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    let node_port_addresses = match node_port_addresses(&cli) {
+        Ok(addresses) => addresses,
+        Err(err) => {
+            eprintln!("cannot resolve --nodeport-addresses: {err}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let dataplane = Iptables::with_config(
-        iptables::Config::default().with_render_options(cli.render_options()),
+        iptables::Config::default().with_render_options(cli.render_options(node_port_addresses)),
     );
     let config = Config {
         client: ClientConfig {
@@ -79,6 +92,21 @@ async fn run(config: Config, dataplane: Iptables) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The node addresses `--nodeport-addresses` selects, read once at start-up; `None` for all.
+fn node_port_addresses(cli: &Cli) -> std::io::Result<Option<Vec<std::net::IpAddr>>> {
+    if cli.nodeport_addresses.is_empty() {
+        return Ok(None);
+    }
+    let primary = if needs_primary(&cli.nodeport_addresses) {
+        Some(cli.primary_ip()?)
+    } else {
+        None
+    };
+    let selected = select(&cli.nodeport_addresses, &interface_addresses()?, primary);
+    tracing::info!(addresses = ?selected, "node ports accepted on");
+    Ok(selected)
 }
 
 fn host_name() -> std::io::Result<String> {

@@ -78,6 +78,10 @@ pub struct RenderOptions {
     /// it wins over the cluster CIDR for cluster-IP traffic and changes nothing else. Off by
     /// default, as upstream.
     pub masquerade_all: bool,
+    /// The node addresses that take node ports (`--nodeport-addresses`, resolved to the node's
+    /// addresses); `None` (the default) for every local address, as upstream without the flag.
+    /// This IPv4 renderer uses the IPv4 ones.
+    pub node_port_addresses: Option<Vec<IpAddr>>,
 }
 
 impl RenderOptions {
@@ -92,6 +96,13 @@ impl RenderOptions {
     #[must_use]
     pub fn with_masquerade_all(mut self, masquerade_all: bool) -> Self {
         self.masquerade_all = masquerade_all;
+        self
+    }
+
+    /// Sets [`node_port_addresses`](Self::node_port_addresses).
+    #[must_use]
+    pub fn with_node_port_addresses(mut self, addresses: Option<Vec<IpAddr>>) -> Self {
+        self.node_port_addresses = addresses;
         self
     }
 

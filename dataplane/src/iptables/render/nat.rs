@@ -5,10 +5,10 @@ use super::super::chain_names::{endpoint_chain, is_owned};
 use super::plan::PortPlan;
 use super::{
     KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_SERVICES, MASQUERADE_MARK,
-    RenderOptions, comment, finish, probability,
+    RenderOptions, comment, finish, ipv4, probability,
 };
 use crate::{Endpoint, ProxyState};
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, net::Ipv4Addr};
 
 /// The rendered nat table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +38,10 @@ pub fn render_nat(
     let mut nat = NatTable {
         masquerade_all: options.masquerade_all,
         cluster_cidr: options.ipv4_cluster_cidr(),
+        node_port_addresses: options
+            .node_port_addresses
+            .as_ref()
+            .map(|addresses| addresses.iter().filter_map(ipv4).collect()),
         ..NatTable::default()
     };
     for service in state.services.values() {
@@ -55,6 +59,8 @@ struct NatTable {
     masquerade_all: bool,
     /// The IPv4 cluster CIDR pod traffic comes from (the local-traffic detector), if known.
     cluster_cidr: Option<String>,
+    /// The IPv4 addresses taking node ports; `None` for every local address.
+    node_port_addresses: Option<Vec<Ipv4Addr>>,
     /// Per-service chains in the order they are written.
     chains: Vec<String>,
     /// `chains` as a set, so a chain is declared once.
@@ -335,10 +341,19 @@ impl NatTable {
         let first_rule = lines.len();
 
         lines.extend(self.services);
-        lines.push(format!(
-            "-A {KUBE_SERVICES} -m comment --comment {} -m addrtype --dst-type LOCAL -j {KUBE_NODEPORTS}",
-            comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain"),
-        ));
+        let last_rule =
+            comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain");
+        match &self.node_port_addresses {
+            None => lines.push(format!(
+                "-A {KUBE_SERVICES} -m comment --comment {last_rule} -m addrtype --dst-type LOCAL -j {KUBE_NODEPORTS}",
+            )),
+            // One rule per selected address, as upstream with --nodeport-addresses.
+            Some(addresses) => lines.extend(addresses.iter().map(|address| {
+                format!(
+                    "-A {KUBE_SERVICES} -m comment --comment {last_rule} -d {address} -j {KUBE_NODEPORTS}"
+                )
+            })),
+        }
         lines.extend(self.nodeports);
         lines.push(format!(
             "-A {KUBE_MARK_MASQ} -j MARK --or-mark {MASQUERADE_MARK}"

@@ -1,0 +1,209 @@
+//! `--nodeport-addresses`: which of the node's addresses accept node-port traffic.
+//!
+//! As kube-proxy: unset means every local address (`-m addrtype --dst-type LOCAL`); a list of
+//! CIDRs means the node's interface addresses inside them; `primary` means the node's primary
+//! IP. A CIDR matching everything (`0.0.0.0/0`) is the same as unset. Loopback addresses never
+//! take node ports: that needs `route_localnet`, which the agent does not set.
+
+use splitproxy_dataplane::Cidr;
+use std::{
+    net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket},
+    str::FromStr,
+};
+
+/// One `--nodeport-addresses` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodePortAddress {
+    /// The node's primary IP (`primary`).
+    Primary,
+    /// Interface addresses inside this CIDR.
+    Cidr(Cidr),
+}
+
+/// Why a `--nodeport-addresses` value does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected a CIDR (e.g. 10.0.0.0/8) or `primary`")]
+pub struct InvalidNodePortAddress;
+
+impl FromStr for NodePortAddress {
+    type Err = InvalidNodePortAddress;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text == "primary" {
+            return Ok(Self::Primary);
+        }
+        text.parse()
+            .map(Self::Cidr)
+            .map_err(|_| InvalidNodePortAddress)
+    }
+}
+
+/// The addresses that take node ports, or `None` for every local address.
+///
+/// `interfaces` are the node's interface addresses; `primary` its primary IP, needed only when
+/// `selection` asks for it.
+#[must_use]
+pub fn select(
+    selection: &[NodePortAddress],
+    interfaces: &[IpAddr],
+    primary: Option<IpAddr>,
+) -> Option<Vec<IpAddr>> {
+    let matches_all = selection
+        .iter()
+        .any(|value| matches!(value, NodePortAddress::Cidr(cidr) if cidr.prefix == 0));
+    if selection.is_empty() || matches_all {
+        return None;
+    }
+    let mut chosen: Vec<IpAddr> = selection
+        .iter()
+        .flat_map(|value| -> Vec<IpAddr> {
+            match value {
+                NodePortAddress::Primary => primary.into_iter().collect(),
+                NodePortAddress::Cidr(cidr) => interfaces
+                    .iter()
+                    .copied()
+                    .filter(|ip| cidr.contains(*ip))
+                    .collect(),
+            }
+        })
+        .filter(|ip| !ip.is_loopback())
+        .collect();
+    chosen.sort_unstable();
+    chosen.dedup();
+    Some(chosen)
+}
+
+/// Whether `selection` needs the node's primary IP.
+#[must_use]
+pub fn needs_primary(selection: &[NodePortAddress]) -> bool {
+    selection.contains(&NodePortAddress::Primary)
+}
+
+/// The node's interface addresses.
+///
+/// # Errors
+///
+/// If the kernel cannot list them.
+pub fn interface_addresses() -> std::io::Result<Vec<IpAddr>> {
+    Ok(if_addrs::get_if_addrs()?
+        .into_iter()
+        .map(|interface| interface.ip())
+        .collect())
+}
+
+/// The node's primary IP when no `--bind-address` names it: the source address the kernel picks
+/// toward `controller` (an `http://host:port` URL), the address the node is reached at by the
+/// control plane. No packet is sent.
+///
+/// # Errors
+///
+/// If the URL has no host and port, the host does not resolve, or no route leads to it.
+pub fn primary_toward(controller: &str) -> std::io::Result<IpAddr> {
+    let authority = controller
+        .split_once("://")
+        .map_or(controller, |(_, rest)| rest)
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let target: SocketAddr = authority.to_socket_addrs()?.next().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{authority} resolves to no address"),
+        )
+    })?;
+    let unspecified: SocketAddr = if target.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let socket = UdpSocket::bind(unspecified)?;
+    socket.connect(target)?;
+    Ok(socket.local_addr()?.ip())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn ips(texts: &[&str]) -> Vec<IpAddr> {
+        texts.iter().map(|ip| ip.parse().unwrap()).collect()
+    }
+
+    fn values(texts: &[&str]) -> Vec<NodePortAddress> {
+        texts.iter().map(|text| text.parse().unwrap()).collect()
+    }
+
+    const INTERFACES: [&str; 5] = [
+        "127.0.0.1",
+        "198.18.0.11",
+        "10.244.1.1",
+        "::1",
+        "fd00:198:18::11",
+    ];
+
+    #[test]
+    fn unset_or_a_catch_all_cidr_means_every_local_address() {
+        let interfaces = ips(&INTERFACES);
+        assert_eq!(select(&[], &interfaces, None), None);
+        assert_eq!(select(&values(&["0.0.0.0/0"]), &interfaces, None), None);
+        assert_eq!(
+            select(&values(&["10.0.0.0/8", "::/0"]), &interfaces, None),
+            None
+        );
+    }
+
+    #[test]
+    fn cidrs_pick_the_interface_addresses_inside_them_without_loopback() {
+        let interfaces = ips(&INTERFACES);
+        assert_eq!(
+            select(&values(&["198.18.0.0/24"]), &interfaces, None),
+            Some(ips(&["198.18.0.11"]))
+        );
+        assert_eq!(
+            select(
+                &values(&["127.0.0.0/8", "10.244.0.0/16", "fd00::/8"]),
+                &interfaces,
+                None
+            ),
+            Some(ips(&["10.244.1.1", "fd00:198:18::11"]))
+        );
+        assert_eq!(
+            select(&values(&["192.0.2.0/24"]), &interfaces, None),
+            Some(Vec::new())
+        );
+    }
+
+    #[test]
+    fn primary_is_the_primary_ip_alone() {
+        let selection = values(&["primary"]);
+        assert!(needs_primary(&selection));
+        assert!(!needs_primary(&values(&["10.0.0.0/8"])));
+        let primary = "198.18.0.11".parse().ok();
+        assert_eq!(
+            select(&selection, &ips(&INTERFACES), primary),
+            Some(ips(&["198.18.0.11"]))
+        );
+    }
+
+    #[test]
+    fn values_are_cidrs_or_primary() {
+        assert_eq!(
+            "primary".parse::<NodePortAddress>(),
+            Ok(NodePortAddress::Primary)
+        );
+        assert!("10.0.0.0/8".parse::<NodePortAddress>().is_ok());
+        assert_eq!(
+            "10.0.0.1".parse::<NodePortAddress>(),
+            Err(InvalidNodePortAddress)
+        );
+        assert!("Primary".parse::<NodePortAddress>().is_err());
+    }
+
+    #[test]
+    fn the_primary_ip_is_the_source_toward_the_controller() {
+        let ip = primary_toward("http://127.0.0.1:10660").unwrap();
+        assert_eq!(ip, "127.0.0.1".parse::<IpAddr>().unwrap());
+        assert!(primary_toward("http://no-port").is_err());
+    }
+}
