@@ -100,6 +100,8 @@ pub struct ClusterState {
     pub endpoints: BTreeMap<Key, ServiceBackends>,
     /// The names of the known Nodes.
     pub nodes: BTreeSet<String>,
+    /// The Services left out because they cannot be programmed (each logged once).
+    pub invalid_services: BTreeSet<Key>,
 }
 
 /// The merged, deduplicated endpoints of one Service, before per-node locality is known.
@@ -136,6 +138,7 @@ impl ClusterState {
     /// Services `selector` does not claim.
     #[must_use]
     pub fn build(objects: &Objects, selector: &ServiceSelector) -> Self {
+        let mut invalid_services = BTreeSet::new();
         let services: BTreeMap<Key, pb::Service> = objects
             .services
             .iter()
@@ -145,6 +148,7 @@ impl ClusterState {
                 Ok(None) => None,
                 Err(err) => {
                     tracing::warn!(service = %format!("{}/{}", key.0, key.1), %err, "skipping invalid service");
+                    invalid_services.insert(key.clone());
                     None
                 }
             })
@@ -157,6 +161,7 @@ impl ClusterState {
             services,
             endpoints,
             nodes: objects.nodes.keys().cloned().collect(),
+            invalid_services,
         }
     }
 }

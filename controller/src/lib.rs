@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod fanout;
 pub mod kubernetes;
 pub mod manifests;
+pub mod metrics;
 pub mod server;
 pub mod source;
 pub mod view;

@@ -1,10 +1,12 @@
 //! `splitproxy-controller`: parses flags, runs the controller, exits on a fatal error.
 
 use clap::Parser;
+use prometheus_client::registry::Registry;
 use splitproxy_controller::{
-    cluster::ServiceSelector, kubernetes::KubernetesSource, manifests::ManifestsDir, server,
+    cluster::ServiceSelector, kubernetes::KubernetesSource, manifests::ManifestsDir,
+    metrics::Metrics, server,
 };
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 /// Streams each node's Services and endpoints to its splitproxy agent.
 #[derive(Debug, Parser)]
@@ -25,6 +27,13 @@ struct Cli {
     /// Address the gRPC server for agents listens on.
     #[arg(long, env = "SPLITPROXY_LISTEN", default_value = "0.0.0.0:10660")]
     listen: SocketAddr,
+    /// Address of `/metrics` (Prometheus); loopback unless configured.
+    #[arg(
+        long,
+        env = "SPLITPROXY_METRICS_BIND_ADDRESS",
+        default_value = "127.0.0.1:10662"
+    )]
+    metrics_bind_address: SocketAddr,
 }
 
 /// Exit code for bad configuration (EX_USAGE).
@@ -71,19 +80,26 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let selector = ServiceSelector {
         service_proxy_name: cli.service_proxy_name,
     };
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
     let serving = async {
         match cli.manifests {
-            Some(dir) => server::run(cli.listen, ManifestsDir::new(dir), selector).await,
+            Some(dir) => server::run(cli.listen, ManifestsDir::new(dir), selector, metrics).await,
             None => {
                 let client = kube_client(cli.kubeconfig.as_deref()).await?;
                 let source = KubernetesSource::new(client, selector.clone());
-                server::run(cli.listen, source, selector).await
+                server::run(cli.listen, source, selector, metrics).await
             }
         }
         .map_err(anyhow::Error::from)
     };
+    let metrics_server =
+        splitproxy_controller::metrics::serve(cli.metrics_bind_address, Arc::new(registry));
     tokio::select! {
         result = serving => result,
+        result = metrics_server => result.map_err(|err| {
+            anyhow::Error::from(err).context(format!("metrics server on {}", cli.metrics_bind_address))
+        }),
         _ = tokio::signal::ctrl_c() => {
             tracing::info!("interrupted; stopping");
             Ok(())

@@ -3,6 +3,7 @@
 use crate::{
     cluster::{ClusterState, Objects, ServiceSelector},
     fanout::{FanOut, Published},
+    metrics::Metrics,
     source::Source,
 };
 use splitproxy_proto::v1alpha1::node_view_service_server::NodeViewServiceServer;
@@ -29,8 +30,16 @@ pub enum Error {
 
 /// Publishes a new cluster state only when it differs from the last one, so agents' streams wake
 /// up only for real changes.
-fn publish(tx: &watch::Sender<Published>, objects: &Objects, selector: &ServiceSelector) {
+fn publish(
+    tx: &watch::Sender<Published>,
+    objects: &Objects,
+    selector: &ServiceSelector,
+    metrics: &Metrics,
+) {
     let state = ClusterState::build(objects, selector);
+    metrics
+        .invalid_services
+        .set(i64::try_from(state.invalid_services.len()).unwrap_or(i64::MAX));
     tx.send_if_modified(|current| {
         if current.as_deref() == Some(&state) {
             return false;
@@ -55,16 +64,17 @@ pub async fn run(
     listen: SocketAddr,
     source: impl Source,
     selector: ServiceSelector,
+    metrics: Metrics,
 ) -> Result<(), Error> {
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|e| Error::Bind(listen, e))?;
     tracing::info!(address = %listen, "serving node views");
-    serve(listener, source, selector).await
+    serve(listener, source, selector, metrics).await
 }
 
 /// Runs `source` and the gRPC server on an already bound listener, serving the Services
-/// `selector` claims.
+/// `selector` claims and recording into `metrics`.
 ///
 /// # Errors
 ///
@@ -73,9 +83,10 @@ pub async fn serve(
     listener: TcpListener,
     source: impl Source,
     selector: ServiceSelector,
+    metrics: Metrics,
 ) -> Result<(), Error> {
     let (tx, rx) = watch::channel(None);
-    let source = source.run(move |objects| publish(&tx, &objects, &selector));
+    let source = source.run(move |objects| publish(&tx, &objects, &selector, &metrics));
 
     let (reflection_v1, reflection_v1alpha) =
         splitproxy_proto::reflection_services().map_err(Error::Reflection)?;

@@ -132,8 +132,13 @@ async fn listener() -> (TcpListener, String) {
 fn controller(tasks: &mut Tasks, listener: TcpListener, dir: &Path) -> usize {
     let dir = dir.to_owned();
     tasks.spawn(async move {
-        if let Err(err) =
-            server::serve(listener, ManifestsDir::new(dir), ServiceSelector::default()).await
+        if let Err(err) = server::serve(
+            listener,
+            ManifestsDir::new(dir),
+            ServiceSelector::default(),
+            splitproxy_controller::metrics::Metrics::default(),
+        )
+        .await
         {
             panic!("controller stopped: {err:?}");
         }

@@ -34,22 +34,7 @@ pub fn metrics_router(registry: Arc<Registry>, mode: &'static str) -> Router {
 }
 
 async fn metrics(State(state): State<MetricsState>) -> impl IntoResponse {
-    let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
-        Ok(()) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        ),
-        Err(err) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            format!("encoding metrics: {err}"),
-        ),
-    }
+    splitproxy_telemetry::metrics_response(&state.registry)
 }
 
 async fn proxy_mode(State(state): State<MetricsState>) -> impl IntoResponse {

@@ -142,6 +142,12 @@ spec: {clusterIP: 10.96.0.6, ports: [{port: 80}]}
     let state = ClusterState::build(&objects(text), &ServiceSelector::default());
     let names: Vec<_> = state.services.keys().map(|(_, n)| n.as_str()).collect();
     assert_eq!(names, ["good"]);
+    let invalid: Vec<_> = state
+        .invalid_services
+        .iter()
+        .map(|(_, n)| n.as_str())
+        .collect();
+    assert_eq!(invalid, ["bad-ip", "bad-port", "bad-proto"]);
 }
 
 #[test]
