@@ -370,6 +370,10 @@ spec:
         &["web-a", "web-b", "web-c"],
     )?;
 
+    // A LoadBalancer Service without node ports: the API server allocates none, the VIP ingress
+    // IP is programmed, the Proxy one is left to the load balancer.
+    check_load_balancer_without_node_ports(&cluster)?;
+
     // A deleted Service's rules are gone.
     cluster
         .control_plane
@@ -386,6 +390,106 @@ spec:
         Ok(())
     })
     .with_context(|| cluster.logs())?;
+    Ok(())
+}
+
+/// `web-lb`: `allocateLoadBalancerNodePorts: false`, ingress `192.0.2.50` (ipMode VIP) and
+/// `192.0.2.51` (ipMode Proxy), both routed to node-1 by the external host.
+fn check_load_balancer_without_node_ports(cluster: &Cluster) -> Result<()> {
+    let (vip, proxied) = ("192.0.2.50", "192.0.2.51");
+    cluster.control_plane.kubectl_apply(
+        &cluster.lab,
+        &format!(
+            "apiVersion: v1
+kind: Service
+metadata:
+  name: web-lb
+  namespace: {NAMESPACE}
+spec:
+  type: LoadBalancer
+  allocateLoadBalancerNodePorts: false
+  clusterIP: 10.96.0.12
+  selector:
+    app: web
+  ports:
+  - name: http
+    port: 80
+    targetPort: web
+"
+        ),
+    )?;
+    let node_ports = cluster.control_plane.kubectl(
+        &cluster.lab,
+        &[
+            "-n",
+            NAMESPACE,
+            "get",
+            "service",
+            "web-lb",
+            "-o",
+            "jsonpath={.spec.ports[*].nodePort}",
+        ],
+    )?;
+    ensure!(
+        node_ports.trim().is_empty(),
+        "the API server allocated node ports {node_ports:?}"
+    );
+    let status = format!(
+        r#"{{"status":{{"loadBalancer":{{"ingress":[{{"ip":"{vip}","ipMode":"VIP"}},{{"ip":"{proxied}","ipMode":"Proxy"}}]}}}}}}"#
+    );
+    cluster.control_plane.kubectl(
+        &cluster.lab,
+        &[
+            "-n",
+            NAMESPACE,
+            "patch",
+            "service",
+            "web-lb",
+            "--subresource",
+            "status",
+            "--type",
+            "merge",
+            "-p",
+            &status,
+        ],
+    )?;
+    let node1 = cluster.nodes[0].ip().to_string();
+    for ip in [vip, proxied] {
+        cluster.lab.exec_ok(
+            &cluster.external,
+            "ip",
+            &["route", "add", &format!("{ip}/32"), "via", &node1],
+        )?;
+    }
+    eventually("the VIP ingress IP reaches the pods", CONVERGE, || {
+        let report = hit(
+            &cluster.lab,
+            &cluster.external,
+            &format!("http://{vip}:80/"),
+            REQUESTS,
+        )?;
+        ensure!(report.failures == 0, "{report:?}");
+        Ok(())
+    })
+    .with_context(|| cluster.logs())?;
+    let nat = cluster
+        .lab
+        .exec_ok(&cluster.nodes[0], "iptables-save", &["-t", "nat"])?;
+    let lb_chain = chain_names::service_chain(&format!("{NAMESPACE}/web-lb:http"), Protocol::Tcp);
+    ensure!(
+        nat.contains(&lb_chain) && !nat.contains(proxied),
+        "expected {lb_chain} and no rule for {proxied}:\n{nat}"
+    );
+    let report = hit(
+        &cluster.lab,
+        &cluster.external,
+        &format!("http://{proxied}:80/"),
+        1,
+    )?;
+    ensure!(
+        report.answered() == 0,
+        "the Proxy ingress IP was answered: {report:?}"
+    );
     Ok(())
 }
 
