@@ -76,6 +76,16 @@ impl DemoCluster {
     ///
     /// If the lab cannot be built or a binary is missing.
     pub fn start(tag: &str) -> Result<Self> {
+        Self::start_with(tag, &[])
+    }
+
+    /// [`DemoCluster::start`], with `agent_flags` added to every agent's command line (e.g.
+    /// `--cluster-cidr`, `--masquerade-all`).
+    ///
+    /// # Errors
+    ///
+    /// If the lab cannot be built or a binary is missing.
+    pub fn start_with(tag: &str, agent_flags: &[&str]) -> Result<Self> {
         let mut lab = Lab::new(tag)?;
         let control_plane = lab.add_host("cp", CONTROL_PLANE)?;
         let external = lab.add_host("ext", EXTERNAL_CLIENT)?;
@@ -126,18 +136,19 @@ impl DemoCluster {
         cluster.start_controller()?;
         for i in 0..cluster.nodes.len() {
             let node = cluster.nodes[i].clone();
-            let agent = cluster.lab.spawn(
-                &node,
-                workspace_binary("splitproxy-agent")?,
-                &[
-                    "--controller",
-                    &cluster.controller_url(),
-                    "--hostname-override",
-                    node.name(),
-                    "--proxy-mode",
-                    "iptables",
-                ],
-            )?;
+            let controller = cluster.controller_url();
+            let mut args = vec![
+                "--controller",
+                &controller,
+                "--hostname-override",
+                node.name(),
+                "--proxy-mode",
+                "iptables",
+            ];
+            args.extend(agent_flags);
+            let agent = cluster
+                .lab
+                .spawn(&node, workspace_binary("splitproxy-agent")?, &args)?;
             cluster.agents.push(agent);
         }
         Ok(cluster)
@@ -325,34 +336,26 @@ impl DemoCluster {
     /// pods, as they are listed and ready now.
     #[must_use]
     pub fn endpoint_slice_yaml(&self, service: &str) -> String {
-        let (namespace, _) = SERVICE.split_once('/').unwrap_or_default();
-        let mut yaml = format!(
-            "apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: {service}-x7k2p
-  namespace: {namespace}
-  labels:
-    kubernetes.io/service-name: {service}
-    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io
-addressType: IPv4
-ports:
-- name: http
-  protocol: TCP
-  port: {POD_PORT}
-endpoints:
-"
-        );
-        for web in self.web.iter().filter(|w| w.listed) {
-            yaml.push_str(&format!(
-                "- addresses: [{}]\n  conditions: {{ready: {}}}\n  nodeName: {}\n  targetRef: {{kind: Pod, name: {}, namespace: {namespace}}}\n",
-                web.pod.ip(),
-                web.ready,
-                web.pod.node_name(),
-                web.pod.name()
-            ));
-        }
-        yaml
+        let endpoints: Vec<(&Pod, Conditions)> = self
+            .web
+            .iter()
+            .filter(|w| w.listed)
+            .map(|w| (&w.pod, Conditions::ready(w.ready)))
+            .collect();
+        slice_yaml(service, "TCP", POD_PORT, &endpoints)
+    }
+
+    /// The web pod called `name`.
+    ///
+    /// # Errors
+    ///
+    /// If there is none.
+    pub fn web_pod(&self, name: &str) -> Result<&Pod> {
+        self.web
+            .iter()
+            .map(|w| &w.pod)
+            .find(|pod| pod.name() == name)
+            .with_context(|| format!("no web pod {name}"))
     }
 
     /// The cluster as `kubectl get -o yaml` would print it: the Nodes, the Service with a named
@@ -393,4 +396,116 @@ spec:
         yaml.push_str(&self.endpoint_slice_yaml(name));
         Ok(yaml)
     }
+}
+
+/// An endpoint's conditions in an EndpointSlice (`ready`, `serving`, `terminating`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conditions {
+    /// Takes new connections.
+    pub ready: bool,
+    /// Still serving (true while a ready pod terminates).
+    pub serving: bool,
+    /// The pod is being deleted.
+    pub terminating: bool,
+}
+
+impl Conditions {
+    /// A running pod, ready or not (`serving` follows `ready`, as the API defaults it).
+    #[must_use]
+    pub const fn ready(ready: bool) -> Self {
+        Self {
+            ready,
+            serving: ready,
+            terminating: false,
+        }
+    }
+
+    /// A terminating pod that still serves (`ready: false, serving: true, terminating: true`).
+    pub const TERMINATING_SERVING: Self = Self {
+        ready: false,
+        serving: true,
+        terminating: true,
+    };
+
+    /// A terminating pod that no longer serves.
+    pub const TERMINATING_NOT_SERVING: Self = Self {
+        ready: false,
+        serving: false,
+        terminating: true,
+    };
+}
+
+/// An EndpointSlice for the Service `demo/<service>` with one port named `http` (`protocol`,
+/// `port` on the pods), listing `endpoints` with their conditions.
+#[must_use]
+pub fn slice_yaml(
+    service: &str,
+    protocol: &str,
+    port: u16,
+    endpoints: &[(&Pod, Conditions)],
+) -> String {
+    let (namespace, _) = SERVICE.split_once('/').unwrap_or_default();
+    let mut yaml = format!(
+        "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {service}-x7k2p
+  namespace: {namespace}
+  labels:
+    kubernetes.io/service-name: {service}
+    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io
+addressType: IPv4
+ports:
+- name: http
+  protocol: {protocol}
+  port: {port}
+endpoints:
+"
+    );
+    for (pod, c) in endpoints {
+        yaml.push_str(&format!(
+            "- addresses: [{}]\n  conditions: {{ready: {}, serving: {}, terminating: {}}}\n  nodeName: {}\n  targetRef: {{kind: Pod, name: {}, namespace: {namespace}}}\n",
+            pod.ip(),
+            c.ready,
+            c.serving,
+            c.terminating,
+            pod.node_name(),
+            pod.name()
+        ));
+    }
+    yaml
+}
+
+/// A Service `demo/<name>` with one port named `http` (`protocol`, `port` → `target_port`);
+/// `spec` and `status` are YAML lines indented by two spaces, put under `spec:` and `status:`
+/// (no `status:` when it is empty).
+#[must_use]
+pub fn service_yaml(
+    name: &str,
+    spec: &str,
+    (protocol, port, target_port): (&str, u16, u16),
+    status: &str,
+) -> String {
+    let (namespace, _) = SERVICE.split_once('/').unwrap_or_default();
+    let status = if status.is_empty() {
+        String::new()
+    } else {
+        format!("status:\n{status}\n")
+    };
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata:
+  name: {name}
+  namespace: {namespace}
+spec:
+{spec}
+  ports:
+  - name: http
+    protocol: {protocol}
+    port: {port}
+    targetPort: {target_port}
+{status}---
+"
+    )
 }
