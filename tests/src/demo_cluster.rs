@@ -476,22 +476,46 @@ endpoints:
     yaml
 }
 
-/// A Service `demo/<name>` with one port named `http` (`protocol`, `port` → `target_port`);
-/// `spec` and `status` are YAML lines indented by two spaces, put under `spec:` and `status:`
-/// (no `status:` when it is empty).
+/// The one port (named `http`) of a Service written by [`service_yaml`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortSpec {
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: &'static str,
+    /// The port on the cluster IP.
+    pub port: u16,
+    /// The port on the pods.
+    pub target_port: u16,
+    /// The node port, if any.
+    pub node_port: Option<u16>,
+}
+
+impl PortSpec {
+    /// TCP port 80 to the web pods' [`POD_PORT`], no node port.
+    pub const WEB: Self = Self {
+        protocol: "TCP",
+        port: 80,
+        target_port: POD_PORT,
+        node_port: None,
+    };
+}
+
+/// A Service `demo/<name>` with one port `port`; `spec` and `status` are YAML lines indented by
+/// two spaces, put under `spec:` and `status:` (no `status:` when it is empty).
 #[must_use]
-pub fn service_yaml(
-    name: &str,
-    spec: &str,
-    (protocol, port, target_port): (&str, u16, u16),
-    status: &str,
-) -> String {
+pub fn service_yaml(name: &str, spec: &str, port: PortSpec, status: &str) -> String {
     let (namespace, _) = SERVICE.split_once('/').unwrap_or_default();
     let status = if status.is_empty() {
         String::new()
     } else {
         format!("status:\n{status}\n")
     };
+    let PortSpec {
+        protocol,
+        port,
+        target_port,
+        node_port,
+    } = port;
+    let node_port = node_port.map_or_else(String::new, |p| format!("    nodePort: {p}\n"));
     format!(
         "apiVersion: v1
 kind: Service
@@ -505,7 +529,7 @@ spec:
     protocol: {protocol}
     port: {port}
     targetPort: {target_port}
-{status}---
+{node_port}{status}---
 "
     )
 }

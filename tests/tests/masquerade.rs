@@ -9,7 +9,7 @@
 
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
-    demo_cluster::{Conditions, DemoCluster, POD_PORT, service_yaml, slice_yaml},
+    demo_cluster::{Conditions, DemoCluster, POD_PORT, PortSpec, service_yaml, slice_yaml},
     eventually, hit,
     lab::HasNamespace,
 };
@@ -33,7 +33,7 @@ fn write_service(cluster: &DemoCluster, pods: &[&str]) -> Result<()> {
     let yaml = service_yaml(
         "web-source",
         &format!("  clusterIP: {CLUSTER_IP}"),
-        ("TCP", 80, POD_PORT),
+        PortSpec::WEB,
         "",
     ) + &slice_yaml("web-source", "TCP", POD_PORT, &endpoints);
     cluster.write_manifest("web-source.yaml", &yaml)
