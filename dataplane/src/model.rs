@@ -114,6 +114,26 @@ impl FromStr for Cidr {
     }
 }
 
+impl Cidr {
+    /// Whether `ip` is inside this block (always false across IP families).
+    #[must_use]
+    pub fn contains(&self, ip: &IpAddr) -> bool {
+        match (self.address, ip) {
+            (IpAddr::V4(network), IpAddr::V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix.min(32)));
+                let mask = mask.unwrap_or(0);
+                u32::from(network) & mask == u32::from(*ip) & mask
+            }
+            (IpAddr::V6(network), IpAddr::V6(ip)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix.min(128)));
+                let mask = mask.unwrap_or(0);
+                u128::from(network) & mask == u128::from(*ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.address, self.prefix)
@@ -235,5 +255,17 @@ mod tests {
         ] {
             assert!(bad.parse::<Cidr>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn cidrs_contain_addresses_of_their_family_under_their_prefix() {
+        let cidr = |text: &str| text.parse::<Cidr>().expect("valid");
+        let ip = |text: &str| text.parse::<IpAddr>().expect("valid");
+        assert!(cidr("198.18.0.0/24").contains(&ip("198.18.0.11")));
+        assert!(!cidr("198.18.0.0/24").contains(&ip("198.18.1.11")));
+        assert!(cidr("198.18.0.11/32").contains(&ip("198.18.0.11")));
+        assert!(cidr("0.0.0.0/0").contains(&ip("203.0.113.7")));
+        assert!(cidr("fd00::/64").contains(&ip("fd00::7")));
+        assert!(!cidr("0.0.0.0/0").contains(&ip("fd00::7")));
     }
 }

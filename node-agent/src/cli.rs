@@ -3,7 +3,10 @@
 use crate::runner::{InvalidPeriods, SyncPeriods};
 use clap::{CommandFactory, Parser, ValueEnum, error::ErrorKind};
 use splitproxy_dataplane::{Cidr, iptables::RenderOptions};
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
 
 /// Programs this node's Services from the splitproxy controller's stream.
 #[derive(Debug, Parser)]
@@ -73,15 +76,21 @@ pub struct Cli {
     /// Masquerade every packet sent to a cluster IP, whatever its source.
     #[arg(long, env = "SPLITPROXY_MASQUERADE_ALL")]
     pub masquerade_all: bool,
+    /// This node's primary IP, as kube-proxy's flag of the same name overrides it (no socket is
+    /// bound to it). When a Service's loadBalancerSourceRanges hold it, the node may reach the
+    /// load-balancer IPs it holds as local addresses. Unset: no such exception.
+    #[arg(long, env = "SPLITPROXY_BIND_ADDRESS")]
+    pub bind_address: Option<IpAddr>,
 }
 
 impl Cli {
-    /// What `--cluster-cidr` and `--masquerade-all` ask of the rules.
+    /// What `--cluster-cidr`, `--masquerade-all` and `--bind-address` ask of the rules.
     #[must_use]
     pub fn render_options(&self) -> RenderOptions {
         RenderOptions::default()
             .with_cluster_cidrs(self.cluster_cidr.iter().copied())
             .with_masquerade_all(self.masquerade_all)
+            .with_node_ips(self.bind_address.filter(|ip| !ip.is_unspecified()))
     }
 
     /// The sync periods, checked against each other as kube-proxy checks them.
@@ -402,6 +411,19 @@ mod tests {
                 .with_cluster_cidrs(cidrs)
                 .with_masquerade_all(true)
         );
+    }
+
+    #[test]
+    fn bind_address_is_the_node_ip_of_the_rules_unless_unspecified() {
+        let cli = parse(&["--bind-address", "198.18.0.11"]).expect("valid flags");
+        assert_eq!(
+            cli.render_options(),
+            RenderOptions::default().with_node_ips(["198.18.0.11".parse().expect("an IP")])
+        );
+        // kube-proxy's default, 0.0.0.0, means "not set".
+        let cli = parse(&["--bind-address", "0.0.0.0"]).expect("valid flags");
+        assert_eq!(cli.render_options(), RenderOptions::default());
+        assert!(parse(&["--bind-address", "node-1"]).is_err());
     }
 
     #[test]

@@ -137,11 +137,15 @@ impl DemoCluster {
         for i in 0..cluster.nodes.len() {
             let node = cluster.nodes[i].clone();
             let controller = cluster.controller_url();
+            // As a DaemonSet passes the node's host IP.
+            let node_ip = node.ip().to_string();
             let mut args = vec![
                 "--controller",
                 &controller,
                 "--hostname-override",
                 node.name(),
+                "--bind-address",
+                &node_ip,
                 "--proxy-mode",
                 "iptables",
             ];

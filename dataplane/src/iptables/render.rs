@@ -78,6 +78,11 @@ pub struct RenderOptions {
     /// it wins over the cluster CIDR for cluster-IP traffic and changes nothing else. Off by
     /// default, as upstream.
     pub masquerade_all: bool,
+    /// The node's own IPs (kube-proxy's node IP, `--bind-address`). When one is inside a
+    /// Service's `loadBalancerSourceRanges`, connections from the load-balancer IPs themselves are
+    /// accepted too: a node that holds its VIP as a local address reaches it from that address.
+    /// Empty (the default): no such rule.
+    pub node_ips: Vec<IpAddr>,
 }
 
 impl RenderOptions {
@@ -85,6 +90,13 @@ impl RenderOptions {
     #[must_use]
     pub fn with_cluster_cidrs(mut self, cidrs: impl IntoIterator<Item = Cidr>) -> Self {
         self.cluster_cidrs = cidrs.into_iter().collect();
+        self
+    }
+
+    /// Sets [`node_ips`](Self::node_ips).
+    #[must_use]
+    pub fn with_node_ips(mut self, ips: impl IntoIterator<Item = IpAddr>) -> Self {
+        self.node_ips = ips.into_iter().collect();
         self
     }
 

@@ -819,6 +819,48 @@ COMMIT
 }
 
 #[test]
+fn source_ranges_holding_the_node_ip_also_accept_the_load_balancer_ips_themselves() {
+    let state = state(vec![Service {
+        load_balancer_ips: ips(&["5.6.7.8"]),
+        load_balancer_source_ranges: vec![
+            "203.0.113.0/25".parse().unwrap(),
+            "198.51.100.0/24".parse().unwrap(),
+        ],
+        ..service(
+            "ns5",
+            "svc5",
+            &["172.30.0.45"],
+            vec![ServicePort::new(
+                "p80",
+                Protocol::Tcp,
+                80,
+                None,
+                vec![ready("10.180.2.5", 80)],
+            )],
+        )
+    }]);
+    let firewall_rules = |node_ip: &str| {
+        let options = RenderOptions::default().with_node_ips([node_ip.parse().unwrap()]);
+        render_nat(&state, &options, &BTreeSet::new())
+            .payload
+            .lines()
+            .filter(|line| line.starts_with("-A KUBE-FW-"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+
+    // As upstream's allowFromNode: a node holding its VIP locally connects from the VIP.
+    assert_rules_eq(
+        &firewall_rules("198.51.100.7"),
+        r#"-A KUBE-FW-NUKIZ6OKUXPJNT4C -m comment --comment "ns5/svc5:p80 loadbalancer IP" -s 203.0.113.0/25 -j KUBE-EXT-NUKIZ6OKUXPJNT4C
+-A KUBE-FW-NUKIZ6OKUXPJNT4C -m comment --comment "ns5/svc5:p80 loadbalancer IP" -s 198.51.100.0/24 -j KUBE-EXT-NUKIZ6OKUXPJNT4C
+-A KUBE-FW-NUKIZ6OKUXPJNT4C -m comment --comment "ns5/svc5:p80 loadbalancer IP" -s 5.6.7.8 -j KUBE-EXT-NUKIZ6OKUXPJNT4C"#,
+    );
+    assert!(!firewall_rules("192.0.2.7").contains("-s 5.6.7.8"));
+}
+
+#[test]
 fn source_ranges_without_load_balancer_ips_or_endpoints_write_no_firewall() {
     let ranged = |ingress: &[&str], endpoints| Service {
         load_balancer_ips: ips(ingress),
