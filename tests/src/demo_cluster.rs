@@ -5,12 +5,14 @@
 use crate::{
     HitReport,
     addresses::{self, CONTROL_PLANE, EXTERNAL_CLIENT},
-    hit,
+    eventually, hit,
     lab::{HasNamespace, Host, Lab, Node, Pod, Process},
-    serve, workspace_binary,
+    serve,
+    testpod::hit_within,
+    workspace_binary,
 };
 use anyhow::{Context, Result, ensure};
-use std::{collections::BTreeSet, fmt::Write as _, net::Ipv4Addr, path::Path};
+use std::{collections::BTreeSet, fmt::Write as _, net::Ipv4Addr, path::Path, time::Duration};
 
 /// The web Service's namespace and name.
 pub const SERVICE: &str = "demo/web";
@@ -24,6 +26,11 @@ pub const NODE_PORT: u16 = 30080;
 pub const POD_PORT: u16 = 8080;
 /// The port the controller listens on.
 pub const CONTROLLER_PORT: u16 = 10660;
+/// The longest wait for rules to converge; generous because CI machines are slow and shared.
+pub const CONVERGE: Duration = Duration::from_secs(90);
+/// How long a request waits for an answer when a drop is expected: long enough for an answer on
+/// a loaded machine, short enough to keep tests quick.
+pub const DROP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Who answered the requests from one place to one URL.
 #[derive(Debug, Clone)]
@@ -305,6 +312,52 @@ impl DemoCluster {
         Ok(observations)
     }
 
+    /// Waits (up to [`CONVERGE`]) until all of `requests` requests from `from` to `url` are
+    /// answered, by exactly the web pods `pods`.
+    ///
+    /// # Errors
+    ///
+    /// If that does not happen in time; the error holds the last report and the cluster's logs.
+    pub fn expect_answers(
+        &self,
+        from: &(impl HasNamespace + ?Sized),
+        url: &str,
+        pods: &[&str],
+        requests: u32,
+    ) -> Result<()> {
+        let expected: BTreeSet<&str> = pods.iter().copied().collect();
+        eventually(&format!("{url} answers from {pods:?}"), CONVERGE, || {
+            let report = hit(&self.lab, from, url, requests)?;
+            let answered: BTreeSet<&str> = report.answers.keys().map(String::as_str).collect();
+            ensure!(
+                report.failures == 0 && answered == expected,
+                "from {} to {url}: expected answers from exactly {expected:?}, got {report:?}",
+                from.ns_name()
+            );
+            Ok(())
+        })
+        .with_context(|| self.logs())
+    }
+
+    /// Waits (up to [`CONVERGE`]) until requests from `from` to `url` go unanswered until they
+    /// time out: dropped, neither answered nor refused. Each request waits [`DROP_TIMEOUT`].
+    ///
+    /// # Errors
+    ///
+    /// If that does not happen in time; the error holds the last report and the cluster's logs.
+    pub fn expect_dropped(&self, from: &(impl HasNamespace + ?Sized), url: &str) -> Result<()> {
+        eventually(&format!("{url} is dropped"), CONVERGE, || {
+            let report = hit_within(&self.lab, from, url, 3, DROP_TIMEOUT)?;
+            ensure!(
+                report.answered() == 0 && report.errors.iter().all(|e| e.contains("timed out")),
+                "from {} to {url}: expected 3 timeouts, got {report:?}",
+                from.ns_name()
+            );
+            Ok(())
+        })
+        .with_context(|| self.logs())
+    }
+
     /// Runs a command in `ns` and returns its standard output, failing on a non-zero exit.
     ///
     /// # Errors
@@ -347,6 +400,29 @@ impl DemoCluster {
             .map(|w| (&w.pod, Conditions::ready(w.ready)))
             .collect();
         slice_yaml(service, "TCP", POD_PORT, &endpoints)
+    }
+
+    /// Writes `<name>.yaml`: the Service `demo/<name>` with port [`PortSpec::WEB`], `spec` and
+    /// `status` (as in [`service_yaml`]), and its EndpointSlice listing the web pods named in
+    /// `endpoints` with their conditions.
+    ///
+    /// # Errors
+    ///
+    /// If a name is not a web pod's or the manifest cannot be written.
+    pub fn write_web_service(
+        &self,
+        name: &str,
+        spec: &str,
+        status: &str,
+        endpoints: &[(&str, Conditions)],
+    ) -> Result<()> {
+        let endpoints = endpoints
+            .iter()
+            .map(|(pod, conditions)| Ok((self.web_pod(pod)?, *conditions)))
+            .collect::<Result<Vec<_>>>()?;
+        let yaml = service_yaml(name, spec, PortSpec::WEB, status)
+            + &slice_yaml(name, "TCP", POD_PORT, &endpoints);
+        self.write_manifest(&format!("{name}.yaml"), &yaml)
     }
 
     /// The web pod called `name`.

@@ -64,12 +64,11 @@ pub fn hit(
     url: &str,
     count: u32,
 ) -> Result<HitReport> {
-    let count = count.to_string();
-    run_hit(lab, ns, url, &["hit", "--url", url, "--count", &count])
+    hit_within(lab, ns, url, count, Duration::from_secs(2))
 }
 
-/// [`hit`] with each request given at most `timeout` (default 2 s): for asserting that requests
-/// are dropped, which only a timeout shows.
+/// [`hit`] with each request given at most `timeout` instead of 2 s: for asserting that
+/// requests are dropped, which only a timeout shows.
 ///
 /// # Errors
 ///

@@ -7,20 +7,14 @@
 //! host (198.18.0.2) stands in for a client outside them. web-a runs on node-1, web-c on node-2
 //! (web-b is not ready).
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use splitproxy_e2e::{
-    demo_cluster::{DemoCluster, PortSpec, service_yaml},
-    eventually, hit,
+    demo_cluster::{Conditions, DROP_TIMEOUT, DemoCluster},
     lab::HasNamespace,
     testpod::hit_within,
 };
-use std::{collections::BTreeSet, time::Duration};
 
-const CONVERGE: Duration = Duration::from_secs(90);
 const REQUESTS: u32 = 30;
-/// Per request when no answer is expected: long enough for an answer on a loaded machine, short
-/// enough to keep the test quick.
-const NO_ANSWER_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Writes the LoadBalancer Service `demo/<name>` (cluster IP `ip`, `spec` and `status` lines
 /// added) backed by the web pods as they are.
@@ -31,13 +25,13 @@ fn write_service(
     spec: &str,
     status: &str,
 ) -> Result<()> {
-    let yaml = service_yaml(
-        name,
-        &format!("  type: LoadBalancer\n  clusterIP: {ip}\n{spec}"),
-        PortSpec::WEB,
-        status,
-    ) + &cluster.endpoint_slice_yaml(name);
-    cluster.write_manifest(&format!("{name}.yaml"), &yaml)
+    let endpoints: Vec<(&str, Conditions)> = cluster
+        .web
+        .iter()
+        .map(|w| (w.pod.name(), Conditions::ready(w.ready)))
+        .collect();
+    let spec = format!("  type: LoadBalancer\n  clusterIP: {ip}\n{spec}");
+    cluster.write_web_service(name, &spec, status, &endpoints)
 }
 
 /// Routes `ip` from `ns` to node-1.
@@ -62,40 +56,9 @@ fn expect_ready_answer(
     from: &(impl HasNamespace + ?Sized),
     url: &str,
 ) -> Result<()> {
-    let ready: BTreeSet<String> = cluster.ready_web().into_iter().collect();
-    eventually(
-        &format!("{url} answers from the ready pods"),
-        CONVERGE,
-        || {
-            let report = hit(&cluster.lab, from, url, REQUESTS)?;
-            let answered: BTreeSet<String> = report.answers.keys().cloned().collect();
-            ensure!(
-                report.failures == 0 && answered == ready,
-                "from {} to {url}: expected answers from exactly {ready:?}, got {report:?}",
-                from.ns_name()
-            );
-            Ok(())
-        },
-    )
-    .with_context(|| cluster.logs())
-}
-
-/// Waits until requests from `from` to `url` time out: dropped, neither answered nor refused.
-fn expect_dropped(
-    cluster: &DemoCluster,
-    from: &(impl HasNamespace + ?Sized),
-    url: &str,
-) -> Result<()> {
-    eventually(&format!("{url} is dropped"), CONVERGE, || {
-        let report = hit_within(&cluster.lab, from, url, 3, NO_ANSWER_TIMEOUT)?;
-        ensure!(
-            report.answered() == 0 && report.errors.iter().all(|e| e.contains("timed out")),
-            "from {} to {url}: expected 3 timeouts, got {report:?}",
-            from.ns_name()
-        );
-        Ok(())
-    })
-    .with_context(|| cluster.logs())
+    let ready = cluster.ready_web();
+    let ready: Vec<&str> = ready.iter().map(String::as_str).collect();
+    cluster.expect_answers(from, url, &ready, REQUESTS)
 }
 
 #[test]
@@ -119,7 +82,7 @@ fn vip_ingress_ips_reach_the_ready_endpoints_and_proxy_ingress_ips_are_left_to_t
     // The same sync that programmed the VIP left the Proxy-mode IP alone: traffic a load balancer
     // sends to it unproxied finds no Service there, and no pod answers.
     let url = format!("http://{proxied}:80/");
-    let report = hit_within(&cluster.lab, &cluster.external, &url, 3, NO_ANSWER_TIMEOUT)?;
+    let report = hit_within(&cluster.lab, &cluster.external, &url, 3, DROP_TIMEOUT)?;
     ensure!(
         report.answered() == 0 && report.failures == 3,
         "to the Proxy-mode ingress {url}: expected no answer, got {report:?}"
@@ -150,7 +113,7 @@ fn source_ranges_admit_listed_clients_and_a_node_in_range_reaching_its_own_vip()
     route_to_node1(&cluster, &cluster.external, vip)?;
     expect_ready_answer(&cluster, &cluster.external, &url)?;
     route_to_node1(&cluster, &cluster.control_plane, vip)?;
-    expect_dropped(&cluster, &cluster.control_plane, &url)?;
+    cluster.expect_dropped(&cluster.control_plane, &url)?;
 
     // node-1 holds the VIP as a local address, as VIP-style load balancers set it up; its own
     // connections to it then come from the VIP itself. Its node IP is in the ranges, so kube-proxy
@@ -164,5 +127,5 @@ fn source_ranges_admit_listed_clients_and_a_node_in_range_reaching_its_own_vip()
     expect_ready_answer(&cluster, node, &url)?;
     // node-2's IP is not in the ranges: its connections to the VIP are dropped.
     route_to_node1(&cluster, &cluster.nodes[1], vip)?;
-    expect_dropped(&cluster, &cluster.nodes[1], &url)
+    cluster.expect_dropped(&cluster.nodes[1], &url)
 }

@@ -9,7 +9,7 @@
 
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
-    demo_cluster::{Conditions, DemoCluster, POD_PORT, PortSpec, service_yaml, slice_yaml},
+    demo_cluster::{Conditions, DemoCluster},
     eventually, hit,
     lab::HasNamespace,
 };
@@ -26,17 +26,12 @@ const REQUESTS: u32 = 30;
 
 /// The Service `demo/web-source` (10.96.0.70:80) backed by the ready pods `pods`.
 fn write_service(cluster: &DemoCluster, pods: &[&str]) -> Result<()> {
-    let endpoints = pods
+    let endpoints: Vec<(&str, Conditions)> = pods
         .iter()
-        .map(|name| Ok((cluster.web_pod(name)?, Conditions::ready(true))))
-        .collect::<Result<Vec<_>>>()?;
-    let yaml = service_yaml(
-        "web-source",
-        &format!("  clusterIP: {CLUSTER_IP}"),
-        PortSpec::WEB,
-        "",
-    ) + &slice_yaml("web-source", "TCP", POD_PORT, &endpoints);
-    cluster.write_manifest("web-source.yaml", &yaml)
+        .map(|pod| (*pod, Conditions::ready(true)))
+        .collect();
+    let spec = format!("  clusterIP: {CLUSTER_IP}");
+    cluster.write_web_service("web-source", &spec, "", &endpoints)
 }
 
 /// Waits until every one of `REQUESTS` requests from `from` is answered by exactly the pods

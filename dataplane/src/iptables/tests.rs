@@ -744,9 +744,10 @@ COMMIT
     );
 }
 
-#[test]
-fn load_balancer_source_ranges_filter_load_balancer_ips_only() {
-    let state = state(vec![Service {
+/// `ns5/svc5:p80`: a load-balancer IP open to two IPv4 ranges (and an IPv6 one this renderer
+/// skips), a node port, one endpoint.
+fn source_ranged_service() -> ProxyState {
+    state(vec![Service {
         load_balancer_ips: ips(&["5.6.7.8"]),
         load_balancer_source_ranges: vec![
             "203.0.113.0/25".parse().unwrap(),
@@ -765,7 +766,12 @@ fn load_balancer_source_ranges_filter_load_balancer_ips_only() {
                 vec![ready("10.180.2.5", 80)],
             )],
         )
-    }]);
+    }])
+}
+
+#[test]
+fn load_balancer_source_ranges_filter_load_balancer_ips_only() {
+    let state = source_ranged_service();
 
     let nat = render_nat(&state, &RenderOptions::default(), &BTreeSet::new());
     let filter = render_filter(&state);
@@ -820,25 +826,7 @@ COMMIT
 
 #[test]
 fn source_ranges_holding_the_node_ip_also_accept_the_load_balancer_ips_themselves() {
-    let state = state(vec![Service {
-        load_balancer_ips: ips(&["5.6.7.8"]),
-        load_balancer_source_ranges: vec![
-            "203.0.113.0/25".parse().unwrap(),
-            "198.51.100.0/24".parse().unwrap(),
-        ],
-        ..service(
-            "ns5",
-            "svc5",
-            &["172.30.0.45"],
-            vec![ServicePort::new(
-                "p80",
-                Protocol::Tcp,
-                80,
-                None,
-                vec![ready("10.180.2.5", 80)],
-            )],
-        )
-    }]);
+    let state = source_ranged_service();
     let firewall_rules = |node_ip: &str| {
         let options = RenderOptions::default().with_node_ips([node_ip.parse().unwrap()]);
         render_nat(&state, &options, &BTreeSet::new())
