@@ -134,6 +134,7 @@ pub fn scenarios() -> Vec<Scenario> {
         node_with_local_traffic_policies(),
         node_with_load_balancer_source_ranges(),
         node_holding_its_load_balancer_ips(),
+        node_with_sctp_services(),
         node_with_cluster_cidr(),
         node_with_masquerade_all(),
     ]
@@ -955,6 +956,75 @@ fn node_holding_its_load_balancer_ips() -> Scenario {
                 (Node, HELD_CLOSED_LB_IP),
                 (Tcp, HELD_CLOSED_LB_IP, 443),
                 Expected::Drop,
+            ),
+        ],
+    }
+}
+
+/// `telecom/signal`: SCTP only, ClusterIP and NodePort, two ready endpoints and one starting up.
+const SIGNAL_IP: IpAddr = v4(10, 96, 0, 40);
+const SIGNAL_NODE_PORT: u16 = 30777;
+const SIGNAL_1: SocketAddr = at(v4(10, 244, 1, 40), 9999);
+const SIGNAL_2: SocketAddr = at(v4(10, 244, 2, 40), 9999);
+const SIGNAL_STARTING: SocketAddr = at(v4(10, 244, 3, 40), 9999);
+/// `telecom/signal-idle`: SCTP only, no ready endpoint.
+const SIGNAL_IDLE_IP: IpAddr = v4(10, 96, 0, 41);
+
+/// SCTP Services get the same treatment as TCP and UDP ones, matched by protocol.
+fn node_with_sctp_services() -> Scenario {
+    let sctp = |name: &str, ip, node_port, endpoints| {
+        service(
+            "telecom",
+            name,
+            ip,
+            vec![ServicePort::new(
+                "sigtran",
+                Protocol::Sctp,
+                7777,
+                node_port,
+                endpoints,
+            )],
+        )
+    };
+    let signal = sctp(
+        "signal",
+        SIGNAL_IP,
+        Some(SIGNAL_NODE_PORT),
+        vec![ready(SIGNAL_1), ready(SIGNAL_2), starting(SIGNAL_STARTING)],
+    );
+    let idle = sctp("signal-idle", SIGNAL_IDLE_IP, None, vec![]);
+    use Origin::{External, Pod};
+    use Protocol::{Sctp, Tcp};
+    Scenario {
+        name: "node with signal (SCTP, NodePort) and signal-idle (SCTP, no endpoints)",
+        state: state([signal, idle]),
+        node_ips: vec![NODE_IP],
+        cluster_cidrs: Vec::new(),
+        masquerade_all: false,
+        cases: vec![
+            case(
+                "pod to SCTP cluster IP reaches the ready endpoints unmasqueraded",
+                (Pod, CLIENT_POD),
+                (Sctp, SIGNAL_IP, 7777),
+                Expected::endpoints([(SIGNAL_1, false), (SIGNAL_2, false)]),
+            ),
+            case(
+                "external client to SCTP node port reaches the ready endpoints masqueraded",
+                (External, EXTERNAL_CLIENT),
+                (Sctp, NODE_IP, SIGNAL_NODE_PORT),
+                Expected::endpoints([(SIGNAL_1, true), (SIGNAL_2, true)]),
+            ),
+            case(
+                "pod to SCTP-only cluster IP over TCP passes",
+                (Pod, CLIENT_POD),
+                (Tcp, SIGNAL_IP, 7777),
+                Expected::Pass,
+            ),
+            case(
+                "pod to SCTP cluster IP without endpoints is rejected",
+                (Pod, CLIENT_POD),
+                (Sctp, SIGNAL_IDLE_IP, 7777),
+                Expected::Reject,
             ),
         ],
     }
