@@ -110,7 +110,8 @@ pub struct Scenario {
     pub name: &'static str,
     /// What the node must program.
     pub state: ProxyState,
-    /// The addresses local to the node (`addrtype LOCAL`, node ports).
+    /// The addresses local to the node (`addrtype LOCAL`, node ports); the first is the node's
+    /// own IP (kube-proxy's node IP).
     pub node_ips: Vec<IpAddr>,
     /// The cluster's pod CIDRs (kube-proxy's `--cluster-cidr`): traffic from inside is pod
     /// traffic. Empty: no local-traffic detector.
@@ -135,6 +136,8 @@ pub fn scenarios() -> Vec<Scenario> {
         node_with_session_affinity(),
         node_with_local_traffic_policies(),
         node_with_load_balancer_source_ranges(),
+        node_holding_its_load_balancer_ips(),
+        node_with_sctp_services(),
         node_with_cluster_cidr(),
         node_with_masquerade_all(),
         node_with_node_port_addresses(),
@@ -894,6 +897,147 @@ fn node_with_load_balancer_source_ranges() -> Scenario {
                 (External, OTHER_EXTERNAL_CLIENT),
                 (Tcp, GUARDED_LB_IP, 80),
                 Expected::Pass,
+            ),
+        ],
+    }
+}
+
+/// `shop/held` and `shop/held-closed`: load-balancer IPs the node holds as local addresses (as
+/// VIP-style load balancers set them up), the first open to a range holding the node's IP, the
+/// second to the external client only.
+const HELD_IP: IpAddr = v4(10, 96, 0, 81);
+const HELD_LB_IP: IpAddr = v4(192, 0, 2, 81);
+const HELD_CLOSED_IP: IpAddr = v4(10, 96, 0, 82);
+const HELD_CLOSED_LB_IP: IpAddr = v4(192, 0, 2, 82);
+const HELD_1: SocketAddr = at(v4(10, 244, 1, 81), 8080);
+
+/// kube-proxy's allowFromNode: when a source range holds the node's IP, the node reaches a
+/// load-balancer IP it holds locally, although its connections then come from that IP.
+fn node_holding_its_load_balancer_ips() -> Scenario {
+    let held = |name: &str, ip, lb_ip, range| Service {
+        load_balancer_ips: vec![lb_ip],
+        load_balancer_source_ranges: vec![Cidr {
+            address: range,
+            prefix: 32,
+        }],
+        ..service(
+            "shop",
+            name,
+            ip,
+            vec![ServicePort::new(
+                "https",
+                Protocol::Tcp,
+                443,
+                None,
+                vec![ready(HELD_1)],
+            )],
+        )
+    };
+    use Origin::{External, Node};
+    use Protocol::Tcp;
+    Scenario {
+        name: "node holding the load-balancer IPs of held (source range holds the node IP) and held-closed (it does not)",
+        state: state([
+            held("held", HELD_IP, HELD_LB_IP, NODE_IP),
+            held(
+                "held-closed",
+                HELD_CLOSED_IP,
+                HELD_CLOSED_LB_IP,
+                EXTERNAL_CLIENT,
+            ),
+        ]),
+        node_ips: vec![NODE_IP, HELD_LB_IP, HELD_CLOSED_LB_IP],
+        cluster_cidrs: Vec::new(),
+        masquerade_all: false,
+        node_port_addresses: None,
+        cases: vec![
+            case(
+                "node to the load-balancer IP it holds, from that IP, reaches the endpoint masqueraded when its node IP is in the ranges",
+                (Node, HELD_LB_IP),
+                (Tcp, HELD_LB_IP, 443),
+                Expected::endpoints([(HELD_1, true)]),
+            ),
+            case(
+                "external client outside the ranges to a load-balancer IP the node holds is dropped",
+                (External, OTHER_EXTERNAL_CLIENT),
+                (Tcp, HELD_LB_IP, 443),
+                Expected::Drop,
+            ),
+            case(
+                "node to the load-balancer IP it holds, from that IP, is dropped when its node IP is not in the ranges",
+                (Node, HELD_CLOSED_LB_IP),
+                (Tcp, HELD_CLOSED_LB_IP, 443),
+                Expected::Drop,
+            ),
+        ],
+    }
+}
+
+/// `telecom/signal`: SCTP only, ClusterIP and NodePort, two ready endpoints and one starting up.
+const SIGNAL_IP: IpAddr = v4(10, 96, 0, 40);
+const SIGNAL_NODE_PORT: u16 = 30777;
+const SIGNAL_1: SocketAddr = at(v4(10, 244, 1, 40), 9999);
+const SIGNAL_2: SocketAddr = at(v4(10, 244, 2, 40), 9999);
+const SIGNAL_STARTING: SocketAddr = at(v4(10, 244, 3, 40), 9999);
+/// `telecom/signal-idle`: SCTP only, no ready endpoint.
+const SIGNAL_IDLE_IP: IpAddr = v4(10, 96, 0, 41);
+
+/// SCTP Services get the same treatment as TCP and UDP ones, matched by protocol.
+fn node_with_sctp_services() -> Scenario {
+    let sctp = |name: &str, ip, node_port, endpoints| {
+        service(
+            "telecom",
+            name,
+            ip,
+            vec![ServicePort::new(
+                "sigtran",
+                Protocol::Sctp,
+                7777,
+                node_port,
+                endpoints,
+            )],
+        )
+    };
+    let signal = sctp(
+        "signal",
+        SIGNAL_IP,
+        Some(SIGNAL_NODE_PORT),
+        vec![ready(SIGNAL_1), ready(SIGNAL_2), starting(SIGNAL_STARTING)],
+    );
+    let idle = sctp("signal-idle", SIGNAL_IDLE_IP, None, vec![]);
+    use Origin::{External, Pod};
+    use Protocol::{Sctp, Tcp};
+    Scenario {
+        name: "node with signal (SCTP, NodePort) and signal-idle (SCTP, no endpoints)",
+        state: state([signal, idle]),
+        node_ips: vec![NODE_IP],
+        cluster_cidrs: Vec::new(),
+        masquerade_all: false,
+        node_port_addresses: None,
+        cases: vec![
+            case(
+                "pod to SCTP cluster IP reaches the ready endpoints unmasqueraded",
+                (Pod, CLIENT_POD),
+                (Sctp, SIGNAL_IP, 7777),
+                Expected::endpoints([(SIGNAL_1, false), (SIGNAL_2, false)]),
+            ),
+            case(
+                "external client to SCTP node port reaches the ready endpoints masqueraded",
+                (External, EXTERNAL_CLIENT),
+                (Sctp, NODE_IP, SIGNAL_NODE_PORT),
+                Expected::endpoints([(SIGNAL_1, true), (SIGNAL_2, true)]),
+            ),
+            case(
+                "pod to SCTP-only cluster IP over TCP passes",
+                (Pod, CLIENT_POD),
+                (Tcp, SIGNAL_IP, 7777),
+                Expected::Pass,
+            ),
+            case(
+                "pod to SCTP cluster IP without endpoints is rejected",
+                (Pod, CLIENT_POD),
+                (Sctp, SIGNAL_IDLE_IP, 7777),
+                Expected::Reject,
             ),
         ],
     }

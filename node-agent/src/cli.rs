@@ -86,21 +86,30 @@ pub struct Cli {
         value_delimiter = ','
     )]
     pub nodeport_addresses: Vec<NodePortAddress>,
-    /// The node's primary IP, for `--nodeport-addresses primary`. Unset (or 0.0.0.0): the
-    /// address the node reaches the first controller from.
+    /// This node's primary IP, as kube-proxy's flag of the same name overrides it (no socket is
+    /// bound to it): `--nodeport-addresses primary` selects it, and when a Service's
+    /// loadBalancerSourceRanges hold it the node may reach the load-balancer IPs it holds as
+    /// local addresses. Unset (or 0.0.0.0): the address the node reaches the first controller
+    /// from.
     #[arg(long, env = "SPLITPROXY_BIND_ADDRESS")]
     pub bind_address: Option<IpAddr>,
 }
 
 impl Cli {
     /// What `--cluster-cidr` and `--masquerade-all` ask of the rules, with the node-port
-    /// addresses `--nodeport-addresses` resolved to (`None`: every local address).
+    /// addresses `--nodeport-addresses` resolved to (`None`: every local address) and the node's
+    /// primary IP.
     #[must_use]
-    pub fn render_options(&self, node_port_addresses: Option<Vec<IpAddr>>) -> RenderOptions {
+    pub fn render_options(
+        &self,
+        node_port_addresses: Option<Vec<IpAddr>>,
+        primary_ip: Option<IpAddr>,
+    ) -> RenderOptions {
         RenderOptions::default()
             .with_cluster_cidrs(self.cluster_cidr.iter().copied())
             .with_masquerade_all(self.masquerade_all)
             .with_node_port_addresses(node_port_addresses)
+            .with_node_ips(primary_ip)
     }
 
     /// The node's primary IP: `--bind-address` when it names one, else the address the node
@@ -414,7 +423,7 @@ mod tests {
         let cli = parse(&[]).expect("valid flags");
         assert!(cli.cluster_cidr.is_empty());
         assert!(!cli.masquerade_all);
-        assert_eq!(cli.render_options(None), RenderOptions::default());
+        assert_eq!(cli.render_options(None, None), RenderOptions::default());
     }
 
     #[test]
@@ -431,11 +440,22 @@ mod tests {
             .collect();
         assert_eq!(cli.cluster_cidr, cidrs);
         assert_eq!(
-            cli.render_options(None),
+            cli.render_options(None, None),
             RenderOptions::default()
                 .with_cluster_cidrs(cidrs)
                 .with_masquerade_all(true)
         );
+    }
+
+    #[test]
+    fn the_primary_ip_is_the_node_ip_of_the_rules() {
+        let cli = parse(&["--bind-address", "198.18.0.11"]).expect("valid flags");
+        let primary = cli.primary_ip().ok();
+        assert_eq!(
+            cli.render_options(None, primary),
+            RenderOptions::default().with_node_ips(["198.18.0.11".parse().expect("an IP")])
+        );
+        assert!(parse(&["--bind-address", "node-1"]).is_err());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use splitproxy_agent::{
     wire_mode,
 };
 use splitproxy_dataplane::iptables::{self, Iptables};
-use std::{process::ExitCode, time::Duration};
+use std::{net::IpAddr, process::ExitCode, time::Duration};
 use tracing::Instrument;
 
 /// Exit code for bad configuration (EX_USAGE).
@@ -43,7 +43,14 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let node_port_addresses = match node_port_addresses(&cli) {
+    let primary_ip = match cli.primary_ip() {
+        Ok(ip) => Some(ip),
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot tell the node's primary IP; set --bind-address");
+            None
+        }
+    };
+    let node_port_addresses = match node_port_addresses(&cli, primary_ip) {
         Ok(addresses) => addresses,
         Err(err) => {
             eprintln!("cannot resolve --nodeport-addresses: {err}");
@@ -51,7 +58,8 @@ fn main() -> ExitCode {
         }
     };
     let dataplane = Iptables::with_config(
-        iptables::Config::default().with_render_options(cli.render_options(node_port_addresses)),
+        iptables::Config::default()
+            .with_render_options(cli.render_options(node_port_addresses, primary_ip)),
     );
     let config = Config {
         client: ClientConfig {
@@ -95,16 +103,19 @@ async fn run(config: Config, dataplane: Iptables) -> anyhow::Result<()> {
 }
 
 /// The node addresses `--nodeport-addresses` selects, read once at start-up; `None` for all.
-fn node_port_addresses(cli: &Cli) -> std::io::Result<Option<Vec<std::net::IpAddr>>> {
+fn node_port_addresses(
+    cli: &Cli,
+    primary_ip: Option<IpAddr>,
+) -> std::io::Result<Option<Vec<IpAddr>>> {
     if cli.nodeport_addresses.is_empty() {
         return Ok(None);
     }
-    let primary = if needs_primary(&cli.nodeport_addresses) {
-        Some(cli.primary_ip()?)
-    } else {
-        None
-    };
-    let selected = select(&cli.nodeport_addresses, &interface_addresses()?, primary);
+    if needs_primary(&cli.nodeport_addresses) && primary_ip.is_none() {
+        return Err(std::io::Error::other(
+            "`primary` needs the node's primary IP: set --bind-address",
+        ));
+    }
+    let selected = select(&cli.nodeport_addresses, &interface_addresses()?, primary_ip);
     tracing::info!(addresses = ?selected, "node ports accepted on");
     Ok(selected)
 }

@@ -5,12 +5,14 @@
 use crate::{
     HitReport,
     addresses::{self, CONTROL_PLANE, EXTERNAL_CLIENT},
-    hit,
+    eventually, hit,
     lab::{HasNamespace, Host, Lab, Node, Pod, Process},
-    serve, workspace_binary,
+    serve,
+    testpod::hit_within,
+    workspace_binary,
 };
 use anyhow::{Context, Result, ensure};
-use std::{collections::BTreeSet, fmt::Write as _, net::Ipv4Addr, path::Path};
+use std::{collections::BTreeSet, fmt::Write as _, net::Ipv4Addr, path::Path, time::Duration};
 
 /// The web Service's namespace and name.
 pub const SERVICE: &str = "demo/web";
@@ -24,6 +26,11 @@ pub const NODE_PORT: u16 = 30080;
 pub const POD_PORT: u16 = 8080;
 /// The port the controller listens on.
 pub const CONTROLLER_PORT: u16 = 10660;
+/// The longest wait for rules to converge; generous because CI machines are slow and shared.
+pub const CONVERGE: Duration = Duration::from_secs(90);
+/// How long a request waits for an answer when a drop is expected: long enough for an answer on
+/// a loaded machine, short enough to keep tests quick.
+pub const DROP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Who answered the requests from one place to one URL.
 #[derive(Debug, Clone)]
@@ -76,6 +83,16 @@ impl DemoCluster {
     ///
     /// If the lab cannot be built or a binary is missing.
     pub fn start(tag: &str) -> Result<Self> {
+        Self::start_with(tag, &[])
+    }
+
+    /// [`DemoCluster::start`], with `agent_flags` added to every agent's command line (e.g.
+    /// `--cluster-cidr`, `--masquerade-all`).
+    ///
+    /// # Errors
+    ///
+    /// If the lab cannot be built or a binary is missing.
+    pub fn start_with(tag: &str, agent_flags: &[&str]) -> Result<Self> {
         let mut lab = Lab::new(tag)?;
         let control_plane = lab.add_host("cp", CONTROL_PLANE)?;
         let external = lab.add_host("ext", EXTERNAL_CLIENT)?;
@@ -125,7 +142,7 @@ impl DemoCluster {
         cluster.write_manifests()?;
         cluster.start_controller()?;
         for i in 0..cluster.nodes.len() {
-            let agent = cluster.start_agent(i, &[])?;
+            let agent = cluster.start_agent(i, agent_flags)?;
             cluster.agents.push(agent);
         }
         Ok(cluster)
@@ -312,6 +329,52 @@ impl DemoCluster {
         Ok(observations)
     }
 
+    /// Waits (up to [`CONVERGE`]) until all of `requests` requests from `from` to `url` are
+    /// answered, by exactly the web pods `pods`.
+    ///
+    /// # Errors
+    ///
+    /// If that does not happen in time; the error holds the last report and the cluster's logs.
+    pub fn expect_answers(
+        &self,
+        from: &(impl HasNamespace + ?Sized),
+        url: &str,
+        pods: &[&str],
+        requests: u32,
+    ) -> Result<()> {
+        let expected: BTreeSet<&str> = pods.iter().copied().collect();
+        eventually(&format!("{url} answers from {pods:?}"), CONVERGE, || {
+            let report = hit(&self.lab, from, url, requests)?;
+            let answered: BTreeSet<&str> = report.answers.keys().map(String::as_str).collect();
+            ensure!(
+                report.failures == 0 && answered == expected,
+                "from {} to {url}: expected answers from exactly {expected:?}, got {report:?}",
+                from.ns_name()
+            );
+            Ok(())
+        })
+        .with_context(|| self.logs())
+    }
+
+    /// Waits (up to [`CONVERGE`]) until requests from `from` to `url` go unanswered until they
+    /// time out: dropped, neither answered nor refused. Each request waits [`DROP_TIMEOUT`].
+    ///
+    /// # Errors
+    ///
+    /// If that does not happen in time; the error holds the last report and the cluster's logs.
+    pub fn expect_dropped(&self, from: &(impl HasNamespace + ?Sized), url: &str) -> Result<()> {
+        eventually(&format!("{url} is dropped"), CONVERGE, || {
+            let report = hit_within(&self.lab, from, url, 3, DROP_TIMEOUT)?;
+            ensure!(
+                report.answered() == 0 && report.errors.iter().all(|e| e.contains("timed out")),
+                "from {} to {url}: expected 3 timeouts, got {report:?}",
+                from.ns_name()
+            );
+            Ok(())
+        })
+        .with_context(|| self.logs())
+    }
+
     /// Runs a command in `ns` and returns its standard output, failing on a non-zero exit.
     ///
     /// # Errors
@@ -347,34 +410,49 @@ impl DemoCluster {
     /// pods, as they are listed and ready now.
     #[must_use]
     pub fn endpoint_slice_yaml(&self, service: &str) -> String {
-        let (namespace, _) = SERVICE.split_once('/').unwrap_or_default();
-        let mut yaml = format!(
-            "apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: {service}-x7k2p
-  namespace: {namespace}
-  labels:
-    kubernetes.io/service-name: {service}
-    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io
-addressType: IPv4
-ports:
-- name: http
-  protocol: TCP
-  port: {POD_PORT}
-endpoints:
-"
-        );
-        for web in self.web.iter().filter(|w| w.listed) {
-            yaml.push_str(&format!(
-                "- addresses: [{}]\n  conditions: {{ready: {}}}\n  nodeName: {}\n  targetRef: {{kind: Pod, name: {}, namespace: {namespace}}}\n",
-                web.pod.ip(),
-                web.ready,
-                web.pod.node_name(),
-                web.pod.name()
-            ));
-        }
-        yaml
+        let endpoints: Vec<(&Pod, Conditions)> = self
+            .web
+            .iter()
+            .filter(|w| w.listed)
+            .map(|w| (&w.pod, Conditions::ready(w.ready)))
+            .collect();
+        slice_yaml(service, "TCP", POD_PORT, &endpoints)
+    }
+
+    /// Writes `<name>.yaml`: the Service `demo/<name>` with port [`PortSpec::WEB`], `spec` and
+    /// `status` (as in [`service_yaml`]), and its EndpointSlice listing the web pods named in
+    /// `endpoints` with their conditions.
+    ///
+    /// # Errors
+    ///
+    /// If a name is not a web pod's or the manifest cannot be written.
+    pub fn write_web_service(
+        &self,
+        name: &str,
+        spec: &str,
+        status: &str,
+        endpoints: &[(&str, Conditions)],
+    ) -> Result<()> {
+        let endpoints = endpoints
+            .iter()
+            .map(|(pod, conditions)| Ok((self.web_pod(pod)?, *conditions)))
+            .collect::<Result<Vec<_>>>()?;
+        let yaml = service_yaml(name, spec, PortSpec::WEB, status)
+            + &slice_yaml(name, "TCP", POD_PORT, &endpoints);
+        self.write_manifest(&format!("{name}.yaml"), &yaml)
+    }
+
+    /// The web pod called `name`.
+    ///
+    /// # Errors
+    ///
+    /// If there is none.
+    pub fn web_pod(&self, name: &str) -> Result<&Pod> {
+        self.web
+            .iter()
+            .map(|w| &w.pod)
+            .find(|pod| pod.name() == name)
+            .with_context(|| format!("no web pod {name}"))
     }
 
     /// The cluster as `kubectl get -o yaml` would print it: the Nodes, the Service with a named
@@ -415,4 +493,140 @@ spec:
         yaml.push_str(&self.endpoint_slice_yaml(name));
         Ok(yaml)
     }
+}
+
+/// An endpoint's conditions in an EndpointSlice (`ready`, `serving`, `terminating`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conditions {
+    /// Takes new connections.
+    pub ready: bool,
+    /// Still serving (true while a ready pod terminates).
+    pub serving: bool,
+    /// The pod is being deleted.
+    pub terminating: bool,
+}
+
+impl Conditions {
+    /// A running pod, ready or not (`serving` follows `ready`, as the API defaults it).
+    #[must_use]
+    pub const fn ready(ready: bool) -> Self {
+        Self {
+            ready,
+            serving: ready,
+            terminating: false,
+        }
+    }
+
+    /// A terminating pod that still serves (`ready: false, serving: true, terminating: true`).
+    pub const TERMINATING_SERVING: Self = Self {
+        ready: false,
+        serving: true,
+        terminating: true,
+    };
+
+    /// A terminating pod that no longer serves.
+    pub const TERMINATING_NOT_SERVING: Self = Self {
+        ready: false,
+        serving: false,
+        terminating: true,
+    };
+}
+
+/// An EndpointSlice for the Service `demo/<service>` with one port named `http` (`protocol`,
+/// `port` on the pods), listing `endpoints` with their conditions.
+#[must_use]
+pub fn slice_yaml(
+    service: &str,
+    protocol: &str,
+    port: u16,
+    endpoints: &[(&Pod, Conditions)],
+) -> String {
+    let (namespace, _) = SERVICE.split_once('/').unwrap_or_default();
+    let mut yaml = format!(
+        "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {service}-x7k2p
+  namespace: {namespace}
+  labels:
+    kubernetes.io/service-name: {service}
+    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io
+addressType: IPv4
+ports:
+- name: http
+  protocol: {protocol}
+  port: {port}
+endpoints:
+"
+    );
+    for (pod, c) in endpoints {
+        yaml.push_str(&format!(
+            "- addresses: [{}]\n  conditions: {{ready: {}, serving: {}, terminating: {}}}\n  nodeName: {}\n  targetRef: {{kind: Pod, name: {}, namespace: {namespace}}}\n",
+            pod.ip(),
+            c.ready,
+            c.serving,
+            c.terminating,
+            pod.node_name(),
+            pod.name()
+        ));
+    }
+    yaml
+}
+
+/// The one port (named `http`) of a Service written by [`service_yaml`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortSpec {
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: &'static str,
+    /// The port on the cluster IP.
+    pub port: u16,
+    /// The port on the pods.
+    pub target_port: u16,
+    /// The node port, if any.
+    pub node_port: Option<u16>,
+}
+
+impl PortSpec {
+    /// TCP port 80 to the web pods' [`POD_PORT`], no node port.
+    pub const WEB: Self = Self {
+        protocol: "TCP",
+        port: 80,
+        target_port: POD_PORT,
+        node_port: None,
+    };
+}
+
+/// A Service `demo/<name>` with one port `port`; `spec` and `status` are YAML lines indented by
+/// two spaces, put under `spec:` and `status:` (no `status:` when it is empty).
+#[must_use]
+pub fn service_yaml(name: &str, spec: &str, port: PortSpec, status: &str) -> String {
+    let (namespace, _) = SERVICE.split_once('/').unwrap_or_default();
+    let status = if status.is_empty() {
+        String::new()
+    } else {
+        format!("status:\n{status}\n")
+    };
+    let PortSpec {
+        protocol,
+        port,
+        target_port,
+        node_port,
+    } = port;
+    let node_port = node_port.map_or_else(String::new, |p| format!("    nodePort: {p}\n"));
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata:
+  name: {name}
+  namespace: {namespace}
+spec:
+{spec}
+  ports:
+  - name: http
+    protocol: {protocol}
+    port: {port}
+    targetPort: {target_port}
+{node_port}{status}---
+"
+    )
 }

@@ -7,6 +7,7 @@ pub mod addresses;
 pub mod control_plane;
 pub mod demo_cluster;
 pub mod lab;
+pub mod sctp;
 pub mod testpod;
 
 use std::path::PathBuf;

@@ -1,6 +1,8 @@
 //! Driving `sp-testpod` in the lab: start servers that answer with their name, and count who answers.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddrV4;
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use serde::{Deserialize, Serialize};
@@ -62,8 +64,75 @@ pub fn hit(
     url: &str,
     count: u32,
 ) -> Result<HitReport> {
+    hit_within(lab, ns, url, count, Duration::from_secs(2))
+}
+
+/// [`hit`] with each request given at most `timeout` instead of 2 s: for asserting that
+/// requests are dropped, which only a timeout shows.
+///
+/// # Errors
+///
+/// If `sp-testpod` is missing, cannot run, exits unsuccessfully or prints no report.
+pub fn hit_within(
+    lab: &Lab,
+    ns: &(impl HasNamespace + ?Sized),
+    url: &str,
+    count: u32,
+    timeout: Duration,
+) -> Result<HitReport> {
     let count = count.to_string();
-    run_hit(lab, ns, url, &["hit", "--url", url, "--count", &count])
+    let timeout = timeout.as_millis().to_string();
+    run_hit(
+        lab,
+        ns,
+        url,
+        &[
+            "hit",
+            "--url",
+            url,
+            "--count",
+            &count,
+            "--timeout-ms",
+            &timeout,
+        ],
+    )
+}
+
+/// Starts `sp-testpod sctp-serve` in `ns`, answering every SCTP INIT to `port` with `name`.
+///
+/// # Errors
+///
+/// If the `sp-testpod` binary is missing or cannot be started.
+pub fn serve_sctp(
+    lab: &mut Lab,
+    ns: &(impl HasNamespace + ?Sized),
+    name: &str,
+    port: u16,
+) -> Result<Process> {
+    let binary = workspace_binary("sp-testpod")?;
+    let port = port.to_string();
+    lab.spawn(ns, binary, &["sctp-serve", "--name", name, "--port", &port])
+}
+
+/// Sends `count` SCTP INITs to `address` from `ns`, each from a fresh port, and reports who
+/// answered; an INIT-ACK from anywhere but `address` counts as a failure.
+///
+/// # Errors
+///
+/// If `sp-testpod` is missing, cannot run, exits unsuccessfully or prints no report.
+pub fn hit_sctp(
+    lab: &Lab,
+    ns: &(impl HasNamespace + ?Sized),
+    address: SocketAddrV4,
+    count: u32,
+) -> Result<HitReport> {
+    let (address, count) = (address.to_string(), count.to_string());
+    run_hit(
+        lab,
+        ns,
+        &address,
+        &["sctp-hit", "--address", &address, "--count", &count],
+    )
 }
 
 /// Starts `sp-testpod serve --udp` in `ns`, answering every datagram on `0.0.0.0:port` with `name`.

@@ -6,7 +6,7 @@
 
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
-    demo_cluster::{DemoCluster, POD_PORT},
+    demo_cluster::{self, DemoCluster, PortSpec},
     eventually, hit,
     lab::HasNamespace,
 };
@@ -17,24 +17,11 @@ const CONVERGE: Duration = Duration::from_secs(90);
 /// A Service named `name` in the demo namespace with `spec` (YAML lines indented by two spaces
 /// under `spec:`) and port 80 (with `node_port` if given), backed by the web pods.
 fn service_yaml(cluster: &DemoCluster, name: &str, spec: &str, node_port: Option<u16>) -> String {
-    let node_port = node_port.map_or_else(String::new, |p| format!("    nodePort: {p}\n"));
-    format!(
-        "apiVersion: v1
-kind: Service
-metadata:
-  name: {name}
-  namespace: demo
-spec:
-{spec}
-  ports:
-  - name: http
-    protocol: TCP
-    port: 80
-    targetPort: {POD_PORT}
-{node_port}---
-{}",
-        cluster.endpoint_slice_yaml(name)
-    )
+    let port = PortSpec {
+        node_port,
+        ..PortSpec::WEB
+    };
+    demo_cluster::service_yaml(name, spec, port, "") + &cluster.endpoint_slice_yaml(name)
 }
 
 #[test]

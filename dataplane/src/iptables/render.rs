@@ -82,6 +82,11 @@ pub struct RenderOptions {
     /// addresses); `None` (the default) for every local address, as upstream without the flag.
     /// This IPv4 renderer uses the IPv4 ones.
     pub node_port_addresses: Option<Vec<IpAddr>>,
+    /// The node's own IPs (kube-proxy's node IP, `--bind-address`). When one is inside a
+    /// Service's `loadBalancerSourceRanges`, connections from the load-balancer IPs themselves are
+    /// accepted too: a node that holds its VIP as a local address reaches it from that address.
+    /// Empty (the default): no such rule.
+    pub node_ips: Vec<IpAddr>,
 }
 
 impl RenderOptions {
@@ -89,6 +94,13 @@ impl RenderOptions {
     #[must_use]
     pub fn with_cluster_cidrs(mut self, cidrs: impl IntoIterator<Item = Cidr>) -> Self {
         self.cluster_cidrs = cidrs.into_iter().collect();
+        self
+    }
+
+    /// Sets [`node_ips`](Self::node_ips).
+    #[must_use]
+    pub fn with_node_ips(mut self, ips: impl IntoIterator<Item = IpAddr>) -> Self {
+        self.node_ips = ips.into_iter().collect();
         self
     }
 

@@ -746,9 +746,10 @@ COMMIT
     );
 }
 
-#[test]
-fn load_balancer_source_ranges_filter_load_balancer_ips_only() {
-    let state = state(vec![Service {
+/// `ns5/svc5:p80`: a load-balancer IP open to two IPv4 ranges (and an IPv6 one this renderer
+/// skips), a node port, one endpoint.
+fn source_ranged_service() -> ProxyState {
+    state(vec![Service {
         load_balancer_ips: ips(&["5.6.7.8"]),
         load_balancer_source_ranges: vec![
             "203.0.113.0/25".parse().unwrap(),
@@ -767,7 +768,12 @@ fn load_balancer_source_ranges_filter_load_balancer_ips_only() {
                 vec![ready("10.180.2.5", 80)],
             )],
         )
-    }]);
+    }])
+}
+
+#[test]
+fn load_balancer_source_ranges_filter_load_balancer_ips_only() {
+    let state = source_ranged_service();
 
     let nat = render_nat(&state, &RenderOptions::default(), &BTreeSet::new());
     let filter = render_filter(&state);
@@ -818,6 +824,30 @@ COMMIT
 COMMIT
 "#,
     );
+}
+
+#[test]
+fn source_ranges_holding_the_node_ip_also_accept_the_load_balancer_ips_themselves() {
+    let state = source_ranged_service();
+    let firewall_rules = |node_ip: &str| {
+        let options = RenderOptions::default().with_node_ips([node_ip.parse().unwrap()]);
+        render_nat(&state, &options, &BTreeSet::new())
+            .payload
+            .lines()
+            .filter(|line| line.starts_with("-A KUBE-FW-"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+
+    // As upstream's allowFromNode: a node holding its VIP locally connects from the VIP.
+    assert_rules_eq(
+        &firewall_rules("198.51.100.7"),
+        r#"-A KUBE-FW-NUKIZ6OKUXPJNT4C -m comment --comment "ns5/svc5:p80 loadbalancer IP" -s 203.0.113.0/25 -j KUBE-EXT-NUKIZ6OKUXPJNT4C
+-A KUBE-FW-NUKIZ6OKUXPJNT4C -m comment --comment "ns5/svc5:p80 loadbalancer IP" -s 198.51.100.0/24 -j KUBE-EXT-NUKIZ6OKUXPJNT4C
+-A KUBE-FW-NUKIZ6OKUXPJNT4C -m comment --comment "ns5/svc5:p80 loadbalancer IP" -s 5.6.7.8 -j KUBE-EXT-NUKIZ6OKUXPJNT4C"#,
+    );
+    assert!(!firewall_rules("192.0.2.7").contains("-s 5.6.7.8"));
 }
 
 #[test]

@@ -6,6 +6,8 @@
 //! sp-testpod hit --url http://10.96.0.10:80/ --count 20 [--timeout-ms 2000]
 //! sp-testpod serve --udp --name pod-a --listen 0.0.0.0:5353
 //! sp-testpod hit --udp --url udp://10.96.0.30:53 --count 20 [--source-port 40000]
+//! sp-testpod sctp-serve --name pod-a --port 9999
+//! sp-testpod sctp-hit --address 10.96.0.40:7777 --count 20
 //! ```
 //!
 //! `hit` makes each request on a new TCP connection (so a proxy balances every one) and prints one
@@ -16,15 +18,26 @@
 //! request and waits for the answer: from a fresh ephemeral port each time (a new conntrack flow
 //! each, so a proxy balances every one), or all from `--source-port` (one flow, which sticks to
 //! one endpoint for as long as conntrack remembers it).
+//!
+//! The HTTP server answers the path `/source` with its name and the client address it saw
+//! (`pod-a 10.244.2.10`), so tests can tell whether a proxy masqueraded the client.
+//!
+//! `sctp-serve` and `sctp-hit` do the same over SCTP with raw IP sockets (the test kernel has no
+//! SCTP sockets): an INIT per request from a fresh port, answered by an INIT-ACK whose state cookie
+//! is the server's name; see the `sctp` module.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use clap::{Parser, Subcommand};
 use splitproxy_e2e::HitReport;
+
+// A bin crate root resolves modules next to itself; this one lives in a folder named after the bin.
+#[path = "sp-testpod/sctp.rs"]
+mod sctp;
 
 /// How many distinct errors a report keeps.
 const MAX_ERRORS: usize = 5;
@@ -78,6 +91,27 @@ enum Cmd {
         #[arg(long, env = "SP_TESTPOD_SOURCE_PORT", requires = "udp")]
         source_port: Option<u16>,
     },
+    /// Answer every SCTP INIT to PORT with an INIT-ACK whose state cookie is NAME.
+    SctpServe {
+        /// The name to answer with (the pod's name).
+        #[arg(long, env = "SP_TESTPOD_NAME")]
+        name: String,
+        /// The SCTP port to answer on.
+        #[arg(long, env = "SP_TESTPOD_PORT")]
+        port: u16,
+    },
+    /// Send COUNT SCTP INITs to ADDRESS, each from a fresh port, and print who answered as JSON.
+    SctpHit {
+        /// `IP:PORT`.
+        #[arg(long, env = "SP_TESTPOD_ADDRESS")]
+        address: SocketAddrV4,
+        /// How many INITs to send.
+        #[arg(long, env = "SP_TESTPOD_COUNT", default_value_t = 1)]
+        count: u32,
+        /// How long to wait for each INIT-ACK, in milliseconds.
+        #[arg(long, env = "SP_TESTPOD_TIMEOUT_MS", default_value_t = 2000)]
+        timeout_ms: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -120,6 +154,18 @@ fn main() -> ExitCode {
                 })
             }
         }
+        Cmd::SctpServe { name, port } => sctp::serve(&name, port),
+        Cmd::SctpHit {
+            address,
+            count,
+            timeout_ms,
+        } => {
+            let pace = Pace {
+                timeout: Duration::from_millis(timeout_ms),
+                interval: Duration::ZERO,
+            };
+            sctp::hit(address, count, &pace)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -135,13 +181,12 @@ fn serve(name: &str, listen: SocketAddr) -> Result<()> {
     let listener =
         TcpListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
     println!("sp-testpod {name} listening on {listen}");
-    let body = format!("{name}\n");
     for stream in listener.incoming() {
         match stream {
             Ok(stream) => {
-                let body = body.clone();
+                let name = name.to_owned();
                 std::thread::spawn(move || {
-                    if let Err(e) = answer(stream, &body) {
+                    if let Err(e) = answer(stream, &name) {
                         eprintln!("sp-testpod: {e:#}");
                     }
                 });
@@ -170,14 +215,19 @@ fn serve_udp(name: &str, listen: SocketAddr) -> Result<()> {
     }
 }
 
-/// Reads one request head and answers it with `body`.
-fn answer(mut stream: TcpStream, body: &str) -> Result<()> {
+/// Reads one request head and answers it with `name`, and for `/source` the client's address.
+fn answer(mut stream: TcpStream, name: &str) -> Result<()> {
     let peer = stream.peer_addr().context("no peer address")?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     stream.set_write_timeout(Some(Duration::from_secs(10)))?;
     let head = read_head(&mut stream).with_context(|| format!("bad request from {peer}"))?;
     let request_line = head.lines().next().unwrap_or_default();
     println!("{peer} {request_line}");
+    let body = if request_line.split_whitespace().nth(1) == Some("/source") {
+        format!("{name} {}\n", peer.ip())
+    } else {
+        format!("{name}\n")
+    };
     let response = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()

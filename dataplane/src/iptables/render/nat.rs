@@ -8,7 +8,10 @@ use super::{
     RenderOptions, comment, finish, ipv4, probability,
 };
 use crate::{Endpoint, ProxyState};
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr},
+};
 
 /// The rendered nat table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +45,12 @@ pub fn render_nat(
             .node_port_addresses
             .as_ref()
             .map(|addresses| addresses.iter().filter_map(ipv4).collect()),
+        node_ips: options
+            .node_ips
+            .iter()
+            .filter(|ip| ip.is_ipv4())
+            .copied()
+            .collect(),
         ..NatTable::default()
     };
     for service in state.services.values() {
@@ -61,6 +70,8 @@ struct NatTable {
     cluster_cidr: Option<String>,
     /// The IPv4 addresses taking node ports; `None` for every local address.
     node_port_addresses: Option<Vec<Ipv4Addr>>,
+    /// The node's IPv4 addresses ([`RenderOptions::node_ips`]).
+    node_ips: Vec<IpAddr>,
     /// Per-service chains in the order they are written.
     chains: Vec<String>,
     /// `chains` as a set, so a chain is declared once.
@@ -301,18 +312,28 @@ impl NatTable {
     /// `KUBE-EXT-…`; the rest falls out untranslated and the filter table's
     /// `KUBE-PROXY-FIREWALL` drops it.
     ///
-    /// Upstream also accepts traffic from the load-balancer IPs themselves when a source range
-    /// holds the node's IP (a node reaching its own VIP); the renderer does not know the node's
-    /// IP yet, so that rule is left out.
+    /// When a source range holds one of the node's IPs, traffic from the load-balancer IPs
+    /// themselves is accepted too, as upstream does: a node that holds its VIP as a local address
+    /// connects to it from the VIP, not from its node IP.
     fn firewall(&mut self, plan: &PortPlan<'_>) {
         let chain = &plan.firewall_chain;
         self.declare(chain);
         let why = comment(&format!("{} loadbalancer IP", plan.port_name));
-        for range in &plan.source_ranges {
+        let allowed_sources = plan.source_ranges.iter().map(ToString::to_string);
+        let allow_from_node = plan
+            .source_ranges
+            .iter()
+            .any(|range| self.node_ips.iter().any(|ip| range.contains(*ip)));
+        let own_vips = plan
+            .load_balancer_ips
+            .iter()
+            .filter(|_| allow_from_node)
+            .map(ToString::to_string);
+        for source in allowed_sources.chain(own_vips).collect::<Vec<_>>() {
             self.rule(
                 chain,
                 &format!(
-                    "-m comment --comment {why} -s {range} -j {}",
+                    "-m comment --comment {why} -s {source} -j {}",
                     plan.external_chain
                 ),
             );

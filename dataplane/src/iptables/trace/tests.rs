@@ -971,7 +971,8 @@ fn every_flow_table_row_traces_to_its_expected_outcome() {
         let options = RenderOptions::default()
             .with_cluster_cidrs(scenario.cluster_cidrs.iter().copied())
             .with_masquerade_all(scenario.masquerade_all)
-            .with_node_port_addresses(scenario.node_port_addresses.clone());
+            .with_node_port_addresses(scenario.node_port_addresses.clone())
+            .with_node_ips(scenario.node_ips.first().copied());
         let payload = rendered(&scenario.state, &options);
         let ruleset = match Ruleset::parse(&payload) {
             Ok(ruleset) => ruleset,
