@@ -118,7 +118,7 @@ impl<D: Dataplane> Applier<D> {
             .set(i64::try_from(invalid.len()).unwrap_or(i64::MAX));
 
         let (report, duration, finished_at) = self.sync_kernel(&proxy_state).await?;
-        self.record_success(&current, next, report.rules_written, duration, finished_at);
+        self.record_success(&current, next, report, duration, finished_at);
         self.reconcile_health_checks(&proxy_state);
         Ok(())
     }
@@ -135,7 +135,7 @@ impl<D: Dataplane> Applier<D> {
         match self.sync_kernel(&proxy_state).await {
             Ok((report, duration, finished_at)) => {
                 tracing::debug!(revision = held.revision, "resynced");
-                self.record_sync(report.rules_written, duration, finished_at, |_| {});
+                self.record_sync(report, duration, finished_at, |_| {});
                 // Retries the health-check ports that could not be bound before.
                 self.reconcile_health_checks(&proxy_state);
             }
@@ -200,7 +200,7 @@ impl<D: Dataplane> Applier<D> {
         &self,
         previous: &NodeState,
         next: NodeState,
-        rules_written: Vec<(String, u32)>,
+        report: SyncReport,
         duration: Duration,
         finished_at: SystemTime,
     ) {
@@ -216,7 +216,7 @@ impl<D: Dataplane> Applier<D> {
                 self.metrics.network_programming.observe(since.max(0.0));
             }
         }
-        self.record_sync(rules_written, duration, finished_at, |s| {
+        self.record_sync(report, duration, finished_at, |s| {
             s.state = Arc::new(next);
             s.applied_at = Some(finished_at);
             s.queued_since = None;
@@ -227,19 +227,21 @@ impl<D: Dataplane> Applier<D> {
     /// `change` updates the status in the same step.
     fn record_sync(
         &self,
-        rules_written: Vec<(String, u32)>,
+        report: SyncReport,
         duration: Duration,
         finished_at: SystemTime,
         change: impl FnOnce(&mut Snapshot),
     ) {
-        for (table, rules) in &rules_written {
+        for (family, table, rules) in &report.family_rules {
             self.metrics
                 .rules_last
                 .get_or_create(&TableLabel {
                     table: table.clone(),
+                    ip_family: family.name().to_owned(),
                 })
                 .set(i64::from(*rules));
         }
+        let rules_written = report.rules_written;
         self.metrics
             .last_sync_timestamp
             .set(unix_seconds(finished_at));
