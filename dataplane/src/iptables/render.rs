@@ -125,6 +125,19 @@ impl RenderOptions {
     }
 }
 
+/// The Services the `family` proxier programs: those with a cluster IP of the family. As
+/// upstream's per-family service tracker, a single-stack Service of the other family gets no rule
+/// at all here, not even a REJECT for its node port.
+fn services_of(
+    family: IpFamily,
+    state: &crate::ProxyState,
+) -> impl Iterator<Item = &crate::Service> {
+    state
+        .services
+        .values()
+        .filter(move |service| service.cluster_ips.iter().any(|ip| family.contains(ip)))
+}
+
 /// Joins a table's lines with `COMMIT` into a payload; returns it with the rule count.
 fn finish(mut lines: Vec<String>, rule_count: usize) -> (String, u32) {
     lines.push("COMMIT".to_owned());

@@ -4,7 +4,7 @@
 use super::plan::PortPlan;
 use super::{
     FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_PROXY_FIREWALL,
-    MASQUERADE_MARK, comment, finish,
+    MASQUERADE_MARK, comment, finish, services_of,
 };
 use crate::conntrack::IpFamily;
 use crate::{ProxyState, TrafficPolicy};
@@ -51,7 +51,7 @@ pub fn render_filter_for(family: IpFamily, state: &ProxyState) -> FilterRules {
     let mut external = Vec::new();
     let mut firewall = Vec::new();
     let mut node_ports = Vec::new();
-    for service in state.services.values() {
+    for service in services_of(family, state) {
         let health_check_node_port = service
             .health_check_node_port
             .filter(|_| service.external_traffic_policy == TrafficPolicy::Local);

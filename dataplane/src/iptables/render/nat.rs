@@ -5,7 +5,7 @@ use super::super::chain_names::{endpoint_chain, is_owned};
 use super::plan::PortPlan;
 use super::{
     KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_SERVICES, MASQUERADE_MARK,
-    RenderOptions, comment, finish, probability,
+    RenderOptions, comment, finish, probability, services_of,
 };
 use crate::conntrack::IpFamily;
 use crate::{Endpoint, ProxyState};
@@ -53,7 +53,7 @@ pub fn render_nat_for(
         cluster_cidr: options.cluster_cidr(family),
         ..NatTable::default()
     };
-    for service in state.services.values() {
+    for service in services_of(family, state) {
         for port in &service.ports {
             nat.add(&PortPlan::new(service, port, family));
         }
