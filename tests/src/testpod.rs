@@ -33,7 +33,8 @@ impl HitReport {
     }
 }
 
-/// Starts `sp-testpod serve` in `ns`, answering every request on `0.0.0.0:port` with `name`.
+/// Starts `sp-testpod serve` in `ns`, answering every request on `[::]:port` (both IP families)
+/// with `name`.
 ///
 /// # Errors
 ///
@@ -45,7 +46,7 @@ pub fn serve(
     port: u16,
 ) -> Result<Process> {
     let binary = workspace_binary("sp-testpod")?;
-    let listen = format!("0.0.0.0:{port}");
+    let listen = format!("[::]:{port}");
     lab.spawn(ns, binary, &["serve", "--name", name, "--listen", &listen])
 }
 
@@ -66,7 +67,8 @@ pub fn hit(
     run_hit(lab, ns, url, &["hit", "--url", url, "--count", &count])
 }
 
-/// Starts `sp-testpod serve --udp` in `ns`, answering every datagram on `0.0.0.0:port` with `name`.
+/// Starts `sp-testpod serve --udp` in `ns`, answering every datagram on `[::]:port` (both IP
+/// families) with `name`.
 ///
 /// # Errors
 ///
@@ -78,7 +80,7 @@ pub fn serve_udp(
     port: u16,
 ) -> Result<Process> {
     let binary = workspace_binary("sp-testpod")?;
-    let listen = format!("0.0.0.0:{port}");
+    let listen = format!("[::]:{port}");
     lab.spawn(
         ns,
         binary,
@@ -86,7 +88,7 @@ pub fn serve_udp(
     )
 }
 
-/// Sends `count` datagrams to `url` (`udp://IP:PORT`) from `ns` and reports who answered: all
+/// Sends `count` datagrams to `url` (`udp://IP:PORT` or `udp://[IPv6]:PORT`) from `ns` and reports who answered: all
 /// from `source_port` on one socket (one conntrack flow), or each from a fresh ephemeral port.
 ///
 /// Unanswered datagrams are counted in the report, not returned as errors: the test decides.
