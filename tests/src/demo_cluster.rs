@@ -10,6 +10,7 @@ use crate::{
     serve, workspace_binary,
 };
 use anyhow::{Context, Result, ensure};
+use splitproxy_dataplane::IpFamily;
 use std::{collections::BTreeSet, fmt::Write as _, net::Ipv4Addr, path::Path};
 
 /// The web Service's namespace and name.
@@ -325,28 +326,45 @@ impl DemoCluster {
     /// pods, as they are listed and ready now.
     #[must_use]
     pub fn endpoint_slice_yaml(&self, service: &str) -> String {
+        self.endpoint_slice_yaml_for(service, IpFamily::V4, POD_PORT)
+    }
+
+    /// An EndpointSlice of `family` (`addressType: IPv4` or `IPv6`, the pods' addresses of that
+    /// family) for the Service `demo/<service>` whose port `http` is served by the web pods on
+    /// `port`, as they are listed and ready now. A dual-stack Service has one of each, as the
+    /// EndpointSlice controller writes them.
+    #[must_use]
+    pub fn endpoint_slice_yaml_for(&self, service: &str, family: IpFamily, port: u16) -> String {
         let (namespace, _) = SERVICE.split_once('/').unwrap_or_default();
+        let (suffix, address_type) = match family {
+            IpFamily::V4 => ("x7k2p", "IPv4"),
+            IpFamily::V6 => ("v6x7k", "IPv6"),
+        };
         let mut yaml = format!(
             "apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
-  name: {service}-x7k2p
+  name: {service}-{suffix}
   namespace: {namespace}
   labels:
     kubernetes.io/service-name: {service}
     endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io
-addressType: IPv4
+addressType: {address_type}
 ports:
 - name: http
   protocol: TCP
-  port: {POD_PORT}
+  port: {port}
 endpoints:
 "
         );
         for web in self.web.iter().filter(|w| w.listed) {
+            let address = match family {
+                IpFamily::V4 => web.pod.ip().to_string(),
+                IpFamily::V6 => format!("'{}'", web.pod.ip6()),
+            };
             yaml.push_str(&format!(
                 "- addresses: [{}]\n  conditions: {{ready: {}}}\n  nodeName: {}\n  targetRef: {{kind: Pod, name: {}, namespace: {namespace}}}\n",
-                web.pod.ip(),
+                address,
                 web.ready,
                 web.pod.node_name(),
                 web.pod.name()
