@@ -365,66 +365,27 @@ impl Lab {
         sysctl(&ns, "net.ipv6.conf.all.forwarding", "1")?;
         self.attach_to_lan(&ns, name, lan_ip)?;
         let (lan_ip6, pod_cidr6) = (lan_ip6(lan_ip), pod_cidr6(pod_cidr.addr().octets()[2]));
-        ip(&[
-            "-n",
-            &ns,
-            "-6",
-            "route",
-            "add",
-            &SERVICE_CIDR6.to_string(),
-            "dev",
-            "eth0",
-        ])?;
-        ip(&[
-            "-n",
-            &ns,
-            "route",
-            "add",
-            &SERVICE_CIDR.to_string(),
-            "dev",
-            "eth0",
-        ])?;
+        for service_cidr in [SERVICE_CIDR.to_string(), SERVICE_CIDR6.to_string()] {
+            add_route(&ns, &service_cidr, &["dev", "eth0"])?;
+        }
         for other in &self.nodes {
-            let (theirs, ours) = (other.pod_cidr.to_string(), pod_cidr.to_string());
-            ip(&[
-                "-n",
-                &ns,
-                "route",
-                "add",
-                &theirs,
-                "via",
-                &other.ip.to_string(),
-            ])?;
-            ip(&[
-                "-n",
-                &other.ns,
-                "route",
-                "add",
-                &ours,
-                "via",
-                &lan_ip.to_string(),
-            ])?;
-            let (theirs, ours) = (other.pod_cidr6.to_string(), pod_cidr6.to_string());
-            ip(&[
-                "-n",
-                &ns,
-                "-6",
-                "route",
-                "add",
-                &theirs,
-                "via",
-                &other.ip6.to_string(),
-            ])?;
-            ip(&[
-                "-n",
-                &other.ns,
-                "-6",
-                "route",
-                "add",
-                &ours,
-                "via",
-                &lan_ip6.to_string(),
-            ])?;
+            for (theirs, ours, their_ip, our_ip) in [
+                (
+                    other.pod_cidr.to_string(),
+                    pod_cidr.to_string(),
+                    other.ip.to_string(),
+                    lan_ip.to_string(),
+                ),
+                (
+                    other.pod_cidr6.to_string(),
+                    pod_cidr6.to_string(),
+                    other.ip6.to_string(),
+                    lan_ip6.to_string(),
+                ),
+            ] {
+                add_route(&ns, &theirs, &["via", &their_ip])?;
+                add_route(&other.ns, &ours, &["via", &our_ip])?;
+            }
         }
         let node = Node {
             name: name.to_owned(),
@@ -517,30 +478,9 @@ impl Lab {
         ])?;
         // Proxy ARP only answers for addresses the node can route elsewhere, and lab nodes have no
         // default route (nothing may leave the lab), so the gateway's neighbour entry is static.
-        ip(&[
-            "-n",
-            &ns,
-            "neigh",
-            "replace",
-            &gateway,
-            "lladdr",
-            POD_GATEWAY_MAC,
-            "dev",
-            "eth0",
-            "nud",
-            "permanent",
-        ])?;
+        pin_gateway(&ns, "-4", &gateway)?;
         let ip6 = pod_ip6(ip_addr);
-        ip(&[
-            "-n",
-            node_ns,
-            "-6",
-            "route",
-            "add",
-            &format!("{ip6}/128"),
-            "dev",
-            &veth,
-        ])?;
+        add_route(node_ns, &format!("{ip6}/128"), &["dev", &veth])?;
         ip(&[
             "-n",
             &ns,
@@ -554,23 +494,8 @@ impl Lab {
         ])?;
         let gateway6 = POD_GATEWAY6.to_string();
         // Static, like the IPv4 gateway's entry: nothing to resolve before the first packet.
-        ip(&[
-            "-n",
-            &ns,
-            "-6",
-            "neigh",
-            "replace",
-            &gateway6,
-            "lladdr",
-            POD_GATEWAY_MAC,
-            "dev",
-            "eth0",
-            "nud",
-            "permanent",
-        ])?;
-        ip(&[
-            "-n", &ns, "-6", "route", "add", "default", "via", &gateway6, "dev", "eth0",
-        ])?;
+        pin_gateway(&ns, "-6", &gateway6)?;
+        add_route(&ns, "default", &["via", &gateway6, "dev", "eth0"])?;
         Ok(Pod {
             name: name.to_owned(),
             ns,
@@ -853,6 +778,35 @@ fn delete_namespace(ns: &str) -> Result<()> {
         }
     }
     ip(&["netns", "del", ns]).with_context(|| format!("cannot delete namespace {ns}"))?;
+    Ok(())
+}
+
+/// Makes `gateway` a permanent neighbour at the node veths' MAC on the pod's `eth0`, in the
+/// family `family` (`-4` or `-6`) of pod namespace `ns`.
+fn pin_gateway(ns: &str, family: &str, gateway: &str) -> Result<()> {
+    ip(&[
+        "-n",
+        ns,
+        family,
+        "neigh",
+        "replace",
+        gateway,
+        "lladdr",
+        POD_GATEWAY_MAC,
+        "dev",
+        "eth0",
+        "nud",
+        "permanent",
+    ])?;
+    Ok(())
+}
+
+/// Adds the route to `destination` in `ns`, e.g. `via 198.18.0.12` or `dev eth0`; `ip` tells the
+/// family from the addresses.
+fn add_route(ns: &str, destination: &str, how: &[&str]) -> Result<()> {
+    let mut args = vec!["-n", ns, "route", "add", destination];
+    args.extend_from_slice(how);
+    ip(&args)?;
     Ok(())
 }
 

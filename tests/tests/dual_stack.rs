@@ -58,6 +58,13 @@ fn converges(
     .with_context(|| cluster.logs())
 }
 
+/// Where cluster-IP clients run: each client pod, then each node.
+fn pods_and_nodes(cluster: &DemoCluster) -> Vec<&dyn HasNamespace> {
+    let pods = cluster.clients.iter().map(|pod| pod as &dyn HasNamespace);
+    pods.chain(cluster.nodes.iter().map(|node| node as &dyn HasNamespace))
+        .collect()
+}
+
 /// The ready web pods' names, each with `suffix`.
 fn ready(cluster: &DemoCluster, suffix: &str) -> BTreeSet<String> {
     cluster
@@ -149,11 +156,8 @@ fn an_ipv6_only_cluster_ip_answers_pods_and_nodes_over_ipv6() -> Result<()> {
     cluster.write_manifest("web6.yaml", &web6_yaml(&cluster))?;
     let expected: BTreeSet<String> = cluster.ready_web().into_iter().collect();
     let url = format!("http://[{WEB6_IP}]:80/");
-    for client in &cluster.clients {
-        converges(&cluster, client, &url, &expected)?;
-    }
-    for node in &cluster.nodes {
-        converges(&cluster, node, &url, &expected)?;
+    for from in pods_and_nodes(&cluster) {
+        converges(&cluster, from, &url, &expected)?;
     }
     // The rules are in ip6tables, under the same chain layout; iptables has none for web6.
     let node1 = &cluster.nodes[0];
@@ -181,14 +185,9 @@ fn a_dual_stack_service_sends_each_family_to_the_pods_address_of_that_family() -
         (format!("http://{DUAL_IP}:80/"), &v4),
         (format!("http://[{DUAL_IP6}]:80/"), &v6),
     ];
-    for client in &cluster.clients {
+    for from in pods_and_nodes(&cluster) {
         for (url, expected) in &urls {
-            converges(&cluster, client, url, expected)?;
-        }
-    }
-    for node in &cluster.nodes {
-        for (url, expected) in &urls {
-            converges(&cluster, node, url, expected)?;
+            converges(&cluster, from, url, expected)?;
         }
     }
     Ok(())

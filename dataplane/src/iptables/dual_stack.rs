@@ -1,8 +1,7 @@
 //! Dual-stack: one [`Iptables`] executor per IP family, synced one after the other, as
 //! upstream's `metaproxier` runs an IPv4 and an IPv6 proxier side by side.
 
-#[cfg(test)]
-mod tests;
+// Tested with the rest of the backend, in `super::tests::dual_stack`.
 
 use super::{Config, Error, Iptables, Result};
 use crate::conntrack::IpFamily;

@@ -186,45 +186,32 @@ mod tests {
 
     #[test]
     fn the_first_cluster_cidr_of_each_family_is_used_with_its_host_bits_cleared() {
-        let options = RenderOptions::default().with_cluster_cidrs([
-            "fd00:10:244:7::1/48".parse().unwrap(),
-            "10.244.7.1/16".parse().unwrap(),
-            "10.0.0.0/8".parse().unwrap(),
-            "fd00::/8".parse().unwrap(),
-        ]);
-        assert_eq!(
-            options.cluster_cidr(IpFamily::V4).as_deref(),
-            Some("10.244.0.0/16")
-        );
-        assert_eq!(
-            options.cluster_cidr(IpFamily::V6).as_deref(),
-            Some("fd00:10:244::/48")
-        );
-        let everything = RenderOptions::default()
-            .with_cluster_cidrs(["1.2.3.4/0".parse().unwrap(), "fd00::1/0".parse().unwrap()]);
-        assert_eq!(
-            everything.cluster_cidr(IpFamily::V4).as_deref(),
-            Some("0.0.0.0/0")
-        );
-        assert_eq!(
-            everything.cluster_cidr(IpFamily::V6).as_deref(),
-            Some("::/0")
-        );
-        let host = RenderOptions::default().with_cluster_cidrs([
-            "1.2.3.4/32".parse().unwrap(),
-            "fd00::1/128".parse().unwrap(),
-        ]);
-        assert_eq!(
-            host.cluster_cidr(IpFamily::V4).as_deref(),
-            Some("1.2.3.4/32")
-        );
-        assert_eq!(
-            host.cluster_cidr(IpFamily::V6).as_deref(),
-            Some("fd00::1/128")
-        );
-        let v4_only = RenderOptions::default().with_cluster_cidrs(["10.0.0.0/8".parse().unwrap()]);
-        assert_eq!(v4_only.cluster_cidr(IpFamily::V6), None);
-        assert_eq!(RenderOptions::default().cluster_cidr(IpFamily::V4), None);
+        let mixed = [
+            "fd00:10:244:7::1/48",
+            "10.244.7.1/16",
+            "10.0.0.0/8",
+            "fd00::/8",
+        ];
+        let everything = ["1.2.3.4/0", "fd00::1/0"];
+        let hosts = ["1.2.3.4/32", "fd00::1/128"];
+        for (cidrs, family, expected) in [
+            (&mixed[..], IpFamily::V4, Some("10.244.0.0/16")),
+            (&mixed[..], IpFamily::V6, Some("fd00:10:244::/48")),
+            (&everything[..], IpFamily::V4, Some("0.0.0.0/0")),
+            (&everything[..], IpFamily::V6, Some("::/0")),
+            (&hosts[..], IpFamily::V4, Some("1.2.3.4/32")),
+            (&hosts[..], IpFamily::V6, Some("fd00::1/128")),
+            (&["10.0.0.0/8"][..], IpFamily::V6, None),
+            (&[][..], IpFamily::V4, None),
+        ] {
+            let options = RenderOptions::default()
+                .with_cluster_cidrs(cidrs.iter().map(|cidr| cidr.parse().unwrap()));
+            assert_eq!(
+                options.cluster_cidr(family).as_deref(),
+                expected,
+                "{cidrs:?} {family:?}"
+            );
+        }
     }
 
     #[test]

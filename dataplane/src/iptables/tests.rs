@@ -12,6 +12,8 @@
 //! | LB ingress   | `1.2.3.x`                    |
 #![allow(clippy::unwrap_used)]
 
+mod dual_stack;
+
 use super::{Config, Dataplane, Error, Iptables, JUMPS, RenderOptions, render_filter, render_nat};
 use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy};
 use std::{collections::BTreeSet, path::PathBuf, time::Duration};

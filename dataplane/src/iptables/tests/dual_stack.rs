@@ -1,6 +1,7 @@
-//! Tests of the per-family render and the dual-stack executor.
+//! Tests of the per-family render and the dual-stack executor, with the fixtures of the backend's
+//! other tests.
 //!
-//! Test addresses (the IPv4 ones as in `super::super::tests`):
+//! Test addresses (the IPv4 ones as in the parent module):
 //!
 //! | thing        | IPv4                         | IPv6                     |
 //! |--------------|------------------------------|--------------------------|
@@ -8,72 +9,47 @@
 //! | cluster IPs  | `172.30.0.x`                 | `fd00:172:30::x`         |
 //! | external IPs | `192.168.99.x`               | `fd00:192:168:99::x`     |
 //! | LB ingress   | `1.2.3.x`, source range `203.0.113.0/25` | `2001:db8:1::x`, source range `2001:db8:2::/64` |
-#![allow(clippy::unwrap_used)]
 
-use super::super::{RenderOptions, render_filter, render_filter_for, render_nat, render_nat_for};
-use super::{Config, DualStack};
-use crate::{
-    Cidr, Dataplane, Endpoint, IpFamily, Protocol, ProxyState, Service, ServiceKey, ServicePort,
-    TrafficPolicy,
+use super::super::{DualStack, render_filter_for, render_nat_for};
+use super::{
+    Config, Dataplane, Protocol, ProxyState, RenderOptions, Scratch, ServicePort, TrafficPolicy,
+    ips, local, ready, render_filter, render_nat, service, state,
 };
-use std::{collections::BTreeSet, path::PathBuf};
-
-fn endpoint(ip: &str, is_local: bool) -> Endpoint {
-    Endpoint {
-        ip: ip.parse().unwrap(),
-        port: 80,
-        ready: true,
-        serving: true,
-        terminating: false,
-        is_local,
-    }
-}
-
-fn ips(texts: &[&str]) -> Vec<std::net::IpAddr> {
-    texts.iter().map(|ip| ip.parse().unwrap()).collect()
-}
-
-fn state(services: Vec<Service>) -> ProxyState {
-    ProxyState {
-        services: services.into_iter().map(|s| (s.key.clone(), s)).collect(),
-    }
-}
+use crate::{Cidr, IpFamily};
+use std::collections::BTreeSet;
 
 /// `ns1/svc1`: dual-stack NodePort with one endpoint per family, plus an IPv6-only
 /// `ns2/svc2` without endpoints and a dual-stack `ns3/svc3` load balancer with source ranges and
 /// external IPs in both families.
 fn dual_stack_services() -> ProxyState {
-    let svc1 = Service::new(
-        ServiceKey::new("ns1", "svc1"),
-        ips(&["172.30.0.41", "fd00:172:30::41"]),
+    let svc1 = service(
+        "ns1",
+        "svc1",
+        &["172.30.0.41", "fd00:172:30::41"],
         vec![ServicePort::new(
             "p80",
             Protocol::Tcp,
             80,
             Some(30001),
-            vec![
-                endpoint("10.180.0.1", false),
-                endpoint("fd00:10:180::1", false),
-            ],
+            vec![ready("10.180.0.1", 80), ready("fd00:10:180::1", 80)],
         )],
     );
-    let svc2 = Service::new(
-        ServiceKey::new("ns2", "svc2"),
-        ips(&["fd00:172:30::42"]),
+    let svc2 = service(
+        "ns2",
+        "svc2",
+        &["fd00:172:30::42"],
         vec![ServicePort::new("p80", Protocol::Tcp, 80, None, Vec::new())],
     );
-    let mut svc3 = Service::new(
-        ServiceKey::new("ns3", "svc3"),
-        ips(&["172.30.0.43", "fd00:172:30::43"]),
+    let mut svc3 = service(
+        "ns3",
+        "svc3",
+        &["172.30.0.43", "fd00:172:30::43"],
         vec![ServicePort::new(
             "p80",
             Protocol::Tcp,
             80,
             None,
-            vec![
-                endpoint("10.180.0.3", true),
-                endpoint("fd00:10:180::3", true),
-            ],
+            vec![local("10.180.0.3", 80), local("fd00:10:180::3", 80)],
         )],
     );
     svc3.external_ips = ips(&["192.168.99.33", "fd00:192:168:99::33"]);
@@ -226,42 +202,19 @@ fn without_an_ipv6_cluster_cidr_ipv6_cluster_ip_traffic_is_not_masqueraded() {
 // ---------------------------------------------------------------------------------------------
 // The executor, against fake tools
 
-/// A scratch directory the fake tools write into, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(test: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "splitproxy-dual-stack-{test}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    fn read(&self, file: &str) -> String {
-        std::fs::read_to_string(self.0.join(file)).unwrap_or_default()
-    }
-
-    /// Makes `tool` fail from now on.
-    fn fail(&self, tool: &str) {
-        std::fs::write(self.0.join(format!("{tool}.fails")), "").unwrap();
-    }
-
-    fn calls(&self, tool: &str) -> Vec<String> {
-        self.read("calls")
-            .lines()
-            .filter(|line| line.split(' ').next() == Some(tool))
-            .map(str::to_owned)
-            .collect()
-    }
+/// Makes `tool` fail from now on.
+fn fail(scratch: &Scratch, tool: &str) {
+    std::fs::write(scratch.0.join(format!("{tool}.fails")), "").unwrap();
 }
 
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// The logged calls of `tool`.
+fn calls(scratch: &Scratch, tool: &str) -> Vec<String> {
+    scratch
+        .read("calls")
+        .lines()
+        .filter(|line| line.split(' ').next() == Some(tool))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Fake `iptables*`, `ip6tables*` and `conntrack`: every call is logged, each restore payload
@@ -288,7 +241,7 @@ esac"#;
 
 #[tokio::test]
 async fn both_families_are_synced_each_with_its_own_tools_and_rules() {
-    let scratch = Scratch::new("both");
+    let scratch = Scratch::new("dual-both");
     let mut dataplane = DualStack::new(&fake_config(&scratch), &[IpFamily::V6, IpFamily::V4]);
     assert_eq!(dataplane.families(), [IpFamily::V4, IpFamily::V6]);
     let state = dual_stack_services();
@@ -313,13 +266,13 @@ async fn both_families_are_synced_each_with_its_own_tools_and_rules() {
     );
     // Every jump is installed in both families.
     assert_eq!(
-        scratch.calls("iptables").len(),
-        scratch.calls("ip6tables").len()
+        calls(&scratch, "iptables").len(),
+        calls(&scratch, "ip6tables").len()
     );
     assert!(
-        scratch.calls("ip6tables").len() >= 24,
+        calls(&scratch, "ip6tables").len() >= 24,
         "{:?}",
-        scratch.calls("ip6tables")
+        calls(&scratch, "ip6tables")
     );
     assert_eq!(
         report.family_rules,
@@ -341,8 +294,8 @@ async fn both_families_are_synced_each_with_its_own_tools_and_rules() {
 
 #[tokio::test]
 async fn a_failing_family_fails_the_sync_without_stopping_the_other() {
-    let scratch = Scratch::new("one-fails");
-    scratch.fail("ip6tables-restore");
+    let scratch = Scratch::new("dual-one-fails");
+    fail(&scratch, "ip6tables-restore");
     let mut dataplane = DualStack::new(&fake_config(&scratch), &IpFamily::ALL);
 
     let error = dataplane.sync(&dual_stack_services()).await.unwrap_err();
@@ -352,37 +305,38 @@ async fn a_failing_family_fails_the_sync_without_stopping_the_other() {
         "{error}"
     );
     assert!(!scratch.read("iptables-restore.payload").is_empty());
-    assert!(!scratch.calls("iptables").is_empty());
+    assert!(!calls(&scratch, "iptables").is_empty());
 }
 
 #[tokio::test]
 async fn missing_tools_of_a_family_leave_the_node_single_stack() {
-    let scratch = Scratch::new("detect");
-    scratch.fail("ip6tables-save");
+    let scratch = Scratch::new("dual-detect");
+    fail(&scratch, "ip6tables-save");
     let config = fake_config(&scratch);
     assert_eq!(DualStack::detect(&config).await.families(), [IpFamily::V4]);
     std::fs::remove_file(scratch.0.join("ip6tables-save.fails")).unwrap();
-    scratch.fail("iptables-save");
+    fail(&scratch, "iptables-save");
     assert_eq!(DualStack::detect(&config).await.families(), [IpFamily::V6]);
-    scratch.fail("ip6tables-save");
+    fail(&scratch, "ip6tables-save");
     // Neither: IPv4 stays, so its syncs say what is wrong.
     assert_eq!(DualStack::detect(&config).await.families(), [IpFamily::V4]);
 }
 
 #[tokio::test]
 async fn stale_udp_flows_are_deleted_per_family() {
-    let scratch = Scratch::new("conntrack");
+    let scratch = Scratch::new("dual-conntrack");
     let mut dataplane = DualStack::new(&fake_config(&scratch), &IpFamily::ALL);
     let dns = |endpoints: &[&str]| {
-        state(vec![Service::new(
-            ServiceKey::new("kube-system", "dns"),
-            ips(&["172.30.0.10", "fd00:172:30::10"]),
+        state(vec![service(
+            "kube-system",
+            "dns",
+            &["172.30.0.10", "fd00:172:30::10"],
             vec![ServicePort::new(
                 "dns",
                 Protocol::Udp,
                 53,
                 None,
-                endpoints.iter().map(|ip| endpoint(ip, false)).collect(),
+                endpoints.iter().map(|ip| ready(ip, 80)).collect(),
             )],
         )])
     };
@@ -401,7 +355,7 @@ async fn stale_udp_flows_are_deleted_per_family() {
         .unwrap();
 
     assert_eq!(
-        scratch.calls("conntrack"),
+        calls(&scratch, "conntrack"),
         [
             "conntrack -D -p udp --orig-dst 172.30.0.10 --dport 53 --reply-src 10.180.0.1",
             "conntrack -D -p udp -f ipv6 --orig-dst fd00:172:30::10 --dport 53 --reply-src fd00:10:180::1",
