@@ -18,7 +18,7 @@ pub mod save;
 mod tests;
 pub mod trace;
 
-pub use dual_stack::DualStack;
+pub use dual_stack::{DualStack, FamilyError};
 pub use render::{
     FilterRules, NatRules, RenderOptions, render_filter, render_filter_for, render_nat,
     render_nat_for,

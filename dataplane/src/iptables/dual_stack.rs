@@ -3,9 +3,20 @@
 
 // Tested with the rest of the backend, in `super::tests::dual_stack`.
 
-use super::{Config, Error, Iptables, Result};
+use super::{Config, Error, Iptables};
 use crate::conntrack::IpFamily;
 use crate::{Dataplane, ProxyState, SyncReport};
+
+/// A family's sync failed; the message says which family, the source why.
+#[derive(Debug, thiserror::Error)]
+#[error("could not sync the {} rules", family.name())]
+pub struct FamilyError {
+    /// The family whose rules were not applied.
+    pub family: IpFamily,
+    /// Why.
+    #[source]
+    pub source: Error,
+}
 
 /// The iptables dataplane for every IP family the node can program: `iptables` for IPv4 and
 /// `ip6tables` for IPv6, each seeing only its family's addresses and endpoints.
@@ -71,7 +82,7 @@ impl DualStack {
 }
 
 impl Dataplane for DualStack {
-    type Error = Error;
+    type Error = FamilyError;
 
     fn mode(&self) -> &'static str {
         "iptables"
@@ -79,16 +90,19 @@ impl Dataplane for DualStack {
 
     /// Syncs every family, also after one failed (the families are independent, as upstream's
     /// proxiers are); the report sums the tables and keeps each family's counts. Returns the
-    /// first family's error when any failed, so the whole sync is retried.
-    async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport> {
+    /// first failing family's error when any failed, so the whole sync is retried.
+    async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport, FamilyError> {
         let mut report = SyncReport::default();
         let mut first_error = None;
         for executor in &mut self.families {
             match executor.sync(state).await {
                 Ok(family_report) => report.merge(family_report),
-                Err(error) => {
+                Err(source) => {
+                    let error = FamilyError {
+                        family: executor.config().family,
+                        source,
+                    };
                     tracing::warn!(
-                        ip_family = executor.config().family.name(),
                         error = &error as &dyn std::error::Error,
                         "iptables sync failed"
                     );

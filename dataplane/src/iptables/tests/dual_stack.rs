@@ -300,9 +300,11 @@ async fn a_failing_family_fails_the_sync_without_stopping_the_other() {
 
     let error = dataplane.sync(&dual_stack_services()).await.unwrap_err();
 
+    assert_eq!(error.family, IpFamily::V6);
+    assert_eq!(error.to_string(), "could not sync the IPv6 rules");
     assert!(
-        error.to_string().contains("cannot initialize table"),
-        "{error}"
+        error.source.to_string().contains("cannot initialize table"),
+        "{error:?}"
     );
     assert!(!scratch.read("iptables-restore.payload").is_empty());
     assert!(!calls(&scratch, "iptables").is_empty());
