@@ -77,8 +77,8 @@ pub struct RenderOptions {
     /// cluster and come back through a load balancer.
     ///
     /// kube-proxy takes one CIDR per IP family; each family's render uses the first CIDR of its
-    /// family and ignores the rest. Empty (the default): no detector, so cluster-IP traffic from outside the
-    /// cluster is not masqueraded, as upstream without one.
+    /// family and ignores the rest. Empty (the default): no detector, so cluster-IP traffic from
+    /// outside the cluster is not masqueraded, as upstream without one.
     pub cluster_cidrs: Vec<Cidr>,
     /// Masquerade every packet sent to a cluster IP, whatever its source (`--masquerade-all`);
     /// it wins over the cluster CIDR for cluster-IP traffic and changes nothing else. Off by

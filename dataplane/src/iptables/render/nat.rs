@@ -36,11 +36,11 @@ pub fn render_nat(
 /// per-service ones, see [`is_owned`], are looked at); those this render does not write are
 /// flushed and deleted.
 ///
-/// A Service port gets nat rules only when it has a usable endpoint of `family` (see
-/// [`crate::endpoints`]); addresses and endpoints of the other family are skipped, and the
-/// cluster CIDR is the family's own. `options` decide which
-/// cluster-IP traffic is masqueraded and whether pod traffic skips `externalTrafficPolicy: Local`
-/// (see [`RenderOptions`]).
+/// Only Services with a cluster IP of `family` are rendered, and a port of one gets nat rules
+/// only when it has a usable endpoint of `family` (see [`crate::endpoints`]); addresses and
+/// endpoints of the other family are skipped, and the cluster CIDR is the family's own. `options`
+/// decide which cluster-IP traffic is masqueraded and whether pod traffic skips
+/// `externalTrafficPolicy: Local` (see [`RenderOptions`]).
 #[must_use]
 pub fn render_nat_for(
     family: IpFamily,
