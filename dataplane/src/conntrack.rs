@@ -67,6 +67,19 @@ pub enum IpFamily {
 }
 
 impl IpFamily {
+    /// Both families, IPv4 first.
+    pub const ALL: [Self; 2] = [Self::V4, Self::V6];
+
+    /// The name kube-proxy's `ip_family` metric label and Kubernetes' `ipFamilies` use: `IPv4`
+    /// or `IPv6`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::V4 => "IPv4",
+            Self::V6 => "IPv6",
+        }
+    }
+
     /// Whether `ip` belongs to this family.
     #[must_use]
     pub fn contains(self, ip: &IpAddr) -> bool {

@@ -16,13 +16,17 @@
 //! | external and load-balancer IPs | `192.0.2.0/24`, not assigned to the node                 |
 //! | node            | [`NODE_IP`], the only address local to the node                         |
 //! | external client | [`EXTERNAL_CLIENT`] (`203.0.113.0/24`); [`OTHER_EXTERNAL_CLIENT`] (`198.51.100.0/24`) |
+//! | IPv6 pods       | `fd00:10:244::/48`; client pod [`CLIENT_POD6`] in `fd00:10:244::x`, endpoints on other nodes in `fd00:10:244:1::x`, `fd00:10:244:2::x` |
+//! | IPv6 cluster IPs | `fd00:10:96::/112`                                                     |
+//! | IPv6 node       | [`NODE_IP6`], the node's second address                                 |
+//! | IPv6 external client | [`EXTERNAL_CLIENT6`] (`2001:db8:203::/48`)                          |
 
 use crate::{
     Cidr, Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy,
 };
 use std::{
     collections::BTreeMap,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     time::Duration,
 };
 
@@ -34,6 +38,12 @@ pub const CLIENT_POD: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 244, 0, 5));
 pub const EXTERNAL_CLIENT: IpAddr = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 7));
 /// Another client outside the cluster, in a different network from [`EXTERNAL_CLIENT`].
 pub const OTHER_EXTERNAL_CLIENT: IpAddr = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 9));
+/// The node's IPv6 address, in the dual-stack scenario.
+pub const NODE_IP6: IpAddr = v6(0xfd00, 0x198, 0x18, 0, 0x11);
+/// [`CLIENT_POD`]'s IPv6 address.
+pub const CLIENT_POD6: IpAddr = v6(0xfd00, 0x10, 0x244, 0, 0x5);
+/// An IPv6 client outside the cluster.
+pub const EXTERNAL_CLIENT6: IpAddr = v6(0x2001, 0xdb8, 0x203, 0, 0x7);
 
 /// Where a flow's first packet comes from, which decides the hooks it crosses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -141,6 +151,7 @@ pub fn scenarios() -> Vec<Scenario> {
         node_with_cluster_cidr(),
         node_with_masquerade_all(),
         node_with_node_port_addresses(),
+        node_with_dual_stack_services(),
     ]
 }
 
@@ -1329,6 +1340,140 @@ fn node_with_node_port_addresses() -> Scenario {
     }
 }
 
+/// The IPv6 pods of every node.
+const CLUSTER_CIDR6: Cidr = Cidr {
+    address: v6(0xfd00, 0x10, 0x244, 0, 0),
+    prefix: 48,
+};
+/// `default/web6`: IPv6-only, ClusterIP and NodePort.
+const WEB6_IP: IpAddr = v6(0xfd00, 0x10, 0x96, 0, 0x20);
+const WEB6_NODE_PORT: u16 = 30620;
+const WEB6_1: SocketAddr = at(v6(0xfd00, 0x10, 0x244, 1, 0x20), 8080);
+const WEB6_2: SocketAddr = at(v6(0xfd00, 0x10, 0x244, 2, 0x20), 8080);
+/// `default/dual`: dual-stack (IPv4 primary), ClusterIP and NodePort, one endpoint per family on
+/// each of two pods.
+const DUAL_IP: IpAddr = v4(10, 96, 0, 30);
+const DUAL_IP6: IpAddr = v6(0xfd00, 0x10, 0x96, 0, 0x30);
+const DUAL_NODE_PORT: u16 = 30630;
+const DUAL_1: SocketAddr = at(v4(10, 244, 1, 30), 8080);
+const DUAL_2: SocketAddr = at(v4(10, 244, 2, 30), 8080);
+const DUAL6_1: SocketAddr = at(v6(0xfd00, 0x10, 0x244, 1, 0x30), 8080);
+const DUAL6_2: SocketAddr = at(v6(0xfd00, 0x10, 0x244, 2, 0x30), 8080);
+/// `default/idle6`: IPv6-only, its only endpoint not ready.
+const IDLE6_IP: IpAddr = v6(0xfd00, 0x10, 0x96, 0, 0x40);
+const IDLE6_STARTING: SocketAddr = at(v6(0xfd00, 0x10, 0x244, 1, 0x40), 8080);
+
+/// A dual-stack node (both addresses local, a cluster CIDR per family), as kube-proxy's two
+/// proxiers program it: each family reaches only its own endpoints, and an IPv6 client is never
+/// sent to an IPv4 endpoint (or the reverse).
+fn node_with_dual_stack_services() -> Scenario {
+    let web6 = service(
+        "default",
+        "web6",
+        WEB6_IP,
+        vec![ServicePort::new(
+            "",
+            Protocol::Tcp,
+            80,
+            Some(WEB6_NODE_PORT),
+            vec![ready(WEB6_1), ready(WEB6_2)],
+        )],
+    );
+    let dual = Service::new(
+        ServiceKey::new("default", "dual"),
+        vec![DUAL_IP, DUAL_IP6],
+        vec![ServicePort::new(
+            "",
+            Protocol::Tcp,
+            80,
+            Some(DUAL_NODE_PORT),
+            vec![ready(DUAL_1), ready(DUAL_2), ready(DUAL6_1), ready(DUAL6_2)],
+        )],
+    );
+    let idle6 = service(
+        "default",
+        "idle6",
+        IDLE6_IP,
+        vec![ServicePort::new(
+            "",
+            Protocol::Tcp,
+            80,
+            None,
+            vec![starting(IDLE6_STARTING)],
+        )],
+    );
+    let to_web6 = |masquerade| Expected::endpoints([(WEB6_1, masquerade), (WEB6_2, masquerade)]);
+    let dual4 = |masquerade| Expected::endpoints([(DUAL_1, masquerade), (DUAL_2, masquerade)]);
+    let dual6 = |masquerade| Expected::endpoints([(DUAL6_1, masquerade), (DUAL6_2, masquerade)]);
+    use Origin::{External, Node, Pod};
+    use Protocol::Tcp;
+    let cases = vec![
+        case(
+            "IPv6 pod to IPv6-only cluster IP reaches its endpoints unmasqueraded",
+            (Pod, CLIENT_POD6),
+            (Tcp, WEB6_IP, 80),
+            to_web6(false),
+        ),
+        case(
+            "node to IPv6-only cluster IP reaches its endpoints masqueraded, from outside the IPv6 cluster CIDR",
+            (Node, NODE_IP6),
+            (Tcp, WEB6_IP, 80),
+            to_web6(true),
+        ),
+        case(
+            "IPv6 external client to IPv6-only node port reaches its endpoints masqueraded",
+            (External, EXTERNAL_CLIENT6),
+            (Tcp, NODE_IP6, WEB6_NODE_PORT),
+            to_web6(true),
+        ),
+        case(
+            "IPv4 external client to IPv6-only node port on the node's IPv4 address passes",
+            (External, EXTERNAL_CLIENT),
+            (Tcp, NODE_IP, WEB6_NODE_PORT),
+            Expected::Pass,
+        ),
+        case(
+            "IPv4 pod to dual-stack IPv4 cluster IP reaches only the IPv4 endpoints",
+            (Pod, CLIENT_POD),
+            (Tcp, DUAL_IP, 80),
+            dual4(false),
+        ),
+        case(
+            "IPv6 pod to dual-stack IPv6 cluster IP reaches only the IPv6 endpoints",
+            (Pod, CLIENT_POD6),
+            (Tcp, DUAL_IP6, 80),
+            dual6(false),
+        ),
+        case(
+            "IPv6 external client to dual-stack node port reaches only the IPv6 endpoints masqueraded",
+            (External, EXTERNAL_CLIENT6),
+            (Tcp, NODE_IP6, DUAL_NODE_PORT),
+            dual6(true),
+        ),
+        case(
+            "IPv4 external client to dual-stack node port reaches only the IPv4 endpoints masqueraded",
+            (External, EXTERNAL_CLIENT),
+            (Tcp, NODE_IP, DUAL_NODE_PORT),
+            dual4(true),
+        ),
+        case(
+            "IPv6 pod to IPv6-only cluster IP without ready endpoints is rejected",
+            (Pod, CLIENT_POD6),
+            (Tcp, IDLE6_IP, 80),
+            Expected::Reject,
+        ),
+    ];
+    Scenario {
+        name: "dual-stack node with cluster CIDRs 10.244.0.0/16 and fd00:10:244::/48: web6 (IPv6-only NodePort), dual (dual-stack NodePort), idle6 (IPv6-only, no ready endpoint)",
+        state: state([web6, dual, idle6]),
+        node_ips: vec![NODE_IP, NODE_IP6],
+        cluster_cidrs: vec![CLUSTER_CIDR, CLUSTER_CIDR6],
+        masquerade_all: false,
+        node_port_addresses: None,
+        cases,
+    }
+}
+
 fn case(
     name: &'static str,
     (origin, source): (Origin, IpAddr),
@@ -1410,6 +1555,11 @@ fn gone(address: SocketAddr) -> Endpoint {
 
 const fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+}
+
+/// `a:b:c:d::e`, the shape of every IPv6 address in the table.
+const fn v6(a: u16, b: u16, c: u16, d: u16, e: u16) -> IpAddr {
+    IpAddr::V6(Ipv6Addr::new(a, b, c, d, 0, 0, 0, e))
 }
 
 const fn at(ip: IpAddr, port: u16) -> SocketAddr {

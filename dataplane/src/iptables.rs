@@ -4,7 +4,11 @@
 //! `iptables-restore` payload (pure, unit-tested), and [`Iptables`] is the thin executor that reads
 //! the kernel's chains with `iptables-save`, pipes the payload to `iptables-restore --noflush`, and
 //! makes sure the built-in chains jump to ours; then it deletes the UDP and SCTP conntrack entries
-//! the change left stale ([`crate::conntrack`]). IPv4 only, for now.
+//! the change left stale ([`crate::conntrack`]).
+//!
+//! One [`Iptables`] programs one IP family (`iptables` or `ip6tables`, [`Config::family`]), as
+//! each of upstream's per-family proxiers does; [`DualStack`] runs one per family the node can
+//! program.
 //!
 //! Syncs are partial as in kube-proxy ([`partial`]): only the per-Service chains whose rules
 //! changed are written. A sync is full (every chain written, the jumps checked) the first time,
@@ -13,6 +17,7 @@
 //! before can be trusted to be there.
 
 pub mod chain_names;
+mod dual_stack;
 pub mod partial;
 pub mod render;
 pub mod save;
@@ -20,7 +25,11 @@ pub mod save;
 mod tests;
 pub mod trace;
 
-pub use render::{FilterRules, NatRules, RenderOptions, render_filter, render_nat};
+pub use dual_stack::{DualStack, FamilyError};
+pub use render::{
+    FilterRules, NatRules, RenderOptions, render_filter, render_filter_for, render_nat,
+    render_nat_for,
+};
 
 use crate::conntrack::{self, Conntrack, IpFamily};
 use crate::{Dataplane, ProxyState, SyncReport};
@@ -88,6 +97,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// How the executor runs the iptables tools.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
+    /// The IP family programmed: which addresses are rendered, and which conntrack entries are
+    /// deleted. The binaries below must be that family's (see [`Config::with_family`]).
+    pub family: IpFamily,
     /// The `iptables` binary, used to check and insert the jumps from built-in chains.
     pub iptables: String,
     /// The `iptables-save` binary, used to list the existing chains.
@@ -107,6 +119,8 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
+            // IPv4, kube-proxy's primary family unless the node is IPv6-only.
+            family: IpFamily::V4,
             // Looked up in PATH; the image's wrapper picks the nft or legacy backend, as upstream.
             iptables: "iptables".to_owned(),
             iptables_save: "iptables-save".to_owned(),
@@ -125,6 +139,21 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Programs `family` with its own tools: `iptables`, `iptables-save` and `iptables-restore`
+    /// for IPv4, `ip6tables`, `ip6tables-save` and `ip6tables-restore` for IPv6 (from PATH).
+    #[must_use]
+    pub fn with_family(mut self, family: IpFamily) -> Self {
+        let tool = match family {
+            IpFamily::V4 => "iptables",
+            IpFamily::V6 => "ip6tables",
+        };
+        self.family = family;
+        self.iptables = tool.to_owned();
+        self.iptables_save = format!("{tool}-save");
+        self.iptables_restore = format!("{tool}-restore");
+        self
+    }
+
     /// Puts `prefix` before every command (e.g. `ip netns exec <ns>`).
     #[must_use]
     pub fn with_command_prefix<I, S>(mut self, prefix: I) -> Self
@@ -293,7 +322,8 @@ impl Jump {
     }
 }
 
-/// The iptables dataplane: programs the IPv4 nat and filter tables through the iptables tools.
+/// The iptables dataplane for one IP family: programs its nat and filter tables through that
+/// family's iptables tools.
 #[derive(Debug, Clone, Default)]
 pub struct Iptables {
     config: Config,
@@ -327,6 +357,12 @@ impl Iptables {
     #[must_use]
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Whether this family's tools run and can read the nat table (kube-proxy runs single-stack
+    /// when the secondary family's cannot).
+    pub async fn available(&self) -> bool {
+        self.existing_chains().await.is_ok()
     }
 
     /// The nat chains now in the kernel.
@@ -444,6 +480,7 @@ impl Iptables {
             });
         }
         tracing::info!(
+            ip_family = self.config.family.name(),
             table = jump.table,
             chain = jump.chain,
             target = jump.target,
@@ -456,7 +493,7 @@ impl Iptables {
     /// are logged, never returned: the rules are in place, and a stale flow is less harm than a
     /// failed sync.
     async fn delete_stale_flows(&self, previous: &ProxyState, current: &ProxyState) {
-        let deletions = conntrack::stale_flows(previous, current, IpFamily::V4);
+        let deletions = conntrack::stale_flows(previous, current, self.config.family);
         if deletions.is_empty() {
             return;
         }
@@ -533,6 +570,7 @@ impl Dataplane for Iptables {
     }
 
     async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport> {
+        let family = self.config.family;
         let existing = self.existing_chains().await?;
         let full_reason = self.full_sync_reason(&existing).await?;
         // Taken, so that a sync failing from here on leaves it empty and the next one is full.
@@ -542,8 +580,8 @@ impl Dataplane for Iptables {
         } else {
             previous
         };
-        let filter = render_filter(state);
-        let nat = render_nat(state, &self.config.render, &existing);
+        let filter = render_filter_for(family, state);
+        let nat = render_nat_for(family, state, &self.config.render, &existing);
         let existing_nat = existing
             .into_iter()
             .map(|chain| ("nat".to_owned(), chain))
@@ -566,6 +604,7 @@ impl Dataplane for Iptables {
             tracing::debug!(reason, "full sync");
         }
         tracing::debug!(
+            ip_family = family.name(),
             full = full_reason.is_some(),
             rules_written = ?trimmed.rules_written,
             rules_total = ?trimmed.rules_total,
@@ -576,11 +615,12 @@ impl Dataplane for Iptables {
         }
         self.applied = Some(state.clone());
         self.written = trimmed.chains;
-        Ok(SyncReport {
-            rules_written: trimmed.rules_written,
-            rules_total: trimmed.rules_total,
-            full: full_reason.is_some(),
-        })
+        Ok(SyncReport::for_family(
+            family,
+            trimmed.rules_written,
+            trimmed.rules_total,
+            full_reason.is_some(),
+        ))
     }
 }
 

@@ -1,10 +1,12 @@
 //! Real-kernel check of the iptables backend: syncs into a fresh network namespace and reads the
-//! result back with `iptables-save`. Needs root, `ip` and iptables.
+//! result back with `iptables-save` (and `ip6tables-save`). Needs root, `ip`, iptables and ip6tables.
 #![allow(clippy::unwrap_used)]
 
 use splitproxy_dataplane::{
-    Dataplane, Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy,
-    iptables::{Config, Iptables, RenderOptions},
+    Dataplane, Endpoint, IpFamily, Protocol, ProxyState, Service, ServiceKey, ServicePort,
+    TrafficPolicy,
+    flow_table::{Expected, Flow, Origin},
+    iptables::{Config, DualStack, Iptables, RenderOptions, trace},
 };
 use std::{process::Command, time::Duration};
 
@@ -36,7 +38,13 @@ impl Netns {
 
     /// `iptables-save -t <table>` inside the namespace, without its `#` comment lines.
     fn saved(&self, table: &str) -> String {
-        self.exec(&["iptables-save", "-t", table])
+        self.saved_by("iptables-save", table)
+    }
+
+    /// `<save> -t <table>` (`iptables-save` or `ip6tables-save`) inside the namespace, without
+    /// its `#` comment lines.
+    fn saved_by(&self, save: &str, table: &str) -> String {
+        self.exec(&[save, "-t", table])
             .lines()
             .filter(|line| !line.starts_with('#'))
             .map(|line| format!("{line}\n"))
@@ -402,4 +410,153 @@ async fn partial_syncs_leave_unchanged_services_alone_until_the_tables_are_flush
         );
     }
     assert_eq!(third.rules_total, first.rules_total);
+}
+
+/// `ns4/dual:p80`, dual-stack with client-IP affinity, node port 30004 and one endpoint per
+/// family; `ns5/six:p80`, IPv6-only without endpoints.
+fn dual_stack() -> ProxyState {
+    let port = |node_port, endpoints| {
+        vec![ServicePort::new(
+            "p80",
+            Protocol::Tcp,
+            80,
+            node_port,
+            endpoints,
+        )]
+    };
+    let mut dual = Service::new(
+        ServiceKey::new("ns4", "dual"),
+        vec![
+            "172.30.0.44".parse().unwrap(),
+            "fd00:172:30::44".parse().unwrap(),
+        ],
+        port(
+            Some(30004),
+            vec![endpoint("10.180.0.4"), endpoint("fd00:10:180::4")],
+        ),
+    );
+    dual.session_affinity = Some(Duration::from_secs(10800));
+    let six = Service::new(
+        ServiceKey::new("ns5", "six"),
+        vec!["fd00:172:30::45".parse().unwrap()],
+        port(None, Vec::new()),
+    );
+    ProxyState {
+        services: [(dual.key.clone(), dual), (six.key.clone(), six)].into(),
+    }
+}
+
+#[tokio::test]
+async fn ip6tables_restore_accepts_the_ipv6_rules_and_each_family_keeps_its_own() {
+    let netns = Netns::create("dual");
+    let config = Config::default()
+        .with_command_prefix(["ip", "netns", "exec", &netns.name])
+        .with_render_options(RenderOptions::default().with_cluster_cidrs([
+            "10.0.0.0/8".parse().unwrap(),
+            "fd00:10::/32".parse().unwrap(),
+        ]));
+    let mut dataplane = DualStack::detect(&config).await;
+    assert_eq!(dataplane.families(), IpFamily::ALL, "ip6tables is required");
+
+    let report = dataplane.sync(&dual_stack()).await.unwrap();
+
+    // As ip6tables-save prints them back: /128 host masks, the IPv6 recent mask, the REJECT type.
+    let nat6 = netns.saved_by("ip6tables-save", "nat");
+    for expected in [
+        r#"-A KUBE-SERVICES -d fd00:172:30::44/128 -p tcp -m comment --comment "ns4/dual:p80 cluster IP" -m tcp --dport 80 -j KUBE-SVC-LPKXNINHJOVHPN4W"#,
+        r#"-A KUBE-SVC-LPKXNINHJOVHPN4W ! -s fd00:10::/32 -d fd00:172:30::44/128 -p tcp -m comment --comment "ns4/dual:p80 cluster IP" -m tcp --dport 80 -j KUBE-MARK-MASQ"#,
+        r#"-A KUBE-SEP-HSK27BF5GD25W6B7 -s fd00:10:180::4/128 -m comment --comment "ns4/dual:p80" -j KUBE-MARK-MASQ"#,
+        r#"-A KUBE-SEP-HSK27BF5GD25W6B7 -p tcp -m comment --comment "ns4/dual:p80" -m recent --set --name KUBE-SEP-HSK27BF5GD25W6B7 --mask ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff --rsource -m tcp -j DNAT --to-destination [fd00:10:180::4]:80"#,
+        r#"-A KUBE-NODEPORTS -p tcp -m comment --comment "ns4/dual:p80" -m tcp --dport 30004 -j KUBE-EXT-LPKXNINHJOVHPN4W"#,
+        r#"-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully"#,
+    ] {
+        assert!(
+            nat6.lines().any(|line| line == expected),
+            "missing {expected:?} in\n{nat6}"
+        );
+    }
+    assert_jumps_in(&nat6, &JUMPS);
+    let filter6 = netns.saved_by("ip6tables-save", "filter");
+    let reject = r#"-A KUBE-SERVICES -d fd00:172:30::45/128 -p tcp -m comment --comment "ns5/six:p80 has no endpoints" -m tcp --dport 80 -j REJECT --reject-with icmp6-port-unreachable"#;
+    assert!(filter6.lines().any(|line| line == reject), "{filter6}");
+
+    // Each family holds only its own addresses, under the same chain names.
+    let nat4 = netns.saved("nat");
+    let filter4 = netns.saved("filter");
+    assert!(nat4.contains("-d 172.30.0.44/32"), "{nat4}");
+    assert!(nat4.contains(":KUBE-SVC-LPKXNINHJOVHPN4W"), "{nat4}");
+    for ipv4_table in [&nat4, &filter4] {
+        assert!(!ipv4_table.contains("fd00:"), "{ipv4_table}");
+    }
+    assert!(
+        !nat6.contains("172.30.0.") && !nat6.contains("10.180.0."),
+        "{nat6}"
+    );
+    assert!(!filter6.contains("ns4/dual"), "{filter6}");
+    let count = |saved: &str| {
+        u32::try_from(
+            saved
+                .lines()
+                .filter(|line| line.starts_with("-A KUBE-"))
+                .count(),
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        report.family_rules,
+        [
+            (IpFamily::V4, "filter".to_owned(), count(&filter4)),
+            (IpFamily::V4, "nat".to_owned(), count(&nat4)),
+            (IpFamily::V6, "filter".to_owned(), count(&filter6)),
+            (IpFamily::V6, "nat".to_owned(), count(&nat6)),
+        ]
+    );
+
+    // The tracer reads what the kernel holds: an IPv6 pod reaches the IPv6 endpoint only.
+    let kernel = format!("{filter6}{nat6}");
+    let pod = Flow {
+        name: "IPv6 pod to the dual-stack cluster IP",
+        source: "fd00:10:244::5".parse().unwrap(),
+        destination: "fd00:172:30::44".parse().unwrap(),
+        protocol: Protocol::Tcp,
+        port: 80,
+        origin: Origin::Pod,
+    };
+    let node_ips = ["fd00:198:18::11".parse().unwrap()];
+    assert_eq!(
+        trace::trace(&kernel, &pod, &node_ips).unwrap(),
+        Expected::endpoints([("[fd00:10:180::4]:80".parse().unwrap(), false)])
+    );
+    let rejected = Flow {
+        name: "IPv6 pod to the IPv6-only cluster IP without endpoints",
+        destination: "fd00:172:30::45".parse().unwrap(),
+        ..pod
+    };
+    assert_eq!(
+        trace::trace(&kernel, &rejected, &node_ips).unwrap(),
+        Expected::Reject
+    );
+
+    dataplane.sync(&dual_stack()).await.unwrap();
+    assert_eq!(
+        netns.saved_by("ip6tables-save", "nat"),
+        nat6,
+        "a second sync changed the IPv6 rules"
+    );
+
+    dataplane.sync(&ProxyState::default()).await.unwrap();
+    let emptied = netns.saved_by("ip6tables-save", "nat");
+    assert!(
+        !emptied.contains("KUBE-SVC-") && !emptied.contains("KUBE-SEP-"),
+        "{emptied}"
+    );
+    assert_jumps_in(&emptied, &JUMPS);
+}
+
+#[track_caller]
+fn assert_jumps_in(saved: &str, jumps: &[&str]) {
+    for jump in jumps {
+        let count = saved.lines().filter(|line| line == jump).count();
+        assert_eq!(count, 1, "{jump:?} appears {count} times in\n{saved}");
+    }
 }

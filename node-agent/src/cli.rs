@@ -70,7 +70,7 @@ pub struct Cli {
     /// The cluster's pod CIDRs, comma-separated, at most one per IP family (e.g.
     /// `10.244.0.0/16,fd00:10:244::/56`). Cluster-IP traffic from outside them is masqueraded,
     /// and pod traffic to an externalTrafficPolicy Local node port, external IP or load-balancer
-    /// IP reaches every endpoint. The iptables backend uses the first IPv4 one. Unset: traffic
+    /// IP reaches every endpoint. Each IP family's rules use the first CIDR of that family. Unset: traffic
     /// from outside the cluster to a cluster IP is not masqueraded.
     #[arg(long, env = "SPLITPROXY_CLUSTER_CIDR", value_delimiter = ',')]
     pub cluster_cidr: Vec<Cidr>,

@@ -15,7 +15,7 @@ use axum::{
     http::{StatusCode, header},
     response::IntoResponse,
 };
-use splitproxy_dataplane::{ProxyState, ServiceKey, TrafficPolicy, endpoints};
+use splitproxy_dataplane::{IpFamily, ProxyState, ServiceKey, TrafficPolicy, endpoints};
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
@@ -38,8 +38,10 @@ pub struct ServiceHealth {
 /// (`LocalReadyEndpoints`), `localEndpoints` counts the distinct addresses of the local endpoints
 /// that are *ready*: a node left with only serving-but-terminating local endpoints answers 503, so
 /// load balancers drain it even though the dataplane still sends it the connections that arrive.
-/// Only IPv4 endpoints count, as the dataplane programs IPv4 only. Should two Services claim one
-/// port (the API server prevents it), the first in key order keeps it.
+/// Only endpoints of the Service's primary IP family (that of its first cluster IP; IPv4 without
+/// one) count: upstream's per-family proxiers each count their own family, and a dual-stack pod's
+/// two addresses are one endpoint, not two. Should two Services claim one port (the API server
+/// prevents it), the first in key order keeps it.
 #[must_use]
 pub fn wanted(state: &ProxyState) -> BTreeMap<u16, ServiceHealth> {
     let mut ports: BTreeMap<u16, ServiceHealth> = BTreeMap::new();
@@ -50,13 +52,17 @@ pub fn wanted(state: &ProxyState) -> BTreeMap<u16, ServiceHealth> {
         let Some(port) = service.health_check_node_port else {
             continue;
         };
+        let family = match service.cluster_ips.first() {
+            Some(ip) if ip.is_ipv6() => IpFamily::V6,
+            _ => IpFamily::V4,
+        };
         let mut local = BTreeSet::new();
         for service_port in &service.ports {
             let sets = endpoints::categorize(
                 service_port
                     .endpoints
                     .iter()
-                    .filter(|endpoint| endpoint.ip.is_ipv4()),
+                    .filter(|endpoint| family.contains(&endpoint.ip)),
             );
             if !sets.local_is_terminating_fallback {
                 local.extend(sets.local.iter().map(|endpoint| endpoint.ip));

@@ -8,7 +8,7 @@ use splitproxy_agent::{
     node_port_addresses::{interface_addresses, needs_primary, select},
     wire_mode,
 };
-use splitproxy_dataplane::iptables::{self, Iptables};
+use splitproxy_dataplane::iptables::{self, DualStack};
 use std::{net::IpAddr, process::ExitCode, time::Duration};
 use tracing::Instrument;
 
@@ -57,10 +57,8 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let dataplane = Iptables::with_config(
-        iptables::Config::default()
-            .with_render_options(cli.render_options(node_port_addresses, primary_ip)),
-    );
+    let iptables = iptables::Config::default()
+        .with_render_options(cli.render_options(node_port_addresses, primary_ip));
     let config = Config {
         client: ClientConfig {
             controllers: cli.controllers,
@@ -82,7 +80,7 @@ fn main() -> ExitCode {
         }
     };
     let span = tracing::info_span!("agent", node = %config.client.node_name);
-    match runtime.block_on(run(config, dataplane).instrument(span)) {
+    match runtime.block_on(run(config, iptables).instrument(span)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "agent stopped");
@@ -91,7 +89,9 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(config: Config, dataplane: Iptables) -> anyhow::Result<()> {
+async fn run(config: Config, iptables: iptables::Config) -> anyhow::Result<()> {
+    // One proxier per IP family whose tools work here, as kube-proxy's dual-stack mode.
+    let dataplane = DualStack::detect(&iptables).await;
     tokio::select! {
         result = splitproxy_agent::run(config, dataplane) => Ok(result?),
         _ = tokio::signal::ctrl_c() => {

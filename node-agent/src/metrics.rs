@@ -8,11 +8,13 @@ use prometheus_client::{
 };
 use std::sync::atomic::AtomicU64;
 
-/// A `table` label.
+/// A `table` and `ip_family` label.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TableLabel {
     /// The table's name (`nat`, `filter`).
     pub table: String,
+    /// The IP family the table belongs to (`IPv4`, `IPv6`), as kube-proxy labels it.
+    pub ip_family: String,
 }
 
 /// A `code` label (HTTP status code).
@@ -39,7 +41,7 @@ pub struct Metrics {
     pub network_programming: Histogram,
     /// `kubeproxy_sync_proxy_rules_endpoint_changes_total`.
     pub endpoint_changes: Counter,
-    /// `kubeproxy_sync_proxy_rules_iptables_last`.
+    /// `kubeproxy_sync_proxy_rules_iptables_last`, per table and IP family.
     pub rules_last: Family<TableLabel, Gauge>,
     /// `kubeproxy_sync_proxy_rules_iptables_total`.
     pub rules_total: Family<TableLabel, Gauge>,

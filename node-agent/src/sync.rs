@@ -239,13 +239,14 @@ impl<D: Dataplane> Applier<D> {
         change: impl FnOnce(&mut Snapshot),
     ) {
         for (gauge, counts) in [
-            (&self.metrics.rules_last, &report.rules_written),
-            (&self.metrics.rules_total, &report.rules_total),
+            (&self.metrics.rules_last, &report.family_rules),
+            (&self.metrics.rules_total, &report.family_totals),
         ] {
-            for (table, rules) in counts {
+            for (family, table, rules) in counts {
                 gauge
                     .get_or_create(&TableLabel {
                         table: table.clone(),
+                        ip_family: family.name().to_owned(),
                     })
                     .set(i64::from(*rules));
             }

@@ -11,11 +11,22 @@
 //! | Services (ClusterIPs)        | `10.96.0.0/16`                     |
 //! | pods' gateway (Calico style) | `169.254.1.1`                      |
 //!
+//! Every address has an IPv6 twin in unique-local space, written with the same digits so the
+//! two read alike (`198.18.0.11` ↔ `fd00:198:18::11`, `10.244.1.10` ↔ `fd00:10:244:1::10`):
+//!
+//! | What                         | IPv6                               |
+//! |------------------------------|------------------------------------|
+//! | node LAN                     | `fd00:198:18::/64`; host `198.18.0.x` is `fd00:198:18::x` |
+//! | pods on node `n`             | `fd00:10:244:n::/64`; pod `10.244.n.h` is `fd00:10:244:n::h` |
+//! | all pods                     | `fd00:10:244::/48`                 |
+//! | Services (ClusterIPs)        | `fd00:10:96::/112`                 |
+//! | pods' gateway (Calico style) | `fe80::ecee:eeff:feee:eeee` (the link-local address of MAC `ee:ee:ee:ee:ee:ee`) |
+//!
 //! None of these blocks is routed on the internet, and the lab never connects them to the host's
 //! network: every address a test targets lives inside namespaces the [`Lab`](crate::lab::Lab) made.
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 /// The node LAN: every host and node has one address in it, on one bridge.
@@ -57,6 +68,125 @@ pub const fn pod_cidr(n: u8) -> Ipv4Net {
 #[must_use]
 pub const fn pod_ip(n: u8, host: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 244, n, host)
+}
+
+/// The prefix length of the IPv6 node LAN, `fd00:198:18::/64`.
+pub const LAN6_PREFIX: u8 = 64;
+
+/// Every IPv6 pod address in the cluster; each node gets one `/64` of it.
+pub const CLUSTER_POD_CIDR6: Ipv6Net = Ipv6Net {
+    addr: Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, 0),
+    prefix: 48,
+};
+
+/// The IPv6 Service (ClusterIP) range.
+pub const SERVICE_CIDR6: Ipv6Net = Ipv6Net {
+    addr: Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0),
+    prefix: 112,
+};
+
+/// The link-local gateway every pod routes IPv6 through: the address the MAC every node-side pod
+/// veth carries (`ee:ee:ee:ee:ee:ee`) derives, as Calico uses.
+pub const POD_GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0xecee, 0xeeff, 0xfeee, 0xeeee);
+
+/// The IPv6 twin of a LAN address: `198.18.0.x` is `fd00:198:18::x`.
+///
+/// # Panics
+///
+/// If `lan_ip` is outside [`LAN`].
+#[must_use]
+pub fn lan_ip6(lan_ip: Ipv4Addr) -> Ipv6Addr {
+    assert!(LAN.contains(lan_ip), "{lan_ip} is outside the LAN {LAN}");
+    Ipv6Addr::new(
+        0xfd00,
+        0x198,
+        0x18,
+        0,
+        0,
+        0,
+        0,
+        same_digits(lan_ip.octets()[3]),
+    )
+}
+
+/// The IPv6 pod CIDR of node `n`: `fd00:10:244:n::/64`.
+#[must_use]
+pub fn pod_cidr6(n: u8) -> Ipv6Net {
+    Ipv6Net {
+        addr: Ipv6Addr::new(0xfd00, 0x10, 0x244, same_digits(n), 0, 0, 0, 0),
+        prefix: 64,
+    }
+}
+
+/// The IPv6 twin of a pod address: `10.244.n.h` is `fd00:10:244:n::h`.
+///
+/// # Panics
+///
+/// If `pod_ip` is outside [`CLUSTER_POD_CIDR`].
+#[must_use]
+pub fn pod_ip6(pod_ip: Ipv4Addr) -> Ipv6Addr {
+    assert!(
+        CLUSTER_POD_CIDR.contains(pod_ip),
+        "{pod_ip} is outside the pods' {CLUSTER_POD_CIDR}"
+    );
+    let [_, _, n, host] = pod_ip.octets();
+    Ipv6Addr::new(
+        0xfd00,
+        0x10,
+        0x244,
+        same_digits(n),
+        0,
+        0,
+        0,
+        same_digits(host),
+    )
+}
+
+/// The IPv6 group written with the same digits as `n` in decimal (`11` → `0x11`), so twins read
+/// alike.
+fn same_digits(n: u8) -> u16 {
+    let (hundreds, tens, ones) = (
+        u16::from(n / 100),
+        u16::from(n / 10 % 10),
+        u16::from(n % 10),
+    );
+    hundreds << 8 | tens << 4 | ones
+}
+
+/// An IPv6 network: an address and a prefix length, such as `fd00:10:244:1::/64`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ipv6Net {
+    addr: Ipv6Addr,
+    prefix: u8,
+}
+
+impl Ipv6Net {
+    /// The network address (host bits zero).
+    #[must_use]
+    pub const fn addr(&self) -> Ipv6Addr {
+        self.addr
+    }
+
+    /// The prefix length.
+    #[must_use]
+    pub const fn prefix(&self) -> u8 {
+        self.prefix
+    }
+
+    /// Whether `ip` is inside this network.
+    #[must_use]
+    pub fn contains(&self, ip: Ipv6Addr) -> bool {
+        let mask = u128::MAX
+            .checked_shl(128 - u32::from(self.prefix))
+            .unwrap_or(0);
+        ip.to_bits() & mask == self.addr.to_bits()
+    }
+}
+
+impl fmt::Display for Ipv6Net {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
 }
 
 /// An IPv4 network: an address and a prefix length, such as `10.244.1.0/24`.
@@ -165,6 +295,20 @@ mod tests {
         assert!(pod_cidr(3).contains(pod_ip(3, 7)));
         assert!(!pod_cidr(3).contains(pod_ip(4, 7)));
         assert!(!SERVICE_CIDR.contains(pod_ip(1, 1)));
+    }
+
+    #[test]
+    fn ipv6_twins_read_like_their_ipv4_addresses_and_fall_in_their_blocks() {
+        assert_eq!(lan_ip6(node_ip(1)).to_string(), "fd00:198:18::11");
+        assert_eq!(lan_ip6(EXTERNAL_CLIENT).to_string(), "fd00:198:18::3");
+        assert_eq!(pod_ip6(pod_ip(2, 10)).to_string(), "fd00:10:244:2::10");
+        assert_eq!(pod_ip6(pod_ip(1, 255)).to_string(), "fd00:10:244:1::255");
+        assert_eq!(pod_cidr6(3).to_string(), "fd00:10:244:3::/64");
+        assert!(pod_cidr6(3).contains(pod_ip6(pod_ip(3, 7))));
+        assert!(!pod_cidr6(3).contains(pod_ip6(pod_ip(4, 7))));
+        assert!(CLUSTER_POD_CIDR6.contains(pod_ip6(pod_ip(200, 200))));
+        assert!(!SERVICE_CIDR6.contains(pod_ip6(pod_ip(1, 1))));
+        assert_eq!(SERVICE_CIDR6.to_string(), "fd00:10:96::/112");
     }
 
     #[test]

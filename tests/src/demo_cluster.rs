@@ -12,6 +12,7 @@ use crate::{
     workspace_binary,
 };
 use anyhow::{Context, Result, ensure};
+use splitproxy_dataplane::IpFamily;
 use std::{collections::BTreeSet, fmt::Write as _, net::Ipv4Addr, path::Path, time::Duration};
 
 /// The web Service's namespace and name.
@@ -410,13 +411,22 @@ impl DemoCluster {
     /// pods, as they are listed and ready now.
     #[must_use]
     pub fn endpoint_slice_yaml(&self, service: &str) -> String {
+        self.endpoint_slice_yaml_for(service, IpFamily::V4, POD_PORT)
+    }
+
+    /// An EndpointSlice of `family` (`addressType: IPv4` or `IPv6`, the pods' addresses of that
+    /// family) for the Service `demo/<service>` whose port `http` is served by the web pods on
+    /// `port`, as they are listed and ready now. A dual-stack Service has one of each, as the
+    /// EndpointSlice controller writes them.
+    #[must_use]
+    pub fn endpoint_slice_yaml_for(&self, service: &str, family: IpFamily, port: u16) -> String {
         let endpoints: Vec<(&Pod, Conditions)> = self
             .web
             .iter()
             .filter(|w| w.listed)
             .map(|w| (&w.pod, Conditions::ready(w.ready)))
             .collect();
-        slice_yaml(service, "TCP", POD_PORT, &endpoints)
+        slice_yaml(service, family, "TCP", port, &endpoints)
     }
 
     /// Writes `<name>.yaml`: the Service `demo/<name>` with port [`PortSpec::WEB`], `spec` and
@@ -438,7 +448,7 @@ impl DemoCluster {
             .map(|(pod, conditions)| Ok((self.web_pod(pod)?, *conditions)))
             .collect::<Result<Vec<_>>>()?;
         let yaml = service_yaml(name, spec, PortSpec::WEB, status)
-            + &slice_yaml(name, "TCP", POD_PORT, &endpoints);
+            + &slice_yaml(name, IpFamily::V4, "TCP", POD_PORT, &endpoints);
         self.write_manifest(&format!("{name}.yaml"), &yaml)
     }
 
@@ -537,21 +547,26 @@ impl Conditions {
 #[must_use]
 pub fn slice_yaml(
     service: &str,
+    family: IpFamily,
     protocol: &str,
     port: u16,
     endpoints: &[(&Pod, Conditions)],
 ) -> String {
     let (namespace, _) = SERVICE.split_once('/').unwrap_or_default();
+    let (suffix, address_type) = match family {
+        IpFamily::V4 => ("x7k2p", "IPv4"),
+        IpFamily::V6 => ("v6x7k", "IPv6"),
+    };
     let mut yaml = format!(
         "apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
-  name: {service}-x7k2p
+  name: {service}-{suffix}
   namespace: {namespace}
   labels:
     kubernetes.io/service-name: {service}
     endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io
-addressType: IPv4
+addressType: {address_type}
 ports:
 - name: http
   protocol: {protocol}
@@ -560,9 +575,12 @@ endpoints:
 "
     );
     for (pod, c) in endpoints {
+        let address = match family {
+            IpFamily::V4 => pod.ip().to_string(),
+            IpFamily::V6 => format!("'{}'", pod.ip6()),
+        };
         yaml.push_str(&format!(
-            "- addresses: [{}]\n  conditions: {{ready: {}, serving: {}, terminating: {}}}\n  nodeName: {}\n  targetRef: {{kind: Pod, name: {}, namespace: {namespace}}}\n",
-            pod.ip(),
+            "- addresses: [{address}]\n  conditions: {{ready: {}, serving: {}, terminating: {}}}\n  nodeName: {}\n  targetRef: {{kind: Pod, name: {}, namespace: {namespace}}}\n",
             c.ready,
             c.serving,
             c.terminating,

@@ -8,6 +8,11 @@
 //!     =======+==================+=====================+=======+====  br0 in namespace "lan"
 //! ```
 //!
+//! Every host, node and pod is dual-stack: each address has the IPv6 twin
+//! [`addresses`](crate::addresses) documents (`fd00:198:18::11` for `198.18.0.11`, and so on), set
+//! up the same way (pods route IPv6 through the link-local gateway `fe80::ecee:eeff:feee:eeee`).
+//! Duplicate address detection is off in every namespace, so IPv6 addresses work at once.
+//!
 //! Every host and node hangs off one bridge in the `lan` namespace. Nodes forward, route each other's
 //! pod CIDRs through each other's LAN address, and route the Service CIDR out of `eth0` so that
 //! connections from the node itself reach the proxy's `OUTPUT` rules. Pods are wired as Calico does:
@@ -25,13 +30,16 @@ use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::Write;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 
-use crate::addresses::{CLUSTER_POD_CIDR, Ipv4Net, LAN, POD_GATEWAY, SERVICE_CIDR};
+use crate::addresses::{
+    CLUSTER_POD_CIDR, Ipv4Net, Ipv6Net, LAN, LAN6_PREFIX, POD_GATEWAY, POD_GATEWAY6, SERVICE_CIDR,
+    SERVICE_CIDR6, lan_ip6, pod_cidr6, pod_ip6,
+};
 
 /// The MAC address of every node-side pod veth, as Calico uses; pods reach their gateway through it.
 const POD_GATEWAY_MAC: &str = "ee:ee:ee:ee:ee:ee";
@@ -63,6 +71,7 @@ pub struct Host {
     name: String,
     ns: String,
     ip: Ipv4Addr,
+    ip6: Ipv6Addr,
 }
 
 impl Host {
@@ -76,6 +85,12 @@ impl Host {
     #[must_use]
     pub fn ip(&self) -> Ipv4Addr {
         self.ip
+    }
+
+    /// The host's IPv6 LAN address.
+    #[must_use]
+    pub fn ip6(&self) -> Ipv6Addr {
+        self.ip6
     }
 }
 
@@ -91,7 +106,9 @@ pub struct Node {
     name: String,
     ns: String,
     ip: Ipv4Addr,
+    ip6: Ipv6Addr,
     pod_cidr: Ipv4Net,
+    pod_cidr6: Ipv6Net,
 }
 
 impl Node {
@@ -107,10 +124,22 @@ impl Node {
         self.ip
     }
 
+    /// The node's IPv6 LAN address.
+    #[must_use]
+    pub fn ip6(&self) -> Ipv6Addr {
+        self.ip6
+    }
+
     /// The CIDR this node's pods are addressed from.
     #[must_use]
     pub fn pod_cidr(&self) -> Ipv4Net {
         self.pod_cidr
+    }
+
+    /// The IPv6 CIDR this node's pods are addressed from.
+    #[must_use]
+    pub fn pod_cidr6(&self) -> Ipv6Net {
+        self.pod_cidr6
     }
 }
 
@@ -126,6 +155,7 @@ pub struct Pod {
     name: String,
     ns: String,
     ip: Ipv4Addr,
+    ip6: Ipv6Addr,
     node: String,
 }
 
@@ -140,6 +170,12 @@ impl Pod {
     #[must_use]
     pub fn ip(&self) -> Ipv4Addr {
         self.ip
+    }
+
+    /// The pod's IPv6 address.
+    #[must_use]
+    pub fn ip6(&self) -> Ipv6Addr {
+        self.ip6
     }
 
     /// The short name of the node the pod runs on.
@@ -277,7 +313,8 @@ impl Lab {
         self.logs.as_ref().map(tempfile::TempDir::path)
     }
 
-    /// Adds a plain host with `eth0` at `lan_ip/24` on the LAN and no other routes.
+    /// Adds a plain host with `eth0` at `lan_ip/24` (and its IPv6 twin `/64`) on the LAN and no
+    /// other routes.
     ///
     /// # Errors
     ///
@@ -290,13 +327,15 @@ impl Lab {
             name: name.to_owned(),
             ns,
             ip: lan_ip,
+            ip6: lan_ip6(lan_ip),
         })
     }
 
     /// Adds a node at `lan_ip/24` whose pods are addressed from `pod_cidr`.
     ///
     /// The node forwards, routes the Service CIDR out of `eth0`, and routes every other node's pod
-    /// CIDR through that node (and they route its CIDR through it).
+    /// CIDR through that node (and they route its CIDR through it); the same for IPv6, with the pod
+    /// CIDR `fd00:10:244:n::/64` for `pod_cidr` `10.244.n.0/24`.
     ///
     /// # Errors
     ///
@@ -323,42 +362,38 @@ impl Lab {
         sysctl(&ns, "net.ipv4.ip_forward", "1")?;
         sysctl(&ns, "net.ipv4.conf.all.rp_filter", "0")?;
         sysctl(&ns, "net.ipv4.conf.default.rp_filter", "0")?;
+        sysctl(&ns, "net.ipv6.conf.all.forwarding", "1")?;
         self.attach_to_lan(&ns, name, lan_ip)?;
-        ip(&[
-            "-n",
-            &ns,
-            "route",
-            "add",
-            &SERVICE_CIDR.to_string(),
-            "dev",
-            "eth0",
-        ])?;
+        let (lan_ip6, pod_cidr6) = (lan_ip6(lan_ip), pod_cidr6(pod_cidr.addr().octets()[2]));
+        for service_cidr in [SERVICE_CIDR.to_string(), SERVICE_CIDR6.to_string()] {
+            add_route(&ns, &service_cidr, &["dev", "eth0"])?;
+        }
         for other in &self.nodes {
-            let (theirs, ours) = (other.pod_cidr.to_string(), pod_cidr.to_string());
-            ip(&[
-                "-n",
-                &ns,
-                "route",
-                "add",
-                &theirs,
-                "via",
-                &other.ip.to_string(),
-            ])?;
-            ip(&[
-                "-n",
-                &other.ns,
-                "route",
-                "add",
-                &ours,
-                "via",
-                &lan_ip.to_string(),
-            ])?;
+            for (theirs, ours, their_ip, our_ip) in [
+                (
+                    other.pod_cidr.to_string(),
+                    pod_cidr.to_string(),
+                    other.ip.to_string(),
+                    lan_ip.to_string(),
+                ),
+                (
+                    other.pod_cidr6.to_string(),
+                    pod_cidr6.to_string(),
+                    other.ip6.to_string(),
+                    lan_ip6.to_string(),
+                ),
+            ] {
+                add_route(&ns, &theirs, &["via", &their_ip])?;
+                add_route(&other.ns, &ours, &["via", &our_ip])?;
+            }
         }
         let node = Node {
             name: name.to_owned(),
             ns,
             ip: lan_ip,
+            ip6: lan_ip6,
             pod_cidr,
+            pod_cidr6,
         };
         self.nodes.push(node.clone());
         Ok(node)
@@ -368,6 +403,8 @@ impl Lab {
     ///
     /// Pod side: `eth0` with `ip/32`, `169.254.1.1 dev eth0 scope link`, default via `169.254.1.1`.
     /// Node side: a veth with `proxy_arp=1` and a `/32` route to the pod.
+    /// IPv6 (the twin of `ip`): `eth0` with `ip6/128` and a default route through the node veth's
+    /// link-local address; the node routes the `/128` to the veth.
     ///
     /// # Errors
     ///
@@ -441,23 +478,29 @@ impl Lab {
         ])?;
         // Proxy ARP only answers for addresses the node can route elsewhere, and lab nodes have no
         // default route (nothing may leave the lab), so the gateway's neighbour entry is static.
+        pin_gateway(&ns, "-4", &gateway)?;
+        let ip6 = pod_ip6(ip_addr);
+        add_route(node_ns, &format!("{ip6}/128"), &["dev", &veth])?;
         ip(&[
             "-n",
             &ns,
-            "neigh",
-            "replace",
-            &gateway,
-            "lladdr",
-            POD_GATEWAY_MAC,
+            "-6",
+            "addr",
+            "add",
+            &format!("{ip6}/128"),
             "dev",
             "eth0",
-            "nud",
-            "permanent",
+            "nodad",
         ])?;
+        let gateway6 = POD_GATEWAY6.to_string();
+        // Static, like the IPv4 gateway's entry: nothing to resolve before the first packet.
+        pin_gateway(&ns, "-6", &gateway6)?;
+        add_route(&ns, "default", &["via", &gateway6, "dev", "eth0"])?;
         Ok(Pod {
             name: name.to_owned(),
             ns,
             ip: ip_addr,
+            ip6,
             node: node.name.clone(),
         })
     }
@@ -608,6 +651,10 @@ impl Lab {
             )
         })?;
         self.namespaces.push(ns.clone());
+        // Before any interface exists, so every IPv6 address (link-local ones too) is usable at
+        // once instead of after duplicate address detection.
+        sysctl(&ns, "net.ipv6.conf.all.accept_dad", "0")?;
+        sysctl(&ns, "net.ipv6.conf.default.accept_dad", "0")?;
         ip(&["-n", &ns, "link", "set", "lo", "up"])?;
         Ok(ns)
     }
@@ -626,7 +673,7 @@ impl Lab {
         Ok(())
     }
 
-    /// Connects `ns` to the LAN bridge with `eth0` at `lan_ip`.
+    /// Connects `ns` to the LAN bridge with `eth0` at `lan_ip` and its IPv6 twin.
     fn attach_to_lan(&mut self, ns: &str, name: &str, lan_ip: Ipv4Addr) -> Result<()> {
         let lan = self.lan_ns.clone();
         let port = self.next_veth_name('l', name);
@@ -636,6 +683,10 @@ impl Lab {
         ip(&["-n", &lan, "link", "set", &port, "master", "br0", "up"])?;
         let cidr = format!("{lan_ip}/{}", LAN.prefix());
         ip(&["-n", ns, "addr", "add", &cidr, "dev", "eth0"])?;
+        let cidr6 = format!("{}/{LAN6_PREFIX}", lan_ip6(lan_ip));
+        ip(&[
+            "-n", ns, "-6", "addr", "add", &cidr6, "dev", "eth0", "nodad",
+        ])?;
         ip(&["-n", ns, "link", "set", "eth0", "up"])?;
         Ok(())
     }
@@ -727,6 +778,35 @@ fn delete_namespace(ns: &str) -> Result<()> {
         }
     }
     ip(&["netns", "del", ns]).with_context(|| format!("cannot delete namespace {ns}"))?;
+    Ok(())
+}
+
+/// Makes `gateway` a permanent neighbour at the node veths' MAC on the pod's `eth0`, in the
+/// family `family` (`-4` or `-6`) of pod namespace `ns`.
+fn pin_gateway(ns: &str, family: &str, gateway: &str) -> Result<()> {
+    ip(&[
+        "-n",
+        ns,
+        family,
+        "neigh",
+        "replace",
+        gateway,
+        "lladdr",
+        POD_GATEWAY_MAC,
+        "dev",
+        "eth0",
+        "nud",
+        "permanent",
+    ])?;
+    Ok(())
+}
+
+/// Adds the route to `destination` in `ns`, e.g. `via 198.18.0.12` or `dev eth0`; `ip` tells the
+/// family from the addresses.
+fn add_route(ns: &str, destination: &str, how: &[&str]) -> Result<()> {
+    let mut args = vec!["-n", ns, "route", "add", destination];
+    args.extend_from_slice(how);
+    ip(&args)?;
     Ok(())
 }
 

@@ -35,7 +35,8 @@ impl HitReport {
     }
 }
 
-/// Starts `sp-testpod serve` in `ns`, answering every request on `0.0.0.0:port` with `name`.
+/// Starts `sp-testpod serve` in `ns`, answering every request on `[::]:port` (both IP families)
+/// with `name`.
 ///
 /// # Errors
 ///
@@ -47,7 +48,7 @@ pub fn serve(
     port: u16,
 ) -> Result<Process> {
     let binary = workspace_binary("sp-testpod")?;
-    let listen = format!("0.0.0.0:{port}");
+    let listen = format!("[::]:{port}");
     lab.spawn(ns, binary, &["serve", "--name", name, "--listen", &listen])
 }
 
@@ -135,7 +136,8 @@ pub fn hit_sctp(
     )
 }
 
-/// Starts `sp-testpod serve --udp` in `ns`, answering every datagram on `0.0.0.0:port` with `name`.
+/// Starts `sp-testpod serve --udp` in `ns`, answering every datagram on `[::]:port` (both IP
+/// families) with `name`.
 ///
 /// # Errors
 ///
@@ -147,7 +149,7 @@ pub fn serve_udp(
     port: u16,
 ) -> Result<Process> {
     let binary = workspace_binary("sp-testpod")?;
-    let listen = format!("0.0.0.0:{port}");
+    let listen = format!("[::]:{port}");
     lab.spawn(
         ns,
         binary,
@@ -155,7 +157,7 @@ pub fn serve_udp(
     )
 }
 
-/// Sends `count` datagrams to `url` (`udp://IP:PORT`) from `ns` and reports who answered: all
+/// Sends `count` datagrams to `url` (`udp://IP:PORT` or `udp://[IPv6]:PORT`) from `ns` and reports who answered: all
 /// from `source_port` on one socket (one conntrack flow), or each from a fresh ephemeral port.
 ///
 /// Unanswered datagrams are counted in the report, not returned as errors: the test decides.

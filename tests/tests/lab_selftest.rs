@@ -9,6 +9,8 @@
 //! | node1 / node2   | `198.18.0.11` / `198.18.0.12` |
 //! | pod-a on node1  | `10.244.1.10`                |
 //! | pod-b on node2  | `10.244.2.10`                |
+//!
+//! and their IPv6 twins (`fd00:198:18::3`, `fd00:198:18::11`, `fd00:10:244:1::10`, …).
 
 #![allow(clippy::unwrap_used)]
 
@@ -120,6 +122,53 @@ fn pods_and_nodes_reach_pods_and_outsiders_do_not() -> Result<()> {
             "server {pid} still runs after the lab"
         );
     }
+    Ok(())
+}
+
+#[test]
+fn pods_and_nodes_reach_pods_over_ipv6_and_outsiders_do_not() -> Result<()> {
+    let mut lab = Lab::new("selfsix")?;
+    let client = lab.add_host("client", EXTERNAL_CLIENT)?;
+    let node1 = lab.add_node("node1", node_ip(1), pod_cidr(1))?;
+    let node2 = lab.add_node("node2", node_ip(2), pod_cidr(2))?;
+    let pod_a = lab.add_pod(&node1, "pod-a", pod_ip(1, 10))?;
+    let pod_b = lab.add_pod(&node2, "pod-b", pod_ip(2, 10))?;
+    assert_eq!(pod_b.ip6().to_string(), "fd00:10:244:2::10");
+    serve(&mut lab, &pod_a, "pod-a", 8080)?;
+    serve(&mut lab, &pod_b, "pod-b", 8080)?;
+    let url_a = format!("http://[{}]:8080/", pod_a.ip6());
+    let url_b = format!("http://[{}]:8080/", pod_b.ip6());
+
+    let across = hit_when_up(&lab, &pod_a, &url_b, "pod-b")?;
+    assert_eq!(across.answered_by("pod-b"), 10, "pod-a → pod-b: {across:?}");
+    let local = hit_when_up(&lab, &node1, &url_a, "pod-a")?;
+    assert_eq!(local.answered_by("pod-a"), 10, "node1 → pod-a: {local:?}");
+    let remote = hit(&lab, &node2, &url_a, 5)?;
+    assert_eq!(remote.answered_by("pod-a"), 5, "node2 → pod-a: {remote:?}");
+    // The same servers answer IPv4 too.
+    let v4 = hit(&lab, &pod_b, &format!("http://{}:8080/", pod_a.ip()), 3)?;
+    assert_eq!(
+        v4.answered_by("pod-a"),
+        3,
+        "pod-b → pod-a over IPv4: {v4:?}"
+    );
+
+    let outside = hit(&lab, &client, &url_a, 3)?;
+    assert_eq!(
+        (outside.answered(), outside.failures),
+        (0, 3),
+        "the external client must have no IPv6 route to pods: {outside:?}"
+    );
+    let lan = format!("http://[{}]:8080/", node1.ip6());
+    let nothing = hit(&lab, &client, &lan, 1)?;
+    assert_eq!(
+        nothing.failures, 1,
+        "the LAN reaches the node over IPv6 and nothing listens there: {nothing:?}"
+    );
+    assert!(
+        nothing.errors.iter().any(|e| e.contains("refused")),
+        "{nothing:?}"
+    );
     Ok(())
 }
 

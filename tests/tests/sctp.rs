@@ -13,7 +13,7 @@
 //! web-c on node-2).
 
 use anyhow::{Context, Result, ensure};
-use splitproxy_dataplane::{Protocol, iptables::chain_names};
+use splitproxy_dataplane::{IpFamily, Protocol, iptables::chain_names};
 use splitproxy_e2e::{
     demo_cluster::{Conditions, DemoCluster, PortSpec, service_yaml, slice_yaml},
     eventually,
@@ -51,7 +51,7 @@ fn sctp_service_answers_from_its_ready_endpoints_through_cluster_ip_and_node_por
             node_port: Some(NODE_PORT),
         },
         "",
-    ) + &slice_yaml("signal", "SCTP", POD_PORT, &endpoints);
+    ) + &slice_yaml("signal", IpFamily::V4, "SCTP", POD_PORT, &endpoints);
     cluster.write_manifest("signal.yaml", &yaml)?;
 
     let ready: BTreeSet<String> = cluster.ready_web().into_iter().collect();

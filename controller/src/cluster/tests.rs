@@ -290,3 +290,69 @@ spec: {clusterIP: 10.96.0.7, ports: [{port: 80}]}
         "!service.kubernetes.io/service-proxy-name"
     );
 }
+
+#[test]
+fn dual_stack_and_ipv6_only_services_keep_every_cluster_ip_and_both_families_slices() {
+    let text = r"
+apiVersion: v1
+kind: Service
+metadata: {name: both, namespace: a}
+spec:
+  clusterIP: 10.96.0.7
+  clusterIPs: [10.96.0.7, 'fd00:10:96::7']
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: RequireDualStack
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: both-v4, namespace: a, labels: {kubernetes.io/service-name: both}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.244.1.9], nodeName: node-1}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: both-v6, namespace: a, labels: {kubernetes.io/service-name: both}}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: ['fd00:10:244:1::9'], nodeName: node-1}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: six, namespace: a}
+spec: {clusterIP: 'fd00:10:96::8', ipFamilies: [IPv6], ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: six-1, namespace: a, labels: {kubernetes.io/service-name: six}}
+addressType: IPv6
+ports: [{port: 80}]
+endpoints: [{addresses: ['fd00:10:244:2::9']}]
+";
+    let state = ClusterState::build(&objects(text), &ServiceSelector::default());
+    let both: Key = ("a".into(), "both".into());
+    let six: Key = ("a".into(), "six".into());
+    assert_eq!(
+        state.services[&both].cluster_ips,
+        ["10.96.0.7", "fd00:10:96::7"]
+    );
+    assert_eq!(state.services[&six].cluster_ips, ["fd00:10:96::8"]);
+    let addresses = |key: &Key| -> Vec<(String, u32)> {
+        let ports = &state.endpoints[key].ports;
+        assert_eq!(ports.len(), 1, "{ports:?}");
+        ports[0]
+            .endpoints
+            .iter()
+            .map(|b| (b.endpoint.address.clone(), b.endpoint.port))
+            .collect()
+    };
+    assert_eq!(
+        addresses(&both),
+        [
+            ("10.244.1.9".to_owned(), 8080),
+            ("fd00:10:244:1::9".to_owned(), 8080)
+        ]
+    );
+    assert_eq!(addresses(&six), [("fd00:10:244:2::9".to_owned(), 80)]);
+}

@@ -1,5 +1,5 @@
-//! The pure render step: a [`ProxyState`](crate::ProxyState) in, the filter and nat tables' `iptables-restore`
-//! payloads out.
+//! The pure render step: a [`ProxyState`](crate::ProxyState) and an [`IpFamily`] in, the filter
+//! and nat tables' `iptables-restore` (or `ip6tables-restore`) payloads out.
 //!
 //! The layout is kube-proxy's (`pkg/proxy/iptables/proxier.go`), so the troubleshooting operators
 //! know (`iptables -t nat -L KUBE-SERVICES`) works unchanged:
@@ -24,6 +24,11 @@
 //! which cluster-IP traffic is masqueraded and whether pod traffic to an external destination
 //! skips the `Local` traffic policy.
 //!
+//! As upstream's per-family proxiers, each render sees only its family's cluster IPs, external IPs,
+//! load-balancer IPs, source ranges, endpoints and cluster CIDR; chain names and hashes do not
+//! depend on the family, so both tables use the same names. [`render_filter`] and [`render_nat`]
+//! render IPv4.
+//!
 //! Every chain written is declared (`:CHAIN - [0:0]`), which flushes it, so with
 //! `iptables-restore --noflush` the payload replaces exactly the chains it names. Stale per-service
 //! chains are declared too, then deleted with `-X`.
@@ -32,11 +37,12 @@ mod filter;
 mod nat;
 mod plan;
 
-pub use filter::{FilterRules, render_filter};
-pub use nat::{NatRules, render_nat};
+pub use filter::{FilterRules, render_filter, render_filter_for};
+pub use nat::{NatRules, render_nat, render_nat_for};
 
 use crate::Cidr;
-use std::net::{IpAddr, Ipv4Addr};
+use crate::conntrack::IpFamily;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The nat chain every Service dispatch starts from (jumped to from PREROUTING and OUTPUT).
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
@@ -70,9 +76,9 @@ pub struct RenderOptions {
     /// an `externalTrafficPolicy: Local` destination goes to every endpoint, as if it had left the
     /// cluster and come back through a load balancer.
     ///
-    /// kube-proxy takes one CIDR per IP family; this IPv4 renderer uses the first IPv4 one and
-    /// ignores the rest. Empty (the default): no detector, so cluster-IP traffic from outside the
-    /// cluster is not masqueraded, as upstream without one.
+    /// kube-proxy takes one CIDR per IP family; each family's render uses the first CIDR of its
+    /// family and ignores the rest. Empty (the default): no detector, so cluster-IP traffic from
+    /// outside the cluster is not masqueraded, as upstream without one.
     pub cluster_cidrs: Vec<Cidr>,
     /// Masquerade every packet sent to a cluster IP, whatever its source (`--masquerade-all`);
     /// it wins over the cluster CIDR for cluster-IP traffic and changes nothing else. Off by
@@ -118,18 +124,41 @@ impl RenderOptions {
         self
     }
 
-    /// The IPv4 cluster CIDR this renderer matches pod traffic with, as `iptables-save` prints it
-    /// (host bits cleared): the first IPv4 one.
-    fn ipv4_cluster_cidr(&self) -> Option<String> {
-        self.cluster_cidrs.iter().find_map(|cidr| {
-            let address = ipv4(&cidr.address)?;
-            let prefix = u32::from(cidr.prefix.min(32));
-            // `checked_shl` is `None` for a shift by 32, the `/0` network.
-            let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
-            let network = Ipv4Addr::from(u32::from(address) & mask);
-            Some(format!("{network}/{prefix}"))
-        })
+    /// The cluster CIDR the `family` render matches pod traffic with, as `iptables-save` (or
+    /// `ip6tables-save`) prints it (host bits cleared): the first one of that family.
+    fn cluster_cidr(&self, family: IpFamily) -> Option<String> {
+        self.cluster_cidrs
+            .iter()
+            .find_map(|cidr| match cidr.address {
+                IpAddr::V4(address) if family == IpFamily::V4 => {
+                    let prefix = u32::from(cidr.prefix.min(32));
+                    // `checked_shl` is `None` for a shift by 32, the `/0` network.
+                    let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
+                    let network = Ipv4Addr::from(u32::from(address) & mask);
+                    Some(format!("{network}/{prefix}"))
+                }
+                IpAddr::V6(address) if family == IpFamily::V6 => {
+                    let prefix = u32::from(cidr.prefix.min(128));
+                    let mask = u128::MAX.checked_shl(128 - prefix).unwrap_or(0);
+                    let network = Ipv6Addr::from(u128::from(address) & mask);
+                    Some(format!("{network}/{prefix}"))
+                }
+                _ => None,
+            })
     }
+}
+
+/// The Services the `family` proxier programs: those with a cluster IP of the family. As
+/// upstream's per-family service tracker, a single-stack Service of the other family gets no rule
+/// at all here, not even a REJECT for its node port.
+fn services_of(
+    family: IpFamily,
+    state: &crate::ProxyState,
+) -> impl Iterator<Item = &crate::Service> {
+    state
+        .services
+        .values()
+        .filter(move |service| service.cluster_ips.iter().any(|ip| family.contains(ip)))
 }
 
 /// Joins a table's lines with `COMMIT` into a payload; returns it with the rule count.
@@ -140,10 +169,12 @@ fn finish(mut lines: Vec<String>, rule_count: usize) -> (String, u32) {
     (payload, u32::try_from(rule_count).unwrap_or(u32::MAX))
 }
 
-fn ipv4(ip: &IpAddr) -> Option<Ipv4Addr> {
-    match ip {
-        IpAddr::V4(v4) => Some(*v4),
-        IpAddr::V6(_) => None,
+/// The REJECT target: the ICMP error each family's tool defaults to, written out for IPv6 so the
+/// payload reads as `ip6tables-save` prints it (IPv4 keeps kube-proxy's plain `REJECT`).
+fn reject(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "REJECT",
+        IpFamily::V6 => "REJECT --reject-with icmp6-port-unreachable",
     }
 }
 
@@ -177,22 +208,33 @@ mod tests {
     }
 
     #[test]
-    fn the_first_ipv4_cluster_cidr_is_used_with_its_host_bits_cleared() {
-        let options = RenderOptions::default().with_cluster_cidrs([
-            "fd00:10::/64".parse().unwrap(),
-            "10.244.7.1/16".parse().unwrap(),
-            "10.0.0.0/8".parse().unwrap(),
-        ]);
-        assert_eq!(
-            options.ipv4_cluster_cidr().as_deref(),
-            Some("10.244.0.0/16")
-        );
-        let everything =
-            RenderOptions::default().with_cluster_cidrs(["1.2.3.4/0".parse().unwrap()]);
-        assert_eq!(everything.ipv4_cluster_cidr().as_deref(), Some("0.0.0.0/0"));
-        let host = RenderOptions::default().with_cluster_cidrs(["1.2.3.4/32".parse().unwrap()]);
-        assert_eq!(host.ipv4_cluster_cidr().as_deref(), Some("1.2.3.4/32"));
-        assert_eq!(RenderOptions::default().ipv4_cluster_cidr(), None);
+    fn the_first_cluster_cidr_of_each_family_is_used_with_its_host_bits_cleared() {
+        let mixed = [
+            "fd00:10:244:7::1/48",
+            "10.244.7.1/16",
+            "10.0.0.0/8",
+            "fd00::/8",
+        ];
+        let everything = ["1.2.3.4/0", "fd00::1/0"];
+        let hosts = ["1.2.3.4/32", "fd00::1/128"];
+        for (cidrs, family, expected) in [
+            (&mixed[..], IpFamily::V4, Some("10.244.0.0/16")),
+            (&mixed[..], IpFamily::V6, Some("fd00:10:244::/48")),
+            (&everything[..], IpFamily::V4, Some("0.0.0.0/0")),
+            (&everything[..], IpFamily::V6, Some("::/0")),
+            (&hosts[..], IpFamily::V4, Some("1.2.3.4/32")),
+            (&hosts[..], IpFamily::V6, Some("fd00::1/128")),
+            (&["10.0.0.0/8"][..], IpFamily::V6, None),
+            (&[][..], IpFamily::V4, None),
+        ] {
+            let options = RenderOptions::default()
+                .with_cluster_cidrs(cidrs.iter().map(|cidr| cidr.parse().unwrap()));
+            assert_eq!(
+                options.cluster_cidr(family).as_deref(),
+                expected,
+                "{cidrs:?} {family:?}"
+            );
+        }
     }
 
     #[test]

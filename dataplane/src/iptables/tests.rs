@@ -12,6 +12,8 @@
 //! | LB ingress   | `1.2.3.x`                    |
 #![allow(clippy::unwrap_used)]
 
+mod dual_stack;
+
 use super::{
     Config, Dataplane, Error, Iptables, JUMPS, RenderOptions, canaries, render_filter, render_nat,
 };

@@ -33,7 +33,8 @@
 //! `-p`), `-m addrtype --src-type/--dst-type LOCAL` (the node's addresses and loopback; a
 //! [`Origin::Node`] flow's source is local), `-m statistic --mode random --probability p`,
 //! `-m mark --mark v[/mask]`, `-m conntrack --ctstate …`, `-m recent --name n` with `--set` or
-//! `--rcheck [--seconds s] [--reap]` (and the source-address defaults `--mask 255.255.255.255`,
+//! `--rcheck [--seconds s] [--reap]` (and the source-address defaults `--mask 255.255.255.255`
+//! or its IPv6 all-ones form,
 //! `--rsource` that `iptables-save` prints), `-m comment` (ignored); `!` before any of them but
 //! the comment and the `recent` options. Targets: user chains (jump, with RETURN), `ACCEPT`, `DROP`, `RETURN`,
 //! `REJECT [--reject-with …]` (filter), `DNAT --to-destination ip[:port]` and
@@ -775,7 +776,8 @@ fn parse_rule(table: &str, text: &str, words: &[String]) -> Result<Rule> {
             "--mask" => {
                 require("recent")?;
                 let text = value()?;
-                if text != "255.255.255.255" {
+                // The whole source address, as `iptables-save` and `ip6tables-save` print it.
+                if text != "255.255.255.255" && text != "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff" {
                     return Err(unsupported(format!("recent mask {text}")));
                 }
                 false

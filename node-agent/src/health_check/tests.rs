@@ -148,6 +148,29 @@ fn local_endpoints_counts_distinct_local_ready_ipv4_addresses_over_all_ports() {
 }
 
 #[test]
+fn local_endpoints_count_in_the_services_primary_ip_family_only() {
+    let pods = || {
+        vec![vec![
+            ready("10.244.0.1", true),
+            ready("fd00:10:244::1", true),
+            ready("fd00:10:244::2", true),
+        ]]
+    };
+    let mut dual = service("dual", 30000, pods());
+    dual.cluster_ips = vec![
+        "10.96.0.30".parse().expect("literal"),
+        "fd00:10:96::30".parse().expect("literal"),
+    ];
+    let mut six = service("six", 30001, pods());
+    six.cluster_ips = vec!["fd00:10:96::31".parse().expect("literal")];
+
+    let wanted = wanted(&state(vec![dual, six]));
+
+    assert_eq!(wanted[&30000].local_endpoints, 1);
+    assert_eq!(wanted[&30001].local_endpoints, 2);
+}
+
+#[test]
 fn serving_terminating_local_endpoints_do_not_count() {
     // The dataplane still uses the draining endpoint, but load balancers must stop sending.
     let web = service(

@@ -6,6 +6,8 @@
 //! sp-testpod hit --url http://10.96.0.10:80/ --count 20 [--timeout-ms 2000]
 //! sp-testpod serve --udp --name pod-a --listen 0.0.0.0:5353
 //! sp-testpod hit --udp --url udp://10.96.0.30:53 --count 20 [--source-port 40000]
+//! sp-testpod serve --name pod-a --listen [::]:8080          # both IP families
+//! sp-testpod hit --url http://[fd00:10:96::10]:80/ --count 20
 //! sp-testpod sctp-serve --name pod-a --port 9999
 //! sp-testpod sctp-hit --address 10.96.0.40:7777 --count 20
 //! ```
@@ -27,7 +29,9 @@
 //! is the server's name; see the `sctp` module.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket,
+};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -313,20 +317,29 @@ fn hit(count: u32, pace: &Pace, mut request: impl FnMut(Duration) -> Result<Stri
 
 /// Sends the datagrams, from one socket on `source_port` or a fresh one each, and prints the report.
 fn hit_udp(addr: SocketAddr, count: u32, pace: &Pace, source_port: Option<u16>) -> Result<()> {
+    let any = unspecified_like(addr);
     let fixed = source_port
         .map(|port| {
-            let local = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+            let local = SocketAddr::new(any, port);
             UdpSocket::bind(local).with_context(|| format!("cannot bind {local}"))
         })
         .transpose()?;
     hit(count, pace, |timeout| match &fixed {
         Some(socket) => datagram(socket, addr, timeout),
         None => {
-            let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).context("bind")?;
+            let socket = UdpSocket::bind((any, 0)).context("bind")?;
             datagram(&socket, addr, timeout)
         }
     });
     Ok(())
+}
+
+/// The unspecified address of `addr`'s family, to bind a client socket that can reach it.
+fn unspecified_like(addr: SocketAddr) -> IpAddr {
+    match addr {
+        SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    }
 }
 
 /// One datagram to `addr` from `socket`; returns the answering server's name.
@@ -404,6 +417,22 @@ mod tests {
         let (addr, path) = parse_url("http://10.96.0.10:8080/a/b").unwrap();
         assert_eq!(addr, "10.96.0.10:8080".parse().unwrap());
         assert_eq!(path, "/a/b");
+    }
+
+    #[test]
+    fn ipv6_literals_are_bracketed_in_urls() {
+        let (addr, path) = parse_url("http://[fd00:10:96::10]:8080/a").unwrap();
+        assert_eq!(addr, "[fd00:10:96::10]:8080".parse().unwrap());
+        assert_eq!(path, "/a");
+        let (addr, _) = parse_url("http://[fd00:10:96::10]/").unwrap();
+        assert_eq!(addr, "[fd00:10:96::10]:80".parse().unwrap());
+        assert!(parse_url("http://fd00:10:96::10/").is_err());
+        assert_eq!(
+            parse_udp_url("udp://[fd00:10:96::30]:53").unwrap(),
+            "[fd00:10:96::30]:53".parse().unwrap()
+        );
+        assert!(unspecified_like("[fd00::1]:53".parse().unwrap()).is_ipv6());
+        assert!(unspecified_like("10.0.0.1:53".parse().unwrap()).is_ipv4());
     }
 
     #[test]

@@ -4,8 +4,9 @@
 use super::plan::PortPlan;
 use super::{
     FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_PROXY_FIREWALL,
-    MASQUERADE_MARK, comment, finish,
+    MASQUERADE_MARK, comment, finish, services_of,
 };
+use crate::conntrack::IpFamily;
 use crate::{ProxyState, TrafficPolicy};
 
 /// The filter chain accepting health-check node ports (jumped to from INPUT). It shares its name
@@ -21,7 +22,14 @@ pub struct FilterRules {
     pub rule_count: u32,
 }
 
-/// Renders the IPv4 filter table for `state`, as kube-proxy does:
+/// Renders the IPv4 filter table for `state`: [`render_filter_for`] IPv4.
+#[must_use]
+pub fn render_filter(state: &ProxyState) -> FilterRules {
+    render_filter_for(IpFamily::V4, state)
+}
+
+/// Renders the `family` filter table for `state`, as kube-proxy's proxier for that family does
+/// (its addresses only; IPv6 rejects with `icmp6-port-unreachable`):
 ///
 /// * `KUBE-SERVICES`: a REJECT for each cluster IP whose port has no usable endpoint, so clients
 ///   are refused at once instead of timing out; a DROP ("has no local endpoints") when only
@@ -38,17 +46,17 @@ pub struct FilterRules {
 ///
 /// Every chain here is kube-proxy's fixed set and is rewritten whole on each sync.
 #[must_use]
-pub fn render_filter(state: &ProxyState) -> FilterRules {
+pub fn render_filter_for(family: IpFamily, state: &ProxyState) -> FilterRules {
     let mut services = Vec::new();
     let mut external = Vec::new();
     let mut firewall = Vec::new();
     let mut node_ports = Vec::new();
-    for service in state.services.values() {
+    for service in services_of(family, state) {
         let health_check_node_port = service
             .health_check_node_port
             .filter(|_| service.external_traffic_policy == TrafficPolicy::Local);
         for port in &service.ports {
-            let plan = PortPlan::new(service, port);
+            let plan = PortPlan::new(service, port, family);
             let proto = plan.proto;
             if let Some(health_check_node_port) = health_check_node_port {
                 node_ports.push(format!(

@@ -5,13 +5,11 @@ use super::super::chain_names::{endpoint_chain, is_owned};
 use super::plan::PortPlan;
 use super::{
     KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_SERVICES, MASQUERADE_MARK,
-    RenderOptions, comment, finish, ipv4, probability,
+    RenderOptions, comment, finish, probability, services_of,
 };
+use crate::conntrack::IpFamily;
 use crate::{Endpoint, ProxyState};
-use std::{
-    collections::BTreeSet,
-    net::{IpAddr, Ipv4Addr},
-};
+use std::{collections::BTreeSet, net::IpAddr};
 
 /// The rendered nat table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,40 +20,55 @@ pub struct NatRules {
     pub rule_count: u32,
 }
 
-/// Renders the IPv4 nat table for `state`.
-///
-/// `existing_chains` are the nat chain names now in the kernel (any chains: only splitproxy-owned
-/// per-service ones, see [`is_owned`], are looked at); those this render does not write are
-/// flushed and deleted.
-///
-/// A Service port gets nat rules only when it has a usable IPv4 endpoint (see
-/// [`crate::endpoints`]); IPv6 addresses and endpoints are skipped. `options` decide which
-/// cluster-IP traffic is masqueraded and whether pod traffic skips `externalTrafficPolicy: Local`
-/// (see [`RenderOptions`]).
+/// Renders the IPv4 nat table for `state`: [`render_nat_for`] IPv4.
 #[must_use]
 pub fn render_nat(
     state: &ProxyState,
     options: &RenderOptions,
     existing_chains: &BTreeSet<String>,
 ) -> NatRules {
+    render_nat_for(IpFamily::V4, state, options, existing_chains)
+}
+
+/// Renders the `family` nat table for `state`.
+///
+/// `existing_chains` are the nat chain names now in the kernel (any chains: only splitproxy-owned
+/// per-service ones, see [`is_owned`], are looked at); those this render does not write are
+/// flushed and deleted.
+///
+/// Only Services with a cluster IP of `family` are rendered, and a port of one gets nat rules
+/// only when it has a usable endpoint of `family` (see [`crate::endpoints`]); addresses and
+/// endpoints of the other family are skipped, and the cluster CIDR is the family's own. `options`
+/// decide which cluster-IP traffic is masqueraded and whether pod traffic skips
+/// `externalTrafficPolicy: Local` (see [`RenderOptions`]).
+#[must_use]
+pub fn render_nat_for(
+    family: IpFamily,
+    state: &ProxyState,
+    options: &RenderOptions,
+    existing_chains: &BTreeSet<String>,
+) -> NatRules {
     let mut nat = NatTable {
         masquerade_all: options.masquerade_all,
-        cluster_cidr: options.ipv4_cluster_cidr(),
-        node_port_addresses: options
-            .node_port_addresses
-            .as_ref()
-            .map(|addresses| addresses.iter().filter_map(ipv4).collect()),
+        cluster_cidr: options.cluster_cidr(family),
+        node_port_addresses: options.node_port_addresses.as_ref().map(|addresses| {
+            addresses
+                .iter()
+                .copied()
+                .filter(|ip| family.contains(ip))
+                .collect()
+        }),
         node_ips: options
             .node_ips
             .iter()
-            .filter(|ip| ip.is_ipv4())
             .copied()
+            .filter(|ip| family.contains(ip))
             .collect(),
         ..NatTable::default()
     };
-    for service in state.services.values() {
+    for service in services_of(family, state) {
         for port in &service.ports {
-            nat.add(&PortPlan::new(service, port));
+            nat.add(&PortPlan::new(service, port, family));
         }
     }
     nat.finish(existing_chains)
@@ -66,11 +79,11 @@ pub fn render_nat(
 struct NatTable {
     /// [`RenderOptions::masquerade_all`].
     masquerade_all: bool,
-    /// The IPv4 cluster CIDR pod traffic comes from (the local-traffic detector), if known.
+    /// The family's cluster CIDR pod traffic comes from (the local-traffic detector), if known.
     cluster_cidr: Option<String>,
-    /// The IPv4 addresses taking node ports; `None` for every local address.
-    node_port_addresses: Option<Vec<Ipv4Addr>>,
-    /// The node's IPv4 addresses ([`RenderOptions::node_ips`]).
+    /// The family's addresses taking node ports; `None` for every local address.
+    node_port_addresses: Option<Vec<IpAddr>>,
+    /// The node's addresses of the family ([`RenderOptions::node_ips`]).
     node_ips: Vec<IpAddr>,
     /// Per-service chains in the order they are written.
     chains: Vec<String>,

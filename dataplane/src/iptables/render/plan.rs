@@ -8,26 +8,29 @@
 use super::super::chain_names::{
     external_chain, firewall_chain, local_service_chain, service_chain,
 };
-use super::{comment, ipv4};
+use super::{comment, reject};
+use crate::conntrack::IpFamily;
 use crate::endpoints::categorize;
 use crate::{Cidr, Endpoint, Service, ServicePort, TrafficPolicy};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
-/// One IPv4 Service port, decided.
+/// One Service port, decided for one IP family.
 pub(super) struct PortPlan<'a> {
     /// The port.
     pub port: &'a ServicePort,
     /// `ns/name:port`.
     pub port_name: String,
+    /// The family the plan is for.
+    pub family: IpFamily,
     /// `tcp`, `udp` or `sctp`.
     pub proto: &'static str,
-    /// The IPv4 cluster IPs.
-    pub cluster_ips: Vec<Ipv4Addr>,
-    /// The IPv4 external IPs.
-    pub external_ips: Vec<Ipv4Addr>,
-    /// The IPv4 load-balancer ingress IPs.
-    pub load_balancer_ips: Vec<Ipv4Addr>,
-    /// The IPv4 load-balancer source ranges.
+    /// The cluster IPs of the family.
+    pub cluster_ips: Vec<IpAddr>,
+    /// The external IPs of the family.
+    pub external_ips: Vec<IpAddr>,
+    /// The load-balancer ingress IPs of the family.
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// The load-balancer source ranges of the family.
     pub source_ranges: Vec<Cidr>,
     /// The session-affinity timeout in seconds, with `sessionAffinity: ClientIP`.
     pub affinity_seconds: Option<u64>,
@@ -67,15 +70,22 @@ pub(super) struct PortPlan<'a> {
 }
 
 impl<'a> PortPlan<'a> {
-    pub fn new(service: &'a Service, port: &'a ServicePort) -> Self {
+    /// Decides `port` of `service` for the `family` proxier: only the family's addresses, source
+    /// ranges and endpoints count, as upstream's per-family proxiers see them.
+    pub fn new(service: &'a Service, port: &'a ServicePort, family: IpFamily) -> Self {
         let port_name = port.port_name(&service.key);
-        let external_ips: Vec<Ipv4Addr> = service.external_ips.iter().filter_map(ipv4).collect();
-        let load_balancer_ips: Vec<Ipv4Addr> =
-            service.load_balancer_ips.iter().filter_map(ipv4).collect();
+        let of_family = |ips: &[IpAddr]| -> Vec<IpAddr> {
+            ips.iter()
+                .filter(|ip| family.contains(ip))
+                .copied()
+                .collect()
+        };
+        let external_ips = of_family(&service.external_ips);
+        let load_balancer_ips = of_family(&service.load_balancer_ips);
         let source_ranges: Vec<Cidr> = service
             .load_balancer_source_ranges
             .iter()
-            .filter(|range| range.address.is_ipv4())
+            .filter(|range| family.contains(&range.address))
             .copied()
             .collect();
 
@@ -90,7 +100,7 @@ impl<'a> PortPlan<'a> {
         let uses_cluster_endpoints = !internal_policy_local || externally_accessible;
         let uses_local_endpoints = internal_policy_local || external_policy_local;
 
-        let sets = categorize(port.endpoints.iter().filter(|e| e.ip.is_ipv4()));
+        let sets = categorize(port.endpoints.iter().filter(|e| family.contains(&e.ip)));
         let has_endpoints = sets.has_any();
         let reachable = sets.reachable(uses_cluster_endpoints, uses_local_endpoints);
         let no_local = sets.local.is_empty();
@@ -98,8 +108,9 @@ impl<'a> PortPlan<'a> {
         let uses_local_chain = uses_local_endpoints && !no_local;
 
         Self {
+            family,
             proto: port.protocol.as_str(),
-            cluster_ips: service.cluster_ips.iter().filter_map(ipv4).collect(),
+            cluster_ips: of_family(&service.cluster_ips),
             affinity_seconds: service.session_affinity.map(|timeout| timeout.as_secs()),
             has_endpoints,
             has_internal_endpoints: has_endpoints && !(internal_policy_local && no_local),
@@ -163,7 +174,7 @@ impl<'a> PortPlan<'a> {
     }
 
     /// The filter verdict and comment for traffic no endpoint takes: REJECT when the port has no
-    /// endpoint at all, DROP when only a `Local` policy finds none.
+    /// endpoint at all (with the family's ICMP error), DROP when only a `Local` policy finds none.
     pub fn no_endpoint_verdict(&self) -> (&'static str, String) {
         if self.has_endpoints {
             (
@@ -172,7 +183,7 @@ impl<'a> PortPlan<'a> {
             )
         } else {
             (
-                "REJECT",
+                reject(self.family),
                 comment(&format!("{} has no endpoints", self.port_name)),
             )
         }

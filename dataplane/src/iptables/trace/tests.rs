@@ -12,8 +12,9 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use crate::IpFamily;
 use crate::flow_table::{self, CLIENT_POD, EXTERNAL_CLIENT, NODE_IP};
-use crate::iptables::render::{RenderOptions, render_filter, render_nat};
+use crate::iptables::render::{RenderOptions, render_filter_for, render_nat_for};
 
 const NODE_IPS: [IpAddr; 1] = [NODE_IP];
 
@@ -957,10 +958,11 @@ COMMIT
 // ---------------------------------------------------------------------------------------------
 // The shared flow table against the rendered rules
 
-/// What the iptables backend restores for `state` in one transaction (as `Iptables::sync`).
-fn rendered(state: &crate::ProxyState, options: &RenderOptions) -> String {
-    let filter = render_filter(state);
-    let nat = render_nat(state, options, &Default::default());
+/// What the `family` iptables executor restores for `state` in one transaction (as
+/// `Iptables::sync`).
+fn rendered(family: IpFamily, state: &crate::ProxyState, options: &RenderOptions) -> String {
+    let filter = render_filter_for(family, state);
+    let nat = render_nat_for(family, state, options, &Default::default());
     format!("{}{}", filter.payload, nat.payload)
 }
 
@@ -973,13 +975,24 @@ fn every_flow_table_row_traces_to_its_expected_outcome() {
             .with_masquerade_all(scenario.masquerade_all)
             .with_node_port_addresses(scenario.node_port_addresses.clone())
             .with_node_ips(scenario.node_ips.first().copied());
-        let payload = rendered(&scenario.state, &options);
-        let ruleset = match Ruleset::parse(&payload) {
-            Ok(ruleset) => ruleset,
-            Err(error) => panic!("{}: {error}\n{payload}", scenario.name),
-        };
-        let mut failed = false;
+        // One ruleset per family, as the two executors program them; each flow goes through its
+        // own family's tables, as a packet does.
+        let mut rulesets = BTreeMap::new();
+        for family in IpFamily::ALL {
+            let payload = rendered(family, &scenario.state, &options);
+            match Ruleset::parse(&payload) {
+                Ok(ruleset) => rulesets.insert(family, (ruleset, payload)),
+                Err(error) => panic!("{}: {error}\n{payload}", scenario.name),
+            };
+        }
+        let mut failed_families = BTreeSet::new();
         for case in &scenario.cases {
+            let family = if case.flow.destination.is_ipv4() {
+                IpFamily::V4
+            } else {
+                IpFamily::V6
+            };
+            let (ruleset, _) = &rulesets[&family];
             let traced = ruleset.trace(&case.flow, &scenario.node_ips);
             let passes = matches!(&traced, Ok(outcome) if *outcome == case.expected);
             if let Some(reason) = case.pending {
@@ -995,15 +1008,20 @@ fn every_flow_table_row_traces_to_its_expected_outcome() {
                 continue;
             }
             if !passes {
-                failed = true;
+                failed_families.insert(family);
                 failures.push(format!(
                     "{} / {}:\n  flow:     {:?}\n  expected: {:?}\n  traced:   {:?}",
                     scenario.name, case.flow.name, case.flow, case.expected, traced
                 ));
             }
         }
-        if failed {
-            failures.push(format!("rules of {}:\n{payload}", scenario.name));
+        for family in failed_families {
+            let (_, payload) = &rulesets[&family];
+            failures.push(format!(
+                "{} rules of {}:\n{payload}",
+                family.name(),
+                scenario.name
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));

@@ -1,0 +1,122 @@
+//! Dual-stack: one [`Iptables`] executor per IP family, synced one after the other, as
+//! upstream's `metaproxier` runs an IPv4 and an IPv6 proxier side by side.
+
+// Tested with the rest of the backend, in `super::tests::dual_stack`.
+
+use super::{Config, Error, Iptables};
+use crate::conntrack::IpFamily;
+use crate::{Dataplane, ProxyState, SyncReport};
+
+/// A family's sync failed; the message says which family, the source why.
+#[derive(Debug, thiserror::Error)]
+#[error("could not sync the {} rules", family.name())]
+pub struct FamilyError {
+    /// The family whose rules were not applied.
+    pub family: IpFamily,
+    /// Why.
+    #[source]
+    pub source: Error,
+}
+
+/// The iptables dataplane for every IP family the node can program: `iptables` for IPv4 and
+/// `ip6tables` for IPv6, each seeing only its family's addresses and endpoints.
+#[derive(Debug, Clone)]
+pub struct DualStack {
+    /// One executor per family, IPv4 first; never empty.
+    families: Vec<Iptables>,
+}
+
+impl DualStack {
+    /// The executors for `families` (deduplicated, IPv4 first), each from `config` with that
+    /// family's tools ([`Config::with_family`]). No family at all means IPv4 alone.
+    #[must_use]
+    pub fn new(config: &Config, families: &[IpFamily]) -> Self {
+        let mut chosen: Vec<IpFamily> = IpFamily::ALL
+            .into_iter()
+            .filter(|family| families.contains(family))
+            .collect();
+        if chosen.is_empty() {
+            chosen.push(IpFamily::V4);
+        }
+        Self {
+            families: chosen
+                .into_iter()
+                .map(|family| Iptables::with_config(config.clone().with_family(family)))
+                .collect(),
+        }
+    }
+
+    /// The executors for the families whose tools work here, found by reading each family's nat
+    /// table once. As kube-proxy, a node without a family's tools runs single-stack, and says so;
+    /// a node with neither keeps IPv4, whose syncs then report why they fail.
+    pub async fn detect(config: &Config) -> Self {
+        let mut usable = Vec::new();
+        for family in IpFamily::ALL {
+            let probe = Iptables::with_config(config.clone().with_family(family));
+            if probe.available().await {
+                usable.push(family);
+            } else {
+                tracing::warn!(
+                    ip_family = family.name(),
+                    binary = probe.config().iptables_save,
+                    "cannot read the nat table with this family's tools; not programming it (single-stack)"
+                );
+            }
+        }
+        let dual_stack = Self::new(config, &usable);
+        tracing::info!(
+            ip_families = ?dual_stack.families().iter().map(|f| f.name()).collect::<Vec<_>>(),
+            "programming iptables rules"
+        );
+        dual_stack
+    }
+
+    /// The families programmed, IPv4 first.
+    #[must_use]
+    pub fn families(&self) -> Vec<IpFamily> {
+        self.families
+            .iter()
+            .map(|executor| executor.config().family)
+            .collect()
+    }
+}
+
+impl Dataplane for DualStack {
+    type Error = FamilyError;
+
+    fn mode(&self) -> &'static str {
+        "iptables"
+    }
+
+    /// Syncs every family, also after one failed (the families are independent, as upstream's
+    /// proxiers are); the report sums the tables and keeps each family's counts. Returns the
+    /// first failing family's error when any failed, so the whole sync is retried.
+    async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport, FamilyError> {
+        let mut report: Option<SyncReport> = None;
+        let mut first_error = None;
+        for executor in &mut self.families {
+            match executor.sync(state).await {
+                Ok(family_report) => match &mut report {
+                    Some(report) => report.merge(family_report),
+                    None => report = Some(family_report),
+                },
+                Err(source) => {
+                    let error = FamilyError {
+                        family: executor.config().family,
+                        source,
+                    };
+                    tracing::warn!(
+                        error = &error as &dyn std::error::Error,
+                        "iptables sync failed"
+                    );
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        match first_error {
+            Some(error) => Err(error),
+            // `families` is never empty, so without an error there is a report.
+            None => Ok(report.unwrap_or_default()),
+        }
+    }
+}
