@@ -228,7 +228,8 @@ fn answer(mut stream: TcpStream, name: &str) -> Result<()> {
     let request_line = head.lines().next().unwrap_or_default();
     println!("{peer} {request_line}");
     let body = if request_line.split_whitespace().nth(1) == Some("/source") {
-        format!("{name} {}\n", peer.ip())
+        // A dual-stack listener sees IPv4 clients as `::ffff:a.b.c.d`; report them as IPv4.
+        format!("{name} {}\n", peer.ip().to_canonical())
     } else {
         format!("{name}\n")
     };
