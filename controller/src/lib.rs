@@ -7,4 +7,5 @@ pub mod kubernetes;
 pub mod manifests;
 pub mod server;
 pub mod source;
+pub mod topology;
 pub mod view;

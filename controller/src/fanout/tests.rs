@@ -1,5 +1,5 @@
 use super::*;
-use crate::cluster::{Backend, PortBackends, ServiceBackends};
+use crate::cluster::{Backend, Hints, PortBackends, ServiceBackends};
 use splitproxy_proto::v1alpha1::{
     node_view_service_client::NodeViewServiceClient,
     node_view_service_server::NodeViewServiceServer,
@@ -48,8 +48,10 @@ fn cluster(services: usize, endpoint_host: u8) -> ClusterState {
                                 terminating: false,
                             }),
                             is_local: false,
+                            topology_excluded: false,
                         },
                         node_name: "node-1".into(),
+                        hints: Hints::default(),
                     }],
                 }],
                 last_change_trigger_time: None,

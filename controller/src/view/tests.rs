@@ -1,5 +1,5 @@
 use super::*;
-use crate::cluster::{Backend, PortBackends, ServiceBackends};
+use crate::cluster::{Backend, Hints, NodeTopology, PortBackends, ServiceBackends};
 
 fn cluster(endpoints: &[(&str, &str)]) -> ClusterState {
     let key: Key = ("demo".into(), "web".into());
@@ -31,8 +31,10 @@ fn cluster(endpoints: &[(&str, &str)]) -> ClusterState {
                         terminating: false,
                     }),
                     is_local: false,
+                    topology_excluded: false,
                 },
                 node_name: (*node).into(),
+                hints: Hints::default(),
             })
             .collect();
         state.endpoints.insert(
@@ -114,4 +116,97 @@ fn a_removed_service_does_not_list_its_endpoints_again() {
     let delta = Delta::between(&before, &NodeView::default());
     assert_eq!(delta.removed_services.len(), 1);
     assert!(delta.removed_endpoints.is_empty());
+}
+
+/// `cluster` with each endpoint zone-hinted as the EndpointSlice controller does for
+/// `PreferSameZone` (the zone of its node), and the nodes' zone labels.
+fn zoned(endpoints: &[(&str, &str, &str)], nodes: &[(&str, &str)]) -> ClusterState {
+    let pairs: Vec<(&str, &str)> = endpoints.iter().map(|(a, n, _)| (*a, *n)).collect();
+    let mut state = cluster(&pairs);
+    for backends in state.endpoints.values_mut() {
+        for port in &mut backends.ports {
+            for (backend, (_, _, zone)) in port.endpoints.iter_mut().zip(endpoints) {
+                backend.hints.for_zones.insert((*zone).into());
+            }
+        }
+    }
+    state.nodes = nodes
+        .iter()
+        .map(|(node, zone)| {
+            (
+                (*node).into(),
+                NodeTopology {
+                    zone: (*zone).into(),
+                },
+            )
+        })
+        .collect();
+    state
+}
+
+fn excluded_flags(view: &NodeView) -> Vec<(String, bool)> {
+    view.endpoints
+        .values()
+        .flat_map(|e| &e.ports)
+        .flat_map(|p| &p.endpoints)
+        .map(|e| (e.address.clone(), e.topology_excluded))
+        .collect()
+}
+
+#[test]
+fn zone_hints_exclude_other_zones_endpoints_from_the_node_view_only() {
+    let state = zoned(
+        &[("10.244.1.2", "node-1", "a"), ("10.244.2.2", "node-2", "b")],
+        &[("node-1", "a"), ("node-2", "b"), ("node-3", "a")],
+    );
+    let on_node_3 = NodeView::for_node(&state, "node-3");
+    assert_eq!(
+        excluded_flags(&on_node_3),
+        [("10.244.1.2".into(), false), ("10.244.2.2".into(), true)]
+    );
+    let on_node_2 = NodeView::for_node(&state, "node-2");
+    assert_eq!(
+        excluded_flags(&on_node_2),
+        [("10.244.1.2".into(), true), ("10.244.2.2".into(), false)]
+    );
+    // Locality is independent: node-2's own endpoint stays local, the excluded one is not.
+    assert_eq!(
+        local_flags(&on_node_2),
+        [("10.244.1.2".into(), false), ("10.244.2.2".into(), true)]
+    );
+}
+
+#[test]
+fn a_node_zone_label_change_changes_its_view() {
+    let endpoints = [("10.244.1.2", "node-1", "a"), ("10.244.2.2", "node-2", "b")];
+    let before = NodeView::for_node(
+        &zoned(
+            &endpoints,
+            &[("node-1", "a"), ("node-2", "b"), ("node-3", "a")],
+        ),
+        "node-3",
+    );
+    let after = NodeView::for_node(
+        &zoned(
+            &endpoints,
+            &[("node-1", "a"), ("node-2", "b"), ("node-3", "b")],
+        ),
+        "node-3",
+    );
+    let delta = Delta::between(&before, &after);
+    assert_eq!(delta.upserted_endpoints.len(), 1);
+    assert_eq!(
+        excluded_flags(&after),
+        [("10.244.1.2".into(), true), ("10.244.2.2".into(), false)]
+    );
+    // Losing the label entirely: hints are ignored, nothing is excluded.
+    let unlabelled = NodeView::for_node(
+        &zoned(&endpoints, &[("node-1", "a"), ("node-2", "b")]),
+        "node-3",
+    );
+    assert!(
+        excluded_flags(&unlabelled)
+            .iter()
+            .all(|(_, excluded)| !excluded)
+    );
 }

@@ -38,6 +38,7 @@ fn ready(ip: &str, port: u16) -> Endpoint {
         serving: true,
         terminating: false,
         is_local: false,
+        topology_excluded: false,
     }
 }
 
