@@ -9,3 +9,6 @@ pub mod server;
 pub mod source;
 pub mod topology;
 pub mod view;
+
+#[cfg(test)]
+mod testing;

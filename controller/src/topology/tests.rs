@@ -1,29 +1,18 @@
 //! Nodes `node-a1`, `node-a2` in zone `a`, `node-b1` in zone `b`; endpoints `10.244.<n>.x`.
 
 use super::*;
-use crate::cluster::Hints;
+use crate::{cluster::Hints, testing::ready_backend};
 use splitproxy_proto::v1alpha1 as pb;
 
 /// A ready endpoint on `node` with the hints the EndpointSlice controller writes for
 /// `PreferSameNode` (`node_hint`) and `PreferSameZone` (`zone_hint`).
 fn backend(address: &str, node: &str, node_hint: Option<&str>, zone_hint: Option<&str>) -> Backend {
     Backend {
-        endpoint: pb::Endpoint {
-            address: address.into(),
-            port: 8080,
-            conditions: Some(pb::EndpointConditions {
-                ready: true,
-                serving: true,
-                terminating: false,
-            }),
-            is_local: false,
-            topology_excluded: false,
-        },
-        node_name: node.into(),
         hints: Hints {
             for_zones: zone_hint.into_iter().map(String::from).collect(),
             for_nodes: node_hint.into_iter().map(String::from).collect(),
         },
+        ..ready_backend(address, node)
     }
 }
 

@@ -1,5 +1,8 @@
 use super::*;
-use crate::cluster::{Backend, Hints, NodeTopology, PortBackends, ServiceBackends};
+use crate::{
+    cluster::{NodeTopology, PortBackends, ServiceBackends},
+    testing::ready_backend,
+};
 
 fn cluster(endpoints: &[(&str, &str)]) -> ClusterState {
     let key: Key = ("demo".into(), "web".into());
@@ -21,21 +24,7 @@ fn cluster(endpoints: &[(&str, &str)]) -> ClusterState {
     if !endpoints.is_empty() {
         let backends = endpoints
             .iter()
-            .map(|(address, node)| Backend {
-                endpoint: pb::Endpoint {
-                    address: (*address).into(),
-                    port: 8080,
-                    conditions: Some(pb::EndpointConditions {
-                        ready: true,
-                        serving: true,
-                        terminating: false,
-                    }),
-                    is_local: false,
-                    topology_excluded: false,
-                },
-                node_name: (*node).into(),
-                hints: Hints::default(),
-            })
+            .map(|(address, node)| ready_backend(*address, node))
             .collect();
         state.endpoints.insert(
             key,
@@ -52,13 +41,18 @@ fn cluster(endpoints: &[(&str, &str)]) -> ClusterState {
     state
 }
 
-fn local_flags(view: &NodeView) -> Vec<(String, bool)> {
+/// Each endpoint's address and one of its flags.
+fn flags(view: &NodeView, flag: impl Fn(&pb::Endpoint) -> bool) -> Vec<(String, bool)> {
     view.endpoints
         .values()
         .flat_map(|e| &e.ports)
         .flat_map(|p| &p.endpoints)
-        .map(|e| (e.address.clone(), e.is_local))
+        .map(|e| (e.address.clone(), flag(e)))
         .collect()
+}
+
+fn local_flags(view: &NodeView) -> Vec<(String, bool)> {
+    flags(view, |e| e.is_local)
 }
 
 #[test]
@@ -145,12 +139,7 @@ fn zoned(endpoints: &[(&str, &str, &str)], nodes: &[(&str, &str)]) -> ClusterSta
 }
 
 fn excluded_flags(view: &NodeView) -> Vec<(String, bool)> {
-    view.endpoints
-        .values()
-        .flat_map(|e| &e.ports)
-        .flat_map(|p| &p.endpoints)
-        .map(|e| (e.address.clone(), e.topology_excluded))
-        .collect()
+    flags(view, |e| e.topology_excluded)
 }
 
 #[test]
