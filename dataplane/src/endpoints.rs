@@ -13,9 +13,10 @@
 //! applies the hints (with upstream's all-or-nothing rule) and marks what they take out of this
 //! node's cluster set with [`Endpoint::topology_excluded`]; should every ready endpoint carry the
 //! mark, which the controller never sends, the marks are ignored rather than the Service refused.
-//! The selection is pure and backend-independent;
-//! backends filter by address family before calling [`categorize`], as upstream runs one proxier
-//! per family (an IPv4 proxier never sees the IPv6 endpoints, so they cannot mask its fallback).
+//!
+//! The selection is pure and backend-independent; backends filter by address family before
+//! calling [`categorize`], as upstream runs one proxier per family (an IPv4 proxier never sees the
+//! IPv6 endpoints, so they cannot mask its fallback).
 
 use crate::Endpoint;
 use std::collections::BTreeSet;
@@ -42,8 +43,8 @@ impl<'a> EndpointSets<'a> {
     /// endpoint, that traffic is dropped instead.
     #[must_use]
     pub fn has_any(&self) -> bool {
-        // Every usable local endpoint is usable cluster-wide too (topology hints never empty the
-        // cluster set), so `cluster` is never empty when `local` is not.
+        // `cluster` is never empty while some endpoint is usable: without topology marks every
+        // usable local endpoint is in it too, and the marks never leave it without a ready one.
         !self.cluster.is_empty()
     }
 
