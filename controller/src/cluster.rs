@@ -19,6 +19,8 @@ pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Annotation holding the time of the change that caused the slice's last update.
 pub const LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+/// Node label naming the node's zone, which zone hints are matched against.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// A namespaced object's key.
 pub type Key = (String, String);
@@ -98,10 +100,32 @@ pub struct ClusterState {
     pub services: BTreeMap<Key, pb::Service>,
     /// The merged endpoints of each Service that has any usable endpoint.
     pub endpoints: BTreeMap<Key, ServiceBackends>,
-    /// The names of the known Nodes.
-    pub nodes: BTreeSet<String>,
+    /// The known Nodes by name, with what topology hints are matched against.
+    pub nodes: BTreeMap<String, NodeTopology>,
     /// The Services left out because they cannot be programmed (each logged once).
     pub invalid_services: BTreeSet<Key>,
+}
+
+/// What of a Node topology hints are matched against.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeTopology {
+    /// The node's `topology.kubernetes.io/zone` label; empty when it has none.
+    pub zone: String,
+}
+
+impl NodeTopology {
+    /// The topology of `node`, from its labels.
+    #[must_use]
+    pub fn of(node: &Node) -> Self {
+        let zone = node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ZONE_LABEL));
+        Self {
+            zone: zone.cloned().unwrap_or_default(),
+        }
+    }
 }
 
 /// The merged, deduplicated endpoints of one Service, before per-node locality is known.
@@ -124,13 +148,46 @@ pub struct PortBackends {
     pub endpoints: Vec<Backend>,
 }
 
-/// One endpoint and the node it runs on.
+/// One endpoint, the node it runs on and its topology hints.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Backend {
-    /// The endpoint, with `is_local` unset.
+    /// The endpoint, with `is_local` and `topology_excluded` unset.
     pub endpoint: pb::Endpoint,
     /// The node the endpoint runs on; empty when the slice does not say.
     pub node_name: String,
+    /// The slice's `hints` for the endpoint.
+    pub hints: Hints,
+}
+
+/// An endpoint's topology hints, as the EndpointSlice controller set them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hints {
+    /// `hints.forZones[].name`: the zones whose nodes should use the endpoint.
+    pub for_zones: BTreeSet<String>,
+    /// `hints.forNodes[].name`: the nodes that should use the endpoint.
+    pub for_nodes: BTreeSet<String>,
+}
+
+impl Hints {
+    fn of(hints: Option<&k8s_openapi::api::discovery::v1::EndpointHints>) -> Self {
+        let Some(hints) = hints else {
+            return Self::default();
+        };
+        Self {
+            for_zones: hints
+                .for_zones
+                .iter()
+                .flatten()
+                .map(|zone| zone.name.clone())
+                .collect(),
+            for_nodes: hints
+                .for_nodes
+                .iter()
+                .flatten()
+                .map(|node| node.name.clone())
+                .collect(),
+        }
+    }
 }
 
 impl ClusterState {
@@ -160,7 +217,11 @@ impl ClusterState {
         Self {
             services,
             endpoints,
-            nodes: objects.nodes.keys().cloned().collect(),
+            nodes: objects
+                .nodes
+                .iter()
+                .map(|(name, node)| (name.clone(), NodeTopology::of(node)))
+                .collect(),
             invalid_services,
         }
     }
@@ -383,8 +444,10 @@ fn merge_slices<'a>(
                             port: number,
                             conditions: Some(conditions),
                             is_local: false,
+                            topology_excluded: false,
                         },
                         node_name: ep.node_name.clone().unwrap_or_default(),
+                        hints: Hints::of(ep.hints.as_ref()),
                     });
             }
         }

@@ -150,7 +150,7 @@ impl AgentStream {
         let known = match self.cluster.wait_for(Option::is_some).await {
             Ok(published) => published
                 .as_ref()
-                .is_some_and(|cluster| cluster.nodes.contains(&self.node)),
+                .is_some_and(|cluster| cluster.nodes.contains_key(&self.node)),
             Err(_) => return,
         };
         if !known {

@@ -8,4 +8,8 @@ pub mod manifests;
 pub mod metrics;
 pub mod server;
 pub mod source;
+pub mod topology;
 pub mod view;
+
+#[cfg(test)]
+mod testing;

@@ -1,6 +1,9 @@
 //! Per-node views and the deltas between two views of one node.
 
-use crate::cluster::{ClusterState, Key};
+use crate::{
+    cluster::{ClusterState, Key},
+    topology::Place,
+};
 use splitproxy_proto::v1alpha1 as pb;
 use std::collections::BTreeMap;
 
@@ -14,9 +17,11 @@ pub struct NodeView {
 }
 
 impl NodeView {
-    /// Computes `node`'s view of the cluster.
+    /// Computes `node`'s view of the cluster: locality, and topology hints applied per Service
+    /// port with the node's zone (see [`crate::topology`]).
     #[must_use]
     pub fn for_node(cluster: &ClusterState, node: &str) -> Self {
+        let place = Place::new(node, cluster.nodes.get(node));
         let endpoints = cluster
             .endpoints
             .iter()
@@ -24,17 +29,21 @@ impl NodeView {
                 let ports = backends
                     .ports
                     .iter()
-                    .map(|port| pb::PortEndpoints {
-                        port_name: port.port_name.clone(),
-                        protocol: port.protocol as i32,
-                        endpoints: port
-                            .endpoints
-                            .iter()
-                            .map(|b| pb::Endpoint {
-                                is_local: !b.node_name.is_empty() && b.node_name == node,
-                                ..b.endpoint.clone()
-                            })
-                            .collect(),
+                    .map(|port| {
+                        let mode = place.mode(&port.endpoints);
+                        pb::PortEndpoints {
+                            port_name: port.port_name.clone(),
+                            protocol: port.protocol as i32,
+                            endpoints: port
+                                .endpoints
+                                .iter()
+                                .map(|b| pb::Endpoint {
+                                    is_local: !b.node_name.is_empty() && b.node_name == node,
+                                    topology_excluded: place.excludes(mode, b),
+                                    ..b.endpoint.clone()
+                                })
+                                .collect(),
+                        }
                     })
                     .collect();
                 let endpoints = pb::ServiceEndpoints {

@@ -180,6 +180,7 @@ fn ready(ip: [u8; 4], is_local: bool) -> Endpoint {
         serving: true,
         terminating: false,
         is_local,
+        topology_excluded: false,
     }
 }
 

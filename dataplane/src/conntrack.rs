@@ -13,9 +13,10 @@
 //! * **(b) first endpoint:** for every UDP/SCTP Service port that had no usable endpoint and now
 //!   has one, every flow to its addresses on that port and to its node port.
 //!
-//! "Usable" is [`crate::endpoints::categorize`]'s decision (the cluster or the local set), per IP
-//! family, as the proxier that rendered the rules saw it. [`stale_flows`] is pure; [`Conntrack`]
-//! is the thin executor that runs `conntrack -D` for each [`Deletion`].
+//! "Usable" is [`crate::endpoints::categorize`]'s decision (the cluster or the local set, plus the
+//! endpoints topology hints only steer this node's new connections away from), per IP family, as
+//! the proxier that rendered the rules saw it. [`stale_flows`] is pure; [`Conntrack`] is the thin
+//! executor that runs `conntrack -D` for each [`Deletion`].
 
 #[cfg(test)]
 mod tests;
@@ -203,8 +204,11 @@ fn usable(port: Option<&ServicePort>, family: IpFamily) -> BTreeSet<(IpAddr, u16
         return BTreeSet::new();
     };
     let sets = categorize(port.endpoints.iter().filter(|e| family.contains(&e.ip)));
+    // An endpoint topology hints steer this node's new connections away from still serves its
+    // own zone or node; as in upstream's cleanup, which never looks at hints, its flows stay.
     sets.reachable(true, true)
         .into_iter()
+        .chain(sets.topology_excluded)
         .map(|endpoint| (endpoint.ip, endpoint.port))
         .collect()
 }

@@ -1,16 +1,22 @@
-//! Which endpoints receive new connections: kube-proxy's `CategorizeEndpoints`, without topology.
+//! Which endpoints receive new connections: kube-proxy's `CategorizeEndpoints`.
 //!
 //! Upstream (`pkg/proxy/topology.go`) splits a Service port's endpoints into the set used by the
 //! `Cluster` traffic policy and the set used by the `Local` one:
 //!
-//! * **cluster**: the ready endpoints; when none is ready, those that are serving and terminating
-//!   (KEP-1669), so a rolling update that has only draining pods left still answers.
-//! * **local**: the same rule, restricted to endpoints on this node.
+//! * **cluster**: the ready endpoints topology hints leave to this node; when none is ready,
+//!   those that are serving and terminating (KEP-1669), so a rolling update that has only
+//!   draining pods left still answers.
+//! * **local**: the ready endpoints on this node (topology hints do not narrow it), else the local
+//!   serving-and-terminating ones.
 //!
-//! Endpoints that are neither ready nor serving-and-terminating are never used. Topology hints are
-//! not modelled yet, so every ready endpoint counts. The selection is pure and backend-independent;
-//! backends filter by address family before calling [`categorize`], as upstream runs one proxier
-//! per family (an IPv4 proxier never sees the IPv6 endpoints, so they cannot mask its fallback).
+//! Endpoints that are neither ready nor serving-and-terminating are never used. The controller
+//! applies the hints (with upstream's all-or-nothing rule) and marks what they take out of this
+//! node's cluster set with [`Endpoint::topology_excluded`]; should every ready endpoint carry the
+//! mark, which the controller never sends, the marks are ignored rather than the Service refused.
+//!
+//! The selection is pure and backend-independent; backends filter by address family before
+//! calling [`categorize`], as upstream runs one proxier per family (an IPv4 proxier never sees the
+//! IPv6 endpoints, so they cannot mask its fallback).
 
 use crate::Endpoint;
 use std::collections::BTreeSet;
@@ -26,6 +32,9 @@ pub struct EndpointSets<'a> {
     pub local: Vec<&'a Endpoint>,
     /// Whether [`local`](Self::local) holds terminating endpoints because no local one is ready.
     pub local_is_terminating_fallback: bool,
+    /// Ready endpoints left out of [`cluster`](Self::cluster) only because topology hints send
+    /// this node's traffic elsewhere; they still serve other nodes, so their connections are live.
+    pub topology_excluded: Vec<&'a Endpoint>,
 }
 
 impl<'a> EndpointSets<'a> {
@@ -34,8 +43,8 @@ impl<'a> EndpointSets<'a> {
     /// endpoint, that traffic is dropped instead.
     #[must_use]
     pub fn has_any(&self) -> bool {
-        // Every usable local endpoint is usable cluster-wide too, so `cluster` is never empty
-        // when `local` is not.
+        // `cluster` is never empty while some endpoint is usable: without topology marks every
+        // usable local endpoint is in it too, and the marks never leave it without a ready one.
         !self.cluster.is_empty()
     }
 
@@ -68,13 +77,31 @@ pub fn categorize<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> Endp
         .into_iter()
         .filter(|endpoint| seen.insert((endpoint.ip, endpoint.port)))
         .collect();
-    let (cluster, cluster_is_terminating_fallback) = usable(&endpoints, |_| true);
+    let kept_by_topology = |endpoint: &Endpoint| !(endpoint.ready && endpoint.topology_excluded);
+    let topology_applies = endpoints
+        .iter()
+        .any(|endpoint| endpoint.ready && kept_by_topology(endpoint));
+    let (cluster, cluster_is_terminating_fallback) = if topology_applies {
+        usable(&endpoints, kept_by_topology)
+    } else {
+        usable(&endpoints, |_| true)
+    };
     let (local, local_is_terminating_fallback) = usable(&endpoints, |endpoint| endpoint.is_local);
+    let topology_excluded = if topology_applies {
+        endpoints
+            .iter()
+            .copied()
+            .filter(|endpoint| !kept_by_topology(endpoint))
+            .collect()
+    } else {
+        Vec::new()
+    };
     EndpointSets {
         cluster,
         cluster_is_terminating_fallback,
         local,
         local_is_terminating_fallback,
+        topology_excluded,
     }
 }
 
@@ -115,6 +142,7 @@ mod tests {
             serving,
             terminating,
             is_local: local,
+            topology_excluded: false,
         }
     }
 
@@ -199,6 +227,54 @@ mod tests {
         assert_eq!(sets, EndpointSets::default());
         assert!(!sets.has_any());
         assert!(sets.reachable(true, true).is_empty());
+    }
+
+    fn elsewhere(endpoint: Endpoint) -> Endpoint {
+        Endpoint {
+            topology_excluded: true,
+            ..endpoint
+        }
+    }
+
+    #[test]
+    fn topology_excluded_endpoints_leave_the_cluster_set_but_not_the_local_one() {
+        let all = [
+            ready("10.244.1.1", false),
+            elsewhere(ready("10.244.2.1", false)),
+            elsewhere(ready("10.244.0.1", true)),
+        ];
+
+        let sets = categorize(&all);
+
+        assert_eq!(addresses(&sets.cluster), ["10.244.1.1:8080"]);
+        assert_eq!(addresses(&sets.local), ["10.244.0.1:8080"]);
+        assert_eq!(
+            addresses(&sets.topology_excluded),
+            ["10.244.2.1:8080", "10.244.0.1:8080"]
+        );
+        assert_eq!(
+            addresses(&sets.reachable(true, true)),
+            ["10.244.1.1:8080", "10.244.0.1:8080"]
+        );
+        assert_eq!(addresses(&sets.reachable(true, false)), ["10.244.1.1:8080"]);
+    }
+
+    #[test]
+    fn topology_marks_on_every_ready_endpoint_are_ignored_rather_than_refusing_the_service() {
+        let all = [
+            elsewhere(ready("10.244.1.1", false)),
+            elsewhere(ready("10.244.2.1", false)),
+            draining("10.244.3.1", false),
+        ];
+
+        let sets = categorize(&all);
+
+        assert_eq!(
+            addresses(&sets.cluster),
+            ["10.244.1.1:8080", "10.244.2.1:8080"]
+        );
+        assert!(!sets.cluster_is_terminating_fallback);
+        assert!(sets.topology_excluded.is_empty());
     }
 
     #[test]

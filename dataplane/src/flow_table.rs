@@ -152,6 +152,7 @@ pub fn scenarios() -> Vec<Scenario> {
         node_with_masquerade_all(),
         node_with_node_port_addresses(),
         node_with_dual_stack_services(),
+        node_with_topology_hints(),
     ]
 }
 
@@ -685,15 +686,6 @@ fn node_with_local_traffic_policies() -> Scenario {
         internal_traffic_policy: TrafficPolicy::Local,
         ..service
     };
-    let one_port = |node_port, endpoints| {
-        vec![ServicePort::new(
-            "",
-            Protocol::Tcp,
-            80,
-            node_port,
-            endpoints,
-        )]
-    };
     let edge = external_local(service(
         "default",
         "edge",
@@ -1080,15 +1072,6 @@ const LOCAL_CACHE_THERE: SocketAddr = at(v4(10, 244, 1, 93), 8080);
 
 /// The Services of [`node_with_cluster_cidr`] and [`node_with_masquerade_all`].
 fn masquerade_services() -> ProxyState {
-    let one_port = |node_port, endpoints| {
-        vec![ServicePort::new(
-            "",
-            Protocol::Tcp,
-            80,
-            node_port,
-            endpoints,
-        )]
-    };
     let app = service(
         "default",
         "app",
@@ -1474,6 +1457,126 @@ fn node_with_dual_stack_services() -> Scenario {
     }
 }
 
+/// `default/zonal`: NodePort, zone hints keep this node's traffic on the endpoint of its zone.
+const ZONAL_IP: IpAddr = v4(10, 96, 0, 100);
+const ZONAL_NODE_PORT: u16 = 30100;
+const ZONAL_SAME_ZONE: SocketAddr = at(v4(10, 244, 1, 100), 8080);
+const ZONAL_OTHER_ZONE: SocketAddr = at(v4(10, 244, 2, 100), 8080);
+/// `default/zonal-edge`: NodePort, `externalTrafficPolicy: Local`; the hints lend the local
+/// endpoint to another zone (as `topology-mode: Auto` may, to balance zones).
+const ZONAL_EDGE_IP: IpAddr = v4(10, 96, 0, 101);
+const ZONAL_EDGE_NODE_PORT: u16 = 30101;
+const ZONAL_EDGE_HERE: SocketAddr = at(v4(10, 244, 0, 101), 8080);
+const ZONAL_EDGE_SAME_ZONE: SocketAddr = at(v4(10, 244, 1, 101), 8080);
+/// `default/zonal-cache`: `internalTrafficPolicy: Local`, the local endpoint lent to another zone.
+const ZONAL_CACHE_IP: IpAddr = v4(10, 96, 0, 102);
+const ZONAL_CACHE_HERE: SocketAddr = at(v4(10, 244, 0, 102), 8080);
+const ZONAL_CACHE_SAME_ZONE: SocketAddr = at(v4(10, 244, 1, 102), 8080);
+
+/// Topology hints, as the controller applies them for this node: endpoints marked
+/// [`Endpoint::topology_excluded`] leave the cluster-wide set only; the Local policies still use
+/// them.
+fn node_with_topology_hints() -> Scenario {
+    let elsewhere = |endpoint: Endpoint| Endpoint {
+        topology_excluded: true,
+        ..endpoint
+    };
+    let zonal = service(
+        "default",
+        "zonal",
+        ZONAL_IP,
+        one_port(
+            Some(ZONAL_NODE_PORT),
+            vec![ready(ZONAL_SAME_ZONE), elsewhere(ready(ZONAL_OTHER_ZONE))],
+        ),
+    );
+    let zonal_edge = Service {
+        external_traffic_policy: TrafficPolicy::Local,
+        ..service(
+            "default",
+            "zonal-edge",
+            ZONAL_EDGE_IP,
+            one_port(
+                Some(ZONAL_EDGE_NODE_PORT),
+                vec![
+                    elsewhere(local(ZONAL_EDGE_HERE)),
+                    ready(ZONAL_EDGE_SAME_ZONE),
+                ],
+            ),
+        )
+    };
+    let zonal_cache = Service {
+        internal_traffic_policy: TrafficPolicy::Local,
+        ..service(
+            "default",
+            "zonal-cache",
+            ZONAL_CACHE_IP,
+            one_port(
+                None,
+                vec![
+                    elsewhere(local(ZONAL_CACHE_HERE)),
+                    ready(ZONAL_CACHE_SAME_ZONE),
+                ],
+            ),
+        )
+    };
+
+    use Origin::{External, Node, Pod};
+    use Protocol::Tcp;
+    Scenario {
+        name: "node with zonal (zone hints), zonal-edge (externalTrafficPolicy Local) and zonal-cache (internalTrafficPolicy Local), local endpoints lent to another zone",
+        state: state([zonal, zonal_edge, zonal_cache]),
+        node_ips: vec![NODE_IP],
+        cluster_cidrs: Vec::new(),
+        masquerade_all: false,
+        node_port_addresses: None,
+        cases: vec![
+            case(
+                "pod to zone-hinted cluster IP reaches only the endpoint of its zone",
+                (Pod, CLIENT_POD),
+                (Tcp, ZONAL_IP, 80),
+                Expected::endpoints([(ZONAL_SAME_ZONE, false)]),
+            ),
+            case(
+                "node to zone-hinted cluster IP reaches only the endpoint of its zone",
+                (Node, NODE_IP),
+                (Tcp, ZONAL_IP, 80),
+                Expected::endpoints([(ZONAL_SAME_ZONE, false)]),
+            ),
+            case(
+                "external client to zone-hinted node port reaches only the endpoint of this node's zone",
+                (External, EXTERNAL_CLIENT),
+                (Tcp, NODE_IP, ZONAL_NODE_PORT),
+                Expected::endpoints([(ZONAL_SAME_ZONE, true)]),
+            ),
+            case(
+                "external client to externalTrafficPolicy Local node port reaches the local endpoint the hints lend elsewhere",
+                (External, EXTERNAL_CLIENT),
+                (Tcp, NODE_IP, ZONAL_EDGE_NODE_PORT),
+                Expected::endpoints([(ZONAL_EDGE_HERE, false)]),
+            ),
+            case(
+                "pod to cluster IP of a zone-hinted externalTrafficPolicy Local service skips the local endpoint lent elsewhere",
+                (Pod, CLIENT_POD),
+                (Tcp, ZONAL_EDGE_IP, 80),
+                Expected::endpoints([(ZONAL_EDGE_SAME_ZONE, false)]),
+            ),
+            case(
+                "node to its own zone-hinted externalTrafficPolicy Local node port follows the hints masqueraded",
+                (Node, NODE_IP),
+                (Tcp, NODE_IP, ZONAL_EDGE_NODE_PORT),
+                Expected::endpoints([(ZONAL_EDGE_SAME_ZONE, true)]),
+            ),
+            case(
+                "pod to zone-hinted internalTrafficPolicy Local cluster IP reaches the local endpoint lent elsewhere",
+                (Pod, CLIENT_POD),
+                (Tcp, ZONAL_CACHE_IP, 80),
+                Expected::endpoints([(ZONAL_CACHE_HERE, false)]),
+            ),
+        ],
+    }
+}
+
 fn case(
     name: &'static str,
     (origin, source): (Origin, IpAddr),
@@ -1503,6 +1606,17 @@ fn state(services: impl IntoIterator<Item = Service>) -> ProxyState {
     }
 }
 
+/// One unnamed TCP port 80 with these endpoints.
+fn one_port(node_port: Option<u16>, endpoints: Vec<Endpoint>) -> Vec<ServicePort> {
+    vec![ServicePort::new(
+        "",
+        Protocol::Tcp,
+        80,
+        node_port,
+        endpoints,
+    )]
+}
+
 fn service(namespace: &str, name: &str, cluster_ip: IpAddr, ports: Vec<ServicePort>) -> Service {
     Service::new(ServiceKey::new(namespace, name), vec![cluster_ip], ports)
 }
@@ -1516,6 +1630,7 @@ fn ready(address: SocketAddr) -> Endpoint {
         serving: true,
         terminating: false,
         is_local: false,
+        topology_excluded: false,
     }
 }
 

@@ -199,6 +199,10 @@ pub struct Endpoint {
     pub terminating: bool,
     /// Runs on this node.
     pub is_local: bool,
+    /// Topology hints send this node's cluster-wide traffic to other endpoints: the `Cluster`
+    /// traffic policy skips it here, the `Local` policies still use it (see
+    /// [`crate::endpoints::categorize`]).
+    pub topology_excluded: bool,
 }
 
 impl Endpoint {

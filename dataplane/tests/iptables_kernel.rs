@@ -108,6 +108,7 @@ fn endpoint(ip: &str) -> Endpoint {
         serving: true,
         terminating: false,
         is_local: false,
+        topology_excluded: false,
     }
 }
 

@@ -251,6 +251,7 @@ fn convert_endpoint(endpoint: &pb::Endpoint) -> Result<dp::Endpoint, InvalidServ
         serving: conditions.serving,
         terminating: conditions.terminating,
         is_local: endpoint.is_local,
+        topology_excluded: endpoint.topology_excluded,
     })
 }
 

@@ -20,6 +20,8 @@ pub const API_PORT: u16 = 6443;
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 /// The static admin token (group `system:masters`); test-only.
 const ADMIN_TOKEN: &str = "splitproxy-e2e-admin";
+/// The port splitproxy-controller serves node views on, on the control-plane host.
+pub const CONTROLLER_PORT: u16 = 10660;
 /// How long the API server may take to become ready on a slow, shared machine.
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -180,6 +182,44 @@ impl ControlPlane {
         .with_context(|| self.logs())
     }
 
+    /// Starts splitproxy-controller on the control-plane host, reading the API server with
+    /// `kubeconfig` and serving node views on [`CONTROLLER_PORT`].
+    ///
+    /// # Errors
+    ///
+    /// If the binary is missing or cannot start.
+    pub fn start_controller(&self, lab: &mut Lab, kubeconfig: &Path) -> Result<Process> {
+        lab.spawn(
+            &self.host,
+            crate::workspace_binary("splitproxy-controller")?,
+            &[
+                "--kubeconfig",
+                &path(kubeconfig),
+                "--listen",
+                &format!("{}:{CONTROLLER_PORT}", self.host.ip()),
+            ],
+        )
+    }
+
+    /// Starts splitproxy-agent on `node`, following the controller
+    /// [`start_controller`](Self::start_controller) started.
+    ///
+    /// # Errors
+    ///
+    /// If the binary is missing or cannot start.
+    pub fn start_agent(&self, lab: &mut Lab, node: &Node) -> Result<Process> {
+        lab.spawn(
+            node,
+            crate::workspace_binary("splitproxy-agent")?,
+            &[
+                "--controller",
+                &format!("http://{}:{CONTROLLER_PORT}", self.host.ip()),
+                "--hostname-override",
+                node.name(),
+            ],
+        )
+    }
+
     /// Kills kube-apiserver (SIGKILL), as a crash would.
     ///
     /// # Errors
@@ -221,6 +261,25 @@ impl ControlPlane {
     ///
     /// If kubectl fails.
     pub fn register_node(&self, lab: &Lab, node: &Node) -> Result<()> {
+        self.register_labelled_node(lab, node, &[])
+    }
+
+    /// [`register_node`](Self::register_node) with extra labels, such as
+    /// `topology.kubernetes.io/zone`, which a kubelet takes from its cloud provider or flags.
+    ///
+    /// # Errors
+    ///
+    /// If kubectl fails.
+    pub fn register_labelled_node(
+        &self,
+        lab: &Lab,
+        node: &Node,
+        labels: &[(&str, &str)],
+    ) -> Result<()> {
+        let extra: String = labels
+            .iter()
+            .map(|(key, value)| format!("    {key}: {value:?}\n"))
+            .collect();
         self.kubectl_apply(
             lab,
             &format!(
@@ -230,7 +289,7 @@ metadata:
   name: {name}
   labels:
     kubernetes.io/hostname: {name}
-spec:
+{extra}spec:
   podCIDR: {cidr}
   podCIDRs: [{cidr}]
 ",
@@ -364,16 +423,7 @@ spec:
         .into_iter()
         .flatten()
         {
-            let log = process.log();
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
-            text.push_str(&format!(
-                "--- {} (last lines)\n",
-                process.log_path().display()
-            ));
-            for line in tail.into_iter().rev() {
-                text.push_str(line);
-                text.push('\n');
-            }
+            text.push_str(&process.log_tail(40));
         }
         text
     }

@@ -97,14 +97,7 @@ impl DemoCluster {
         let mut lab = Lab::new(tag)?;
         let control_plane = lab.add_host("cp", CONTROL_PLANE)?;
         let external = lab.add_host("ext", EXTERNAL_CLIENT)?;
-        let mut nodes = Vec::new();
-        for n in 1..=2 {
-            nodes.push(lab.add_node(
-                &format!("node-{n}"),
-                addresses::node_ip(n),
-                addresses::pod_cidr(n),
-            )?);
-        }
+        let nodes = lab.add_nodes(2)?;
         let mut web = Vec::new();
         for (name, node, host, ready) in [
             ("web-a", 0, 2, true),

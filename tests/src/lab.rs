@@ -219,6 +219,19 @@ impl Process {
         std::fs::read_to_string(&self.log_path)
             .unwrap_or_else(|e| format!("(cannot read {}: {e})", self.log_path.display()))
     }
+
+    /// The last `lines` lines of the log under a `--- <path>` heading, for failure messages.
+    #[must_use]
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let tail: Vec<&str> = log.lines().rev().take(lines).collect();
+        let mut text = format!("--- {} (last lines)\n", self.log_path.display());
+        for line in tail.into_iter().rev() {
+            text.push_str(line);
+            text.push('\n');
+        }
+        text
+    }
 }
 
 impl HasNamespace for Process {
@@ -329,6 +342,25 @@ impl Lab {
             ip: lan_ip,
             ip6: lan_ip6(lan_ip),
         })
+    }
+
+    /// Adds `count` nodes `node-1`, `node-2`, … at their addresses of the test block
+    /// ([`addresses::node_ip`](crate::addresses::node_ip) and
+    /// [`addresses::pod_cidr`](crate::addresses::pod_cidr)), in that order.
+    ///
+    /// # Errors
+    ///
+    /// As [`Lab::add_node`].
+    pub fn add_nodes(&mut self, count: u8) -> Result<Vec<Node>> {
+        (1..=count)
+            .map(|n| {
+                self.add_node(
+                    &format!("node-{n}"),
+                    crate::addresses::node_ip(n),
+                    crate::addresses::pod_cidr(n),
+                )
+            })
+            .collect()
     }
 
     /// Adds a node at `lan_ip/24` whose pods are addressed from `pod_cidr`.

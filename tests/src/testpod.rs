@@ -1,6 +1,6 @@
 //! Driving `sp-testpod` in the lab: start servers that answer with their name, and count who answers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddrV4;
 use std::time::Duration;
 
@@ -134,6 +134,29 @@ pub fn hit_sctp(
         &address,
         &["sctp-hit", "--address", &address, "--count", &count],
     )
+}
+
+/// Makes `count` requests to `url` from `ns`, as [`hit`], and checks that every one was answered
+/// and that the servers that answered are exactly `expected`.
+///
+/// # Errors
+///
+/// As [`hit`]; and when a request failed or the set of servers that answered is not `expected`.
+pub fn expect_answers(
+    lab: &Lab,
+    ns: &(impl HasNamespace + ?Sized),
+    url: &str,
+    count: u32,
+    expected: &BTreeSet<&str>,
+) -> Result<()> {
+    let report = hit(lab, ns, url, count)?;
+    let answered: BTreeSet<&str> = report.answers.keys().map(String::as_str).collect();
+    ensure!(
+        report.failures == 0 && answered == *expected,
+        "from {} to {url}: expected exactly {expected:?}, got {report:?}",
+        ns.ns_name()
+    );
+    Ok(())
 }
 
 /// Starts `sp-testpod serve --udp` in `ns`, answering every datagram on `[::]:port` (both IP

@@ -9,9 +9,9 @@ use splitproxy_dataplane::{Protocol, iptables::chain_names};
 use splitproxy_e2e::{
     addresses::{self, CONTROL_PLANE, EXTERNAL_CLIENT},
     control_plane::{Binaries, ControlPlane},
-    eventually, hit,
+    eventually, expect_answers, hit,
     lab::{HasNamespace, Lab, Node, Pod, Process},
-    load_report, serve, start_load, workspace_binary,
+    load_report, serve, start_load,
 };
 use std::{collections::BTreeSet, path::Path, time::Duration};
 
@@ -48,13 +48,7 @@ impl Cluster {
             targets.push((&self.external, format!("http://{}:{NODE_PORT}/", node.ip())));
         }
         for (from, url) in targets {
-            let report = hit(&self.lab, from, &url, REQUESTS)?;
-            let answered: BTreeSet<&str> = report.answers.keys().map(String::as_str).collect();
-            ensure!(
-                report.failures == 0 && answered == wanted,
-                "from {} to {url}: expected exactly {wanted:?}, got {report:?}",
-                from.ns_name()
-            );
+            expect_answers(&self.lab, from, &url, REQUESTS, &wanted)?;
         }
         Ok(())
     }
@@ -66,13 +60,7 @@ impl Cluster {
     fn logs(&self) -> String {
         let mut text = self.control_plane.logs();
         for process in self.controller.iter().chain(&self.agents) {
-            let log = process.log();
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            text.push_str(&format!("--- {}\n", process.log_path().display()));
-            for line in tail.into_iter().rev() {
-                text.push_str(line);
-                text.push('\n');
-            }
+            text.push_str(&process.log_tail(30));
         }
         text
     }
@@ -105,14 +93,7 @@ fn services_from_a_real_api_server_reach_ready_pods_and_survive_its_restart() ->
     let mut lab = Lab::new("cp")?;
     let cp_host = lab.add_host("cp", CONTROL_PLANE)?;
     let external = lab.add_host("ext", EXTERNAL_CLIENT)?;
-    let mut nodes = Vec::new();
-    for n in 1..=2 {
-        nodes.push(lab.add_node(
-            &format!("node-{n}"),
-            addresses::node_ip(n),
-            addresses::pod_cidr(n),
-        )?);
-    }
+    let nodes = lab.add_nodes(2)?;
     let control_plane = ControlPlane::start(&mut lab, &cp_host, binaries)?;
 
     // The controller runs as its own ServiceAccount, with exactly the deploy/ RBAC.
@@ -189,16 +170,7 @@ spec:
         ),
     )?;
 
-    let controller = lab.spawn(
-        &cp_host,
-        workspace_binary("splitproxy-controller")?,
-        &[
-            "--kubeconfig",
-            &kubeconfig.to_string_lossy(),
-            "--listen",
-            &format!("{CONTROL_PLANE}:10660"),
-        ],
-    )?;
+    let controller = control_plane.start_controller(&mut lab, &kubeconfig)?;
     let mut cluster = Cluster {
         lab,
         control_plane,
@@ -214,17 +186,8 @@ spec:
         Ok(())
     })?;
     let watches_without_agents = cluster.watches()?;
-    for node in cluster.nodes.clone() {
-        let agent = cluster.lab.spawn(
-            &node,
-            workspace_binary("splitproxy-agent")?,
-            &[
-                "--controller",
-                &format!("http://{CONTROL_PLANE}:10660"),
-                "--hostname-override",
-                node.name(),
-            ],
-        )?;
+    for node in &cluster.nodes {
+        let agent = cluster.control_plane.start_agent(&mut cluster.lab, node)?;
         cluster.agents.push(agent);
     }
 

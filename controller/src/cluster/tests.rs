@@ -356,3 +356,77 @@ endpoints: [{addresses: ['fd00:10:244:2::9']}]
     );
     assert_eq!(addresses(&six), [("fd00:10:244:2::9".to_owned(), 80)]);
 }
+
+const ZONED: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: demo}
+spec:
+  clusterIP: 10.96.0.10
+  trafficDistribution: PreferSameNode
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.1.2]
+  nodeName: node-1
+  zone: zone-a
+  hints:
+    forZones: [{name: zone-a}]
+    forNodes: [{name: node-1}]
+- addresses: [10.244.2.2]
+  nodeName: node-2
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-1
+  labels: {topology.kubernetes.io/zone: zone-a}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-2}
+"#;
+
+#[test]
+fn endpoint_hints_and_node_zones_are_carried_into_the_state() {
+    let state = ClusterState::build(&objects(ZONED), &ServiceSelector::default());
+    let hints: Vec<_> = state.endpoints[&web_key()].ports[0]
+        .endpoints
+        .iter()
+        .map(|b| (b.endpoint.address.as_str(), b.hints.clone()))
+        .collect();
+    assert_eq!(
+        hints,
+        [
+            (
+                "10.244.1.2",
+                Hints {
+                    for_zones: ["zone-a".to_owned()].into(),
+                    for_nodes: ["node-1".to_owned()].into(),
+                }
+            ),
+            ("10.244.2.2", Hints::default()),
+        ]
+    );
+    assert_eq!(
+        state.nodes,
+        [
+            (
+                "node-1".to_owned(),
+                NodeTopology {
+                    zone: "zone-a".into()
+                }
+            ),
+            ("node-2".to_owned(), NodeTopology::default()),
+        ]
+        .into()
+    );
+}

@@ -1,5 +1,8 @@
 use super::*;
-use crate::cluster::{Backend, PortBackends, ServiceBackends};
+use crate::{
+    cluster::{PortBackends, ServiceBackends},
+    testing::ready_backend,
+};
 use splitproxy_proto::v1alpha1::{
     node_view_service_client::NodeViewServiceClient,
     node_view_service_server::NodeViewServiceServer,
@@ -38,19 +41,7 @@ fn cluster(services: usize, endpoint_host: u8) -> ClusterState {
                 ports: vec![PortBackends {
                     port_name: String::new(),
                     protocol: pb::Protocol::Tcp,
-                    endpoints: vec![Backend {
-                        endpoint: pb::Endpoint {
-                            address: format!("10.244.1.{endpoint_host}"),
-                            port: 8080,
-                            conditions: Some(pb::EndpointConditions {
-                                ready: true,
-                                serving: true,
-                                terminating: false,
-                            }),
-                            is_local: false,
-                        },
-                        node_name: "node-1".into(),
-                    }],
+                    endpoints: vec![ready_backend(format!("10.244.1.{endpoint_host}"), "node-1")],
                 }],
                 last_change_trigger_time: None,
             },

@@ -1,5 +1,8 @@
 use super::*;
-use crate::cluster::{Backend, PortBackends, ServiceBackends};
+use crate::{
+    cluster::{NodeTopology, PortBackends, ServiceBackends},
+    testing::ready_backend,
+};
 
 fn cluster(endpoints: &[(&str, &str)]) -> ClusterState {
     let key: Key = ("demo".into(), "web".into());
@@ -21,19 +24,7 @@ fn cluster(endpoints: &[(&str, &str)]) -> ClusterState {
     if !endpoints.is_empty() {
         let backends = endpoints
             .iter()
-            .map(|(address, node)| Backend {
-                endpoint: pb::Endpoint {
-                    address: (*address).into(),
-                    port: 8080,
-                    conditions: Some(pb::EndpointConditions {
-                        ready: true,
-                        serving: true,
-                        terminating: false,
-                    }),
-                    is_local: false,
-                },
-                node_name: (*node).into(),
-            })
+            .map(|(address, node)| ready_backend(*address, node))
             .collect();
         state.endpoints.insert(
             key,
@@ -50,13 +41,18 @@ fn cluster(endpoints: &[(&str, &str)]) -> ClusterState {
     state
 }
 
-fn local_flags(view: &NodeView) -> Vec<(String, bool)> {
+/// Each endpoint's address and one of its flags.
+fn flags(view: &NodeView, flag: impl Fn(&pb::Endpoint) -> bool) -> Vec<(String, bool)> {
     view.endpoints
         .values()
         .flat_map(|e| &e.ports)
         .flat_map(|p| &p.endpoints)
-        .map(|e| (e.address.clone(), e.is_local))
+        .map(|e| (e.address.clone(), flag(e)))
         .collect()
+}
+
+fn local_flags(view: &NodeView) -> Vec<(String, bool)> {
+    flags(view, |e| e.is_local)
 }
 
 #[test]
@@ -114,4 +110,92 @@ fn a_removed_service_does_not_list_its_endpoints_again() {
     let delta = Delta::between(&before, &NodeView::default());
     assert_eq!(delta.removed_services.len(), 1);
     assert!(delta.removed_endpoints.is_empty());
+}
+
+/// `cluster` with each endpoint zone-hinted as the EndpointSlice controller does for
+/// `PreferSameZone` (the zone of its node), and the nodes' zone labels.
+fn zoned(endpoints: &[(&str, &str, &str)], nodes: &[(&str, &str)]) -> ClusterState {
+    let pairs: Vec<(&str, &str)> = endpoints.iter().map(|(a, n, _)| (*a, *n)).collect();
+    let mut state = cluster(&pairs);
+    for backends in state.endpoints.values_mut() {
+        for port in &mut backends.ports {
+            for (backend, (_, _, zone)) in port.endpoints.iter_mut().zip(endpoints) {
+                backend.hints.for_zones.insert((*zone).into());
+            }
+        }
+    }
+    state.nodes = nodes
+        .iter()
+        .map(|(node, zone)| {
+            (
+                (*node).into(),
+                NodeTopology {
+                    zone: (*zone).into(),
+                },
+            )
+        })
+        .collect();
+    state
+}
+
+fn excluded_flags(view: &NodeView) -> Vec<(String, bool)> {
+    flags(view, |e| e.topology_excluded)
+}
+
+#[test]
+fn zone_hints_exclude_other_zones_endpoints_from_the_node_view_only() {
+    let state = zoned(
+        &[("10.244.1.2", "node-1", "a"), ("10.244.2.2", "node-2", "b")],
+        &[("node-1", "a"), ("node-2", "b"), ("node-3", "a")],
+    );
+    let on_node_3 = NodeView::for_node(&state, "node-3");
+    assert_eq!(
+        excluded_flags(&on_node_3),
+        [("10.244.1.2".into(), false), ("10.244.2.2".into(), true)]
+    );
+    let on_node_2 = NodeView::for_node(&state, "node-2");
+    assert_eq!(
+        excluded_flags(&on_node_2),
+        [("10.244.1.2".into(), true), ("10.244.2.2".into(), false)]
+    );
+    // Locality is independent: node-2's own endpoint stays local, the excluded one is not.
+    assert_eq!(
+        local_flags(&on_node_2),
+        [("10.244.1.2".into(), false), ("10.244.2.2".into(), true)]
+    );
+}
+
+#[test]
+fn a_node_zone_label_change_changes_its_view() {
+    let endpoints = [("10.244.1.2", "node-1", "a"), ("10.244.2.2", "node-2", "b")];
+    let before = NodeView::for_node(
+        &zoned(
+            &endpoints,
+            &[("node-1", "a"), ("node-2", "b"), ("node-3", "a")],
+        ),
+        "node-3",
+    );
+    let after = NodeView::for_node(
+        &zoned(
+            &endpoints,
+            &[("node-1", "a"), ("node-2", "b"), ("node-3", "b")],
+        ),
+        "node-3",
+    );
+    let delta = Delta::between(&before, &after);
+    assert_eq!(delta.upserted_endpoints.len(), 1);
+    assert_eq!(
+        excluded_flags(&after),
+        [("10.244.1.2".into(), true), ("10.244.2.2".into(), false)]
+    );
+    // Losing the label entirely: hints are ignored, nothing is excluded.
+    let unlabelled = NodeView::for_node(
+        &zoned(&endpoints, &[("node-1", "a"), ("node-2", "b")]),
+        "node-3",
+    );
+    assert!(
+        excluded_flags(&unlabelled)
+            .iter()
+            .all(|(_, excluded)| !excluded)
+    );
 }

@@ -35,6 +35,7 @@ fn ready(ip: &str) -> Endpoint {
         serving: true,
         terminating: false,
         is_local: false,
+        topology_excluded: false,
     }
 }
 
@@ -108,6 +109,20 @@ fn removed_endpoint_loses_its_flows_to_external_and_load_balancer_ips() {
             "conntrack -D -p udp --orig-dst 192.168.99.1 --dport 53 --reply-src 10.180.0.1",
         ]
     );
+}
+
+#[test]
+fn endpoint_that_topology_hints_steer_away_from_keeps_its_flows() {
+    // It still serves the nodes of its own zone; only new connections from here go elsewhere.
+    let before = dns(
+        Protocol::Udp,
+        Some(30053),
+        vec![ready("10.180.0.1"), ready("10.180.2.1")],
+    );
+    let mut after = before.clone();
+    after.ports[0].endpoints[1].topology_excluded = true;
+
+    assert!(v4(&state(vec![before]), &state(vec![after])).is_empty());
 }
 
 #[test]

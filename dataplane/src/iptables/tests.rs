@@ -42,6 +42,7 @@ fn ready(ip: &str, port: u16) -> Endpoint {
         serving: true,
         terminating: false,
         is_local: false,
+        topology_excluded: false,
     }
 }
 
@@ -546,10 +547,9 @@ COMMIT
     assert_eq!(nat.rule_count, 14);
 }
 
-#[test]
-fn external_traffic_policy_local_keeps_external_clients_on_local_endpoints() {
-    let state = state(vec![Service {
-        external_ips: ips(&["192.168.99.22"]),
+/// `ns2/svc2`: `externalTrafficPolicy: Local`, port `p80` (80/TCP) with node port 3002.
+fn external_local_svc2(endpoints: Vec<Endpoint>) -> Service {
+    Service {
         external_traffic_policy: TrafficPolicy::Local,
         ..service(
             "ns2",
@@ -560,9 +560,17 @@ fn external_traffic_policy_local_keeps_external_clients_on_local_endpoints() {
                 Protocol::Tcp,
                 80,
                 Some(3002),
-                vec![local("10.180.0.2", 80), ready("10.180.2.1", 80)],
+                endpoints,
             )],
         )
+    }
+}
+
+#[test]
+fn external_traffic_policy_local_keeps_external_clients_on_local_endpoints() {
+    let state = state(vec![Service {
+        external_ips: ips(&["192.168.99.22"]),
+        ..external_local_svc2(vec![local("10.180.0.2", 80), ready("10.180.2.1", 80)])
     }]);
 
     let nat = render_nat(&state, &RenderOptions::default(), &BTreeSet::new());
@@ -605,6 +613,43 @@ COMMIT
     );
     assert_eq!(nat.rule_count, 18);
     assert!(!render_filter(&state).payload.contains("ns2/svc2"));
+}
+
+#[test]
+fn topology_excluded_endpoints_get_no_cluster_rule_but_local_ones_keep_their_local_rule() {
+    let elsewhere = |endpoint: Endpoint| Endpoint {
+        topology_excluded: true,
+        ..endpoint
+    };
+    let state = state(vec![external_local_svc2(vec![
+        elsewhere(local("10.180.0.2", 80)),
+        ready("10.180.2.1", 80),
+        elsewhere(ready("10.180.2.2", 80)),
+    ])]);
+
+    let nat = render_nat(&state, &RenderOptions::default(), &BTreeSet::new());
+
+    // KUBE-SVC holds only the endpoint the hints leave to this node; KUBE-SVL still holds the
+    // local one; the endpoint sent elsewhere that is not local gets no chain at all. The rest of
+    // the payload is the eTP Local layout of the test above.
+    let endpoint_rules: Vec<&str> = nat
+        .payload
+        .lines()
+        .filter(|line| {
+            ["-A KUBE-SVC-", "-A KUBE-SVL-", ":KUBE-SEP-"]
+                .iter()
+                .any(|prefix| line.starts_with(prefix))
+        })
+        .collect();
+    assert_rules_eq(
+        &endpoint_rules.join("\n"),
+        r#":KUBE-SEP-CL5TTP32JTFBIVMN - [0:0]
+:KUBE-SEP-RS4RBKLTHTF2IUXJ - [0:0]
+-A KUBE-SVC-GNZBNJ2PO5MGZ6GT -m comment --comment "ns2/svc2:p80 -> 10.180.2.1:80" -j KUBE-SEP-CL5TTP32JTFBIVMN
+-A KUBE-SVL-GNZBNJ2PO5MGZ6GT -m comment --comment "ns2/svc2:p80 -> 10.180.0.2:80" -j KUBE-SEP-RS4RBKLTHTF2IUXJ"#,
+    );
+    assert!(!nat.payload.contains("10.180.2.2"));
+    assert_eq!(nat.rule_count, 16);
 }
 
 #[test]

@@ -18,6 +18,7 @@ fn endpoint(ip: &str, ready: bool, terminating: bool, local: bool) -> Endpoint {
         serving: ready || terminating,
         terminating,
         is_local: local,
+        topology_excluded: false,
     }
 }
 
@@ -380,6 +381,7 @@ fn web_revision(number: u64, port: u16, local: bool) -> crate::state::Revision {
                             terminating: false,
                         }),
                         is_local: local,
+                        topology_excluded: false,
                     }],
                 }],
                 last_change_trigger_time: None,

@@ -48,6 +48,7 @@ fn endpoint(address: &str, port: u32, is_local: bool) -> pb::Endpoint {
             terminating: false,
         }),
         is_local,
+        topology_excluded: false,
     }
 }
 
@@ -442,6 +443,7 @@ fn to_proxy_state_joins_endpoints_to_ports_by_port_name_and_protocol() {
         serving: true,
         terminating: false,
         is_local,
+        topology_excluded: false,
     };
     let expected = dp::Service {
         key: dp::ServiceKey {
@@ -485,12 +487,16 @@ fn to_proxy_state_joins_endpoints_to_ports_by_port_name_and_protocol() {
 }
 
 #[test]
-fn to_proxy_state_carries_endpoint_conditions() {
+fn to_proxy_state_carries_endpoint_conditions_and_topology() {
     let (svc, mut eps) = web("a", 2);
     eps.ports[0].endpoints[0].conditions = Some(pb::EndpointConditions {
         ready: false,
         serving: true,
         terminating: true,
+    });
+    eps.ports[0].endpoints.push(pb::Endpoint {
+        topology_excluded: true,
+        ..endpoint("10.244.2.2", 8080, false)
     });
     let state = NodeState {
         epoch: Some("e1".into()),
@@ -507,6 +513,14 @@ fn to_proxy_state_carries_endpoint_conditions() {
         .ports[0]
         .endpoints[0];
     assert!(!ep.ready && ep.serving && ep.terminating && ep.is_local);
+    assert!(!ep.topology_excluded);
+    let excluded: Vec<bool> = proxy
+        .services
+        .values()
+        .flat_map(|s| &s.ports[0].endpoints)
+        .map(|e| e.topology_excluded)
+        .collect();
+    assert_eq!(excluded, [false, true]);
 }
 
 /// A Service and, if it has any, its endpoint set.
