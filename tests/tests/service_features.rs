@@ -64,36 +64,102 @@ fn external_ips_reach_the_ready_endpoints_with_masquerade() -> Result<()> {
 }
 
 #[test]
-fn client_ip_affinity_keeps_a_client_on_one_endpoint() -> Result<()> {
+fn client_ip_affinity_keeps_a_client_on_one_endpoint_and_can_be_switched_off_and_on() -> Result<()>
+{
     let cluster = DemoCluster::start("affinity")?;
-    cluster.write_manifest(
-        "sticky.yaml",
-        &service_yaml(
-            &cluster,
-            "web-sticky",
-            "  clusterIP: 10.96.0.22\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}",
-            None,
-        ),
-    )?;
+    let sticky = "  clusterIP: 10.96.0.22\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}";
+    let loose = "  clusterIP: 10.96.0.22\n  sessionAffinity: None";
     let url = "http://10.96.0.22:80/";
     let ready: BTreeSet<String> = cluster.ready_web().into_iter().collect();
-    for client in &cluster.clients {
-        eventually(
-            "every request of one client reaches one pod",
-            CONVERGE,
-            || {
-                let report = hit(&cluster.lab, client, url, 30)?;
-                ensure!(
-                    report.failures == 0
-                        && report.answers.len() == 1
-                        && report.answers.keys().all(|pod| ready.contains(pod)),
-                    "from {}: expected 30 answers from one ready pod, got {report:?}",
-                    client.ns_name()
-                );
-                Ok(())
-            },
+    // Sticky: every client gets one pod. Off: each client's requests spread over every ready
+    // pod again (60 requests over two pods all landing on one: 2^-59). On again: sticky again.
+    for (spec, answering) in [(sticky, Some(1)), (loose, None), (sticky, Some(1))] {
+        cluster.write_manifest(
+            "sticky.yaml",
+            &service_yaml(&cluster, "web-sticky", spec, None),
+        )?;
+        let wanted = answering.unwrap_or(ready.len());
+        for client in &cluster.clients {
+            eventually(
+                &format!("each client's requests reach {wanted} pod(s)"),
+                CONVERGE,
+                || {
+                    let report = hit(&cluster.lab, client, url, 60)?;
+                    ensure!(
+                        report.failures == 0
+                            && report.answers.len() == wanted
+                            && report.answers.keys().all(|pod| ready.contains(pod)),
+                        "from {}: expected 60 answers from {wanted} ready pod(s), got {report:?}",
+                        client.ns_name()
+                    );
+                    Ok(())
+                },
+            )
+            .with_context(|| cluster.logs())?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_multi_port_service_reaches_each_port_on_the_endpoints_its_slices_list_for_it() -> Result<()> {
+    let mut cluster = DemoCluster::start("multiport")?;
+    // web-c also serves on 9090; its slice lists both ports, web-a's slice only http.
+    let web_c = cluster.web_pod("web-c")?.clone();
+    splitproxy_e2e::serve(&mut cluster.lab, &web_c, "web-c-alt", 9090)?;
+    let (a, c) = (
+        cluster.web_pod("web-a")?.clone(),
+        cluster.web_pod("web-c")?.clone(),
+    );
+    let slice = |name: &str, ports: &str, pod: &splitproxy_e2e::lab::Pod| {
+        format!(
+            "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}
+  namespace: demo
+  labels: {{kubernetes.io/service-name: web-multi}}
+addressType: IPv4
+ports: [{ports}]
+endpoints:
+- addresses: [{}]
+  conditions: {{ready: true}}
+  nodeName: {}
+---
+",
+            pod.ip(),
+            pod.node_name()
         )
-        .with_context(|| cluster.logs())?;
+    };
+    let yaml = "apiVersion: v1
+kind: Service
+metadata: {name: web-multi, namespace: demo}
+spec:
+  clusterIP: 10.96.0.24
+  ports:
+  - {name: http, protocol: TCP, port: 80, targetPort: web}
+  - {name: alt, protocol: TCP, port: 81, targetPort: alt}
+---
+"
+    .to_owned()
+        + &slice("web-multi-a", "{name: http, protocol: TCP, port: 8080}", &a)
+        + &slice(
+            "web-multi-c",
+            "{name: http, protocol: TCP, port: 8080}, {name: alt, protocol: TCP, port: 9090}",
+            &c,
+        );
+    cluster.write_manifest("multi.yaml", &yaml)?;
+    for (port, expected) in [
+        (80, BTreeSet::from(["web-a", "web-c"])),
+        (81, BTreeSet::from(["web-c-alt"])),
+    ] {
+        let url = format!("http://10.96.0.24:{port}/");
+        for client in &cluster.clients {
+            eventually(&format!("{url} answered by {expected:?}"), CONVERGE, || {
+                splitproxy_e2e::expect_answers(&cluster.lab, client, &url, 40, &expected)
+            })
+            .with_context(|| cluster.logs())?;
+        }
     }
     Ok(())
 }

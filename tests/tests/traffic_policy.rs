@@ -66,3 +66,24 @@ fn terminating_endpoints_serve_until_a_ready_one_exists() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn local_policy_falls_back_to_the_nodes_own_terminating_endpoints() -> Result<()> {
+    let cluster = DemoCluster::start("localterm")?;
+    let url = "http://10.96.0.61:80/";
+    // node-1's only endpoint (web-a) is terminating but serving; node-2 has a ready one (web-b)
+    // next to a terminating one (web-c).
+    let serving = Conditions::TERMINATING_SERVING;
+    cluster.write_web_service(
+        "web-local-draining",
+        "  clusterIP: 10.96.0.61\n  internalTrafficPolicy: Local",
+        "",
+        &[
+            ("web-a", serving),
+            ("web-b", Conditions::ready(true)),
+            ("web-c", serving),
+        ],
+    )?;
+    cluster.expect_answers(&cluster.clients[0], url, &["web-a"], REQUESTS)?;
+    cluster.expect_answers(&cluster.clients[1], url, &["web-b"], REQUESTS)
+}
