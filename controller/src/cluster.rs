@@ -429,6 +429,15 @@ fn merge_slices<'a>(
                     continue;
                 };
                 if address.parse::<IpAddr>().is_err() {
+                    tracing::warn!(
+                        slice = %format!(
+                            "{}/{}",
+                            meta.namespace.as_deref().unwrap_or("default"),
+                            meta.name.as_deref().unwrap_or_default()
+                        ),
+                        %address,
+                        "ignoring endpoint with an invalid address"
+                    );
                     continue;
                 }
                 let conditions = conditions(ep.conditions.as_ref());
