@@ -9,6 +9,7 @@ use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use splitproxy_e2e::{
     addresses::CONTROL_PLANE,
+    agent_metric, await_reconnects,
     control_plane::{Binaries, ControlPlane},
     eventually,
     lab::{Lab, Node, Process},
@@ -39,26 +40,22 @@ impl Cluster {
     /// GETs `path` on the node's health address: the status code and the JSON body.
     fn health(&self, node: &Node, path: &str) -> Result<(u16, Value)> {
         let url = format!("http://127.0.0.1:10256{path}");
-        let out = self
-            .lab
-            .exec_ok(node, "curl", &["-s", "-m", "5", "-w", "\n%{http_code}", &url])?;
-        let (body, code) = out.rsplit_once('\n').context("curl printed no status code")?;
+        let out = self.lab.exec_ok(
+            node,
+            "curl",
+            &["-s", "-m", "5", "-w", "\n%{http_code}", &url],
+        )?;
+        let (body, code) = out
+            .rsplit_once('\n')
+            .context("curl printed no status code")?;
         let body = serde_json::from_str(body).with_context(|| format!("{path} said {body:?}"))?;
         Ok((code.trim().parse()?, body))
     }
 
     /// `kubeproxy_proxy_healthz_total{code}` on the node's metrics address.
-    fn healthz_total(&self, node: &Node, code: u16) -> Result<u64> {
-        let metrics = self.lab.exec_ok(
-            node,
-            "curl",
-            &["-sf", "-m", "5", "http://127.0.0.1:10249/metrics"],
-        )?;
-        let prefix = format!("kubeproxy_proxy_healthz_total{{code=\"{code}\"}} ");
-        Ok(metrics
-            .lines()
-            .find_map(|line| line.strip_prefix(&prefix))
-            .map_or(Ok(0), str::parse)?)
+    fn healthz_total(&self, node: &Node, code: u16) -> Result<f64> {
+        let series = format!("kubeproxy_proxy_healthz_total{{code=\"{code}\"}}");
+        agent_metric(&self.lab, node, &series)
     }
 
     /// Waits until the node's `/healthz` answers `code` with `nodeEligible` as given, checking
@@ -137,7 +134,7 @@ fn a_node_tainted_for_removal_or_being_deleted_fails_healthz_but_stays_live() ->
     ensure!(code == 503, "node-1's /healthz answered {code}");
     let after = cluster.healthz_total(&cluster.nodes[0], 503)?;
     ensure!(
-        after == before + 1,
+        after == before + 1.0,
         "kubeproxy_proxy_healthz_total{{code=\"503\"}} went from {before} to {after}"
     );
 
@@ -145,23 +142,7 @@ fn a_node_tainted_for_removal_or_being_deleted_fails_healthz_but_stays_live() ->
     if let Some(controller) = cluster.controller.take() {
         cluster.lab.kill(&controller)?;
     }
-    for node in &cluster.nodes {
-        eventually("the agent notices the controller is gone", CONVERGE, || {
-            let metrics = cluster.lab.exec_ok(
-                node,
-                "curl",
-                &["-sf", "-m", "5", "http://127.0.0.1:10249/metrics"],
-            )?;
-            ensure!(
-                metrics
-                    .lines()
-                    .any(|l| l.starts_with("splitproxy_agent_reconnects_total ")
-                        && !l.ends_with(" 0")),
-                "no reconnect counted yet"
-            );
-            Ok(())
-        })?;
-    }
+    await_reconnects(&cluster.lab, &cluster.nodes, CONVERGE)?;
     cluster.expect_node_1_drained("eligibility is kept while the controller is away")?;
     let controller = cluster
         .control_plane
