@@ -1,6 +1,7 @@
 //! The cluster as the controller sees it: Kubernetes objects filtered and converted the way
 //! kube-proxy does, independent of any one node.
 
+use crate::eligibility::Ineligible;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
@@ -100,10 +101,30 @@ pub struct ClusterState {
     pub services: BTreeMap<Key, pb::Service>,
     /// The merged endpoints of each Service that has any usable endpoint.
     pub endpoints: BTreeMap<Key, ServiceBackends>,
-    /// The known Nodes by name, with what topology hints are matched against.
-    pub nodes: BTreeMap<String, NodeTopology>,
+    /// The known Nodes by name, with what the views need of each.
+    pub nodes: BTreeMap<String, NodeInfo>,
     /// The Services left out because they cannot be programmed (each logged once).
     pub invalid_services: BTreeSet<Key>,
+}
+
+/// What the views need of one Node: where it is, and whether it may take new connections.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// What topology hints are matched against.
+    pub topology: NodeTopology,
+    /// Why the node is not eligible for new connections; `None` while it is.
+    pub ineligible: Option<Ineligible>,
+}
+
+impl NodeInfo {
+    /// What the views need of `node`.
+    #[must_use]
+    pub fn of(node: &Node) -> Self {
+        Self {
+            topology: NodeTopology::of(node),
+            ineligible: Ineligible::of(node),
+        }
+    }
 }
 
 /// What of a Node topology hints are matched against.
@@ -220,7 +241,7 @@ impl ClusterState {
             nodes: objects
                 .nodes
                 .iter()
-                .map(|(name, node)| (name.clone(), NodeTopology::of(node)))
+                .map(|(name, node)| (name.clone(), NodeInfo::of(node)))
                 .collect(),
             invalid_services,
         }

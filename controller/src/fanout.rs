@@ -255,7 +255,8 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 }
 
 /// Splits one revision into messages of at most [`MAX_RESOURCES_PER_MESSAGE`] resources; the last
-/// carries `complete`. Removals go first so an agent never holds a removed and an added copy.
+/// carries `complete`, the first the node's status when it changed. Removals go first so an agent
+/// never holds a removed and an added copy.
 fn split(delta: Delta, epoch: &str, revision: u64, reset: bool) -> Vec<pb::SyncResponse> {
     let header = || pb::SyncResponse {
         controller_epoch: epoch.to_owned(),
@@ -275,7 +276,10 @@ fn split(delta: Delta, epoch: &str, revision: u64, reset: bool) -> Vec<pb::SyncR
         )
         .chain(delta.upserted_services.into_iter().map(Item::Service))
         .chain(delta.upserted_endpoints.into_iter().map(Item::Endpoints));
-    let mut messages = vec![header()];
+    let mut messages = vec![pb::SyncResponse {
+        node_status: delta.node_status,
+        ..header()
+    }];
     for (i, item) in items.enumerate() {
         if i > 0 && i % MAX_RESOURCES_PER_MESSAGE == 0 {
             messages.push(header());

@@ -2,6 +2,7 @@
 //! deltas to the node agents.
 
 pub mod cluster;
+pub mod eligibility;
 pub mod fanout;
 pub mod kubernetes;
 pub mod manifests;

@@ -2,26 +2,33 @@
 
 use crate::{
     cluster::{ClusterState, Key},
+    eligibility,
     topology::Place,
 };
 use splitproxy_proto::v1alpha1 as pb;
 use std::collections::BTreeMap;
 
-/// What one node must program: the Services and, for those that have any, their endpoints.
+/// What one node must program: the Services and, for those that have any, their endpoints; and
+/// the node's own status.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeView {
     /// Services by key.
     pub services: BTreeMap<Key, pb::Service>,
     /// Endpoints by Service key, with locality set for this node.
     pub endpoints: BTreeMap<Key, pb::ServiceEndpoints>,
+    /// The node's status; set in every computed view, `None` only in the empty view a reset is
+    /// computed from, so a reset always carries it.
+    pub status: Option<pb::NodeStatus>,
 }
 
 impl NodeView {
-    /// Computes `node`'s view of the cluster: locality, and topology hints applied per Service
-    /// port with the node's zone (see [`crate::topology`]).
+    /// Computes `node`'s view of the cluster: locality, topology hints applied per Service port
+    /// with the node's zone (see [`crate::topology`]), and the node's eligibility (see
+    /// [`crate::eligibility`]).
     #[must_use]
     pub fn for_node(cluster: &ClusterState, node: &str) -> Self {
-        let place = Place::new(node, cluster.nodes.get(node));
+        let known = cluster.nodes.get(node);
+        let place = Place::new(node, known.map(|n| &n.topology));
         let endpoints = cluster
             .endpoints
             .iter()
@@ -57,6 +64,7 @@ impl NodeView {
         Self {
             services: cluster.services.clone(),
             endpoints,
+            status: Some(eligibility::status(known)),
         }
     }
 }
@@ -72,11 +80,13 @@ pub struct Delta {
     pub upserted_endpoints: Vec<pb::ServiceEndpoints>,
     /// Endpoint sets removed while their Service stays.
     pub removed_endpoints: Vec<pb::ObjectKey>,
+    /// The node's new status; `None` when it did not change.
+    pub node_status: Option<pb::NodeStatus>,
 }
 
 impl Delta {
     /// The delta from `from` to `to`. A removed Service implies the removal of its endpoints, so
-    /// those are not listed again.
+    /// those are not listed again. The node's status is listed only when it changed.
     #[must_use]
     pub fn between(from: &NodeView, to: &NodeView) -> Self {
         let (upserted_services, removed_services) = diff_maps(&from.services, &to.services);
@@ -93,6 +103,7 @@ impl Delta {
             removed_services,
             upserted_endpoints,
             removed_endpoints,
+            node_status: to.status.clone().filter(|_| from.status != to.status),
         }
     }
 
@@ -103,6 +114,7 @@ impl Delta {
             && self.removed_services.is_empty()
             && self.upserted_endpoints.is_empty()
             && self.removed_endpoints.is_empty()
+            && self.node_status.is_none()
     }
 }
 

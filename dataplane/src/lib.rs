@@ -92,6 +92,12 @@ pub trait Dataplane: Send + 'static {
     /// The proxy mode name, as `/proxyMode` reports it (`iptables`, `ipvs`, `nftables`).
     fn mode(&self) -> &'static str;
 
+    /// The IP families the backend programs, IPv4 first, as `/healthz` lists them; IPv4 unless
+    /// the backend says otherwise.
+    fn ip_families(&self) -> Vec<IpFamily> {
+        vec![IpFamily::V4]
+    }
+
     /// Makes the kernel's rules match `state`, in one transaction where the kernel allows it.
     ///
     /// # Errors

@@ -13,6 +13,7 @@ use axum::{
     routing::get,
 };
 use prometheus_client::registry::Registry;
+use splitproxy_dataplane::IpFamily;
 use std::{
     sync::Arc,
     time::{Duration, SystemTime},
@@ -50,11 +51,18 @@ struct HealthState {
     status: Status,
     metrics: Metrics,
     timeout: Duration,
+    families: Arc<[IpFamily]>,
 }
 
-/// The router of the health address: `/healthz` and `/livez`. A revision left unapplied for longer
-/// than `timeout` makes both unhealthy.
-pub fn health_router(status: Status, metrics: Metrics, timeout: Duration) -> Router {
+/// The router of the health address: `/healthz` and `/livez`, reporting on `families` (those the
+/// dataplane programs). A revision left unapplied for longer than `timeout` makes both unhealthy;
+/// a node the controller says is not eligible fails `/healthz` only.
+pub fn health_router(
+    status: Status,
+    metrics: Metrics,
+    timeout: Duration,
+    families: &[IpFamily],
+) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/livez", get(livez))
@@ -62,6 +70,7 @@ pub fn health_router(status: Status, metrics: Metrics, timeout: Duration) -> Rou
             status,
             metrics,
             timeout,
+            families: families.into(),
         })
 }
 
@@ -73,27 +82,39 @@ async fn livez(State(state): State<HealthState>) -> impl IntoResponse {
     health_response(&state, false)
 }
 
-/// kube-proxy's body: `lastUpdated` is "now" while healthy (its compatibility rule), the last
-/// applied time otherwise. Node eligibility comes from the controller in a later version; until
-/// then the node counts as eligible.
+/// kube-proxy's answer: 200 while healthy and, for `/healthz`, the node is eligible (as the
+/// controller last said, kept while no controller answers); 503 otherwise. In the body,
+/// `lastUpdated` is "now" while healthy (kube-proxy's compatibility rule), the last applied time
+/// otherwise; `status` has one entry per IP family with its own `lastUpdated` and `healthy`.
+/// Every family takes each revision in the same step, so the entries agree.
 fn health_response(state: &HealthState, with_eligibility: bool) -> impl IntoResponse + use<> {
     let snapshot = state.status.snapshot();
     let healthy = snapshot.proxy_healthy(state.timeout);
+    let eligible = snapshot.state.eligibility.is_eligible();
     let now = SystemTime::now();
-    let last_updated = if healthy {
-        now
-    } else {
-        snapshot.applied_at.unwrap_or(SystemTime::UNIX_EPOCH)
-    };
+    let applied_at = snapshot.applied_at.unwrap_or(SystemTime::UNIX_EPOCH);
+    let last_updated = if healthy { now } else { applied_at };
+    let families: serde_json::Map<String, serde_json::Value> = state
+        .families
+        .iter()
+        .map(|family| {
+            let status = serde_json::json!({
+                "lastUpdated": rfc3339(applied_at),
+                "healthy": healthy,
+            });
+            (family.name().to_owned(), status)
+        })
+        .collect();
     let mut body = serde_json::json!({
         "lastUpdated": rfc3339(last_updated),
         "currentTime": rfc3339(now),
         "healthy": healthy,
+        "status": families,
     });
     if with_eligibility {
-        body["nodeEligible"] = serde_json::Value::Bool(true);
+        body["nodeEligible"] = serde_json::Value::Bool(eligible);
     }
-    let code = if healthy {
+    let code = if healthy && (eligible || !with_eligibility) {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

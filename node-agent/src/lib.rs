@@ -79,6 +79,7 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
     let metrics = metrics::Metrics::new(&mut registry);
     let status = status::Status::default();
     let mode = dataplane.mode();
+    let families = dataplane.ip_families();
 
     let metrics_server = axum::serve(
         metrics_listener,
@@ -90,6 +91,7 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
             status.clone(),
             metrics.clone(),
             config.sync_periods.health_timeout(),
+            &families,
         ),
     );
     let inspection_server = inspection_server(

@@ -60,7 +60,43 @@ pub struct Revision {
     pub parts: Vec<pb::SyncResponse>,
 }
 
-/// Services and endpoints by key, as last applied.
+/// Whether load balancers should keep sending the node new connections (kube-proxy's
+/// `nodeEligible`), as the controller last said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Eligibility {
+    /// The controller knows the node's Node object, which is neither being deleted nor tainted
+    /// for removal.
+    Eligible,
+    /// Not eligible, with the controller's reason.
+    Ineligible(String),
+}
+
+impl Default for Eligibility {
+    /// Not eligible until a controller says otherwise, as kube-proxy before it knows its Node.
+    fn default() -> Self {
+        Self::Ineligible("no controller has described the node".into())
+    }
+}
+
+impl Eligibility {
+    /// Whether the node is eligible.
+    #[must_use]
+    pub fn is_eligible(&self) -> bool {
+        matches!(self, Self::Eligible)
+    }
+}
+
+impl From<&pb::NodeStatus> for Eligibility {
+    fn from(status: &pb::NodeStatus) -> Self {
+        match (status.eligible, status.reason.is_empty()) {
+            (true, _) => Self::Eligible,
+            (false, false) => Self::Ineligible(status.reason.clone()),
+            (false, true) => Self::Ineligible("the controller gave no reason".into()),
+        }
+    }
+}
+
+/// Services and endpoints by key, and the node's eligibility, as last applied.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeState {
     /// The controller epoch the state came from; `None` before the first revision.
@@ -71,6 +107,9 @@ pub struct NodeState {
     pub services: BTreeMap<Key, pb::Service>,
     /// Endpoints by Service key.
     pub endpoints: BTreeMap<Key, pb::ServiceEndpoints>,
+    /// The node's eligibility: from the last revision that carried a status; not eligible after
+    /// a reset without one (protocol rule 9).
+    pub eligibility: Eligibility,
 }
 
 impl NodeState {
@@ -110,8 +149,18 @@ impl NodeState {
                 next.endpoints
                     .insert(key_of(endpoints.key.as_ref())?, endpoints.clone());
             }
+            if let Some(status) = &part.node_status {
+                next.eligibility = status.into();
+            }
         }
         Ok(next)
+    }
+
+    /// Whether `other` programs the same rules: the same Services and endpoints, whatever the
+    /// node's eligibility.
+    #[must_use]
+    pub fn same_rules(&self, other: &Self) -> bool {
+        self.services == other.services && self.endpoints == other.endpoints
     }
 
     /// Keys of the Services whose endpoints differ between `self` and `other`.

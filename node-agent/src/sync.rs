@@ -7,7 +7,7 @@ use crate::{
     health_check::HealthChecks,
     metrics::{Metrics, TableLabel},
     runner::{SyncPeriods, SyncTimer},
-    state::{NodeState, Revision},
+    state::{Eligibility, NodeState, Revision},
     status::{Snapshot, Status, SyncOutcome},
 };
 use splitproxy_dataplane::{Dataplane, ProxyState, SyncReport};
@@ -109,6 +109,24 @@ impl<D: Dataplane> Applier<D> {
     pub async fn apply(&mut self, revision: &Revision) -> Result<(), ApplyError> {
         let current = self.status.snapshot().state;
         let next = current.apply(revision)?;
+        if next.eligibility != current.eligibility {
+            match &next.eligibility {
+                Eligibility::Eligible => tracing::info!("node is eligible for new connections"),
+                Eligibility::Ineligible(reason) => {
+                    tracing::info!(%reason, "node is not eligible for new connections");
+                }
+            }
+        }
+        if !revision.reset && next.same_rules(&current) {
+            // Only the node's status changed: nothing to write, and no reason to wait for
+            // min-sync-period or to fail with the kernel (protocol rule 9).
+            self.status.update(|s| {
+                s.state = Arc::new(next);
+                s.applied_at = Some(SystemTime::now());
+                s.queued_since = None;
+            });
+            return Ok(());
+        }
         let (proxy_state, invalid) = next.to_proxy_state();
         for ((namespace, name), err) in &invalid {
             tracing::warn!(service = %format!("{namespace}/{name}"), %err, "skipping service that cannot be programmed");

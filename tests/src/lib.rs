@@ -72,3 +72,46 @@ pub fn eventually<T>(
         }
     }
 }
+
+/// The value of one series (`name` or `name{labels}`, as the exposition writes it) on the
+/// metrics address of the agent on `node` (`127.0.0.1:10249` inside the node); zero while the
+/// agent does not export it yet, as a counter family before its first label set.
+///
+/// # Errors
+///
+/// If the metrics cannot be fetched or the value does not parse.
+pub fn agent_metric(lab: &lab::Lab, node: &lab::Node, series: &str) -> Result<f64> {
+    let metrics = lab.exec_ok(
+        node,
+        "curl",
+        &["-sf", "-m", "5", "http://127.0.0.1:10249/metrics"],
+    )?;
+    let prefix = format!("{series} ");
+    let value = metrics.lines().find_map(|line| line.strip_prefix(&prefix));
+    value.map_or(Ok(0.0), |v| {
+        v.trim()
+            .parse()
+            .with_context(|| format!("{series} has the value {v:?}"))
+    })
+}
+
+/// Waits until the agent on each of `nodes` has counted a reconnect, i.e. has noticed that its
+/// controller is gone.
+///
+/// # Errors
+///
+/// If an agent has counted none within `timeout`.
+pub fn await_reconnects(lab: &lab::Lab, nodes: &[lab::Node], timeout: Duration) -> Result<()> {
+    for node in nodes {
+        eventually("the agent notices the controller is gone", timeout, || {
+            let reconnects = agent_metric(lab, node, "splitproxy_agent_reconnects_total")?;
+            anyhow::ensure!(
+                reconnects > 0.0,
+                "{}: no reconnect counted yet",
+                node.name()
+            );
+            Ok(())
+        })?;
+    }
+    Ok(())
+}

@@ -5,25 +5,12 @@
 #![allow(clippy::unwrap_used)]
 
 use anyhow::{Context, Result, ensure};
-use splitproxy_e2e::{demo_cluster::DemoCluster, eventually};
+use splitproxy_e2e::{agent_metric, demo_cluster::DemoCluster, eventually};
 use std::time::Duration;
 
 /// The longest wait for rules to converge; generous because CI machines are slow and shared.
 const CONVERGE: Duration = Duration::from_secs(90);
 const REQUESTS: u32 = 40;
-
-/// A counter or gauge from node `index`'s agent `/metrics`, 0 when not exported yet.
-fn agent_metric(cluster: &DemoCluster, index: usize, name: &str) -> Result<f64> {
-    let text = cluster.run(
-        &cluster.nodes[index],
-        "curl",
-        &["-sf", "http://127.0.0.1:10249/metrics"],
-    )?;
-    Ok(text
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .map_or(0.0, |value| value.trim().parse().unwrap_or(0.0)))
-}
 
 #[test]
 fn rules_deleted_behind_the_agents_back_come_back_and_resyncs_are_partial() -> Result<()> {
@@ -37,7 +24,7 @@ fn rules_deleted_behind_the_agents_back_come_back_and_resyncs_are_partial() -> R
 
     let partial = "kubeproxy_sync_partial_proxy_rules_duration_seconds_count";
     eventually("node-1's resyncs to be partial", CONVERGE, || {
-        let count = agent_metric(&cluster, 0, partial)?;
+        let count = agent_metric(&cluster.lab, &cluster.nodes[0], partial)?;
         ensure!(count >= 2.0, "{partial} is {count}");
         Ok(())
     })
@@ -45,7 +32,7 @@ fn rules_deleted_behind_the_agents_back_come_back_and_resyncs_are_partial() -> R
 
     // What a firewall reload does: every rule and chain of nat and filter deleted.
     let full = "kubeproxy_sync_full_proxy_rules_duration_seconds_count";
-    let full_before = agent_metric(&cluster, 0, full)?;
+    let full_before = agent_metric(&cluster.lab, &cluster.nodes[0], full)?;
     let node1 = cluster.nodes[0].clone();
     for table in ["nat", "filter"] {
         cluster.run(&node1, "iptables", &["-t", table, "-F"])?;
@@ -58,7 +45,7 @@ fn rules_deleted_behind_the_agents_back_come_back_and_resyncs_are_partial() -> R
         cluster.check_traffic(REQUESTS).map(drop)
     })
     .with_context(|| cluster.logs())?;
-    let full_after = agent_metric(&cluster, 0, full)?;
+    let full_after = agent_metric(&cluster.lab, &cluster.nodes[0], full)?;
     ensure!(
         full_after > full_before,
         "{full} stayed at {full_before} although the canary was deleted"

@@ -9,6 +9,7 @@
 use anyhow::{Context, Result, ensure};
 use splitproxy_dataplane::{Protocol, iptables::chain_names};
 use splitproxy_e2e::{
+    await_reconnects,
     demo_cluster::{DemoCluster, SERVICE},
     eventually, hit,
     lab::HasNamespace,
@@ -98,19 +99,7 @@ fn a_node_port_service_is_reachable_end_to_end_and_survives_the_controller() -> 
     cluster
         .check_traffic(REQUESTS)
         .context("after the controller was killed")?;
-    for node in &cluster.nodes {
-        eventually("the agent notices the controller is gone", CONVERGE, || {
-            let metrics = cluster.run(node, "curl", &["-sf", "http://127.0.0.1:10249/metrics"])?;
-            ensure!(
-                metrics
-                    .lines()
-                    .any(|l| l.starts_with("splitproxy_agent_reconnects_total ")
-                        && !l.ends_with(" 0")),
-                "no reconnect counted yet"
-            );
-            Ok(())
-        })?;
-    }
+    await_reconnects(&cluster.lab, &cluster.nodes, CONVERGE)?;
     cluster
         .check_traffic(REQUESTS)
         .context("while the agents retry the dead controller")?;

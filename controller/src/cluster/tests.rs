@@ -421,12 +421,58 @@ fn endpoint_hints_and_node_zones_are_carried_into_the_state() {
         [
             (
                 "node-1".to_owned(),
-                NodeTopology {
-                    zone: "zone-a".into()
+                NodeInfo {
+                    topology: NodeTopology {
+                        zone: "zone-a".into()
+                    },
+                    ineligible: None,
                 }
             ),
-            ("node-2".to_owned(), NodeTopology::default()),
+            ("node-2".to_owned(), NodeInfo::default()),
         ]
         .into()
+    );
+}
+
+const DRAINING: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: node-1}
+spec:
+  taints:
+  - {key: ToBeDeletedByClusterAutoscaler, value: "1700000000", effect: NoSchedule}
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-2
+  deletionTimestamp: "2026-11-22T10:00:00Z"
+  finalizers: [example.com/hold]
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-3}
+spec:
+  taints:
+  - {key: node.kubernetes.io/unschedulable, effect: NoSchedule}
+  - {key: DeletionCandidateOfClusterAutoscaler, value: "1700000000", effect: PreferNoSchedule}
+"#;
+
+#[test]
+fn nodes_being_deleted_or_tainted_for_removal_are_carried_as_ineligible() {
+    let state = ClusterState::build(&objects(DRAINING), &ServiceSelector::default());
+    let ineligible: Vec<(&str, Option<Ineligible>)> = state
+        .nodes
+        .iter()
+        .map(|(name, node)| (name.as_str(), node.ineligible))
+        .collect();
+    assert_eq!(
+        ineligible,
+        [
+            ("node-1", Some(Ineligible::ToBeDeleted)),
+            ("node-2", Some(Ineligible::Deleting)),
+            // Cordoned, and only a candidate for removal: still eligible, as upstream.
+            ("node-3", None),
+        ]
     );
 }

@@ -242,3 +242,38 @@ async fn an_agent_that_subscribes_before_the_first_full_read_waits_for_it() {
         "the first view is of the whole cluster, never an empty one"
     );
 }
+
+#[tokio::test]
+async fn the_node_status_comes_with_the_reset_and_again_only_when_it_changes() {
+    let eligible = |eligible: bool| -> ClusterState {
+        let mut state = cluster(1, 2);
+        state.nodes.insert(
+            "node-1".into(),
+            crate::cluster::NodeInfo {
+                ineligible: (!eligible).then_some(crate::eligibility::Ineligible::ToBeDeleted),
+                ..Default::default()
+            },
+        );
+        state
+    };
+    let h = harness(Some(eligible(true))).await;
+    let mut agent = Agent::subscribe(&h.url, None).await;
+    let first = agent.next().await;
+    assert!(first.reset);
+    assert_eq!(first.node_status.map(|s| s.eligible), Some(true));
+    agent.answer(first.revision, pb::AckStatus::Applied).await;
+
+    h.publish.send_replace(Some(Arc::new(eligible(false))));
+    let tainted = agent.next().await;
+    assert!(!tainted.reset && tainted.complete);
+    assert!(tainted.upserted_services.is_empty() && tainted.upserted_endpoints.is_empty());
+    assert_eq!(tainted.node_status.map(|s| s.eligible), Some(false));
+    agent.answer(tainted.revision, pb::AckStatus::Applied).await;
+
+    let mut moved = eligible(false);
+    moved.endpoints = cluster(1, 3).endpoints;
+    h.publish.send_replace(Some(Arc::new(moved)));
+    let endpoints_only = agent.next().await;
+    assert_eq!(endpoints_only.upserted_endpoints.len(), 1);
+    assert_eq!(endpoints_only.node_status, None, "unchanged, so not resent");
+}

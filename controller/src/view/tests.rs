@@ -1,6 +1,7 @@
 use super::*;
 use crate::{
-    cluster::{NodeTopology, PortBackends, ServiceBackends},
+    cluster::{NodeInfo, NodeTopology, PortBackends, ServiceBackends},
+    eligibility::Ineligible,
     testing::ready_backend,
 };
 
@@ -129,8 +130,11 @@ fn zoned(endpoints: &[(&str, &str, &str)], nodes: &[(&str, &str)]) -> ClusterSta
         .map(|(node, zone)| {
             (
                 (*node).into(),
-                NodeTopology {
-                    zone: (*zone).into(),
+                NodeInfo {
+                    topology: NodeTopology {
+                        zone: (*zone).into(),
+                    },
+                    ineligible: None,
                 },
             )
         })
@@ -197,5 +201,76 @@ fn a_node_zone_label_change_changes_its_view() {
         excluded_flags(&unlabelled)
             .iter()
             .all(|(_, excluded)| !excluded)
+    );
+}
+
+/// `cluster(&[])` with `node-1` known, eligible or not as `ineligible` says.
+fn with_node_1(ineligible: Option<Ineligible>) -> ClusterState {
+    let mut state = cluster(&[]);
+    state.nodes.insert(
+        "node-1".into(),
+        NodeInfo {
+            topology: NodeTopology::default(),
+            ineligible,
+        },
+    );
+    state
+}
+
+#[test]
+fn a_reset_carries_the_node_status_and_a_delta_leaves_an_unchanged_one_out() {
+    let known = with_node_1(None);
+    let view = NodeView::for_node(&known, "node-1");
+    let reset = Delta::between(&NodeView::default(), &view);
+    assert_eq!(
+        reset.node_status,
+        Some(pb::NodeStatus {
+            eligible: true,
+            reason: String::new()
+        })
+    );
+    let mut moved = known;
+    moved.endpoints = cluster(&[("10.244.2.2", "node-2")]).endpoints;
+    let delta = Delta::between(&view, &NodeView::for_node(&moved, "node-1"));
+    assert_eq!(delta.upserted_endpoints.len(), 1);
+    assert_eq!(delta.node_status, None, "the status did not change");
+}
+
+#[test]
+fn a_node_the_cluster_does_not_know_is_not_eligible() {
+    let view = NodeView::for_node(&with_node_1(None), "node-9");
+    assert_eq!(
+        view.status,
+        Some(pb::NodeStatus {
+            eligible: false,
+            reason: "no Node object of this name is known".into()
+        })
+    );
+}
+
+#[test]
+fn a_taint_alone_makes_a_delta_that_carries_only_the_new_status() {
+    let before = NodeView::for_node(&with_node_1(None), "node-1");
+    let after = NodeView::for_node(&with_node_1(Some(Ineligible::ToBeDeleted)), "node-1");
+    let delta = Delta::between(&before, &after);
+    assert!(!delta.is_empty());
+    assert_eq!(
+        delta,
+        Delta {
+            node_status: Some(pb::NodeStatus {
+                eligible: false,
+                reason: "the Node is tainted ToBeDeletedByClusterAutoscaler".into()
+            }),
+            ..Delta::default()
+        }
+    );
+    let other_node = NodeView::for_node(&with_node_1(Some(Ineligible::ToBeDeleted)), "node-2");
+    assert_eq!(
+        Delta::between(
+            &NodeView::for_node(&with_node_1(None), "node-2"),
+            &other_node
+        ),
+        Delta::default(),
+        "another node's taint changes nothing for node-2"
     );
 }

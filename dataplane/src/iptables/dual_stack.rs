@@ -88,6 +88,10 @@ impl Dataplane for DualStack {
         "iptables"
     }
 
+    fn ip_families(&self) -> Vec<IpFamily> {
+        self.families()
+    }
+
     /// Syncs every family, also after one failed (the families are independent, as upstream's
     /// proxiers are); the report sums the tables and keeps each family's counts. Returns the
     /// first failing family's error when any failed, so the whole sync is retried.

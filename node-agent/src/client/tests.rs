@@ -411,3 +411,61 @@ async fn the_loop_ends_when_the_controller_closes_the_stream() {
     let result = (&mut agent.task).await.expect("the loop does not panic");
     assert!(matches!(result, Err(StreamError::Closed)), "{result:?}");
 }
+
+/// A complete delta that changes only the node's status.
+fn status_only(number: u64, eligible: bool) -> pb::SyncResponse {
+    pb::SyncResponse {
+        controller_epoch: EPOCH.into(),
+        revision: number,
+        complete: true,
+        node_status: Some(pb::NodeStatus {
+            eligible,
+            reason: if eligible {
+                String::new()
+            } else {
+                "the Node is being deleted".into()
+            },
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_status_only_revision_is_applied_at_once_without_touching_the_kernel() {
+    let mut agent = Agent::start();
+    agent
+        .send(revision(1, true, &[("web", "10.96.0.10")]))
+        .await;
+    let (_, t0) = agent.ack().await;
+    agent.send(status_only(2, false)).await;
+    let (ack, answered) = agent.ack().await;
+    assert!(applied(&ack, 2), "{ack:?}");
+    assert_eq!(answered, t0, "no min-sync-period wait for a status change");
+    assert_eq!(agent.kernel.attempts(), [t0], "no kernel write");
+    let snapshot = agent.status.snapshot();
+    assert_eq!(
+        snapshot.state.eligibility,
+        crate::state::Eligibility::Ineligible("the Node is being deleted".into())
+    );
+    assert_eq!(snapshot.queued_since, None, "nothing waits to be applied");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_last_eligibility_outlives_the_controller_stream() {
+    let mut agent = Agent::start();
+    let mut reset = revision(1, true, &[("web", "10.96.0.10")]);
+    reset.node_status = Some(pb::NodeStatus {
+        eligible: true,
+        reason: String::new(),
+    });
+    agent.send(reset).await;
+    agent.ack().await;
+
+    let (closed, _) = mpsc::channel(1);
+    drop(std::mem::replace(&mut agent.controller, closed));
+    let result = (&mut agent.task).await.expect("the loop does not panic");
+    assert!(matches!(result, Err(StreamError::Closed)), "{result:?}");
+    // Fail static: with no controller, the node keeps what it was last told, not the
+    // not-eligible it starts with.
+    assert!(agent.status.snapshot().state.eligibility.is_eligible());
+}

@@ -1,4 +1,5 @@
 use super::*;
+use crate::state::{Eligibility, NodeState};
 use axum::{body::Body, http::Request};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
@@ -47,20 +48,45 @@ async fn get(router: Router, path: &str) -> Answer {
     }
 }
 
-/// The agent's two routers sharing one registry, as `lib::run` wires them.
+/// The agent's two routers sharing one registry, as `lib::run` wires them, for a dual-stack
+/// dataplane.
 struct Servers {
     status: Status,
     metrics_router: Router,
     health_router: Router,
 }
 
+impl Servers {
+    /// Sets the node's eligibility as an applied revision would.
+    fn set_eligibility(&self, eligibility: Eligibility) {
+        self.status.update(|s| {
+            s.state = Arc::new(NodeState {
+                eligibility,
+                ..NodeState::clone(&s.state)
+            });
+        });
+    }
+}
+
+/// The servers of a node the controller has said is eligible.
 fn servers() -> Servers {
+    let servers = servers_before_any_revision();
+    servers.set_eligibility(Eligibility::Eligible);
+    servers
+}
+
+fn servers_before_any_revision() -> Servers {
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let status = Status::default();
     Servers {
         metrics_router: metrics_router(Arc::new(registry), "iptables"),
-        health_router: health_router(status.clone(), metrics, TIMEOUT),
+        health_router: health_router(
+            status.clone(),
+            metrics,
+            TIMEOUT,
+            &[IpFamily::V4, IpFamily::V6],
+        ),
         status,
     }
 }
@@ -208,4 +234,79 @@ async fn healthz_recovers_once_the_queued_revision_is_applied() {
         get(servers.health_router, "/healthz").await.code,
         StatusCode::OK
     );
+}
+
+#[tokio::test]
+async fn an_ineligible_node_fails_healthz_but_not_livez() {
+    let servers = servers();
+    servers.set_eligibility(Eligibility::Ineligible(
+        "the Node is tainted ToBeDeletedByClusterAutoscaler".into(),
+    ));
+    let healthz = get(servers.health_router.clone(), "/healthz").await;
+    assert_eq!(healthz.code, StatusCode::SERVICE_UNAVAILABLE);
+    let body = healthz.json();
+    assert_eq!(body["nodeEligible"], false, "{body}");
+    assert_eq!(body["healthy"], true, "the proxy itself is fine: {body}");
+    // Still healthy, so lastUpdated follows the compatibility rule: it is now.
+    assert_eq!(body["lastUpdated"], body["currentTime"], "{body}");
+
+    let livez = get(servers.health_router, "/livez").await;
+    assert_eq!(livez.code, StatusCode::OK);
+    assert!(livez.json().get("nodeEligible").is_none());
+
+    let metrics = get(servers.metrics_router, "/metrics").await.body;
+    for line in [
+        "kubeproxy_proxy_healthz_total{code=\"503\"} 1",
+        "kubeproxy_proxy_livez_total{code=\"200\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+}
+
+#[tokio::test]
+async fn the_node_is_not_eligible_until_a_controller_says_so() {
+    let servers = servers_before_any_revision();
+    let healthz = get(servers.health_router.clone(), "/healthz").await;
+    assert_eq!(healthz.code, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(healthz.json()["nodeEligible"], false);
+    assert_eq!(
+        get(servers.health_router.clone(), "/livez").await.code,
+        StatusCode::OK
+    );
+
+    servers.set_eligibility(Eligibility::Eligible);
+    let healthz = get(servers.health_router, "/healthz").await;
+    assert_eq!(healthz.code, StatusCode::OK);
+    assert_eq!(healthz.json()["nodeEligible"], true);
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_programmed_family_reports_its_last_update_and_health() {
+    let servers = servers();
+    let applied_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+    let applied = prost_types::Timestamp::from(applied_at).to_string();
+    servers.status.update(|s| s.applied_at = Some(applied_at));
+    let body = get(servers.health_router.clone(), "/healthz").await.json();
+    assert_eq!(
+        body["status"],
+        serde_json::json!({
+            "IPv4": {"lastUpdated": applied, "healthy": true},
+            "IPv6": {"lastUpdated": applied, "healthy": true},
+        })
+    );
+    assert_eq!(body["healthy"], true);
+
+    servers
+        .status
+        .update(|s| s.queued_since = Some(tokio::time::Instant::now()));
+    tokio::time::advance(TIMEOUT + Duration::from_secs(1)).await;
+    for path in ["/healthz", "/livez"] {
+        let body = get(servers.health_router.clone(), path).await.json();
+        assert_eq!(body["healthy"], false, "{path}: {body}");
+        assert_eq!(
+            body["status"]["IPv6"],
+            serde_json::json!({"lastUpdated": applied, "healthy": false}),
+            "{path}: {body}"
+        );
+    }
 }

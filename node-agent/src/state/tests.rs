@@ -95,6 +95,7 @@ struct Part {
     removed_services: Vec<&'static str>,
     upserted_endpoints: Vec<pb::ServiceEndpoints>,
     removed_endpoints: Vec<&'static str>,
+    node_status: Option<pb::NodeStatus>,
 }
 
 fn revision(epoch: &str, number: u64, reset: bool, parts: Vec<Part>) -> Revision {
@@ -116,6 +117,7 @@ fn revision(epoch: &str, number: u64, reset: bool, parts: Vec<Part>) -> Revision
                 upserted_endpoints: part.upserted_endpoints,
                 removed_endpoints: part.removed_endpoints.into_iter().map(object_key).collect(),
                 trace_context: None,
+                node_status: part.node_status,
             })
             .collect(),
     }
@@ -503,6 +505,7 @@ fn to_proxy_state_carries_endpoint_conditions_and_topology() {
         revision: 1,
         services: [(key("a"), svc)].into(),
         endpoints: [(key("a"), eps)].into(),
+        eligibility: Eligibility::Eligible,
     };
     let (proxy, _) = state.to_proxy_state();
     let ep = &proxy
@@ -663,6 +666,7 @@ fn endpoint_changes_lists_changed_added_and_removed_sets_only() {
                 upserted_endpoints: vec![web("a", 7).1, b_eps, e_eps],
                 removed_endpoints: vec!["c"],
                 removed_services: vec!["d"],
+                node_status: None,
             }],
         ))
         .expect("a delta of the held epoch applies");
@@ -725,4 +729,90 @@ fn external_addresses_affinity_and_policies_reach_the_dataplane_model() {
         dp::TrafficPolicy::Cluster
     );
     assert_eq!(converted.health_check_node_port, Some(32000));
+}
+
+fn node_status(eligible: bool, reason: &str) -> Option<pb::NodeStatus> {
+    Some(pb::NodeStatus {
+        eligible,
+        reason: reason.into(),
+    })
+}
+
+#[test]
+fn the_node_is_not_eligible_before_any_revision() {
+    assert!(!NodeState::default().eligibility.is_eligible());
+}
+
+#[test]
+fn eligibility_follows_the_node_status_and_a_delta_without_one_keeps_it() {
+    let eligible = state_with_a_and_b()
+        .apply(&revision(
+            "e1",
+            2,
+            false,
+            vec![Part {
+                node_status: node_status(true, ""),
+                ..Part::default()
+            }],
+        ))
+        .expect("applies");
+    assert_eq!(eligible.eligibility, Eligibility::Eligible);
+    assert!(
+        eligible.same_rules(&state_with_a_and_b()),
+        "the status is not a rule"
+    );
+
+    let tainted = eligible
+        .apply(&revision(
+            "e1",
+            3,
+            false,
+            vec![Part {
+                node_status: node_status(
+                    false,
+                    "the Node is tainted ToBeDeletedByClusterAutoscaler",
+                ),
+                ..Part::default()
+            }],
+        ))
+        .expect("applies");
+    assert_eq!(
+        tainted.eligibility,
+        Eligibility::Ineligible("the Node is tainted ToBeDeletedByClusterAutoscaler".into())
+    );
+
+    let (c, c_eps) = web("c", 4);
+    let later = tainted
+        .apply(&revision(
+            "e1",
+            4,
+            false,
+            vec![Part {
+                upserted_services: vec![c],
+                upserted_endpoints: vec![c_eps],
+                ..Part::default()
+            }],
+        ))
+        .expect("applies");
+    assert_eq!(later.eligibility, tainted.eligibility);
+}
+
+#[test]
+fn a_reset_without_a_node_status_leaves_the_node_not_eligible() {
+    let eligible = NodeState::default()
+        .apply(&revision(
+            "e1",
+            1,
+            true,
+            vec![Part {
+                node_status: node_status(true, ""),
+                ..Part::default()
+            }],
+        ))
+        .expect("applies");
+    assert!(eligible.eligibility.is_eligible());
+    let reset = eligible
+        .apply(&revision("e2", 1, true, vec![Part::default()]))
+        .expect("applies");
+    assert!(!reset.eligibility.is_eligible());
 }

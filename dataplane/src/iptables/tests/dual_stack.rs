@@ -318,7 +318,10 @@ async fn missing_tools_of_a_family_leave_the_node_single_stack() {
     assert_eq!(DualStack::detect(&config).await.families(), [IpFamily::V4]);
     std::fs::remove_file(scratch.0.join("ip6tables-save.fails")).unwrap();
     fail(&scratch, "iptables-save");
-    assert_eq!(DualStack::detect(&config).await.families(), [IpFamily::V6]);
+    let v6_only = DualStack::detect(&config).await;
+    assert_eq!(v6_only.families(), [IpFamily::V6]);
+    // What the agent's /healthz lists per family.
+    assert_eq!(v6_only.ip_families(), [IpFamily::V6]);
     fail(&scratch, "ip6tables-save");
     // Neither: IPv4 stays, so its syncs say what is wrong.
     assert_eq!(DualStack::detect(&config).await.families(), [IpFamily::V4]);
