@@ -1378,6 +1378,11 @@ async fn rejected_restore_reports_its_stderr_and_installs_no_jumps() {
         "{err:?}"
     );
     assert!(err.to_string().contains("line 2 failed"), "{err}");
+    // The first sync is full: kube-proxy counts it as a restore failure, not a partial one.
+    assert_eq!(
+        crate::SyncError::failed_step(&err),
+        crate::FailedStep::Restore { partial: false }
+    );
     assert!(!scratch.read("calls").contains("iptables -w"));
 }
 
