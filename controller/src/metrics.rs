@@ -161,6 +161,13 @@ mod tests {
         text
     }
 
+    fn assert_scraped(registry: &Registry, samples: &[&str]) {
+        let text = scrape(registry);
+        for sample in samples {
+            assert!(text.lines().any(|l| l == *sample), "no {sample} in\n{text}");
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn per_node_gauges_follow_the_open_streams() {
         let mut registry = Registry::default();
@@ -170,37 +177,24 @@ mod tests {
         stream.sent(1, &[splitproxy_proto::v1alpha1::SyncResponse::default()]);
         tokio::time::advance(std::time::Duration::from_secs(3)).await;
 
-        let text = scrape(&registry);
-        assert!(
-            text.contains("splitproxy_controller_connected_agents 1\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("splitproxy_controller_node_latest_revision{node=\"node-1\"} 1\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("splitproxy_controller_node_acked_revision{node=\"node-1\"} 0\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("splitproxy_controller_node_lag_seconds{node=\"node-1\"} 3.0\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("splitproxy_controller_update_messages_sent_total 1\n"),
-            "{text}"
+        assert_scraped(
+            &registry,
+            &[
+                "splitproxy_controller_connected_agents 1",
+                r#"splitproxy_controller_node_latest_revision{node="node-1"} 1"#,
+                r#"splitproxy_controller_node_acked_revision{node="node-1"} 0"#,
+                r#"splitproxy_controller_node_lag_seconds{node="node-1"} 3.0"#,
+                "splitproxy_controller_update_messages_sent_total 1",
+            ],
         );
 
         stream.acked(1);
-        let text = scrape(&registry);
-        assert!(
-            text.contains("splitproxy_controller_node_acked_revision{node=\"node-1\"} 1\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("splitproxy_controller_node_lag_seconds{node=\"node-1\"} 0.0\n"),
-            "{text}"
+        assert_scraped(
+            &registry,
+            &[
+                r#"splitproxy_controller_node_acked_revision{node="node-1"} 1"#,
+                r#"splitproxy_controller_node_lag_seconds{node="node-1"} 0.0"#,
+            ],
         );
 
         drop(stream);

@@ -67,6 +67,18 @@ fn json(text: &str) -> Result<Value> {
     serde_json::from_str(text).with_context(|| format!("grpcurl printed no JSON: {text}"))
 }
 
+/// `ControllerInspectionService/ListNodes` through grpcurl: the entries, and their node names.
+fn list_nodes(cluster: &DemoCluster, address: &str) -> Result<(Vec<Value>, Vec<String>)> {
+    let method = format!("{INSPECTION}/ListNodes");
+    let listed = json(&grpcurl(cluster, &cluster.control_plane, address, &method)?)?;
+    let nodes = listed["nodes"].as_array().cloned().unwrap_or_default();
+    let names = nodes
+        .iter()
+        .filter_map(|n| n["nodeName"].as_str().map(str::to_owned))
+        .collect();
+    Ok((nodes, names))
+}
+
 /// The wall clock as RFC 3339, for the EndpointSlice trigger-time annotation.
 fn now_rfc3339() -> Result<String> {
     let output = std::process::Command::new("date")
@@ -231,20 +243,9 @@ fn metrics_and_grpcurl_show_changes_reaching_every_node_and_an_agent_leaving() -
         listed.contains(INSPECTION) && listed.contains("splitproxy.v1alpha1.NodeViewService"),
         "grpcurl list: {listed}"
     );
-    let list_nodes = format!("{INSPECTION}/ListNodes");
-    let listed = json(&grpcurl(
-        &cluster,
-        &cluster.control_plane,
-        &controller_address,
-        &list_nodes,
-    )?)?;
-    let connected = listed["nodes"].as_array().context("no nodes")?;
-    let listed_names: Vec<&str> = connected
-        .iter()
-        .filter_map(|n| n["nodeName"].as_str())
-        .collect();
-    ensure!(listed_names == nodes, "ListNodes: {listed}");
-    for node in connected {
+    let (connected, listed_names) = list_nodes(&cluster, &controller_address)?;
+    ensure!(listed_names == nodes, "ListNodes: {connected:?}");
+    for node in &connected {
         // protojson prints uint64 as strings and leaves zero values out.
         ensure!(
             node["ackedRevision"] == node["latestRevision"]
@@ -306,21 +307,10 @@ fn metrics_and_grpcurl_show_changes_reaching_every_node_and_an_agent_leaving() -
         },
     )
     .with_context(|| cluster.logs())?;
-    let listed = json(&grpcurl(
-        &cluster,
-        &cluster.control_plane,
-        &controller_address,
-        &list_nodes,
-    )?)?;
-    let remaining: Vec<&str> = listed["nodes"]
-        .as_array()
-        .context("no nodes")?
-        .iter()
-        .filter_map(|n| n["nodeName"].as_str())
-        .collect();
+    let (listed, remaining) = list_nodes(&cluster, &controller_address)?;
     ensure!(
         remaining == nodes[..1],
-        "ListNodes after the kill: {listed}"
+        "ListNodes after the kill: {listed:?}"
     );
     Ok(())
 }
