@@ -45,11 +45,13 @@ fn registered() -> Result<BTreeSet<String>> {
 /// `_total` or a histogram's `_bucket`/`_sum`/`_count` sample of it.
 fn is_exported(queried: &str, registered: &BTreeSet<String>) -> bool {
     registered.contains(queried)
-        || ["_total", "_bucket", "_sum", "_count"].iter().any(|suffix| {
-            queried
-                .strip_suffix(suffix)
-                .is_some_and(|base| registered.contains(base))
-        })
+        || ["_total", "_bucket", "_sum", "_count"]
+            .iter()
+            .any(|suffix| {
+                queried
+                    .strip_suffix(suffix)
+                    .is_some_and(|base| registered.contains(base))
+            })
 }
 
 /// Every `expr` in `value`, however deeply nested (rows may hold panels).
