@@ -108,3 +108,73 @@ impl ControllerInspectionService for Inspection {
         Ok(Response::new(response))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{agents::Connection, cluster::ClusterState, metrics::Metrics};
+    use std::sync::Arc;
+
+    #[tokio::test(start_paused = true)]
+    async fn cluster_state_is_reported_once_read_with_its_invalid_services() {
+        let metrics = Metrics::default();
+        let (tx, rx) = watch::channel(None);
+        let inspection = Inspection::new("e1".into(), metrics.agents.clone(), rx);
+        let ask = || async {
+            inspection
+                .get_cluster_state(Request::new(pb::GetClusterStateRequest {}))
+                .await
+                .expect("answers")
+                .into_inner()
+        };
+        assert!(!ask().await.synced);
+
+        let mut state = ClusterState::default();
+        state
+            .invalid_services
+            .insert(("demo".into(), "broken".into()));
+        state.nodes.insert("node-1".into(), Default::default());
+        tx.send_replace(Some(Arc::new(state)));
+        let _stream = Connection::open(&metrics, "node-1", "peer", 1, 0);
+
+        let answer = ask().await;
+        assert!(answer.synced);
+        assert_eq!((answer.node_count, answer.connected_agents), (1, 1));
+        assert_eq!(answer.controller_epoch, "e1");
+        assert_eq!(answer.invalid_services[0].name, "broken");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn listed_nodes_show_revisions_lag_and_the_last_rejection() {
+        let metrics = Metrics::default();
+        let (_tx, rx) = watch::channel(None);
+        let inspection = Inspection::new("e1".into(), metrics.agents.clone(), rx);
+        let mut stream = Connection::open(&metrics, "node-1", "198.18.0.11:4000", 1, 0);
+        stream.view_computed(true);
+        stream.sent(1, &[pb::SyncResponse::default()]);
+        stream.rejected("dataplane sync failed");
+        tokio::time::advance(std::time::Duration::from_secs(7)).await;
+
+        let nodes = inspection
+            .list_nodes(Request::new(pb::ListNodesRequest {}))
+            .await
+            .expect("answers")
+            .into_inner()
+            .nodes;
+
+        assert_eq!(nodes.len(), 1);
+        let node = &nodes[0];
+        assert_eq!(
+            (
+                node.acked_revision,
+                node.latest_revision,
+                node.revisions_behind
+            ),
+            (0, 1, 1)
+        );
+        assert_eq!(node.lag.map(|lag| lag.seconds), Some(7));
+        assert!(node.behind_since.is_some() && node.last_nack_at.is_some());
+        assert_eq!(node.last_nack_reason, "dataplane sync failed");
+        assert_eq!(node.messages_sent, 1);
+    }
+}
