@@ -2,7 +2,9 @@
 //! what the agent acknowledged and its node's current view, one revision in flight at a time.
 
 use crate::{
+    agents::Connection,
     cluster::ClusterState,
+    metrics::Metrics,
     view::{Delta, NodeView},
 };
 use futures::{Stream, StreamExt};
@@ -53,6 +55,7 @@ pub struct FanOut {
     epoch: String,
     cluster: watch::Receiver<Published>,
     acknowledged: Arc<Acknowledged>,
+    metrics: Metrics,
 }
 
 impl FanOut {
@@ -63,7 +66,21 @@ impl FanOut {
             epoch: format!("{:016x}", rand::random::<u64>()),
             cluster,
             acknowledged: Arc::default(),
+            metrics: Metrics::default(),
         }
+    }
+
+    /// The same server, recording its streams in `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// This controller process's epoch, as sent in every response.
+    #[must_use]
+    pub fn epoch(&self) -> &str {
+        &self.epoch
     }
 }
 
@@ -97,7 +114,7 @@ impl NodeViewService for FanOut {
         }
         let (tx, rx) = mpsc::channel(4);
         let span = tracing::info_span!("agent_stream", node = %subscribe.node_name, %peer);
-        let stream = AgentStream::new(self, &subscribe, tx);
+        let stream = AgentStream::new(self, &subscribe, &peer, tx);
         tokio::spawn(stream.run(inbound).instrument(span));
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
@@ -118,12 +135,15 @@ struct AgentStream {
     acked: Option<Arc<NodeView>>,
     /// The revision sent and not yet answered, with the view it brings the agent to.
     in_flight: Option<(u64, Arc<NodeView>)>,
+    /// The stream's record for metrics and inspection; removed when the stream ends.
+    connection: Connection,
 }
 
 impl AgentStream {
     fn new(
         server: &FanOut,
         subscribe: &pb::Subscribe,
+        peer: &str,
         tx: mpsc::Sender<Result<pb::SyncResponse, Status>>,
     ) -> Self {
         let remembered = server.acknowledged.get(&subscribe.node_name);
@@ -133,6 +153,18 @@ impl AgentStream {
             }
             _ => false,
         };
+        let proxy_mode = subscribe.capabilities.as_ref().map_or(0, |c| c.proxy_mode);
+        let resumed_revision = remembered
+            .as_ref()
+            .filter(|_| resumes)
+            .map_or(0, |(r, _)| *r);
+        let connection = Connection::open(
+            &server.metrics,
+            &subscribe.node_name,
+            peer,
+            proxy_mode,
+            resumed_revision,
+        );
         Self {
             node: subscribe.node_name.clone(),
             epoch: server.epoch.clone(),
@@ -142,6 +174,7 @@ impl AgentStream {
             revision: remembered.as_ref().map_or(0, |(r, _)| *r),
             acked: remembered.filter(|_| resumes).map(|(_, view)| view),
             in_flight: None,
+            connection,
         }
     }
 
@@ -170,6 +203,7 @@ impl AgentStream {
                     if changed.is_err() {
                         break;
                     }
+                    self.connection.observed_change();
                     dirty = true;
                 }
                 message = inbound.next() => match message {
@@ -207,9 +241,11 @@ impl AgentStream {
             self.acknowledged
                 .set(&self.node, revision, Arc::clone(&view));
             self.acked = Some(view);
+            self.connection.acked(revision);
             false
         } else {
             tracing::warn!(revision, reason = %ack.reason, "agent rejected revision; will resend");
+            self.connection.rejected(&ack.reason);
             true
         }
     }
@@ -223,12 +259,16 @@ impl AgentStream {
         let reset = self.acked.is_none();
         let empty = NodeView::default();
         let delta = Delta::between(self.acked.as_deref().unwrap_or(&empty), &view);
-        if !reset && delta.is_empty() {
+        let unchanged = !reset && delta.is_empty();
+        self.connection.view_computed(!unchanged);
+        if unchanged {
             return Ok(());
         }
         self.revision += 1;
         tracing::debug!(revision = self.revision, reset, "sending revision");
-        for message in split(delta, &self.epoch, self.revision, reset) {
+        let messages = split(delta, &self.epoch, self.revision, reset);
+        self.connection.sent(self.revision, &messages);
+        for message in messages {
             self.tx
                 .send(Ok(message))
                 .await

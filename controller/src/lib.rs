@@ -1,9 +1,11 @@
 //! The splitproxy controller: reads the cluster once, computes each node's view and streams
 //! deltas to the node agents.
 
+pub mod agents;
 pub mod cluster;
 pub mod eligibility;
 pub mod fanout;
+pub mod inspection;
 pub mod kubernetes;
 pub mod manifests;
 pub mod metrics;

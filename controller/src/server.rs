@@ -1,12 +1,17 @@
-//! Wiring: the source feeding the cluster state, and the gRPC server agents connect to.
+//! Wiring: the source feeding the cluster state, and the gRPC server agents connect to, which
+//! also serves the controller's inspection service.
 
 use crate::{
     cluster::{ClusterState, Objects, ServiceSelector},
     fanout::{FanOut, Published},
+    inspection::Inspection,
     metrics::Metrics,
     source::Source,
 };
-use splitproxy_proto::v1alpha1::node_view_service_server::NodeViewServiceServer;
+use splitproxy_proto::v1alpha1::{
+    controller_inspection_service_server::ControllerInspectionServiceServer,
+    node_view_service_server::NodeViewServiceServer,
+};
 use std::{net::SocketAddr, sync::Arc};
 use tokio::{net::TcpListener, sync::watch};
 use tokio_stream::wrappers::TcpListenerStream;
@@ -86,15 +91,21 @@ pub async fn serve(
     metrics: Metrics,
 ) -> Result<(), Error> {
     let (tx, rx) = watch::channel(None);
+    let fanout = FanOut::new(rx.clone()).with_metrics(metrics.clone());
+    let inspection = Inspection::new(fanout.epoch().to_owned(), metrics.agents.clone(), rx);
     let source = source.run(move |objects| publish(&tx, &objects, &selector, &metrics));
 
     let (reflection_v1, reflection_v1alpha) =
         splitproxy_proto::reflection_services().map_err(Error::Reflection)?;
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<NodeViewServiceServer<FanOut>>().await;
+    health
+        .set_serving::<ControllerInspectionServiceServer<Inspection>>()
+        .await;
 
     let server = tonic::transport::Server::builder()
-        .add_service(NodeViewServiceServer::new(FanOut::new(rx)))
+        .add_service(NodeViewServiceServer::new(fanout))
+        .add_service(ControllerInspectionServiceServer::new(inspection))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -18,8 +18,49 @@
 //! calling [`categorize`], as upstream runs one proxier per family (an IPv4 proxier never sees the
 //! IPv6 endpoints, so they cannot mask its fallback).
 
-use crate::Endpoint;
+use crate::{Endpoint, ProxyState, TrafficPolicy};
 use std::collections::BTreeSet;
+
+/// Service ports whose `Local` traffic policy finds no endpoint to use on this node, per policy:
+/// what kube-proxy's `sync_proxy_rules_no_local_endpoints_total` gauge reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NoLocalEndpoints {
+    /// Ports with `internalTrafficPolicy: Local` and no local endpoint: in-cluster clients on
+    /// this node are dropped.
+    pub internal: usize,
+    /// Externally reachable ports (node port, external or load-balancer IP) with
+    /// `externalTrafficPolicy: Local` and no local endpoint: external traffic to this node is
+    /// dropped.
+    pub external: usize,
+}
+
+impl NoLocalEndpoints {
+    /// Counts the ports of `state`, each once over all its endpoints (upstream counts per IP
+    /// family proxier; on a single-stack node that is the same number).
+    #[must_use]
+    pub fn of(state: &ProxyState) -> Self {
+        let mut counts = Self::default();
+        for service in state.services.values() {
+            for port in &service.ports {
+                let sets = categorize(&port.endpoints);
+                if !sets.local.is_empty() {
+                    continue;
+                }
+                if service.internal_traffic_policy == TrafficPolicy::Local {
+                    counts.internal += 1;
+                }
+                let externally_accessible = port.node_port.is_some()
+                    || !service.external_ips.is_empty()
+                    || !service.load_balancer_ips.is_empty();
+                if externally_accessible && service.external_traffic_policy == TrafficPolicy::Local
+                {
+                    counts.external += 1;
+                }
+            }
+        }
+        counts
+    }
+}
 
 /// A Service port's endpoints, split by traffic policy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -156,6 +197,67 @@ mod tests {
 
     fn addresses(endpoints: &[&Endpoint]) -> Vec<String> {
         endpoints.iter().map(|e| e.socket_string()).collect()
+    }
+
+    #[test]
+    fn local_policies_without_local_endpoints_are_counted_per_port_and_policy() {
+        use crate::{Protocol, Service, ServiceKey, ServicePort};
+        let port = |name: &str, node_port: Option<u16>, endpoints: Vec<Endpoint>| {
+            ServicePort::new(name, Protocol::Tcp, 80, node_port, endpoints)
+        };
+        let service = |name: &str, itp: TrafficPolicy, etp: TrafficPolicy, ports| Service {
+            internal_traffic_policy: itp,
+            external_traffic_policy: etp,
+            ..Service::new(
+                ServiceKey::new("demo", name),
+                vec!["10.96.0.1".parse().unwrap()],
+                ports,
+            )
+        };
+        let (local, cluster) = (TrafficPolicy::Local, TrafficPolicy::Cluster);
+        let mut state = ProxyState::default();
+        for service in [
+            // iTP Local: one port with only a remote endpoint, one with none at all.
+            service(
+                "itp",
+                local,
+                cluster,
+                vec![
+                    port("a", None, vec![ready("10.244.1.1", false)]),
+                    port("b", None, vec![]),
+                ],
+            ),
+            // eTP Local with a node port and only remote endpoints: external traffic is dropped.
+            service(
+                "etp",
+                cluster,
+                local,
+                vec![port("a", Some(30080), vec![ready("10.244.1.1", false)])],
+            ),
+            // eTP Local without any external address does not count; a local endpoint never does.
+            service(
+                "internal-only",
+                cluster,
+                local,
+                vec![port("a", None, vec![])],
+            ),
+            service(
+                "served",
+                local,
+                local,
+                vec![port("a", Some(30081), vec![draining("10.244.0.1", true)])],
+            ),
+        ] {
+            state.services.insert(service.key.clone(), service);
+        }
+
+        assert_eq!(
+            NoLocalEndpoints::of(&state),
+            NoLocalEndpoints {
+                internal: 2,
+                external: 1
+            }
+        );
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub use render::{
 };
 
 use crate::conntrack::{self, Conntrack, IpFamily};
-use crate::{Dataplane, ProxyState, SyncReport};
+use crate::{Dataplane, FailedStep, ProxyState, SyncReport};
 use partial::WrittenChains;
 use render::{
     FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_POSTROUTING,
@@ -73,6 +73,8 @@ pub enum Error {
         status: ExitStatus,
         /// What it printed on stderr (usually the failing line number).
         stderr: String,
+        /// The payload held only the changed Services' chains (a partial sync).
+        partial: bool,
     },
     /// `iptables-restore` accepted the payload but could not be sent all of it.
     #[error("could not write the rules to iptables-restore")]
@@ -93,6 +95,18 @@ pub enum Error {
 
 /// The result type of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl crate::SyncError for Error {
+    fn failed_step(&self) -> FailedStep {
+        match self {
+            Self::Restore { partial, .. } => FailedStep::Restore { partial: *partial },
+            // The tool exited 0, so the kernel did not refuse the rules.
+            Self::Run { .. } | Self::Save { .. } | Self::WriteInput(_) | Self::Jump { .. } => {
+                FailedStep::Other
+            }
+        }
+    }
+}
 
 /// How the executor runs the iptables tools.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -426,8 +440,9 @@ impl Iptables {
         Ok(None)
     }
 
-    /// Applies `payload` in one `iptables-restore --noflush` transaction.
-    async fn restore(&self, payload: &str) -> Result<()> {
+    /// Applies `payload` in one `iptables-restore --noflush` transaction; `partial` says whether
+    /// it holds only the changed Services' chains, for the error.
+    async fn restore(&self, payload: &str, partial: bool) -> Result<()> {
         let args = [
             "-w".to_owned(),
             self.config.lock_wait_seconds.to_string(),
@@ -444,6 +459,7 @@ impl Iptables {
             return Err(Error::Restore {
                 status: output.status,
                 stderr: stderr_text(&output.stderr),
+                partial,
             });
         }
         Ok(())
@@ -592,8 +608,11 @@ impl Dataplane for Iptables {
             &existing_nat,
         );
         // Both tables and the canaries in one transaction.
-        self.restore(&format!("{}{}", trimmed.payload, canaries()))
-            .await?;
+        self.restore(
+            &format!("{}{}", trimmed.payload, canaries()),
+            full_reason.is_none(),
+        )
+        .await?;
         if let Some(reason) = full_reason {
             // After the restore, so the target chains exist when the jumps are checked. Partial
             // syncs trust them, as kube-proxy's: the canary tells when they may be gone.

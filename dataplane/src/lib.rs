@@ -84,10 +84,35 @@ fn add_per_table(counts: &mut Vec<(String, u32)>, more: Vec<(String, u32)>) {
     }
 }
 
+/// Which step of a sync failed, as kube-proxy's failure counters tell them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailedStep {
+    /// The kernel refused the rules written in one transaction (`iptables-restore`); `partial`
+    /// when the sync wrote only the changed Services' chains.
+    Restore {
+        /// The sync was partial (kube-proxy's `..._partial_restore_failures_total`).
+        partial: bool,
+    },
+    /// Something before or after the transaction: reading the tables, running a tool, a jump.
+    Other,
+}
+
+/// An error of a failed sync, saying which step failed.
+pub trait SyncError: std::error::Error + Send + Sync + 'static {
+    /// The step that failed.
+    fn failed_step(&self) -> FailedStep;
+}
+
+impl SyncError for std::convert::Infallible {
+    fn failed_step(&self) -> FailedStep {
+        match *self {}
+    }
+}
+
 /// A dataplane backend: makes the kernel match a [`ProxyState`].
 pub trait Dataplane: Send + 'static {
     /// The error a failed sync returns.
-    type Error: std::error::Error + Send + Sync + 'static;
+    type Error: SyncError;
 
     /// The proxy mode name, as `/proxyMode` reports it (`iptables`, `ipvs`, `nftables`).
     fn mode(&self) -> &'static str;

@@ -183,6 +183,10 @@ where
 {
     let mut pending: Option<Revision> = None;
     while let Some(message) = applier.resync_while(inbound.next()).await.transpose()? {
+        metrics.update_messages_received.inc();
+        metrics
+            .update_bytes_received
+            .inc_by(prost::Message::encoded_len(&message) as u64);
         let revision = match pending.take() {
             None => {
                 applier.queued();

@@ -24,6 +24,13 @@ pub struct CodeLabel {
     pub code: String,
 }
 
+/// A `traffic_policy` label: `internal` or `external`, as kube-proxy labels it.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrafficPolicyLabel {
+    /// `internal` (internalTrafficPolicy) or `external` (externalTrafficPolicy).
+    pub traffic_policy: &'static str,
+}
+
 /// Every metric the agent exports.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -39,14 +46,32 @@ pub struct Metrics {
     pub last_queued_timestamp: Gauge<f64, AtomicU64>,
     /// `kubeproxy_network_programming_duration_seconds`.
     pub network_programming: Histogram,
-    /// `kubeproxy_sync_proxy_rules_endpoint_changes_total`.
+    /// `kubeproxy_sync_proxy_rules_endpoint_changes_total`: Services whose endpoints a received
+    /// revision changes, compared with the state held (a revision that changes nothing counts 0).
     pub endpoint_changes: Counter,
+    /// `kubeproxy_sync_proxy_rules_endpoint_changes_pending`: those of the revision waiting for
+    /// its kernel sync to start; 0 once it starts.
+    pub endpoint_changes_pending: Gauge,
+    /// `kubeproxy_sync_proxy_rules_service_changes_total`: Services a received revision adds,
+    /// changes or removes, compared with the state held.
+    pub service_changes: Counter,
+    /// `kubeproxy_sync_proxy_rules_service_changes_pending`: those of the revision waiting for
+    /// its kernel sync to start; 0 once it starts.
+    pub service_changes_pending: Gauge,
+    /// `kubeproxy_sync_proxy_rules_no_local_endpoints_total` (a gauge despite the name, as
+    /// upstream): Service ports with a Local traffic policy and no local endpoint to use, after
+    /// the last successful sync.
+    pub no_local_endpoints: Family<TrafficPolicyLabel, Gauge>,
     /// `kubeproxy_sync_proxy_rules_iptables_last`, per table and IP family.
     pub rules_last: Family<TableLabel, Gauge>,
     /// `kubeproxy_sync_proxy_rules_iptables_total`.
     pub rules_total: Family<TableLabel, Gauge>,
-    /// `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`.
+    /// `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`: syncs whose rules the
+    /// kernel refused (not failures to read the tables or run the tools).
     pub restore_failures: Counter,
+    /// `kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total`: those of them that
+    /// were partial syncs (the next sync is full).
+    pub partial_restore_failures: Counter,
     /// `kubeproxy_proxy_healthz_total`.
     pub healthz: Family<CodeLabel, Counter>,
     /// `kubeproxy_proxy_livez_total`.
@@ -57,6 +82,11 @@ pub struct Metrics {
     pub rejected_revisions: Counter,
     /// `splitproxy_agent_invalid_services`: Services skipped in the last sync.
     pub invalid_services: Gauge,
+    /// `splitproxy_agent_update_messages_received_total`: `SyncResponse` messages received.
+    pub update_messages_received: Counter,
+    /// `splitproxy_agent_update_bytes_received_total`: their encoded protobuf size, without
+    /// gRPC framing or HTTP/2 overhead.
+    pub update_bytes_received: Counter,
 }
 
 impl Metrics {
@@ -71,15 +101,30 @@ impl Metrics {
             last_queued_timestamp: Gauge::default(),
             network_programming: Histogram::new(network_programming_buckets()),
             endpoint_changes: Counter::default(),
+            endpoint_changes_pending: Gauge::default(),
+            service_changes: Counter::default(),
+            service_changes_pending: Gauge::default(),
+            no_local_endpoints: Family::default(),
             rules_last: Family::default(),
             rules_total: Family::default(),
             restore_failures: Counter::default(),
+            partial_restore_failures: Counter::default(),
             healthz: Family::default(),
             livez: Family::default(),
             reconnects: Counter::default(),
             rejected_revisions: Counter::default(),
             invalid_services: Gauge::default(),
+            update_messages_received: Counter::default(),
+            update_bytes_received: Counter::default(),
         };
+        // Both policies from the start, so a dashboard shows 0 rather than no data.
+        for traffic_policy in ["internal", "external"] {
+            metrics
+                .no_local_endpoints
+                .get_or_create(&TrafficPolicyLabel { traffic_policy })
+                .set(0);
+        }
+        // kube-proxy's names and HELP texts, so dashboards and alerts written for it work.
         registry.register(
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds",
@@ -116,19 +161,44 @@ impl Metrics {
             metrics.endpoint_changes.clone(),
         );
         registry.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "Pending proxy rules Endpoint changes",
+            metrics.endpoint_changes_pending.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_service_changes",
+            "Cumulative proxy rules Service changes",
+            metrics.service_changes.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "Pending proxy rules Service changes",
+            metrics.service_changes_pending.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints",
+            metrics.no_local_endpoints.clone(),
+        );
+        registry.register(
             "kubeproxy_sync_proxy_rules_iptables_last",
-            "Number of proxy rules written in the last sync, per table",
+            "Number of iptables rules written by kube-proxy in last sync",
             metrics.rules_last.clone(),
         );
         registry.register(
             "kubeproxy_sync_proxy_rules_iptables_total",
-            "Number of proxy rules the tables hold after the last sync, per table",
+            "Total number of iptables rules owned by kube-proxy",
             metrics.rules_total.clone(),
         );
         registry.register(
             "kubeproxy_sync_proxy_rules_iptables_restore_failures",
             "Cumulative proxy iptables restore failures",
             metrics.restore_failures.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures",
+            "Cumulative proxy iptables partial restore failures",
+            metrics.partial_restore_failures.clone(),
         );
         registry.register(
             "kubeproxy_proxy_healthz",
@@ -155,6 +225,16 @@ impl Metrics {
             "Services skipped in the last sync because they cannot be programmed",
             metrics.invalid_services.clone(),
         );
+        registry.register(
+            "splitproxy_agent_update_messages_received",
+            "Node view messages (SyncResponse) received from controllers",
+            metrics.update_messages_received.clone(),
+        );
+        registry.register(
+            "splitproxy_agent_update_bytes_received",
+            "Encoded protobuf bytes of the node view messages received from controllers",
+            metrics.update_bytes_received.clone(),
+        );
         metrics
     }
 }
@@ -176,6 +256,40 @@ fn network_programming_buckets() -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kube_proxy_metrics_are_exported_under_kube_proxys_names() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        metrics.restore_failures.inc();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+        // Counters get `_total` on their samples; the gauge keeps upstream's `_total` name.
+        for sample in [
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total 0",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0",
+            "kubeproxy_sync_proxy_rules_service_changes_total 0",
+            "kubeproxy_sync_proxy_rules_service_changes_pending 0",
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total 1",
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total 0",
+            "splitproxy_agent_update_messages_received_total 0",
+            "splitproxy_agent_update_bytes_received_total 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == sample),
+                "no {sample:?} in\n{text}"
+            );
+        }
+        for sample in [
+            r#"kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"} 0"#,
+            r#"kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 0"#,
+        ] {
+            assert!(
+                text.lines().any(|l| l == sample),
+                "no {sample:?} in\n{text}"
+            );
+        }
+    }
 
     #[test]
     fn network_programming_buckets_match_kube_proxy() {

@@ -165,16 +165,12 @@ impl NodeState {
 
     /// Keys of the Services whose endpoints differ between `self` and `other`.
     pub fn endpoint_changes<'a>(&'a self, other: &'a Self) -> impl Iterator<Item = &'a Key> {
-        let changed_or_added = other
-            .endpoints
-            .iter()
-            .filter(|(key, eps)| self.endpoints.get(*key) != Some(eps))
-            .map(|(key, _)| key);
-        let removed = self
-            .endpoints
-            .keys()
-            .filter(|key| !other.endpoints.contains_key(*key));
-        changed_or_added.chain(removed)
+        changed_keys(&self.endpoints, &other.endpoints)
+    }
+
+    /// Keys of the Services added, changed or removed between `self` and `other`.
+    pub fn service_changes<'a>(&'a self, other: &'a Self) -> impl Iterator<Item = &'a Key> {
+        changed_keys(&self.services, &other.services)
     }
 
     /// The dataplane model of this state. Services that cannot be programmed are skipped and
@@ -203,6 +199,19 @@ impl NodeState {
             .map(|p| p.endpoints.len())
             .sum()
     }
+}
+
+/// Keys whose value differs between `before` and `after`: changed or added, then removed.
+fn changed_keys<'a, V: PartialEq>(
+    before: &'a BTreeMap<Key, V>,
+    after: &'a BTreeMap<Key, V>,
+) -> impl Iterator<Item = &'a Key> {
+    let changed_or_added = after
+        .iter()
+        .filter(|(key, value)| before.get(*key) != Some(value))
+        .map(|(key, _)| key);
+    let removed = before.keys().filter(|key| !after.contains_key(*key));
+    changed_or_added.chain(removed)
 }
 
 fn key_of(key: Option<&pb::ObjectKey>) -> Result<Key, Rejected> {

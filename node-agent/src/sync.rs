@@ -5,12 +5,14 @@
 use crate::{
     client::error_chain,
     health_check::HealthChecks,
-    metrics::{Metrics, TableLabel},
+    metrics::{Metrics, TableLabel, TrafficPolicyLabel},
     runner::{SyncPeriods, SyncTimer},
     state::{Eligibility, NodeState, Revision},
     status::{Snapshot, Status, SyncOutcome},
 };
-use splitproxy_dataplane::{Dataplane, ProxyState, SyncReport};
+use splitproxy_dataplane::{
+    Dataplane, FailedStep, ProxyState, SyncError, SyncReport, endpoints::NoLocalEndpoints,
+};
 use std::{
     future::Future,
     sync::Arc,
@@ -127,6 +129,7 @@ impl<D: Dataplane> Applier<D> {
             });
             return Ok(());
         }
+        self.count_changes(&current, &next);
         let (proxy_state, invalid) = next.to_proxy_state();
         for ((namespace, name), err) in &invalid {
             tracing::warn!(service = %format!("{namespace}/{name}"), %err, "skipping service that cannot be programmed");
@@ -137,8 +140,32 @@ impl<D: Dataplane> Applier<D> {
 
         let (report, duration, finished_at) = self.sync_kernel(&proxy_state).await?;
         self.record_success(&current, next, report, duration, finished_at);
+        let no_local = NoLocalEndpoints::of(&proxy_state);
+        for (traffic_policy, ports) in [
+            ("internal", no_local.internal),
+            ("external", no_local.external),
+        ] {
+            self.metrics
+                .no_local_endpoints
+                .get_or_create(&TrafficPolicyLabel { traffic_policy })
+                .set(i64::try_from(ports).unwrap_or(i64::MAX));
+        }
         self.reconcile_health_checks(&proxy_state);
         Ok(())
+    }
+
+    /// Counts the Services whose definition or endpoints `next` changes from `current`, as
+    /// kube-proxy's change trackers count the changes that wait for the next sync.
+    fn count_changes(&self, current: &NodeState, next: &NodeState) {
+        let as_gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let services = current.service_changes(next).count();
+        let endpoints = current.endpoint_changes(next).count();
+        self.metrics.service_changes.inc_by(services as u64);
+        self.metrics.endpoint_changes.inc_by(endpoints as u64);
+        self.metrics.service_changes_pending.set(as_gauge(services));
+        self.metrics
+            .endpoint_changes_pending
+            .set(as_gauge(endpoints));
     }
 
     /// Syncs the held state again (a full resync), repairing rules changed behind the agent's
@@ -183,6 +210,9 @@ impl<D: Dataplane> Applier<D> {
         if let Some(allowed) = self.timer.next_sync_allowed() {
             tokio::time::sleep_until(allowed).await;
         }
+        // The sync takes the pending changes in, as kube-proxy's checks them out when it starts.
+        self.metrics.service_changes_pending.set(0);
+        self.metrics.endpoint_changes_pending.set(0);
         let started = Instant::now();
         let result = self.dataplane.sync(state).await;
         let finished = Instant::now();
@@ -205,7 +235,12 @@ impl<D: Dataplane> Applier<D> {
                 // revision leaves in place (none before the first revision).
                 let state_held = self.status.snapshot().state.epoch.is_some();
                 self.timer.failed(started, finished, state_held);
-                self.metrics.restore_failures.inc();
+                if let FailedStep::Restore { partial } = err.failed_step() {
+                    self.metrics.restore_failures.inc();
+                    if partial {
+                        self.metrics.partial_restore_failures.inc();
+                    }
+                }
                 let message = format!("{err}");
                 self.status.update(|s| {
                     s.last_sync = Some(SyncOutcome {
@@ -230,7 +265,6 @@ impl<D: Dataplane> Applier<D> {
     ) {
         let now = unix_seconds(finished_at);
         for key in previous.endpoint_changes(&next) {
-            self.metrics.endpoint_changes.inc();
             let trigger = next
                 .endpoints
                 .get(key)

@@ -18,6 +18,12 @@ pub struct FamilyError {
     pub source: Error,
 }
 
+impl crate::SyncError for FamilyError {
+    fn failed_step(&self) -> crate::FailedStep {
+        crate::SyncError::failed_step(&self.source)
+    }
+}
+
 /// The iptables dataplane for every IP family the node can program: `iptables` for IPv4 and
 /// `ip6tables` for IPv6, each seeing only its family's addresses and endpoints.
 #[derive(Debug, Clone)]

@@ -1301,7 +1301,7 @@ fn fake_tools(scratch: &Scratch, saved: &str, restore_exit: u8, check_exit: u8) 
 echo "$tool $*" >> "$dir/calls"
 case "$tool" in
   iptables-save) cat "$dir/saved" ;;
-  iptables-restore) cat > "$dir/payload"; [ {restore_exit} = 0 ] || {{ echo 'iptables-restore: line 2 failed' >&2; exit {restore_exit}; }} ;;
+  iptables-restore) cat > "$dir/payload"; [ -e "$dir/restore-fails" ] && {{ echo 'iptables-restore: line 9 failed' >&2; exit 2; }}; [ {restore_exit} = 0 ] || {{ echo 'iptables-restore: line 2 failed' >&2; exit {restore_exit}; }} ;;
   iptables) case "$*" in *"-C PREROUTING"*) echo 'Bad rule' >&2; exit {check_exit} ;; esac ;;
   conntrack) [ -e "$dir/conntrack-fails" ] && {{ echo 'conntrack v1.4.7 (conntrack-tools): Operation failed: such conntrack doesn'"'"'t exist' >&2; exit 1; }}
     echo 'conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.' >&2; exit 1 ;;
@@ -1378,7 +1378,32 @@ async fn rejected_restore_reports_its_stderr_and_installs_no_jumps() {
         "{err:?}"
     );
     assert!(err.to_string().contains("line 2 failed"), "{err}");
+    // The first sync is full: kube-proxy counts it as a restore failure, not a partial one.
+    assert_eq!(
+        crate::SyncError::failed_step(&err),
+        crate::FailedStep::Restore { partial: false }
+    );
     assert!(!scratch.read("calls").contains("iptables -w"));
+}
+
+#[tokio::test]
+async fn a_refused_partial_sync_says_it_was_partial_and_the_next_sync_is_full() {
+    let scratch = Scratch::new("partial-restore");
+    let saved = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n";
+    let mut iptables = fake_tools(&scratch, saved, 0, 0);
+    let (state, _) = everything();
+    assert!(iptables.sync(&state).await.unwrap().full);
+
+    std::fs::write(scratch.0.join("restore-fails"), "").unwrap();
+    let err = iptables.sync(&state).await.unwrap_err();
+    assert_eq!(
+        crate::SyncError::failed_step(&err),
+        crate::FailedStep::Restore { partial: true },
+        "{err:?}"
+    );
+
+    std::fs::remove_file(scratch.0.join("restore-fails")).unwrap();
+    assert!(iptables.sync(&state).await.unwrap().full);
 }
 
 #[tokio::test]

@@ -49,6 +49,12 @@ impl Kernel {
     }
 }
 
+impl splitproxy_dataplane::SyncError for Refused {
+    fn failed_step(&self) -> splitproxy_dataplane::FailedStep {
+        splitproxy_dataplane::FailedStep::Restore { partial: false }
+    }
+}
+
 impl Dataplane for Kernel {
     type Error = Refused;
 

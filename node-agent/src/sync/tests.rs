@@ -137,3 +137,106 @@ async fn rules_written_are_exported_per_table_and_ip_family() {
         [("filter".to_owned(), 7), ("nat".to_owned(), 21)]
     );
 }
+
+/// `web_revision` as revision `number`, a delta adding `demo/local`: internalTrafficPolicy Local,
+/// no endpoints.
+fn local_service_delta(number: u64) -> Revision {
+    let mut revision = web_revision();
+    revision.number = number;
+    revision.reset = false;
+    let part = &mut revision.parts[0];
+    part.revision = number;
+    part.reset = false;
+    let service = &mut part.upserted_services[0];
+    service.key = Some(pb::ObjectKey {
+        namespace: "demo".into(),
+        name: "local".into(),
+    });
+    service.cluster_ips = vec!["10.96.0.11".into()];
+    service.internal_traffic_policy_local = true;
+    revision
+}
+
+#[tokio::test(start_paused = true)]
+async fn changes_count_against_the_state_held_and_stop_pending_when_the_sync_starts() {
+    let metrics = Metrics::new(&mut Default::default());
+    let mut applier = Applier::new(
+        RecordingDataplane::default(),
+        Status::default(),
+        metrics.clone(),
+    );
+    applier.apply(&web_revision()).await.expect("applied");
+    assert_eq!(metrics.service_changes.get(), 1);
+
+    // The same state again (a reset after a reconnect) changes nothing.
+    let mut again = web_revision();
+    again.number = 2;
+    applier.apply(&again).await.expect("applied");
+    assert_eq!(metrics.service_changes.get(), 1);
+
+    // A new Service waits for min-sync-period: pending until its sync starts.
+    let delta = local_service_delta(3);
+    let mut apply = std::pin::pin!(applier.apply(&delta));
+    tokio::select! {
+        biased;
+        _ = &mut apply => panic!("the sync must wait for min-sync-period"),
+        () = tokio::time::sleep(Duration::from_millis(100)) => {}
+    }
+    assert_eq!(metrics.service_changes_pending.get(), 1);
+    assert_eq!(metrics.service_changes.get(), 2);
+    apply.await.expect("applied");
+    assert_eq!(metrics.service_changes_pending.get(), 0);
+    assert_eq!(metrics.endpoint_changes.get(), 0);
+
+    // Its internal Local policy has no local endpoint.
+    let gauge = |traffic_policy| {
+        metrics
+            .no_local_endpoints
+            .get_or_create(&TrafficPolicyLabel { traffic_policy })
+            .get()
+    };
+    assert_eq!((gauge("internal"), gauge("external")), (1, 0));
+}
+
+/// The error of [`Refusing`].
+#[derive(Debug, thiserror::Error)]
+#[error("refused")]
+struct Refusal(FailedStep);
+
+impl SyncError for Refusal {
+    fn failed_step(&self) -> FailedStep {
+        self.0
+    }
+}
+
+/// Fails every sync at one step.
+#[derive(Debug)]
+struct Refusing(FailedStep);
+
+impl Dataplane for Refusing {
+    type Error = Refusal;
+
+    fn mode(&self) -> &'static str {
+        "iptables"
+    }
+
+    async fn sync(&mut self, _: &ProxyState) -> Result<SyncReport, Refusal> {
+        Err(Refusal(self.0))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_refused_rules_count_as_restore_failures_and_partial_ones_in_both_counters() {
+    let counts = |step| async move {
+        let metrics = Metrics::new(&mut Default::default());
+        let mut applier = Applier::new(Refusing(step), Status::default(), metrics.clone());
+        applier.apply(&web_revision()).await.expect_err("refused");
+        (
+            metrics.restore_failures.get(),
+            metrics.partial_restore_failures.get(),
+        )
+    };
+    assert_eq!(counts(FailedStep::Restore { partial: true }).await, (1, 1));
+    assert_eq!(counts(FailedStep::Restore { partial: false }).await, (1, 0));
+    assert_eq!(counts(FailedStep::Other).await, (0, 0));
+}

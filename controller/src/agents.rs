@@ -1,0 +1,242 @@
+//! The connected agents: one record per open node view stream, written by the fan-out through a
+//! [`Connection`] and read by the metrics and the inspection service.
+//!
+//! **Lag.** A node is *behind* from the first cluster state published after the view it last
+//! acknowledged (or from the moment its stream opened) until it acknowledges a view of the latest
+//! published state. A published state that turns out not to change the node's view ends the lag
+//! as soon as the stream computes that view, which it does whenever no revision is in flight.
+//! The lag is measured on tokio's clock, so paused-time tests control it.
+
+use crate::metrics::Metrics;
+use prost::Message;
+use splitproxy_proto::v1alpha1 as pb;
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, SystemTime},
+};
+use tokio::time::Instant;
+
+/// A point in time on both clocks: tokio's, to measure lag, and the wall clock, to show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moment {
+    /// On tokio's clock.
+    pub instant: Instant,
+    /// On the wall clock.
+    pub wall: SystemTime,
+}
+
+impl Moment {
+    /// Now, on both clocks.
+    #[must_use]
+    pub fn now() -> Self {
+        Self {
+            instant: Instant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+}
+
+/// One open stream, as last updated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The node the agent subscribed as.
+    pub node: String,
+    /// The agent's address.
+    pub peer: String,
+    /// The proxy mode the agent reported (`pb::ProxyMode` as its wire number).
+    pub proxy_mode: i32,
+    /// When the stream opened.
+    pub connected_at: SystemTime,
+    /// The last revision the node applied; 0 before the first.
+    pub acked_revision: u64,
+    /// The newest revision sent; 0 before the first.
+    pub latest_revision: u64,
+    /// Since when the node lacks a published change; `None` while it is up to date.
+    pub behind_since: Option<Moment>,
+    /// When the node last acknowledged a revision as applied.
+    pub last_ack_at: Option<SystemTime>,
+    /// When and why the node last rejected a revision.
+    pub last_nack: Option<(SystemTime, String)>,
+    /// Messages sent on the stream.
+    pub messages_sent: u64,
+    /// Their encoded protobuf bytes.
+    pub bytes_sent: u64,
+}
+
+impl Record {
+    /// How long the node has been behind at `now`; zero while it is up to date.
+    #[must_use]
+    pub fn lag(&self, now: Instant) -> Duration {
+        self.behind_since.map_or(Duration::ZERO, |since| {
+            now.saturating_duration_since(since.instant)
+        })
+    }
+}
+
+/// Every open stream, by connection order; clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct Agents {
+    table: Arc<Mutex<Table>>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    next_id: u64,
+    streams: BTreeMap<u64, Record>,
+}
+
+impl Agents {
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // A poisoned table still holds the last written records, which is what readers want.
+        self.table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Every open stream, sorted by node name then connection order.
+    #[must_use]
+    pub fn streams(&self) -> Vec<Record> {
+        let mut streams: Vec<Record> = self.lock().streams.values().cloned().collect();
+        // Stable: streams of one node keep their connection order.
+        streams.sort_by(|a, b| a.node.cmp(&b.node));
+        streams
+    }
+
+    /// The newest stream of each connected node, sorted by node name: what the per-node metrics
+    /// report, so a node has one series even while an old stream of it lingers.
+    #[must_use]
+    pub fn by_node(&self) -> BTreeMap<String, Record> {
+        // Later (newer) streams overwrite earlier ones.
+        self.lock()
+            .streams
+            .values()
+            .map(|record| (record.node.clone(), record.clone()))
+            .collect()
+    }
+}
+
+/// One stream's handle on its record: the fan-out reports what happens on the stream, and the
+/// record goes away when the handle is dropped (the stream ended).
+#[derive(Debug)]
+pub struct Connection {
+    agents: Agents,
+    metrics: Metrics,
+    id: u64,
+    /// The first cluster state published since the node's view was last computed.
+    observed_change: Option<Moment>,
+}
+
+impl Connection {
+    /// Records a new stream of `node` from `peer`; `acked_revision` is what the agent resumed
+    /// from (0 when it starts afresh). The node is behind until its first acknowledgement.
+    #[must_use]
+    pub fn open(
+        metrics: &Metrics,
+        node: &str,
+        peer: &str,
+        proxy_mode: i32,
+        acked_revision: u64,
+    ) -> Self {
+        let agents = metrics.agents.clone();
+        let now = Moment::now();
+        let id = {
+            let mut table = agents.lock();
+            let id = table.next_id;
+            table.next_id += 1;
+            table.streams.insert(
+                id,
+                Record {
+                    node: node.to_owned(),
+                    peer: peer.to_owned(),
+                    proxy_mode,
+                    connected_at: now.wall,
+                    acked_revision,
+                    latest_revision: acked_revision,
+                    behind_since: None,
+                    last_ack_at: None,
+                    last_nack: None,
+                    messages_sent: 0,
+                    bytes_sent: 0,
+                },
+            );
+            id
+        };
+        Self {
+            agents,
+            metrics: metrics.clone(),
+            id,
+            observed_change: Some(now),
+        }
+    }
+
+    fn update(&self, change: impl FnOnce(&mut Record)) {
+        if let Some(record) = self.agents.lock().streams.get_mut(&self.id) {
+            change(record);
+        }
+    }
+
+    /// A new cluster state was published; the node may be behind from now on.
+    pub fn observed_change(&mut self) {
+        self.observed_change.get_or_insert_with(Moment::now);
+    }
+
+    /// The node's view of the latest published state was computed; `differs` says whether it
+    /// differs from what the node acknowledged (a revision follows). Only called with no
+    /// revision in flight, so an unchanged view means the node is up to date.
+    pub fn view_computed(&mut self, differs: bool) {
+        self.metrics.view_computations.inc();
+        let observed = self.observed_change.take();
+        self.update(|record| {
+            record.behind_since = if differs {
+                record
+                    .behind_since
+                    .or(observed)
+                    .or_else(|| Some(Moment::now()))
+            } else {
+                None
+            };
+        });
+    }
+
+    /// `messages` of `revision` were handed to the stream.
+    pub fn sent(&self, revision: u64, messages: &[pb::SyncResponse]) {
+        let bytes: u64 = messages.iter().map(|m| m.encoded_len() as u64).sum();
+        let count = messages.len() as u64;
+        self.metrics.messages_sent.inc_by(count);
+        self.metrics.bytes_sent.inc_by(bytes);
+        self.update(|record| {
+            record.latest_revision = revision;
+            record.messages_sent += count;
+            record.bytes_sent += bytes;
+        });
+    }
+
+    /// The node applied `revision`, the latest sent. It is up to date unless a state was
+    /// published after that revision's view was computed.
+    pub fn acked(&self, revision: u64) {
+        let behind_since = self.observed_change;
+        self.update(|record| {
+            record.acked_revision = revision;
+            record.last_ack_at = Some(SystemTime::now());
+            record.behind_since = behind_since;
+        });
+    }
+
+    /// The node rejected a revision for `reason`; it keeps what it had, and stays behind.
+    pub fn rejected(&self, reason: &str) {
+        self.metrics.rejected_revisions.inc();
+        self.update(|record| {
+            record.last_nack = Some((SystemTime::now(), reason.to_owned()));
+        });
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.agents.lock().streams.remove(&self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests;
