@@ -1,6 +1,7 @@
 //! The cluster as the controller sees it: Kubernetes objects filtered and converted the way
 //! kube-proxy does, independent of any one node.
 
+use crate::cause::Cause;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
@@ -104,6 +105,8 @@ pub struct ClusterState {
     pub nodes: BTreeMap<String, NodeTopology>,
     /// The Services left out because they cannot be programmed (each logged once).
     pub invalid_services: BTreeSet<Key>,
+    /// The change this state came from; never part of equality.
+    pub cause: Cause,
 }
 
 /// What of a Node topology hints are matched against.
@@ -223,6 +226,7 @@ impl ClusterState {
                 .map(|(name, node)| (name.clone(), NodeTopology::of(node)))
                 .collect(),
             invalid_services,
+            cause: Cause::default(),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! what the agent acknowledged and its node's current view, one revision in flight at a time.
 
 use crate::{
+    cause,
     cluster::ClusterState,
     view::{Delta, NodeView},
 };
@@ -118,6 +119,10 @@ struct AgentStream {
     acked: Option<Arc<NodeView>>,
     /// The revision sent and not yet answered, with the view it brings the agent to.
     in_flight: Option<(u64, Arc<NodeView>)>,
+    /// The changes seen since the last revision was sent, for the next one's trace.
+    changes: cause::Pending,
+    /// The in-flight revision's span, open from sending until the agent's answer.
+    in_flight_span: Option<tracing::Span>,
 }
 
 impl AgentStream {
@@ -142,6 +147,8 @@ impl AgentStream {
             revision: remembered.as_ref().map_or(0, |(r, _)| *r),
             acked: remembered.filter(|_| resumes).map(|(_, view)| view),
             in_flight: None,
+            changes: cause::Pending::default(),
+            in_flight_span: None,
         }
     }
 
@@ -169,6 +176,9 @@ impl AgentStream {
                 changed = self.cluster.changed() => {
                     if changed.is_err() {
                         break;
+                    }
+                    if let Some(cluster) = self.cluster.borrow().as_deref() {
+                        self.changes.note(&cluster.cause);
                     }
                     dirty = true;
                 }
@@ -202,6 +212,10 @@ impl AgentStream {
             tracing::warn!(revision = ack.revision, "ack for a revision not in flight");
             return false;
         };
+        if let Some(span) = self.in_flight_span.take() {
+            let applied = ack.status == pb::AckStatus::Applied as i32;
+            span.record("result", if applied { "applied" } else { "rejected" });
+        }
         if ack.status == pb::AckStatus::Applied as i32 {
             tracing::debug!(revision, "revision applied");
             self.acknowledged
@@ -228,7 +242,13 @@ impl AgentStream {
         }
         self.revision += 1;
         tracing::debug!(revision = self.revision, reset, "sending revision");
-        for message in split(delta, &self.epoch, self.revision, reset) {
+        let mut messages = split(delta, &self.epoch, self.revision, reset);
+        let span = self.revision_span(&cluster, reset);
+        if let Some(first) = messages.first_mut() {
+            first.trace_context = splitproxy_telemetry::trace::context_of(&span);
+        }
+        self.in_flight_span = Some(span);
+        for message in messages {
             self.tx
                 .send(Ok(message))
                 .await
@@ -236,6 +256,25 @@ impl AgentStream {
         }
         self.in_flight = Some((self.revision, view));
         Ok(())
+    }
+}
+
+impl AgentStream {
+    /// The span of the next revision, from sending to the agent's answer: a child of the
+    /// newest change's trace, linking the older changes merged into it (see `crate::cause`).
+    fn revision_span(&mut self, cluster: &ClusterState, reset: bool) -> tracing::Span {
+        let links = self.changes.take_links(&cluster.cause);
+        let span = tracing::info_span!(
+            "revision",
+            node = %self.node,
+            revision = self.revision,
+            reset,
+            merged_changes = links.len() + 1,
+            result = tracing::field::Empty,
+        );
+        splitproxy_telemetry::trace::continue_trace(&span, cluster.cause.0.as_ref());
+        splitproxy_telemetry::trace::link_to(&span, &links);
+        span
     }
 }
 

@@ -1,6 +1,7 @@
 //! Wiring: the source feeding the cluster state, and the gRPC server agents connect to.
 
 use crate::{
+    cause::Cause,
     cluster::{ClusterState, Objects, ServiceSelector},
     fanout::{FanOut, Published},
     metrics::Metrics,
@@ -29,14 +30,16 @@ pub enum Error {
 }
 
 /// Publishes a new cluster state only when it differs from the last one, so agents' streams wake
-/// up only for real changes.
+/// up only for real changes. The state carries the trace context of the span the source called
+/// this in (its change span).
 fn publish(
     tx: &watch::Sender<Published>,
     objects: &Objects,
     selector: &ServiceSelector,
     metrics: &Metrics,
 ) {
-    let state = ClusterState::build(objects, selector);
+    let mut state = ClusterState::build(objects, selector);
+    state.cause = Cause::of(&tracing::Span::current());
     metrics
         .invalid_services
         .set(i64::try_from(state.invalid_services.len()).unwrap_or(i64::MAX));

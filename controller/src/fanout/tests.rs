@@ -242,3 +242,55 @@ async fn an_agent_that_subscribes_before_the_first_full_read_waits_for_it() {
         "the first view is of the whole cluster, never an empty one"
     );
 }
+
+/// The trace id of a `traceparent` header value.
+fn trace_id(traceparent: &str) -> &str {
+    traceparent.split('-').nth(1).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_revision_carries_the_newest_change_trace_and_only_its_first_message_does() {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    // A current-thread runtime: the server's tasks run on this thread, under this subscriber.
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let caused = |services, span: &tracing::Span| {
+        let mut state = cluster(services, 2);
+        state.cause = crate::cause::Cause::of(span);
+        state
+    };
+    let first_change = tracing::info_span!("manifests change");
+    let h = harness(Some(caused(1, &first_change))).await;
+    let mut agent = Agent::subscribe(&h.url, None).await;
+    let first = agent.next().await;
+    let sent = first
+        .trace_context
+        .expect("a traced change's revision carries its context");
+    let change = crate::cause::Cause::of(&first_change).0.expect("traced");
+    assert_eq!(trace_id(&sent.traceparent), trace_id(&change.traceparent));
+    assert_ne!(
+        sent.traceparent, change.traceparent,
+        "the revision is its own span"
+    );
+
+    // Two changes while the first revision is unanswered: one revision, in the newest's trace.
+    let (older, newer) = (tracing::info_span!("a"), tracing::info_span!("b"));
+    h.publish.send_replace(Some(Arc::new(caused(2, &older))));
+    tokio::task::yield_now().await;
+    h.publish.send_replace(Some(Arc::new(caused(
+        MAX_RESOURCES_PER_MESSAGE + 1,
+        &newer,
+    ))));
+    agent.answer(first.revision, pb::AckStatus::Applied).await;
+    let part = agent.next().await;
+    let sent = part.trace_context.expect("first part carries the context");
+    let newest = crate::cause::Cause::of(&newer).0.expect("traced");
+    assert_eq!(trace_id(&sent.traceparent), trace_id(&newest.traceparent));
+    assert!(!part.complete, "the revision has two parts");
+    let last = agent.next().await;
+    assert!(last.complete && last.trace_context.is_none());
+}
