@@ -5,9 +5,14 @@ use crate::{
     eventually,
     lab::{Host, Lab, Process},
 };
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use serde::Deserialize;
-use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+    path::Path,
+    time::{Duration, SystemTime},
+};
 
 /// Jaeger's OTLP/gRPC port.
 pub const OTLP_GRPC_PORT: u16 = 4317;
@@ -32,29 +37,108 @@ pub fn otlp_env(host_ip: Ipv4Addr) -> Vec<(String, String)> {
     .collect()
 }
 
+/// `time` in microseconds since the Unix epoch, as Jaeger's span start times are.
+///
+/// # Errors
+///
+/// If `time` is before the epoch or too far after it.
+pub fn micros_since_epoch(time: SystemTime) -> Result<u64> {
+    let since = time.duration_since(SystemTime::UNIX_EPOCH)?;
+    Ok(u64::try_from(since.as_micros())?)
+}
+
 /// A running Jaeger (in-memory storage) on one lab host, listening on all its addresses.
 pub struct Jaeger {
     host: Host,
     /// The Jaeger process.
     pub process: Process,
+    /// Holds the configuration file, when there is one.
+    _config: Option<tempfile::TempDir>,
+}
+
+/// The all-in-one setup (OTLP/gRPC in, in-memory storage, query API and UI on every address)
+/// with the UI served from `assets`.
+fn ui_config(assets: &Path) -> String {
+    format!(
+        r#"service:
+  extensions: [jaeger_storage, jaeger_query]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      processors: [batch]
+      exporters: [jaeger_storage_exporter]
+extensions:
+  jaeger_storage:
+    backends:
+      memstore:
+        memory:
+          max_traces: 10000
+  jaeger_query:
+    storage:
+      traces: memstore
+    ui:
+      assets_path: {assets}
+    http:
+      endpoint: 0.0.0.0:{QUERY_PORT}
+receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: 0.0.0.0:{OTLP_GRPC_PORT}
+processors:
+  batch:
+exporters:
+  jaeger_storage_exporter:
+    trace_storage: memstore
+"#,
+        assets = assets.display()
+    )
 }
 
 impl Jaeger {
     /// Builds Jaeger if it is not in the tools cache yet, starts it on `host` and waits until
-    /// its query API answers.
+    /// its query API answers. Its web UI is a placeholder page (see [`Jaeger::start_with_ui`]).
     ///
     /// # Errors
     ///
     /// If the build fails, or Jaeger does not start answering in time.
     pub fn start(lab: &mut Lab, host: &Host) -> Result<Self> {
-        let bin = crate::built_tool("tracing/build-jaeger.sh")?;
         // Without --config, jaeger runs its built-in all-in-one configuration: OTLP receivers,
         // in-memory storage, query API and UI; this variable opens its ports beyond loopback.
         let env = [("JAEGER_LISTEN_HOST".to_owned(), "0.0.0.0".to_owned())];
-        let process = lab.spawn_with_env(host, bin.join("jaeger"), &[], &env)?;
+        Self::spawn(lab, host, &[], &env, None)
+    }
+
+    /// [`Jaeger::start`], serving the web UI from `ui_assets` (a built Jaeger UI: `index.html`
+    /// and its `static/` folder), which the Go module does not carry.
+    ///
+    /// # Errors
+    ///
+    /// As [`Jaeger::start`], and if the configuration cannot be written.
+    pub fn start_with_ui(lab: &mut Lab, host: &Host, ui_assets: &Path) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("splitproxy-jaeger-")
+            .tempdir()
+            .context("creating Jaeger's configuration folder")?;
+        let config = dir.path().join("config.yaml");
+        std::fs::write(&config, ui_config(ui_assets)).context("writing Jaeger's configuration")?;
+        let config = config.to_string_lossy().into_owned();
+        Self::spawn(lab, host, &["--config", &config], &[], Some(dir))
+    }
+
+    fn spawn(
+        lab: &mut Lab,
+        host: &Host,
+        args: &[&str],
+        env: &[(String, String)],
+        config: Option<tempfile::TempDir>,
+    ) -> Result<Self> {
+        let bin = crate::built_tool("tracing/build-jaeger.sh")?;
+        let process = lab.spawn_with_env(host, bin.join("jaeger"), args, env)?;
         let jaeger = Self {
             host: host.clone(),
             process,
+            _config: config,
         };
         eventually("jaeger answers its query API", START, || {
             jaeger.query(lab, "/api/services").map(drop)
@@ -81,6 +165,32 @@ impl Jaeger {
         )?;
         let answer: Answer = serde_json::from_str(&body).context("parsing Jaeger's traces")?;
         Ok(answer.data)
+    }
+
+    /// Waits up to `timeout` for the complete trace of the manifests change made at
+    /// `changed_at` (see [`Trace::check_change`]) among the controller's traces.
+    ///
+    /// # Errors
+    ///
+    /// If no such trace is complete in time: what each candidate lacks.
+    pub fn change_trace(
+        &self,
+        lab: &Lab,
+        changed_at: u64,
+        nodes: &[&str],
+        timeout: Duration,
+    ) -> Result<Trace> {
+        eventually("one trace holds the change on every node", timeout, || {
+            let traces = self.traces(lab, "splitproxy-controller")?;
+            let mut lacks = Vec::new();
+            for trace in traces {
+                match trace.check_change(changed_at, nodes) {
+                    Ok(()) => return Ok(trace),
+                    Err(err) => lacks.push(format!("{}: {err:#}", trace.trace_id)),
+                }
+            }
+            anyhow::bail!("no complete trace yet: {}", lacks.join("; "))
+        })
     }
 
     /// GETs `path` from the query API with `curl` inside the lab host's namespace.
@@ -120,6 +230,79 @@ impl Trace {
     /// The spans called `name`.
     pub fn named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Span> + 'a {
         self.spans.iter().filter(move |s| s.operation_name == name)
+    }
+
+    /// Whether this is the complete trace of a manifests change made at `changed_at` (µs since the
+    /// epoch) that changed one Service: the controller's change span, an applied `apply` span of
+    /// one Service from the agent of each of `nodes` under a controller span, and successful
+    /// `iptables sync` spans with their attributes under each `apply`.
+    ///
+    /// # Errors
+    ///
+    /// Says what is missing.
+    pub fn check_change(&self, changed_at: u64, nodes: &[&str]) -> Result<()> {
+        let trace = self;
+        let change = trace
+            .named("manifests change")
+            .find(|s| s.tag("initial").as_deref() == Some("false") && s.start_time >= changed_at)
+            .context("no manifests change span after the write")?;
+        ensure!(
+            trace.service_of(change) == Some("splitproxy-controller"),
+            "the change span comes from {:?}",
+            trace.service_of(change)
+        );
+        let mut seen = BTreeSet::new();
+        for apply in trace.named("apply") {
+            ensure!(
+                trace.service_of(apply) == Some("splitproxy-agent"),
+                "an apply span comes from {:?}",
+                trace.service_of(apply)
+            );
+            let parent = trace
+                .parent_of(apply)
+                .context("an apply span has no parent")?;
+            ensure!(
+                trace.service_of(parent) == Some("splitproxy-controller"),
+                "an apply span's parent is {:?}",
+                parent.operation_name
+            );
+            ensure!(
+                apply.tag("result").as_deref() == Some("applied"),
+                "an apply span's result is {:?}",
+                apply.tag("result")
+            );
+            ensure!(
+                apply.tag("services_changed").as_deref() == Some("1"),
+                "an apply span changed {:?} services",
+                apply.tag("services_changed")
+            );
+            let kernel: Vec<_> = trace
+                .named("iptables sync")
+                .filter(|s| {
+                    trace
+                        .parent_of(s)
+                        .is_some_and(|p| p.span_id == apply.span_id)
+                })
+                .collect();
+            ensure!(
+                !kernel.is_empty(),
+                "an apply span has no iptables sync child"
+            );
+            for sync in kernel {
+                ensure!(
+                    sync.tag("result").as_deref() == Some("ok")
+                        && sync.tag("ip_family").is_some()
+                        && sync.tag("sync").is_some()
+                        && sync.tag("rules_written").is_some(),
+                    "an iptables sync span lacks its attributes: {:?}",
+                    sync.tags
+                );
+            }
+            seen.insert(apply.tag("node").context("an apply span has no node")?);
+        }
+        let expected: BTreeSet<String> = nodes.iter().map(|n| (*n).to_owned()).collect();
+        ensure!(seen == expected, "apply spans from {seen:?}");
+        Ok(())
     }
 
     /// The span's parent in this trace, if it has one.
