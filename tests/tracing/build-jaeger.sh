@@ -16,7 +16,7 @@
 # The module zip carries no web UI assets (upstream builds them from a separate JavaScript
 # repository into cmd/query/app/ui/actual); this binary serves the placeholder page at `/`, and
 # the query API (`/api/traces`) the tests use is complete.
-# Build on 2 cores: see tests/tracing/README.md for the measured time.
+# Build time on 2 cores: see tests/tracing/README.md.
 set -euo pipefail
 
 JAEGER_MODULE_VERSION=v1.76.0

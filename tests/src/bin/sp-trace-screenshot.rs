@@ -73,7 +73,7 @@ fn run() -> Result<()> {
             "--no-sandbox",
             "--disable-gpu",
             "--hide-scrollbars",
-            "--window-size=1400,820",
+            "--window-size=1400,520",
             "--virtual-time-budget=15000",
             &screenshot,
             &url,
