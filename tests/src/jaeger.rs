@@ -2,6 +2,8 @@
 //! receiving OTLP and answering its HTTP query API, for the tracing tests and the screenshot.
 
 use crate::{
+    addresses::CONTROL_PLANE,
+    demo_cluster::{CONVERGE, Conditions, DemoCluster},
     eventually,
     lab::{Host, Lab, Process},
 };
@@ -379,4 +381,76 @@ pub struct Tag {
 pub struct TraceProcess {
     /// Its `service.name`.
     pub service_name: String,
+}
+
+/// The demo cluster exporting its controller's and agents' spans to a Jaeger on its
+/// control-plane host: what the tracing test and the screenshot tool both run.
+pub struct TracedDemo {
+    /// The demo cluster.
+    pub cluster: DemoCluster,
+    /// The Jaeger receiving its spans.
+    pub jaeger: Jaeger,
+}
+
+impl TracedDemo {
+    /// The demo nodes, each of which applies every change.
+    pub const NODES: &[&str] = &["node-1", "node-2"];
+    /// The longest wait for a change's trace to be complete in Jaeger; generous because CI
+    /// machines are slow and shared, and spans arrive in batches from three processes.
+    pub const TRACE_ARRIVES: Duration = Duration::from_secs(120);
+
+    /// Starts the demo cluster with OTLP export and Jaeger (serving the web UI from `ui_assets`
+    /// if given), and waits until traffic reaches the ready web pods, so both nodes hold the
+    /// demo state and a later change reaches them as a delta (an agent that connects late gets
+    /// a reset holding every Service instead).
+    ///
+    /// # Errors
+    ///
+    /// If the cluster or Jaeger cannot start, or the cluster does not converge.
+    pub fn start(tag: &str, ui_assets: Option<&Path>) -> Result<Self> {
+        let env = otlp_env(CONTROL_PLANE);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let mut cluster = DemoCluster::start_with_env(tag, &[], &env)?;
+        let host = cluster.control_plane.clone();
+        let jaeger = match ui_assets {
+            Some(assets) => Jaeger::start_with_ui(&mut cluster.lab, &host, assets)?,
+            None => Jaeger::start(&mut cluster.lab, &host)?,
+        };
+        eventually("traffic reaches the ready web pods", CONVERGE, || {
+            cluster.check_traffic(20).map(drop)
+        })
+        .with_context(|| cluster.logs())?;
+        Ok(Self { cluster, jaeger })
+    }
+
+    /// Adds the Service `demo/traced` (10.96.0.20:80, backed by web-a) and returns the complete
+    /// trace of that change (see [`Trace::check_change`]).
+    ///
+    /// # Errors
+    ///
+    /// If the manifest cannot be written or the trace is not complete in time (with the
+    /// processes' logs).
+    pub fn add_a_service(&self) -> Result<Trace> {
+        let changed_at = micros_since_epoch(SystemTime::now())?;
+        self.cluster.write_web_service(
+            "traced",
+            "  clusterIP: 10.96.0.20",
+            "",
+            &[("web-a", Conditions::ready(true))],
+        )?;
+        self.jaeger
+            .change_trace(
+                &self.cluster.lab,
+                changed_at,
+                Self::NODES,
+                Self::TRACE_ARRIVES,
+            )
+            .with_context(|| {
+                format!(
+                    "{}\n--- jaeger\n{}",
+                    self.cluster.logs(),
+                    self.jaeger.process.log_tail(30)
+                )
+            })
+    }
 }
