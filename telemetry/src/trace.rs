@@ -37,8 +37,9 @@ pub enum Error {
 pub enum Export {
     /// Nothing configured, `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`.
     Off,
-    /// OTLP over gRPC; the exporter reads `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`, `..._HEADERS`,
-    /// `..._TIMEOUT` itself.
+    /// OTLP over gRPC (the only protocol built in: `OTEL_EXPORTER_OTLP_PROTOCOL` is not read);
+    /// the exporter reads `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`, `..._HEADERS`, `..._TIMEOUT`
+    /// itself, and the batch processor `OTEL_BSP_*`.
     Otlp,
 }
 
