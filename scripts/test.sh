@@ -10,6 +10,8 @@ scripts/setup.sh
 # etcd Go modules (about 20 minutes cold on 2 cores), then cached in $SPLITPROXY_TOOLS.
 tests/controlplane/build-kubernetes.sh >/dev/null
 tests/controlplane/build-etcd.sh >/dev/null
+# The trace receiver for the tracing test: Jaeger v2 from its Go module, cached the same way.
+tests/tracing/build-jaeger.sh >/dev/null
 scripts/lint.sh
 # The end-to-end tests start the workspace's binaries; build them in the tests' profile first.
 cargo build --workspace --bins

@@ -1,6 +1,7 @@
 //! The cluster as the controller sees it: Kubernetes objects filtered and converted the way
 //! kube-proxy does, independent of any one node.
 
+use crate::cause::Cause;
 use crate::eligibility::Ineligible;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -105,6 +106,8 @@ pub struct ClusterState {
     pub nodes: BTreeMap<String, NodeInfo>,
     /// The Services left out because they cannot be programmed (each logged once).
     pub invalid_services: BTreeSet<Key>,
+    /// The change this state came from; never part of equality.
+    pub cause: Cause,
 }
 
 /// What the views need of one Node: where it is, and whether it may take new connections.
@@ -244,6 +247,7 @@ impl ClusterState {
                 .map(|(name, node)| (name.clone(), NodeInfo::of(node)))
                 .collect(),
             invalid_services,
+            cause: Cause::default(),
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::{
     agents::Connection,
+    cause,
     cluster::ClusterState,
     metrics::Metrics,
     view::{Delta, NodeView},
@@ -137,6 +138,10 @@ struct AgentStream {
     in_flight: Option<(u64, Arc<NodeView>)>,
     /// The stream's record for metrics and inspection; removed when the stream ends.
     connection: Connection,
+    /// The changes seen since the last revision was sent, for the next one's trace.
+    changes: cause::Pending,
+    /// The in-flight revision's span, open from sending until the agent's answer.
+    in_flight_span: Option<tracing::Span>,
 }
 
 impl AgentStream {
@@ -175,6 +180,8 @@ impl AgentStream {
             acked: remembered.filter(|_| resumes).map(|(_, view)| view),
             in_flight: None,
             connection,
+            changes: cause::Pending::default(),
+            in_flight_span: None,
         }
     }
 
@@ -204,6 +211,9 @@ impl AgentStream {
                         break;
                     }
                     self.connection.observed_change();
+                    if let Some(cluster) = self.cluster.borrow().as_deref() {
+                        self.changes.note(&cluster.cause);
+                    }
                     dirty = true;
                 }
                 message = inbound.next() => match message {
@@ -236,6 +246,10 @@ impl AgentStream {
             tracing::warn!(revision = ack.revision, "ack for a revision not in flight");
             return false;
         };
+        if let Some(span) = self.in_flight_span.take() {
+            let applied = ack.status == pb::AckStatus::Applied as i32;
+            span.record("result", if applied { "applied" } else { "rejected" });
+        }
         if ack.status == pb::AckStatus::Applied as i32 {
             tracing::debug!(revision, "revision applied");
             self.acknowledged
@@ -266,7 +280,12 @@ impl AgentStream {
         }
         self.revision += 1;
         tracing::debug!(revision = self.revision, reset, "sending revision");
-        let messages = split(delta, &self.epoch, self.revision, reset);
+        let mut messages = split(delta, &self.epoch, self.revision, reset);
+        let span = self.revision_span(&cluster, reset);
+        if let Some(first) = messages.first_mut() {
+            first.trace_context = splitproxy_telemetry::trace::context_of(&span);
+        }
+        self.in_flight_span = Some(span);
         self.connection.sent(self.revision, &messages);
         for message in messages {
             self.tx
@@ -276,6 +295,25 @@ impl AgentStream {
         }
         self.in_flight = Some((self.revision, view));
         Ok(())
+    }
+}
+
+impl AgentStream {
+    /// The span of the next revision, from sending to the agent's answer: a child of the
+    /// newest change's trace, linking the older changes merged into it (see `crate::cause`).
+    fn revision_span(&mut self, cluster: &ClusterState, reset: bool) -> tracing::Span {
+        let links = self.changes.take_links(&cluster.cause);
+        let span = tracing::info_span!(
+            "revision",
+            node = %self.node,
+            revision = self.revision,
+            reset,
+            merged_changes = links.len() + 1,
+            result = tracing::field::Empty,
+        );
+        splitproxy_telemetry::trace::continue_trace(&span, cluster.cause.0.as_ref());
+        splitproxy_telemetry::trace::link_to(&span, &links);
+        span
     }
 }
 

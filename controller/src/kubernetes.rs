@@ -131,19 +131,25 @@ impl Source for KubernetesSource {
         let mut listed = Listed::default();
         while let Some(signal) = signals.next().await {
             let mut changed = listed.note(signal);
+            let mut events = 1;
             // Take the whole burst (a relist, a rollout) before reading the stores once.
             while let Some(Some(signal)) = signals.next().now_or_never() {
                 changed |= listed.note(signal);
+                events += 1;
             }
             if changed && listed.all() {
-                publish(Objects {
-                    services: keyed(&services.state()),
-                    slices: keyed(&slices.state()),
-                    nodes: nodes
-                        .state()
-                        .iter()
-                        .filter_map(|n| Some((n.metadata.name.clone()?, (**n).clone())))
-                        .collect(),
+                // One batch of watch events is one change: the root of the trace of every
+                // revision it causes (see `crate::cause`).
+                tracing::info_span!("watch events", events).in_scope(|| {
+                    publish(Objects {
+                        services: keyed(&services.state()),
+                        slices: keyed(&slices.state()),
+                        nodes: nodes
+                            .state()
+                            .iter()
+                            .filter_map(|n| Some((n.metadata.name.clone()?, (**n).clone())))
+                            .collect(),
+                    });
                 });
             }
         }

@@ -6,6 +6,7 @@ use splitproxy_controller::{
     cluster::ServiceSelector, kubernetes::KubernetesSource, manifests::ManifestsDir,
     metrics::Metrics, server,
 };
+use splitproxy_telemetry::trace;
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 /// Streams each node's Services and endpoints to its splitproxy agent.
@@ -51,11 +52,6 @@ fn main() -> ExitCode {
             };
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     if let Some(dir) = cli.manifests.as_ref().filter(|dir| !dir.is_dir()) {
         eprintln!("--manifests {}: not a directory", dir.display());
         return ExitCode::from(EXIT_USAGE);
@@ -67,13 +63,28 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    // Inside the runtime: the OTLP exporter's connection lives on it.
+    let telemetry = match runtime.block_on(async {
+        trace::init(trace::Identity {
+            service_name: "splitproxy-controller",
+            attributes: Vec::new(),
+        })
+    }) {
+        Ok(telemetry) => telemetry,
+        Err(err) => {
+            eprintln!("setting up tracing: {:#}", anyhow::Error::from(err));
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let code = match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "controller stopped");
             ExitCode::FAILURE
         }
-    }
+    };
+    telemetry.shutdown();
+    code
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

@@ -203,15 +203,26 @@ impl Source for ManifestsDir {
     /// fails when the directory cannot be watched or listed.
     async fn run(mut self, mut publish: impl FnMut(Objects) + Send + 'static) -> Result<(), Error> {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let mut watcher = notify::recommended_watcher(move |event| {
-            // The receiver only goes away when the source stops.
-            let _ = tx.send(event);
-        })
-        .map_err(|e| Error::Watch(self.dir.clone(), e))?;
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                // Every rescan opens and reads the files, which inotify reports as access: reacting
+                // to those would rescan forever. Only changes count.
+                if event.as_ref().is_ok_and(|e| e.kind.is_access()) {
+                    return;
+                }
+                // The receiver only goes away when the source stops.
+                let _ = tx.send(event);
+            })
+            .map_err(|e| Error::Watch(self.dir.clone(), e))?;
         watcher
             .watch(&self.dir, notify::RecursiveMode::NonRecursive)
             .map_err(|e| Error::Watch(self.dir.clone(), e))?;
-        publish(self.rescan()?);
+        let dir = self.dir.display().to_string();
+        // Each read of the directory is one change: its span is the root of the trace of every
+        // revision it causes (see `crate::cause`).
+        let span = tracing::info_span!("manifests change", %dir, initial = true);
+        let objects = span.in_scope(|| self.rescan())?;
+        span.in_scope(|| publish(objects));
         while let Some(event) = rx.recv().await {
             if let Err(err) = event {
                 tracing::warn!(error = %err, "manifest watch event error; rescanning");
@@ -219,8 +230,13 @@ impl Source for ManifestsDir {
             // Editors write in bursts (truncate, write, rename): let the burst settle, then read
             // the directory once.
             tokio::time::sleep(Duration::from_millis(100)).await;
-            while rx.try_recv().is_ok() {}
-            publish(self.rescan()?);
+            let mut events = 1;
+            while rx.try_recv().is_ok() {
+                events += 1;
+            }
+            let span = tracing::info_span!("manifests change", %dir, initial = false, events);
+            let objects = span.in_scope(|| self.rescan())?;
+            span.in_scope(|| publish(objects));
         }
         Ok(())
     }

@@ -2,6 +2,7 @@
 //! also serves the controller's inspection service.
 
 use crate::{
+    cause::Cause,
     cluster::{ClusterState, Objects, ServiceSelector},
     fanout::{FanOut, Published},
     inspection::Inspection,
@@ -34,14 +35,16 @@ pub enum Error {
 }
 
 /// Publishes a new cluster state only when it differs from the last one, so agents' streams wake
-/// up only for real changes.
+/// up only for real changes. The state carries the trace context of the span the source called
+/// this in (its change span).
 fn publish(
     tx: &watch::Sender<Published>,
     objects: &Objects,
     selector: &ServiceSelector,
     metrics: &Metrics,
 ) {
-    let state = ClusterState::build(objects, selector);
+    let mut state = ClusterState::build(objects, selector);
+    state.cause = Cause::of(&tracing::Span::current());
     metrics
         .invalid_services
         .set(i64::try_from(state.invalid_services.len()).unwrap_or(i64::MAX));

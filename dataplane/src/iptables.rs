@@ -45,6 +45,7 @@ use std::{
     time::{Duration, Instant},
 };
 use tokio::{io::AsyncWriteExt, process::Command};
+use tracing::Instrument;
 
 /// What can go wrong while syncing the iptables backend.
 #[derive(Debug, thiserror::Error)]
@@ -585,7 +586,38 @@ impl Dataplane for Iptables {
         "iptables"
     }
 
+    /// One `iptables sync` span per call (a child of the caller's span, so of the agent's
+    /// `apply` in a traced revision): the IP family, the rules written, full or partial, and the
+    /// result.
     async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport> {
+        let span = tracing::info_span!(
+            "iptables sync",
+            ip_family = self.config.family.name(),
+            rules_written = tracing::field::Empty,
+            sync = tracing::field::Empty,
+            result = tracing::field::Empty,
+            error = tracing::field::Empty,
+        );
+        let result = self.sync_rules(state).instrument(span.clone()).await;
+        match &result {
+            Ok(report) => {
+                let written: u32 = report.rules_written.iter().map(|(_, n)| n).sum();
+                span.record("rules_written", written);
+                span.record("sync", if report.full { "full" } else { "partial" });
+                span.record("result", "ok");
+            }
+            Err(err) => {
+                span.record("result", "failed");
+                span.record("error", tracing::field::display(err));
+            }
+        }
+        result
+    }
+}
+
+impl Iptables {
+    /// One sync of this family: the kernel transaction and its bookkeeping.
+    async fn sync_rules(&mut self, state: &ProxyState) -> Result<SyncReport> {
         let family = self.config.family;
         let existing = self.existing_chains().await?;
         let full_reason = self.full_sync_reason(&existing).await?;

@@ -15,8 +15,10 @@ use splitproxy_dataplane::Dataplane;
 use splitproxy_proto::v1alpha1::{
     self as pb, node_view_service_client::NodeViewServiceClient, sync_request,
 };
+use splitproxy_telemetry::trace;
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 /// Where and as whom the client connects.
 #[derive(Debug, Clone)]
@@ -113,7 +115,15 @@ async fn stream_once<D: Dataplane>(
         .await?;
     status.update(|s| s.connected = true);
     tracing::info!(%controller, resume = held.epoch.is_some(), "subscribed");
-    serve(inbound, &acks, applier, metrics, progressed).await
+    serve(
+        &config.node_name,
+        inbound,
+        &acks,
+        applier,
+        metrics,
+        progressed,
+    )
+    .await
 }
 
 /// Connects to `controller` and subscribes, resuming from `held`. Returns the inbound stream and
@@ -169,8 +179,10 @@ async fn send(tx: &mpsc::Sender<pb::SyncRequest>, kind: sync_request::Kind) {
 /// Serves one subscribed stream: gathers each revision's parts, has the complete revision applied
 /// (which waits for min-sync-period) and answers it on `acks` once its rules are in the kernel,
 /// or with a NACK. Periodic resyncs run while it waits for the controller. Independent of gRPC,
-/// so tests drive it with a plain stream.
+/// so tests drive it with a plain stream. Each apply is an `apply` span of `node`, continuing
+/// the trace the revision was sent with.
 async fn serve<D, S>(
+    node: &str,
     mut inbound: S,
     acks: &mpsc::Sender<pb::SyncRequest>,
     applier: &mut Applier<D>,
@@ -212,7 +224,25 @@ where
             pending = Some(revision);
             continue;
         }
-        let ack = match applier.apply(&revision).await {
+        let span = tracing::info_span!(
+            "apply",
+            node,
+            revision = revision.number,
+            reset = revision.reset,
+            services_changed = revision.services_changed(),
+            result = tracing::field::Empty,
+        );
+        trace::continue_trace(&span, revision.trace_context());
+        let applied = applier.apply(&revision).instrument(span.clone()).await;
+        span.record(
+            "result",
+            if applied.is_ok() {
+                "applied"
+            } else {
+                "rejected"
+            },
+        );
+        let ack = match applied {
             Ok(()) => {
                 tracing::info!(
                     revision = revision.number,

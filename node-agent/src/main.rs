@@ -9,6 +9,7 @@ use splitproxy_agent::{
     wire_mode,
 };
 use splitproxy_dataplane::iptables::{self, DualStack};
+use splitproxy_telemetry::trace::{self, KeyValue};
 use std::{net::IpAddr, process::ExitCode, time::Duration};
 use tracing::Instrument;
 
@@ -31,15 +32,30 @@ fn main() -> ExitCode {
             };
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("starting the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
     let node_name = match cli.hostname_override.clone().map_or_else(host_name, Ok) {
         Ok(name) if !name.is_empty() => name.to_lowercase(),
         Ok(_) | Err(_) => {
             eprintln!("cannot tell the node name: set --hostname-override");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    // Inside the runtime: the OTLP exporter's connection lives on it.
+    let telemetry = match runtime.block_on(async {
+        trace::init(trace::Identity {
+            service_name: "splitproxy-agent",
+            attributes: vec![KeyValue::new("k8s.node.name", node_name.clone())],
+        })
+    }) {
+        Ok(telemetry) => telemetry,
+        Err(err) => {
+            eprintln!("setting up tracing: {:#}", anyhow::Error::from(err));
             return ExitCode::from(EXIT_USAGE);
         }
     };
@@ -72,21 +88,16 @@ fn main() -> ExitCode {
         healthz_bind_address: cli.healthz_bind_address,
         inspection_bind_address: cli.inspection_bind_address,
     };
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("starting the runtime: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
     let span = tracing::info_span!("agent", node = %config.client.node_name);
-    match runtime.block_on(run(config, iptables).instrument(span)) {
+    let code = match runtime.block_on(run(config, iptables).instrument(span)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "agent stopped");
             ExitCode::FAILURE
         }
-    }
+    };
+    telemetry.shutdown();
+    code
 }
 
 async fn run(config: Config, iptables: iptables::Config) -> anyhow::Result<()> {

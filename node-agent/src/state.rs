@@ -96,6 +96,36 @@ impl From<&pb::NodeStatus> for Eligibility {
     }
 }
 
+impl Revision {
+    /// How many Services the revision adds, changes or removes, counting a change to a
+    /// Service's endpoints as a change to the Service.
+    #[must_use]
+    pub fn services_changed(&self) -> usize {
+        let mut keys = std::collections::BTreeSet::new();
+        for part in &self.parts {
+            let upserted = part.upserted_services.iter().filter_map(|s| s.key.as_ref());
+            let endpoints = part
+                .upserted_endpoints
+                .iter()
+                .filter_map(|e| e.key.as_ref());
+            for key in upserted
+                .chain(endpoints)
+                .chain(&part.removed_services)
+                .chain(&part.removed_endpoints)
+            {
+                keys.insert((key.namespace.as_str(), key.name.as_str()));
+            }
+        }
+        keys.len()
+    }
+
+    /// The trace context the revision was sent with (on its first part); `None` when untraced.
+    #[must_use]
+    pub fn trace_context(&self) -> Option<&pb::TraceContext> {
+        self.parts.first()?.trace_context.as_ref()
+    }
+}
+
 /// Services and endpoints by key, and the node's eligibility, as last applied.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeState {

@@ -19,6 +19,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// Why a revision was not applied; sent to the controller as the NACK reason.
 #[derive(Debug, thiserror::Error)]
@@ -177,7 +178,10 @@ impl<D: Dataplane> Applier<D> {
             return;
         }
         let (proxy_state, _) = held.to_proxy_state();
-        match self.sync_kernel(&proxy_state).await {
+        // A resync is nobody's change: its kernel sync is a trace of its own.
+        let span = tracing::info_span!("resync", revision = held.revision);
+        splitproxy_telemetry::trace::continue_trace(&span, None);
+        match self.sync_kernel(&proxy_state).instrument(span).await {
             Ok((report, duration, finished_at)) => {
                 tracing::debug!(revision = held.revision, "resynced");
                 self.record_sync(report, duration, finished_at, |_| {});

@@ -42,28 +42,9 @@ impl Binaries {
     ///
     /// If a build script fails.
     pub fn ensure() -> Result<Self> {
-        let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("controlplane");
-        let run = |script: &str| -> Result<PathBuf> {
-            let output = std::process::Command::new("bash")
-                .arg(scripts.join(script))
-                .stderr(std::process::Stdio::inherit())
-                .output()
-                .with_context(|| format!("running {script}"))?;
-            ensure!(
-                output.status.success(),
-                "{script} failed with {}",
-                output.status
-            );
-            let stdout = String::from_utf8_lossy(&output.stdout);
-            let dir = stdout
-                .lines()
-                .last()
-                .context("the build script printed no folder")?;
-            Ok(PathBuf::from(dir.trim()))
-        };
         Ok(Self {
-            kubernetes: run("build-kubernetes.sh")?,
-            etcd: run("build-etcd.sh")?,
+            kubernetes: crate::built_tool("controlplane/build-kubernetes.sh")?,
+            etcd: crate::built_tool("controlplane/build-etcd.sh")?,
         })
     }
 

@@ -74,6 +74,8 @@ pub struct DemoCluster {
     /// The agent processes, in node order.
     pub agents: Vec<Process>,
     manifests: tempfile::TempDir,
+    /// Environment added to the controller's and every agent's (e.g. `OTEL_*`).
+    env: Vec<(String, String)>,
 }
 
 impl DemoCluster {
@@ -94,6 +96,17 @@ impl DemoCluster {
     ///
     /// If the lab cannot be built or a binary is missing.
     pub fn start_with(tag: &str, agent_flags: &[&str]) -> Result<Self> {
+        Self::start_with_env(tag, agent_flags, &[])
+    }
+
+    /// [`DemoCluster::start_with`], with `env` (name, value) in the controller's and every
+    /// agent's environment, also when they are restarted later (e.g. the `OTEL_*` variables that
+    /// switch trace export on).
+    ///
+    /// # Errors
+    ///
+    /// If the lab cannot be built or a binary is missing.
+    pub fn start_with_env(tag: &str, agent_flags: &[&str], env: &[(&str, &str)]) -> Result<Self> {
         let mut lab = Lab::new(tag)?;
         let control_plane = lab.add_host("cp", CONTROL_PLANE)?;
         let external = lab.add_host("ext", EXTERNAL_CLIENT)?;
@@ -132,6 +145,10 @@ impl DemoCluster {
             controller: None,
             agents: Vec::new(),
             manifests,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
         };
         cluster.write_manifests()?;
         cluster.start_controller()?;
@@ -159,8 +176,12 @@ impl DemoCluster {
             "iptables",
         ];
         args.extend_from_slice(extra);
-        self.lab
-            .spawn(&node, workspace_binary("splitproxy-agent")?, &args)
+        self.lab.spawn_with_env(
+            &node,
+            workspace_binary("splitproxy-agent")?,
+            &args,
+            &self.env,
+        )
     }
 
     /// Replaces the agent on the node at `index` with one started with `extra` flags; the rules
@@ -210,10 +231,11 @@ impl DemoCluster {
     pub fn start_controller(&mut self) -> Result<()> {
         let listen = format!("{}:{CONTROLLER_PORT}", self.control_plane.ip());
         let manifests = self.manifests.path().to_string_lossy().into_owned();
-        let controller = self.lab.spawn(
+        let controller = self.lab.spawn_with_env(
             &self.control_plane,
             workspace_binary("splitproxy-controller")?,
             &["--manifests", &manifests, "--listen", &listen],
+            &self.env,
         )?;
         self.controller = Some(controller);
         Ok(())

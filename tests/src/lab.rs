@@ -549,6 +549,21 @@ impl Lab {
         program: impl AsRef<OsStr>,
         args: &[&str],
     ) -> Result<Process> {
+        self.spawn_with_env(ns, program, args, &[])
+    }
+
+    /// [`Lab::spawn`] with `env` (name, value) added to the inherited environment.
+    ///
+    /// # Errors
+    ///
+    /// As [`Lab::spawn`].
+    pub fn spawn_with_env(
+        &mut self,
+        ns: &(impl HasNamespace + ?Sized),
+        program: impl AsRef<OsStr>,
+        args: &[&str],
+        env: &[(String, String)],
+    ) -> Result<Process> {
         let ns = self.owned_ns(ns)?.to_owned();
         let program = program.as_ref();
         let id = self.spawned;
@@ -563,7 +578,9 @@ impl Lab {
         let mut log = File::create(&log_path)
             .with_context(|| format!("cannot create log file {}", log_path.display()))?;
         let mut command = netns_exec(&ns, program, args);
-        writeln!(log, "$ {}", describe(&command)).context("cannot write log header")?;
+        command.envs(env.iter().map(|(k, v)| (k, v)));
+        let env_text: String = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+        writeln!(log, "$ {env_text}{}", describe(&command)).context("cannot write log header")?;
         let child = command
             .stdin(Stdio::null())
             .stdout(log.try_clone().context("cannot share the log file")?)

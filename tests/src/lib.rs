@@ -6,6 +6,7 @@
 pub mod addresses;
 pub mod control_plane;
 pub mod demo_cluster;
+pub mod jaeger;
 pub mod lab;
 pub mod sctp;
 pub mod testpod;
@@ -40,6 +41,33 @@ pub fn workspace_binary(name: &str) -> Result<PathBuf> {
         );
     }
     Ok(path)
+}
+
+/// Runs the idempotent build script `script` (a path under `tests/`, such as
+/// `controlplane/build-etcd.sh`) and returns the folder it prints last: the built tool's `bin`
+/// directory in the tools cache. Quick when the tool is already built.
+///
+/// # Errors
+///
+/// If the script fails or prints no folder.
+pub fn built_tool(script: &str) -> Result<PathBuf> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
+    let output = std::process::Command::new("bash")
+        .arg(&path)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {script}"))?;
+    anyhow::ensure!(
+        output.status.success(),
+        "{script} failed with {}",
+        output.status
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let dir = stdout
+        .lines()
+        .last()
+        .context("the build script printed no folder")?;
+    Ok(PathBuf::from(dir.trim()))
 }
 
 /// Calls `attempt` until it succeeds or `timeout` has passed, pausing a little longer each time;

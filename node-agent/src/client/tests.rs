@@ -111,6 +111,7 @@ impl Agent {
         let task = tokio::spawn(async move {
             let mut progressed = false;
             serve(
+                "node-1",
                 ReceiverStream::new(inbound),
                 &ack_tx,
                 &mut applier,
