@@ -11,7 +11,7 @@ use crate::{
 };
 use futures::{Stream, StreamExt};
 use rand::Rng;
-use splitproxy_dataplane::Dataplane;
+use splitproxy_dataplane::{Dataplane, IpFamily};
 use splitproxy_proto::v1alpha1::{
     self as pb, node_view_service_client::NodeViewServiceClient, sync_request,
 };
@@ -110,8 +110,9 @@ async fn stream_once<D: Dataplane>(
     progressed: &mut bool,
 ) -> Result<(), StreamError> {
     let held = status.snapshot().state;
+    let families = applier.ip_families();
     let (inbound, acks) = applier
-        .resync_while(subscribe(config, controller, &held))
+        .resync_while(subscribe(config, controller, &held, &families))
         .await?;
     status.update(|s| s.connected = true);
     tracing::info!(%controller, resume = held.epoch.is_some(), "subscribed");
@@ -132,6 +133,7 @@ async fn subscribe(
     config: &ClientConfig,
     controller: &str,
     held: &NodeState,
+    families: &[IpFamily],
 ) -> Result<
     (
         tonic::Streaming<pb::SyncResponse>,
@@ -152,7 +154,13 @@ async fn subscribe(
         node_name: config.node_name.clone(),
         capabilities: Some(pb::Capabilities {
             proxy_mode: config.proxy_mode as i32,
-            ip_families: vec![pb::IpFamily::Ipv4 as i32],
+            ip_families: families
+                .iter()
+                .map(|family| match family {
+                    IpFamily::V4 => pb::IpFamily::Ipv4 as i32,
+                    IpFamily::V6 => pb::IpFamily::Ipv6 as i32,
+                })
+                .collect(),
         }),
         resume: held.epoch.as_ref().map(|epoch| pb::ResumePoint {
             controller_epoch: epoch.clone(),

@@ -11,7 +11,7 @@ use crate::{
     status::{Snapshot, Status, SyncOutcome},
 };
 use splitproxy_dataplane::{
-    Dataplane, FailedStep, ProxyState, SyncError, SyncReport, endpoints::NoLocalEndpoints,
+    Dataplane, FailedStep, IpFamily, ProxyState, SyncError, SyncReport, endpoints::NoLocalEndpoints,
 };
 use std::{
     future::Future,
@@ -69,6 +69,12 @@ impl<D: Dataplane> Applier<D> {
     pub fn with_sync_periods(mut self, periods: SyncPeriods) -> Self {
         self.timer = SyncTimer::new(periods);
         self
+    }
+
+    /// The IP families the dataplane programs, as the agent tells the controller.
+    #[must_use]
+    pub fn ip_families(&self) -> Vec<IpFamily> {
+        self.dataplane.ip_families()
     }
 
     /// When the next periodic resync is due; `None` while no state is held.
