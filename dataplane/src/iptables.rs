@@ -17,6 +17,7 @@
 //! before can be trusted to be there.
 
 pub mod chain_names;
+mod cleanup;
 mod dual_stack;
 pub mod partial;
 pub mod render;
@@ -25,6 +26,7 @@ pub mod save;
 mod tests;
 pub mod trace;
 
+pub use cleanup::Cleaned;
 pub use dual_stack::{DualStack, FamilyError};
 pub use render::{
     FilterRules, NatRules, RenderOptions, render_filter, render_filter_for, render_nat,
@@ -295,6 +297,11 @@ impl Jump {
         self.args(wait_seconds, &["-C", self.chain])
     }
 
+    /// The `iptables` arguments that delete (`-D`) one copy of this jump.
+    fn delete_args(&self, wait_seconds: u32) -> Vec<String> {
+        self.args(wait_seconds, &["-D", self.chain])
+    }
+
     /// The `iptables` arguments that insert this jump as the chain's first rule.
     fn insert_args(&self, wait_seconds: u32) -> Vec<String> {
         self.args(wait_seconds, &["-I", self.chain, "1"])
@@ -382,7 +389,12 @@ impl Iptables {
 
     /// The nat chains now in the kernel.
     async fn existing_chains(&self) -> Result<BTreeSet<String>> {
-        let args = ["-t".to_owned(), "nat".to_owned()];
+        self.chains_of("nat").await
+    }
+
+    /// The chains `table` holds now.
+    async fn chains_of(&self, table: &str) -> Result<BTreeSet<String>> {
+        let args = ["-t".to_owned(), table.to_owned()];
         let output = self.run(&self.config.iptables_save, &args, None).await?;
         if !output.status.success() {
             return Err(Error::Save {
@@ -392,7 +404,7 @@ impl Iptables {
         }
         Ok(save::chains(
             &String::from_utf8_lossy(&output.stdout),
-            "nat",
+            table,
         ))
     }
 

@@ -188,6 +188,20 @@ const JUMPS: [&str; 3] = [
 ];
 const FOREIGN_JUMP: &str = "-A PREROUTING -j CNI-HOSTPORT-DNAT";
 
+/// Someone else's chain and jump in nat (`FOREIGN_JUMP`), which splitproxy must leave alone.
+fn add_foreign_jump(netns: &Netns) {
+    netns.exec(&["iptables", "-t", "nat", "-N", "CNI-HOSTPORT-DNAT"]);
+    netns.exec(&[
+        "iptables",
+        "-t",
+        "nat",
+        "-A",
+        "PREROUTING",
+        "-j",
+        "CNI-HOSTPORT-DNAT",
+    ]);
+}
+
 #[track_caller]
 fn assert_jumps_once(saved: &str) {
     for jump in JUMPS.iter().chain([&FOREIGN_JUMP]) {
@@ -212,17 +226,7 @@ fn per_service_chains(saved: &str) -> Vec<&str> {
 #[tokio::test]
 async fn sync_programs_the_nat_table_idempotently_and_removes_stale_chains() {
     let netns = Netns::create("sync");
-    // Someone else's chain and jump, which --noflush must leave alone.
-    netns.exec(&["iptables", "-t", "nat", "-N", "CNI-HOSTPORT-DNAT"]);
-    netns.exec(&[
-        "iptables",
-        "-t",
-        "nat",
-        "-A",
-        "PREROUTING",
-        "-j",
-        "CNI-HOSTPORT-DNAT",
-    ]);
+    add_foreign_jump(&netns);
     let mut iptables = netns.iptables();
 
     let report = iptables.sync(&one_service()).await.unwrap();
@@ -560,4 +564,27 @@ fn assert_jumps_in(saved: &str, jumps: &[&str]) {
         let count = saved.lines().filter(|line| line == jump).count();
         assert_eq!(count, 1, "{jump:?} appears {count} times in\n{saved}");
     }
+}
+
+#[tokio::test]
+async fn cleanup_removes_every_rule_of_the_layout_and_nothing_else() {
+    let netns = Netns::create("cleanup");
+    add_foreign_jump(&netns);
+    let mut iptables = netns.iptables();
+    iptables.sync(&both(&["10.180.0.1"])).await.unwrap();
+
+    let cleaned = iptables.cleanup().await.unwrap();
+    assert_eq!(cleaned.jumps, 12, "{cleaned:?}");
+    assert!(cleaned.chains > 10, "{cleaned:?}");
+    for table in ["mangle", "nat", "filter"] {
+        let saved = netns.saved(table);
+        assert!(!saved.contains("KUBE-"), "{table} still holds\n{saved}");
+    }
+    let nat = netns.nat_rules();
+    assert!(nat.lines().any(|line| line == FOREIGN_JUMP), "{nat}");
+    assert!(nat.contains(":CNI-HOSTPORT-DNAT"), "{nat}");
+
+    // Nothing left: a second run removes nothing and succeeds.
+    let again = iptables.cleanup().await.unwrap();
+    assert_eq!((again.jumps, again.chains), (0, 0));
 }

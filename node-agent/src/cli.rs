@@ -18,9 +18,13 @@ pub struct Cli {
         long = "controller",
         env = "SPLITPROXY_CONTROLLERS",
         value_delimiter = ',',
-        required = true
+        required_unless_present = "cleanup"
     )]
     pub controllers: Vec<String>,
+    /// Remove every iptables rule of kube-proxy's layout (splitproxy's, and an iptables-mode
+    /// kube-proxy's leftovers) in both IP families, then exit.
+    #[arg(long)]
+    pub cleanup: bool,
     /// The node name to program; defaults to the host name.
     #[arg(long, env = "NODE_NAME")]
     pub hostname_override: Option<String>,
@@ -512,5 +516,12 @@ mod tests {
         ])
         .expect("valid");
         assert_eq!(unspecified.primary_ip().ok(), "127.0.0.1".parse().ok());
+    }
+
+    #[test]
+    fn cleanup_needs_no_controller_and_the_agent_otherwise_does() {
+        let cleanup = Cli::try_parse_from(["splitproxy-agent", "--cleanup"]).expect("valid");
+        assert!(cleanup.cleanup && cleanup.controllers.is_empty());
+        assert!(Cli::try_parse_from(["splitproxy-agent"]).is_err());
     }
 }

@@ -59,6 +59,11 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    if cli.cleanup {
+        let code = runtime.block_on(cleanup());
+        telemetry.shutdown();
+        return code;
+    }
     let primary_ip = match cli.primary_ip() {
         Ok(ip) => Some(ip),
         Err(err) => {
@@ -111,6 +116,32 @@ async fn run(config: Config, iptables: iptables::Config) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `--cleanup`: removes kube-proxy's iptables layout (splitproxy's, or kube-proxy's own leftovers)
+/// in every IP family whose tools work, then exits; failure if any family could not be cleaned.
+async fn cleanup() -> ExitCode {
+    let dataplane = DualStack::detect(&iptables::Config::default()).await;
+    let mut code = ExitCode::SUCCESS;
+    for (family, outcome) in dataplane.cleanup().await {
+        match outcome {
+            Ok(cleaned) => tracing::info!(
+                ip_family = family.name(),
+                jumps = cleaned.jumps,
+                chains = cleaned.chains,
+                "removed the iptables rules"
+            ),
+            Err(err) => {
+                tracing::error!(
+                    ip_family = family.name(),
+                    error = format!("{:#}", anyhow::Error::from(err)),
+                    "could not remove the iptables rules"
+                );
+                code = ExitCode::FAILURE;
+            }
+        }
+    }
+    code
 }
 
 /// The node addresses `--nodeport-addresses` selects, read once at start-up; `None` for all.

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use anyhow::{Context, Result, ensure};
-use splitproxy_e2e::{agent_metric, demo_cluster::DemoCluster, eventually};
+use splitproxy_e2e::{agent_metric, demo_cluster::DemoCluster, eventually, hit, workspace_binary};
 use std::time::Duration;
 
 /// The longest wait for rules to converge; generous because CI machines are slow and shared.
@@ -52,5 +52,40 @@ fn rules_deleted_behind_the_agents_back_come_back_and_resyncs_are_partial() -> R
     );
     let log = cluster.agents[0].log();
     ensure!(log.contains("canary chain is gone"), "{log}");
+    Ok(())
+}
+
+#[test]
+fn cleanup_takes_every_rule_out_of_a_node_and_leaves_the_others() -> Result<()> {
+    let mut cluster = DemoCluster::start("cleanup")?;
+    eventually("traffic reaches the ready endpoints", CONVERGE, || {
+        cluster.check_traffic(REQUESTS).map(drop)
+    })
+    .with_context(|| cluster.logs())?;
+    let node1 = cluster.nodes[0].clone();
+    let agent = cluster.agents[0].clone();
+    cluster.lab.kill(&agent)?;
+
+    let binary = workspace_binary("splitproxy-agent")?;
+    cluster.run(&node1, &binary.to_string_lossy(), &["--cleanup"])?;
+
+    for tool in ["iptables-save", "ip6tables-save"] {
+        let saved = cluster.run(&node1, tool, &[])?;
+        ensure!(
+            !saved.contains("KUBE-"),
+            "{tool} on node-1 still shows\n{saved}"
+        );
+    }
+    let url = DemoCluster::cluster_ip_url();
+    let from_node1 = hit(&cluster.lab, &node1, &url, 1)?;
+    ensure!(
+        from_node1.answered() == 0,
+        "node-1 still reaches the Service: {from_node1:?}"
+    );
+    let from_node2 = hit(&cluster.lab, &cluster.nodes[1], &url, REQUESTS)?;
+    ensure!(
+        from_node2.failures == 0,
+        "node-2 lost the Service: {from_node2:?}"
+    );
     Ok(())
 }

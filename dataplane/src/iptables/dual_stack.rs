@@ -77,6 +77,15 @@ impl DualStack {
         dual_stack
     }
 
+    /// Removes every family's rules ([`Iptables::cleanup`]), each whatever the others' outcome.
+    pub async fn cleanup(&self) -> Vec<(IpFamily, Result<super::Cleaned, Error>)> {
+        let mut outcomes = Vec::new();
+        for executor in &self.families {
+            outcomes.push((executor.config().family, executor.cleanup().await));
+        }
+        outcomes
+    }
+
     /// The families programmed, IPv4 first.
     #[must_use]
     pub fn families(&self) -> Vec<IpFamily> {
