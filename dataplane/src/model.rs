@@ -1,6 +1,12 @@
 //! The model every backend consumes: Services, their ports, and each port's endpoints.
 
-use std::{collections::BTreeMap, fmt, net::IpAddr, str::FromStr, time::Duration};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    str::FromStr,
+    time::Duration,
+};
 
 /// Everything a node must program, keyed by Service.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -115,24 +121,41 @@ impl FromStr for Cidr {
 }
 
 impl Cidr {
+    /// The block itself: the address with its host bits cleared (`10.244.7.1/16` is
+    /// `10.244.0.0/16`), the prefix capped at the family's width.
+    #[must_use]
+    pub fn network(&self) -> Self {
+        // `checked_shl` is `None` for a shift by the full width, the `/0` network.
+        let (address, prefix) = match self.address {
+            IpAddr::V4(address) => {
+                let prefix = self.prefix.min(32);
+                let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+                (
+                    IpAddr::from(Ipv4Addr::from(u32::from(address) & mask)),
+                    prefix,
+                )
+            }
+            IpAddr::V6(address) => {
+                let prefix = self.prefix.min(128);
+                let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+                (
+                    IpAddr::from(Ipv6Addr::from(u128::from(address) & mask)),
+                    prefix,
+                )
+            }
+        };
+        Self { address, prefix }
+    }
+
     /// Whether `ip` is inside this block; never for an address of the other family.
     #[must_use]
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.address, ip) {
-            (IpAddr::V4(network), IpAddr::V4(ip)) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(self.prefix.min(32)))
-                    .unwrap_or(0);
-                u32::from(network) & mask == u32::from(ip) & mask
-            }
-            (IpAddr::V6(network), IpAddr::V6(ip)) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix.min(128)))
-                    .unwrap_or(0);
-                u128::from(network) & mask == u128::from(ip) & mask
-            }
-            _ => false,
-        }
+        let network = self.network();
+        let host = Self {
+            address: ip,
+            prefix: network.prefix,
+        };
+        ip.is_ipv4() == self.address.is_ipv4() && host.network() == network
     }
 }
 

@@ -42,7 +42,7 @@ pub use nat::{NatRules, render_nat, render_nat_for};
 
 use crate::Cidr;
 use crate::conntrack::IpFamily;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
 /// The nat chain every Service dispatch starts from (jumped to from PREROUTING and OUTPUT).
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
@@ -129,22 +129,8 @@ impl RenderOptions {
     fn cluster_cidr(&self, family: IpFamily) -> Option<String> {
         self.cluster_cidrs
             .iter()
-            .find_map(|cidr| match cidr.address {
-                IpAddr::V4(address) if family == IpFamily::V4 => {
-                    let prefix = u32::from(cidr.prefix.min(32));
-                    // `checked_shl` is `None` for a shift by 32, the `/0` network.
-                    let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
-                    let network = Ipv4Addr::from(u32::from(address) & mask);
-                    Some(format!("{network}/{prefix}"))
-                }
-                IpAddr::V6(address) if family == IpFamily::V6 => {
-                    let prefix = u32::from(cidr.prefix.min(128));
-                    let mask = u128::MAX.checked_shl(128 - prefix).unwrap_or(0);
-                    let network = Ipv6Addr::from(u128::from(address) & mask);
-                    Some(format!("{network}/{prefix}"))
-                }
-                _ => None,
-            })
+            .find(|cidr| family.contains(&cidr.address))
+            .map(|cidr| cidr.network().to_string())
     }
 }
 
