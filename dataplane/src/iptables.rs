@@ -613,7 +613,7 @@ impl Dataplane for Iptables {
         let result = self.sync_rules(state).instrument(span.clone()).await;
         match &result {
             Ok(report) => {
-                let written: u32 = report.rules_written.iter().map(|(_, n)| n).sum();
+                let written: u32 = report.family_rules.iter().map(|(_, _, n)| n).sum();
                 span.record("rules_written", written);
                 span.record("sync", if report.full { "full" } else { "partial" });
                 span.record("result", "ok");

@@ -20,18 +20,11 @@ pub use model::{
 /// What one successful sync wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SyncReport {
-    /// Rules written by this sync per table, e.g. `("nat", 12)`, summed over the IP families
-    /// synced.
-    pub rules_written: Vec<(String, u32)>,
-    /// Rules the backend's tables hold after this sync, per table, summed over the IP families:
-    /// those written and those an incremental sync left in place.
-    pub rules_total: Vec<(String, u32)>,
-    /// Rules written per IP family and table, e.g. `(IpFamily::V6, "nat", 12)`, from backends
-    /// that program each family apart (kube-proxy's `ip_family` metric label); empty from the
-    /// others.
+    /// Rules written per IP family and table, e.g. `(IpFamily::V6, "nat", 12)` (kube-proxy's
+    /// `ip_family` metric label).
     pub family_rules: Vec<(IpFamily, String, u32)>,
-    /// Rules held per IP family and table after this sync, as
-    /// [`rules_total`](Self::rules_total) is per table.
+    /// Rules held per IP family and table after this sync: those written and those an
+    /// incremental sync left in place.
     pub family_totals: Vec<(IpFamily, String, u32)>,
     /// Every rule was written, not only the changed Services' (kube-proxy's full sync); with
     /// several families, in every one of them.
@@ -48,40 +41,50 @@ impl SyncReport {
         total: Vec<(String, u32)>,
         full: bool,
     ) -> Self {
-        let per_family = |counts: &[(String, u32)]| {
+        let per_family = |counts: Vec<(String, u32)>| {
             counts
-                .iter()
-                .map(|(table, rules)| (family, table.clone(), *rules))
+                .into_iter()
+                .map(|(table, rules)| (family, table, rules))
                 .collect()
         };
         Self {
-            family_rules: per_family(&written),
-            family_totals: per_family(&total),
-            rules_written: written,
-            rules_total: total,
+            family_rules: per_family(written),
+            family_totals: per_family(total),
             full,
         }
     }
 
-    /// Adds `other`'s rules (another family's sync) to this report: its families' rules, and its
-    /// tables summed into the per-table counts. The sync is full only if both were.
+    /// Adds `other`'s rules (another family's sync) to this report. The sync is full only if
+    /// both were.
     pub fn merge(&mut self, other: Self) {
-        add_per_table(&mut self.rules_written, other.rules_written);
-        add_per_table(&mut self.rules_total, other.rules_total);
         self.family_rules.extend(other.family_rules);
         self.family_totals.extend(other.family_totals);
         self.full = self.full && other.full;
     }
+
+    /// Rules written per table, e.g. `("nat", 12)`, summed over the IP families.
+    #[must_use]
+    pub fn rules_written(&self) -> Vec<(String, u32)> {
+        per_table(&self.family_rules)
+    }
+
+    /// Rules held per table after this sync, summed over the IP families.
+    #[must_use]
+    pub fn rules_total(&self) -> Vec<(String, u32)> {
+        per_table(&self.family_totals)
+    }
 }
 
-/// Adds `more` to `counts`, table by table.
-fn add_per_table(counts: &mut Vec<(String, u32)>, more: Vec<(String, u32)>) {
-    for (table, rules) in more {
-        match counts.iter_mut().find(|(t, _)| *t == table) {
-            Some((_, sum)) => *sum = sum.saturating_add(rules),
-            None => counts.push((table, rules)),
+/// `counts` summed per table, tables in the order they first appear.
+fn per_table(counts: &[(IpFamily, String, u32)]) -> Vec<(String, u32)> {
+    let mut sums: Vec<(String, u32)> = Vec::new();
+    for (_, table, rules) in counts {
+        match sums.iter_mut().find(|(t, _)| t == table) {
+            Some((_, sum)) => *sum = sum.saturating_add(*rules),
+            None => sums.push((table.clone(), *rules)),
         }
     }
+    sums
 }
 
 /// Which step of a sync failed, as kube-proxy's failure counters tell them apart.

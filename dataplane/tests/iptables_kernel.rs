@@ -264,7 +264,7 @@ async fn sync_programs_the_nat_table_idempotently_and_removes_stale_chains() {
         .filter(|line| line.starts_with("-A KUBE-"))
         .count();
     assert_eq!(
-        report.rules_written,
+        report.rules_written(),
         [
             ("filter".to_owned(), u32::try_from(ours_in_filter).unwrap()),
             ("nat".to_owned(), u32::try_from(ours).unwrap())
@@ -391,9 +391,9 @@ async fn partial_syncs_leave_unchanged_services_alone_until_the_tables_are_flush
     assert!(saved.contains("--to-destination 10.180.0.9:80"), "{saved}");
     assert!(!saved.contains("10.180.0.1:80"), "{saved}");
     assert!(saved.lines().any(|line| line == tampered), "{saved}");
-    let nat_written = |report: &splitproxy_dataplane::SyncReport| report.rules_written[1].1;
+    let nat_written = |report: &splitproxy_dataplane::SyncReport| report.rules_written()[1].1;
     assert!(nat_written(&second) < nat_written(&first), "{second:?}");
-    assert_eq!(second.rules_total, first.rules_total);
+    assert_eq!(second.rules_total(), first.rules_total());
 
     // A firewall reload deletes every chain: the canary is gone, so everything comes back.
     for table in ["nat", "filter"] {
@@ -414,7 +414,7 @@ async fn partial_syncs_leave_unchanged_services_alone_until_the_tables_are_flush
             "{jump} missing in\n{restored}"
         );
     }
-    assert_eq!(third.rules_total, first.rules_total);
+    assert_eq!(third.rules_total(), first.rules_total());
 }
 
 /// `ns4/dual:p80`, dual-stack with client-IP affinity, node port 30004 and one endpoint per

@@ -322,7 +322,7 @@ impl<D: Dataplane> Applier<D> {
                 finished_at,
                 duration,
                 error: None,
-                rules_written: report.rules_written,
+                rules_written: report.rules_written(),
             });
         });
     }

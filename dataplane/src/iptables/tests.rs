@@ -1334,7 +1334,7 @@ async fn sync_restores_the_render_and_inserts_only_missing_jumps() {
     );
     let filter = render_filter(&state);
     assert_eq!(
-        report.rules_written,
+        report.rules_written(),
         [
             ("filter".to_owned(), filter.rule_count),
             ("nat".to_owned(), expected.rule_count)
@@ -1770,7 +1770,7 @@ async fn failed_conntrack_cleanup_does_not_fail_the_sync() {
     iptables.sync(&ProxyState::default()).await.unwrap();
     let report = iptables.sync(&udp_dns(&["10.180.0.1"])).await.unwrap();
 
-    assert_eq!(report.rules_written.len(), 2);
+    assert_eq!(report.rules_written().len(), 2);
     assert_eq!(
         conntrack_calls(&scratch),
         [
@@ -1836,9 +1836,9 @@ async fn unchanged_services_are_not_rewritten_until_a_canary_goes() {
     let payload = scratch.read("payload");
     assert!(!payload.contains("-A KUBE-SEP-"), "{payload}");
     assert!(payload.contains("-A KUBE-SERVICES"), "{payload}");
-    assert_eq!(second.rules_total, first.rules_total);
+    assert_eq!(second.rules_total(), first.rules_total());
     assert!(
-        second.rules_written[1].1 < first.rules_written[1].1,
+        second.rules_written()[1].1 < first.rules_written()[1].1,
         "{second:?}"
     );
     // A partial sync probes the canaries and trusts the jumps.
@@ -1856,7 +1856,7 @@ async fn unchanged_services_are_not_rewritten_until_a_canary_goes() {
     std::fs::write(scratch.0.join("saved"), SAVED).unwrap();
     let third = iptables.sync(&state).await.unwrap();
     assert!(third.full);
-    assert_eq!(third.rules_written, first.rules_written);
+    assert_eq!(third.rules_written(), first.rules_written());
     assert!(scratch.read("payload").contains("-A KUBE-SEP-"));
 }
 

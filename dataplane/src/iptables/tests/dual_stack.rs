@@ -284,7 +284,7 @@ async fn both_families_are_synced_each_with_its_own_tools_and_rules() {
         ]
     );
     assert_eq!(
-        report.rules_written,
+        report.rules_written(),
         [
             ("filter".to_owned(), v4.0.rule_count + v6.0.rule_count),
             ("nat".to_owned(), v4.1.rule_count + v6.1.rule_count),
