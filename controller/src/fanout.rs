@@ -3,6 +3,7 @@
 
 use crate::{
     agents::Connection,
+    auth::{AgentAuth, Refusal},
     cause,
     cluster::ClusterState,
     metrics::Metrics,
@@ -57,6 +58,7 @@ pub struct FanOut {
     cluster: watch::Receiver<Published>,
     acknowledged: Arc<Acknowledged>,
     metrics: Metrics,
+    auth: AgentAuth,
 }
 
 impl FanOut {
@@ -68,7 +70,15 @@ impl FanOut {
             cluster,
             acknowledged: Arc::default(),
             metrics: Metrics::default(),
+            auth: AgentAuth::Open,
         }
+    }
+
+    /// The same server, letting in only agents `auth` identifies, each for its own node.
+    #[must_use]
+    pub fn with_auth(mut self, auth: AgentAuth) -> Self {
+        self.auth = auth;
+        self
     }
 
     /// The same server, recording its streams in `metrics`.
@@ -85,6 +95,15 @@ impl FanOut {
     }
 }
 
+impl FanOut {
+    /// Logs and counts a refused stream; the returned status tells the agent why.
+    fn refuse(&self, peer: &str, refusal: Refusal) -> Status {
+        tracing::warn!(%peer, reason = %refusal, "refused an agent stream");
+        self.metrics.count_refusal(refusal.reason());
+        refusal.into()
+    }
+}
+
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<pb::SyncResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -98,6 +117,11 @@ impl NodeViewService for FanOut {
         let peer = request
             .remote_addr()
             .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+        let identity = self
+            .auth
+            .authenticate(request.metadata())
+            .await
+            .map_err(|refusal| self.refuse(&peer, refusal))?;
         let mut inbound = request.into_inner();
         let subscribe = match inbound.next().await {
             Some(Ok(pb::SyncRequest {
@@ -113,9 +137,13 @@ impl NodeViewService for FanOut {
         if subscribe.node_name.is_empty() {
             return Err(Status::invalid_argument("subscribe carries no node name"));
         }
+        identity
+            .admit(&subscribe.node_name)
+            .map_err(|refusal| self.refuse(&peer, refusal))?;
         let (tx, rx) = mpsc::channel(4);
         let span = tracing::info_span!("agent_stream", node = %subscribe.node_name, %peer);
-        let stream = AgentStream::new(self, &subscribe, &peer, tx);
+        let mut stream = AgentStream::new(self, &subscribe, &peer, tx);
+        stream.credential_expires = identity.expires;
         tokio::spawn(stream.run(inbound).instrument(span));
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
@@ -142,6 +170,9 @@ struct AgentStream {
     changes: cause::Pending,
     /// The in-flight revision's span, open from sending until the agent's answer.
     in_flight_span: Option<tracing::Span>,
+    /// When the agent's credential expires: the stream ends then, and the agent comes back
+    /// with its rotated credential (and resumes).
+    credential_expires: Option<std::time::SystemTime>,
 }
 
 impl AgentStream {
@@ -182,6 +213,7 @@ impl AgentStream {
             connection,
             changes: cause::Pending::default(),
             in_flight_span: None,
+            credential_expires: None,
         }
     }
 
@@ -197,6 +229,12 @@ impl AgentStream {
             tracing::warn!("agent's node is not a known Node object");
         }
         let mut retry_at: Option<tokio::time::Instant> = None;
+        let credential_expires = self.credential_expires.map(|at| {
+            let left = at
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default();
+            tokio::time::Instant::now() + left
+        });
         let mut dirty = true;
         loop {
             if dirty && self.in_flight.is_none() && retry_at.is_none() {
@@ -235,6 +273,12 @@ impl AgentStream {
                 () = sleep_until(retry_at) => {
                     retry_at = None;
                     dirty = true;
+                }
+                () = sleep_until(credential_expires) => {
+                    tracing::info!("agent credential expired; closing the stream");
+                    let expired = Status::unauthenticated("credential expired; reconnect with a fresh one");
+                    let _ = self.tx.send(Err(expired)).await;
+                    break;
                 }
             }
         }

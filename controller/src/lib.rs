@@ -2,6 +2,7 @@
 //! deltas to the node agents.
 
 pub mod agents;
+pub mod auth;
 pub mod cause;
 pub mod cluster;
 pub mod eligibility;

@@ -3,8 +3,12 @@
 use clap::Parser;
 use prometheus_client::registry::Registry;
 use splitproxy_controller::{
-    cluster::ServiceSelector, kubernetes::KubernetesSource, manifests::ManifestsDir,
-    metrics::Metrics, server,
+    auth::{AgentAuth, StaticTokens, TokenReviewer},
+    cluster::ServiceSelector,
+    kubernetes::KubernetesSource,
+    manifests::ManifestsDir,
+    metrics::Metrics,
+    server,
 };
 use splitproxy_telemetry::trace;
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
@@ -35,6 +39,62 @@ struct Cli {
         default_value = "127.0.0.1:10662"
     )]
     metrics_bind_address: SocketAddr,
+    /// Address of the controller's inspection (gRPC with reflection: `ListNodes`,
+    /// `GetClusterState`); loopback unless configured. Not the agent's 10661, as both run on
+    /// control-plane nodes.
+    #[arg(
+        long,
+        env = "SPLITPROXY_INSPECTION_BIND_ADDRESS",
+        default_value = "127.0.0.1:10663"
+    )]
+    inspection_bind_address: SocketAddr,
+    /// PEM certificate (chain) the node view port serves TLS with; plaintext without it.
+    #[arg(
+        long,
+        env = "SPLITPROXY_TLS_CERT_FILE",
+        requires = "tls_private_key_file"
+    )]
+    tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `--tls-cert-file`.
+    #[arg(
+        long,
+        env = "SPLITPROXY_TLS_PRIVATE_KEY_FILE",
+        requires = "tls_cert_file"
+    )]
+    tls_private_key_file: Option<PathBuf>,
+    /// With --manifests: a file of `token,node` lines; an agent must present one of these
+    /// tokens and receives only that node's view. Without it, the manifests source lets any
+    /// agent subscribe as any node. (With the Kubernetes source, agents' ServiceAccount tokens
+    /// are always reviewed by the API server instead.)
+    #[arg(long, env = "SPLITPROXY_AGENT_TOKENS_FILE", requires = "manifests")]
+    agent_tokens_file: Option<PathBuf>,
+    /// The ServiceAccount (NAMESPACE/NAME) whose Pod-bound tokens identify agents.
+    #[arg(
+        long,
+        env = "SPLITPROXY_AGENT_SERVICE_ACCOUNT",
+        default_value = "splitproxy-system/splitproxy-agent",
+        value_parser = parse_service_account
+    )]
+    agent_service_account: (String, String),
+    /// The audience agents' tokens must be issued for.
+    #[arg(
+        long,
+        env = "SPLITPROXY_AGENT_TOKEN_AUDIENCE",
+        default_value = "splitproxy"
+    )]
+    agent_token_audience: String,
+}
+
+/// Parses `NAMESPACE/NAME`.
+fn parse_service_account(value: &str) -> Result<(String, String), String> {
+    match value.split_once('/') {
+        Some((namespace, name))
+            if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+        {
+            Ok((namespace.to_owned(), name.to_owned()))
+        }
+        _ => Err(format!("{value:?} is not NAMESPACE/NAME")),
+    }
 }
 
 /// Exit code for bad configuration (EX_USAGE).
@@ -88,18 +148,54 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    let tls = tls_identity(&cli)?;
     let selector = ServiceSelector {
         service_proxy_name: cli.service_proxy_name,
     };
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
+    if tls.is_none() {
+        tracing::warn!("serving node views without TLS: agents' tokens travel in clear text");
+    }
     let serving = async {
+        let mut serving = server::Serving {
+            selector: selector.clone(),
+            metrics,
+            auth: AgentAuth::Open,
+            tls,
+        };
+        let (listen, inspection) = (cli.listen, cli.inspection_bind_address);
         match cli.manifests {
-            Some(dir) => server::run(cli.listen, ManifestsDir::new(dir), selector, metrics).await,
+            Some(dir) => {
+                serving.auth = match &cli.agent_tokens_file {
+                    Some(file) => {
+                        let tokens = StaticTokens::read(file)?;
+                        tracing::info!(
+                            tokens = tokens.len(),
+                            "agents authenticate with static tokens"
+                        );
+                        AgentAuth::Static(Arc::new(tokens))
+                    }
+                    None => {
+                        tracing::warn!(
+                            "no --agent-tokens-file: any agent may receive any node's view"
+                        );
+                        AgentAuth::Open
+                    }
+                };
+                server::run(listen, inspection, ManifestsDir::new(dir), serving).await
+            }
             None => {
                 let client = kube_client(cli.kubeconfig.as_deref()).await?;
-                let source = KubernetesSource::new(client, selector.clone());
-                server::run(cli.listen, source, selector, metrics).await
+                let (namespace, name) = &cli.agent_service_account;
+                serving.auth = AgentAuth::Review(Arc::new(TokenReviewer::new(
+                    client.clone(),
+                    &cli.agent_token_audience,
+                    namespace,
+                    name,
+                )));
+                let source = KubernetesSource::new(client, selector);
+                server::run(listen, inspection, source, serving).await
             }
         }
         .map_err(anyhow::Error::from)
@@ -116,6 +212,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The TLS certificate and key of the node view port, if configured.
+fn tls_identity(cli: &Cli) -> anyhow::Result<Option<tonic::transport::Identity>> {
+    use anyhow::Context;
+    let (Some(cert), Some(key)) = (&cli.tls_cert_file, &cli.tls_private_key_file) else {
+        return Ok(None);
+    };
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+    };
+    Ok(Some(tonic::transport::Identity::from_pem(
+        read(cert)?,
+        read(key)?,
+    )))
 }
 
 /// A client from `--kubeconfig`, or else from the environment (`KUBECONFIG`, in-cluster, default

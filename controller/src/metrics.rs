@@ -35,6 +35,9 @@ pub struct Metrics {
     pub bytes_sent: Counter,
     /// `splitproxy_controller_rejected_revisions_total`: revisions agents rejected (NACKs).
     pub rejected_revisions: Counter,
+    /// `splitproxy_controller_refused_streams_total{reason}`: agent streams refused because
+    /// their credential was missing, invalid, for another node, or could not be reviewed.
+    pub refused_streams: Family<ReasonLabel, Counter>,
     /// The open streams, for `splitproxy_controller_connected_agents` and the per-node gauges.
     pub agents: Agents,
 }
@@ -69,9 +72,29 @@ impl Metrics {
             "Revisions agents rejected (NACKed), keeping their last good state",
             metrics.rejected_revisions.clone(),
         );
+        registry.register(
+            "splitproxy_controller_refused_streams",
+            "Agent streams refused: credential missing, invalid, for another node, or unreviewable",
+            metrics.refused_streams.clone(),
+        );
         registry.register_collector(Box::new(AgentGauges(metrics.agents.clone())));
         metrics
     }
+}
+
+impl Metrics {
+    /// Counts one refused agent stream.
+    pub fn count_refusal(&self, reason: &'static str) {
+        self.refused_streams
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+}
+
+/// A `reason` label, from a fixed set.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    reason: &'static str,
 }
 
 /// A `node` label.

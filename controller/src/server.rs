@@ -1,7 +1,8 @@
-//! Wiring: the source feeding the cluster state, and the gRPC server agents connect to, which
-//! also serves the controller's inspection service.
+//! Wiring: the source feeding the cluster state, the gRPC server agents connect to, and the
+//! controller's inspection server (a separate, by default loopback, listener).
 
 use crate::{
+    auth::AgentAuth,
     cause::Cause,
     cluster::{ClusterState, Objects, ServiceSelector},
     fanout::{FanOut, Published},
@@ -63,58 +64,102 @@ fn publish(
     });
 }
 
-/// Binds `listen` and runs `source` and the server until either fails.
-///
-/// # Errors
-///
-/// Returns the first error of the listener, the server or the source.
-pub async fn run(
-    listen: SocketAddr,
-    source: impl Source,
-    selector: ServiceSelector,
-    metrics: Metrics,
-) -> Result<(), Error> {
-    let listener = TcpListener::bind(listen)
-        .await
-        .map_err(|e| Error::Bind(listen, e))?;
-    tracing::info!(address = %listen, "serving node views");
-    serve(listener, source, selector, metrics).await
+/// How the controller serves agents and people.
+#[derive(Debug, Clone)]
+pub struct Serving {
+    /// The Services this controller programs.
+    pub selector: ServiceSelector,
+    /// Where streams and states are recorded.
+    pub metrics: Metrics,
+    /// Who may receive which node's view.
+    pub auth: AgentAuth,
+    /// The certificate and key of the node view port; plaintext when `None`.
+    pub tls: Option<tonic::transport::Identity>,
 }
 
-/// Runs `source` and the gRPC server on an already bound listener, serving the Services
-/// `selector` claims and recording into `metrics`.
+/// Binds `listen` (node views for agents) and `inspection` (the controller's inspection, for
+/// people and tools), and runs `source` and both servers until one fails.
 ///
 /// # Errors
 ///
-/// Returns the first error of the server or the source.
+/// Returns the first error of the listeners, the servers or the source.
+pub async fn run(
+    listen: SocketAddr,
+    inspection: SocketAddr,
+    source: impl Source,
+    serving: Serving,
+) -> Result<(), Error> {
+    let bind = |address: SocketAddr| async move {
+        TcpListener::bind(address)
+            .await
+            .map_err(|e| Error::Bind(address, e))
+    };
+    let listener = bind(listen).await?;
+    let inspection_listener = bind(inspection).await?;
+    tracing::info!(address = %listen, tls = serving.tls.is_some(), "serving node views");
+    tracing::info!(address = %inspection, "serving controller inspection");
+    serve(listener, Some(inspection_listener), source, serving).await
+}
+
+/// Runs `source` and the gRPC servers on already bound listeners; without `inspection`, the
+/// controller's inspection is not served.
+///
+/// # Errors
+///
+/// Returns the first error of the servers or the source.
 pub async fn serve(
     listener: TcpListener,
+    inspection: Option<TcpListener>,
     source: impl Source,
-    selector: ServiceSelector,
-    metrics: Metrics,
+    serving: Serving,
 ) -> Result<(), Error> {
+    let Serving {
+        selector,
+        metrics,
+        auth,
+        tls,
+    } = serving;
     let (tx, rx) = watch::channel(None);
-    let fanout = FanOut::new(rx.clone()).with_metrics(metrics.clone());
-    let inspection = Inspection::new(fanout.epoch().to_owned(), metrics.agents.clone(), rx);
+    let fanout = FanOut::new(rx.clone())
+        .with_metrics(metrics.clone())
+        .with_auth(auth);
+    let inspector = Inspection::new(fanout.epoch().to_owned(), metrics.agents.clone(), rx);
     let source = source.run(move |objects| publish(&tx, &objects, &selector, &metrics));
 
-    let (reflection_v1, reflection_v1alpha) =
-        splitproxy_proto::reflection_services().map_err(Error::Reflection)?;
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<NodeViewServiceServer<FanOut>>().await;
     health
         .set_serving::<ControllerInspectionServiceServer<Inspection>>()
         .await;
 
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(identity) = tls {
+        builder = builder
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .map_err(Error::Serve)?;
+    }
+    let views = builder
         .add_service(NodeViewServiceServer::new(fanout))
-        .add_service(ControllerInspectionServiceServer::new(inspection))
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
+        .add_service(health_service.clone())
         .serve_with_incoming(TcpListenerStream::new(listener));
+    let inspection = async {
+        let Some(listener) = inspection else {
+            return std::future::pending().await;
+        };
+        let (reflection_v1, reflection_v1alpha) =
+            splitproxy_proto::reflection_services().map_err(Error::Reflection)?;
+        tonic::transport::Server::builder()
+            .add_service(ControllerInspectionServiceServer::new(inspector))
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .serve_with_incoming(TcpListenerStream::new(listener))
+            .await
+            .map_err(Error::Serve)
+    };
     tokio::select! {
-        result = server => result.map_err(Error::Serve),
+        result = views => result.map_err(Error::Serve),
+        result = inspection => result,
         result = source => result.map_err(|e| Error::Source(Box::new(e))),
     }
 }

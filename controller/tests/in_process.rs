@@ -132,14 +132,13 @@ async fn listener() -> (TcpListener, String) {
 fn controller(tasks: &mut Tasks, listener: TcpListener, dir: &Path) -> usize {
     let dir = dir.to_owned();
     tasks.spawn(async move {
-        if let Err(err) = server::serve(
-            listener,
-            ManifestsDir::new(dir),
-            ServiceSelector::default(),
-            splitproxy_controller::metrics::Metrics::default(),
-        )
-        .await
-        {
+        let serving = server::Serving {
+            selector: ServiceSelector::default(),
+            metrics: splitproxy_controller::metrics::Metrics::default(),
+            auth: splitproxy_controller::auth::AgentAuth::Open,
+            tls: None,
+        };
+        if let Err(err) = server::serve(listener, None, ManifestsDir::new(dir), serving).await {
             panic!("controller stopped: {err:?}");
         }
     })
@@ -158,6 +157,7 @@ fn agent(tasks: &mut Tasks, controllers: Vec<String>) -> (RecordingDataplane, St
         proxy_mode: pb::ProxyMode::Iptables,
         min_backoff: Duration::from_millis(20),
         max_backoff: Duration::from_millis(200),
+        credentials: Default::default(),
     };
     let applier = Applier::new(dataplane.clone(), status.clone(), metrics.clone());
     tasks.spawn(client::run(config, applier, status.clone(), metrics));

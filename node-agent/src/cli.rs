@@ -13,7 +13,7 @@ use std::{
 #[derive(Debug, Parser)]
 #[command(name = "splitproxy-agent", version, about)]
 pub struct Cli {
-    /// Controller URL (e.g. http://10.0.0.1:10660); repeat to list several, tried in turn.
+    /// Controller URL (e.g. https://10.0.0.1:10660); repeat to list several, tried in turn.
     #[arg(
         long = "controller",
         env = "SPLITPROXY_CONTROLLERS",
@@ -21,6 +21,14 @@ pub struct Cli {
         required_unless_present = "cleanup"
     )]
     pub controllers: Vec<String>,
+    /// File holding the token that proves this node's identity to controllers (a Pod-bound
+    /// ServiceAccount token for the controller's audience, or a static token); read again on
+    /// every connection, as the kubelet rotates it.
+    #[arg(long, env = "SPLITPROXY_TOKEN_FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+    /// PEM CA certificates that `https://` controllers' certificates must chain to.
+    #[arg(long, env = "SPLITPROXY_CONTROLLER_CA_FILE")]
+    pub controller_ca_file: Option<std::path::PathBuf>,
     /// Remove every iptables rule of kube-proxy's layout (splitproxy's, and an iptables-mode
     /// kube-proxy's leftovers) in both IP families, then exit.
     #[arg(long)]

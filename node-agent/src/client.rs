@@ -4,6 +4,7 @@
 //! resync keeps repairing them.
 
 use crate::{
+    credentials::{CredentialError, Credentials},
     metrics::Metrics,
     state::{NodeState, Revision},
     status::Status,
@@ -33,6 +34,8 @@ pub struct ClientConfig {
     pub min_backoff: Duration,
     /// The longest reconnect delay.
     pub max_backoff: Duration,
+    /// The trusted CA and the token identifying the node.
+    pub credentials: Credentials,
 }
 
 /// Why one stream ended.
@@ -42,6 +45,8 @@ enum StreamError {
     Url(#[source] tonic::transport::Error),
     #[error("connecting")]
     Connect(#[source] tonic::transport::Error),
+    #[error("credentials")]
+    Credentials(#[from] CredentialError),
     #[error("stream failed: {0}")]
     Status(#[from] tonic::Status),
     #[error("controller closed the stream")]
@@ -141,8 +146,11 @@ async fn subscribe(
     ),
     StreamError,
 > {
-    let channel = tonic::transport::Endpoint::from_shared(controller.to_owned())
-        .map_err(StreamError::Url)?
+    let endpoint =
+        tonic::transport::Endpoint::from_shared(controller.to_owned()).map_err(StreamError::Url)?;
+    let channel = config
+        .credentials
+        .secure(endpoint)?
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(20))
@@ -170,8 +178,10 @@ async fn subscribe(
     // One subscribe plus at most one ack in flight; the controller sends one revision at a time.
     let (tx, rx) = mpsc::channel(4);
     send(&tx, sync_request::Kind::Subscribe(subscribe)).await;
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    config.credentials.authorize(&mut request)?;
     let inbound = NodeViewServiceClient::new(channel)
-        .sync(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .sync(request)
         .await?
         .into_inner();
     Ok((inbound, tx))

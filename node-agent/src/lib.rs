@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod client;
+pub mod credentials;
 pub mod health_check;
 pub mod http;
 pub mod inspection;

@@ -5,6 +5,7 @@ use splitproxy_agent::{
     Config,
     cli::Cli,
     client::ClientConfig,
+    credentials::Credentials,
     node_port_addresses::{interface_addresses, needs_primary, select},
     wire_mode,
 };
@@ -78,6 +79,18 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    let ca = match cli
+        .controller_ca_file
+        .as_deref()
+        .map(std::fs::read)
+        .transpose()
+    {
+        Ok(pem) => pem.map(tonic::transport::Certificate::from_pem),
+        Err(err) => {
+            eprintln!("cannot read --controller-ca-file: {err}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let iptables = iptables::Config::default()
         .with_render_options(cli.render_options(node_port_addresses, primary_ip));
     let config = Config {
@@ -87,6 +100,10 @@ fn main() -> ExitCode {
             proxy_mode: wire_mode(cli.proxy_mode),
             min_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
+            credentials: Credentials {
+                token_file: cli.token_file,
+                ca,
+            },
         },
         sync_periods,
         metrics_bind_address: cli.metrics_bind_address,

@@ -7,8 +7,11 @@
 //! IP and `Ready` condition through the status subresource, so the real EndpointSlice controller
 //! produces the slices.
 
-use crate::lab::{Host, Lab, Node, Pod, Process};
-use anyhow::{Context, Result, bail, ensure};
+use crate::{
+    lab::{Host, Lab, Node, Pod, Process},
+    pki::{self, ControllerTls},
+};
+use anyhow::{Context, Result, ensure};
 use std::{
     path::{Path, PathBuf},
     time::Duration,
@@ -63,7 +66,17 @@ pub struct ControlPlane {
     etcd: Process,
     apiserver: Option<Process>,
     controller_manager: Process,
+    /// The controller's serving certificate and the CA agents trust.
+    tls: ControllerTls,
 }
+
+/// The namespace and ServiceAccount of `deploy/`'s agents, whose Pod-bound tokens the
+/// controller accepts by default.
+pub const AGENT_NAMESPACE: &str = "splitproxy-system";
+/// See [`AGENT_NAMESPACE`].
+pub const AGENT_ACCOUNT: &str = "splitproxy-agent";
+/// The audience the controller expects agents' tokens for by default.
+pub const AGENT_AUDIENCE: &str = "splitproxy";
 
 impl ControlPlane {
     /// Generates certificates and starts etcd, kube-apiserver and kube-controller-manager on
@@ -78,6 +91,7 @@ impl ControlPlane {
             .tempdir()
             .context("creating the control-plane directory")?;
         write_credentials(dir.path(), host)?;
+        let tls = ControllerTls::generate(dir.path(), host.ip())?;
         let etcd_data = dir.path().join("etcd");
         let etcd = lab.spawn(
             host,
@@ -121,6 +135,7 @@ impl ControlPlane {
             etcd,
             apiserver: None,
             controller_manager,
+            tls,
         };
         control_plane.start_apiserver(lab)?;
         Ok(control_plane)
@@ -164,41 +179,135 @@ impl ControlPlane {
     }
 
     /// Starts splitproxy-controller on the control-plane host, reading the API server with
-    /// `kubeconfig` and serving node views on [`CONTROLLER_PORT`].
+    /// `kubeconfig` and serving node views with TLS on [`CONTROLLER_PORT`].
     ///
     /// # Errors
     ///
     /// If the binary is missing or cannot start.
     pub fn start_controller(&self, lab: &mut Lab, kubeconfig: &Path) -> Result<Process> {
+        let listen = format!("{}:{CONTROLLER_PORT}", self.host.ip());
+        let mut args = vec![
+            "--kubeconfig".to_owned(),
+            path(kubeconfig),
+            "--listen".to_owned(),
+            listen,
+        ];
+        args.extend(self.tls.controller_flags());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         lab.spawn(
             &self.host,
             crate::workspace_binary("splitproxy-controller")?,
-            &[
-                "--kubeconfig",
-                &path(kubeconfig),
-                "--listen",
-                &format!("{}:{CONTROLLER_PORT}", self.host.ip()),
-            ],
+            &args,
         )
     }
 
+    /// The URL agents reach the controller [`start_controller`](Self::start_controller) started
+    /// at.
+    #[must_use]
+    pub fn controller_url(&self) -> String {
+        format!("https://{}:{CONTROLLER_PORT}", self.host.ip())
+    }
+
+    /// The controller's TLS material.
+    #[must_use]
+    pub fn controller_tls(&self) -> &ControllerTls {
+        &self.tls
+    }
+
     /// Starts splitproxy-agent on `node`, following the controller
-    /// [`start_controller`](Self::start_controller) started.
+    /// [`start_controller`](Self::start_controller) started, with a token bound to an agent Pod
+    /// on `node` (see [`agent_token`](Self::agent_token)).
+    ///
+    /// # Errors
+    ///
+    /// If the token cannot be issued, or the binary is missing or cannot start.
+    pub fn start_agent(&self, lab: &mut Lab, node: &Node) -> Result<Process> {
+        let token = self.agent_token(lab, node.name())?;
+        self.start_agent_with_token(lab, node, &token)
+    }
+
+    /// [`start_agent`](Self::start_agent) presenting the token in `token_file`.
     ///
     /// # Errors
     ///
     /// If the binary is missing or cannot start.
-    pub fn start_agent(&self, lab: &mut Lab, node: &Node) -> Result<Process> {
-        lab.spawn(
-            node,
-            crate::workspace_binary("splitproxy-agent")?,
+    pub fn start_agent_with_token(
+        &self,
+        lab: &mut Lab,
+        node: &Node,
+        token_file: &Path,
+    ) -> Result<Process> {
+        let mut args = vec![
+            "--controller".to_owned(),
+            self.controller_url(),
+            "--hostname-override".to_owned(),
+            node.name().to_owned(),
+            "--token-file".to_owned(),
+            path(token_file),
+        ];
+        args.extend(self.tls.agent_flags());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        lab.spawn(node, crate::workspace_binary("splitproxy-agent")?, &args)
+    }
+
+    /// Issues the token an agent on node `node_name` presents, as the kubelet does for the
+    /// DaemonSet's projected volume: a Pod `splitproxy-agent-<node>` of the agents'
+    /// ServiceAccount is created on that node, and a token for the controller's audience is
+    /// requested bound to it (TokenRequest), so the API server vouches for the node. Returns the
+    /// token file's path.
+    ///
+    /// # Errors
+    ///
+    /// If kubectl fails.
+    pub fn agent_token(&self, lab: &Lab, node_name: &str) -> Result<PathBuf> {
+        let pod = format!("{AGENT_ACCOUNT}-{node_name}");
+        self.kubectl_apply(
+            lab,
+            &format!(
+                "apiVersion: v1
+kind: Namespace
+metadata:
+  name: {AGENT_NAMESPACE}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {AGENT_ACCOUNT}
+  namespace: {AGENT_NAMESPACE}
+automountServiceAccountToken: false
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {pod}
+  namespace: {AGENT_NAMESPACE}
+spec:
+  nodeName: {node_name}
+  serviceAccountName: {AGENT_ACCOUNT}
+  automountServiceAccountToken: false
+  containers:
+  - name: agent
+    image: registry.invalid/splitproxy-agent:e2e
+"
+            ),
+        )?;
+        let token = self.kubectl(
+            lab,
             &[
-                "--controller",
-                &format!("http://{}:{CONTROLLER_PORT}", self.host.ip()),
-                "--hostname-override",
-                node.name(),
+                "-n",
+                AGENT_NAMESPACE,
+                "create",
+                "token",
+                AGENT_ACCOUNT,
+                "--bound-object-kind=Pod",
+                &format!("--bound-object-name={pod}"),
+                &format!("--audience={AGENT_AUDIENCE}"),
+                "--duration=2h",
             ],
-        )
+        )?;
+        let file = self.dir.path().join(format!("agent-{node_name}.token"));
+        std::fs::write(&file, token.trim()).context("writing the agent token")?;
+        Ok(file)
     }
 
     /// Kills kube-apiserver (SIGKILL), as a crash would.
@@ -414,74 +523,22 @@ fn path(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-fn openssl(args: &[&str]) -> Result<()> {
-    let output = std::process::Command::new("openssl")
-        .args(args)
-        .output()
-        .context("running openssl")?;
-    if !output.status.success() {
-        bail!(
-            "openssl {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    Ok(())
-}
-
 /// A CA, the API server's serving certificate, the service-account key pair, the token file and
 /// the admin kubeconfig.
 fn write_credentials(dir: &Path, host: &Host) -> Result<()> {
     let f = |name: &str| path(&dir.join(name));
-    openssl(&["genrsa", "-out", &f("ca.key"), "2048"])?;
-    openssl(&[
-        "req",
-        "-x509",
-        "-new",
-        "-key",
-        &f("ca.key"),
-        "-days",
-        "2",
-        "-subj",
-        "/CN=splitproxy-e2e-ca",
-        "-out",
-        &f("ca.crt"),
-    ])?;
-    openssl(&["genrsa", "-out", &f("apiserver.key"), "2048"])?;
-    openssl(&[
-        "req",
-        "-new",
-        "-key",
-        &f("apiserver.key"),
-        "-subj",
-        "/CN=kube-apiserver",
-        "-out",
-        &f("apiserver.csr"),
-    ])?;
-    let extensions = format!(
-        "subjectAltName=IP:127.0.0.1,IP:{},IP:10.96.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n",
-        host.ip()
-    );
-    std::fs::write(dir.join("san.ext"), extensions).context("writing the SAN extension")?;
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        &f("apiserver.csr"),
-        "-CA",
-        &f("ca.crt"),
-        "-CAkey",
-        &f("ca.key"),
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        &f("san.ext"),
-        "-out",
-        &f("apiserver.crt"),
-    ])?;
-    openssl(&["genrsa", "-out", &f("sa.key"), "2048"])?;
-    openssl(&["rsa", "-in", &f("sa.key"), "-pubout", "-out", &f("sa.pub")])?;
+    let ca = pki::write_ca(dir, "ca")?;
+    pki::write_signed(
+        dir,
+        "apiserver",
+        &ca,
+        &format!(
+            "IP:127.0.0.1,IP:{},IP:10.96.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc",
+            host.ip()
+        ),
+    )?;
+    pki::openssl(&["genrsa", "-out", &f("sa.key"), "2048"])?;
+    pki::openssl(&["rsa", "-in", &f("sa.key"), "-pubout", "-out", &f("sa.pub")])?;
     std::fs::write(
         dir.join("tokens.csv"),
         format!("{ADMIN_TOKEN},admin,admin,system:masters\n"),

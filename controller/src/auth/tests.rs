@@ -1,0 +1,113 @@
+use super::*;
+use tonic::{Code, metadata::MetadataValue};
+
+fn with_authorization(value: &str) -> MetadataMap {
+    let mut metadata = MetadataMap::new();
+    metadata.insert(
+        "authorization",
+        MetadataValue::try_from(value).expect("ascii value"),
+    );
+    metadata
+}
+
+fn tokens(text: &str) -> AgentAuth {
+    AgentAuth::Static(Arc::new(StaticTokens::parse(text).expect("valid file")))
+}
+
+#[tokio::test]
+async fn static_token_identifies_its_node() {
+    let auth = tokens("# node tokens\nsecret-a,node-a\n\nsecret-b, node-b\n");
+    let identity = auth
+        .authenticate(&with_authorization("Bearer secret-b"))
+        .await
+        .expect("known token");
+    assert_eq!(identity.node.as_deref(), Some("node-b"));
+    assert_eq!(identity.admit("node-b"), Ok(()));
+    assert!(matches!(
+        identity.admit("node-a"),
+        Err(Refusal::WrongNode { .. })
+    ));
+}
+
+#[tokio::test]
+async fn missing_unknown_and_malformed_credentials_are_refused() {
+    let auth = tokens("secret-a,node-a\n");
+    let refusal = |metadata: MetadataMap| {
+        let auth = auth.clone();
+        async move { auth.authenticate(&metadata).await.expect_err("refused") }
+    };
+    assert_eq!(refusal(MetadataMap::new()).await, Refusal::Missing);
+    assert!(matches!(
+        refusal(with_authorization("Bearer secret-x")).await,
+        Refusal::Invalid(_)
+    ));
+    assert!(matches!(
+        refusal(with_authorization("Basic c2VjcmV0")).await,
+        Refusal::Invalid(_)
+    ));
+    assert!(matches!(
+        refusal(with_authorization("Bearer ")).await,
+        Refusal::Invalid(_)
+    ));
+}
+
+#[test]
+fn refusals_never_echo_the_token() {
+    let auth = StaticTokens::parse("secret-a,node-a\n").expect("valid");
+    let refusal = auth.authenticate("secret-zzz").expect_err("unknown");
+    assert!(!refusal.to_string().contains("secret-zzz"));
+}
+
+#[test]
+fn refusals_map_to_grpc_codes() {
+    assert_eq!(Status::from(Refusal::Missing).code(), Code::Unauthenticated);
+    assert_eq!(
+        Status::from(Refusal::Invalid("expired".to_owned())).code(),
+        Code::Unauthenticated
+    );
+    let wrong = Refusal::WrongNode {
+        credential: "a".to_owned(),
+        requested: "b".to_owned(),
+    };
+    assert_eq!(wrong.reason(), "wrong_node");
+    assert_eq!(Status::from(wrong).code(), Code::PermissionDenied);
+    assert_eq!(
+        Status::from(Refusal::Unavailable("down".to_owned())).code(),
+        Code::Unavailable
+    );
+}
+
+#[test]
+fn tokens_file_errors_name_the_line_not_the_secret() {
+    assert_eq!(
+        StaticTokens::parse("ok,node\nno-comma-secret\n").err(),
+        Some(2)
+    );
+    assert_eq!(StaticTokens::parse(",node\n").err(), Some(1));
+    assert_eq!(StaticTokens::parse("t,a,b\n").err(), Some(1));
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), "good,node\nleaky-secret\n").expect("write");
+    let err = StaticTokens::read(file.path()).err().expect("bad line");
+    assert!(err.to_string().contains("line 2"), "{err}");
+    assert!(!err.to_string().contains("leaky-secret"), "{err}");
+}
+
+#[test]
+fn open_identity_admits_any_node() {
+    let identity = Identity {
+        node: None,
+        expires: None,
+    };
+    assert_eq!(identity.admit("anything"), Ok(()));
+}
+
+#[test]
+fn jwt_expiry_reads_the_exp_claim() {
+    let payload = data_encoding::BASE64URL_NOPAD.encode(br#"{"exp":1700000000,"sub":"x"}"#);
+    let token = format!("eyJhbGciOiJSUzI1NiJ9.{payload}.c2ln");
+    assert_eq!(
+        jwt_expiry(&token),
+        Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+    );
+    assert_eq!(jwt_expiry("not-a-jwt"), None);
+}
