@@ -208,6 +208,12 @@ impl ControlPlane {
         format!("https://{}:{CONTROLLER_PORT}", self.host.ip())
     }
 
+    /// The key the API server signs ServiceAccount tokens with.
+    #[must_use]
+    pub fn service_account_key(&self) -> PathBuf {
+        self.dir.path().join("sa.key")
+    }
+
     /// The controller's TLS material.
     #[must_use]
     pub fn controller_tls(&self) -> &ControllerTls {

@@ -7,13 +7,20 @@ use crate::{
     addresses::{self, CONTROL_PLANE, EXTERNAL_CLIENT},
     eventually, hit,
     lab::{HasNamespace, Host, Lab, Node, Pod, Process},
+    pki::{self, ControllerTls},
     serve,
     testpod::hit_within,
     workspace_binary,
 };
 use anyhow::{Context, Result, ensure};
 use splitproxy_dataplane::IpFamily;
-use std::{collections::BTreeSet, fmt::Write as _, net::Ipv4Addr, path::Path, time::Duration};
+use std::{
+    collections::BTreeSet,
+    fmt::Write as _,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 /// The web Service's namespace and name.
 pub const SERVICE: &str = "demo/web";
@@ -27,6 +34,23 @@ pub const NODE_PORT: u16 = 30080;
 pub const POD_PORT: u16 = 8080;
 /// The port the controller listens on.
 pub const CONTROLLER_PORT: u16 = 10660;
+/// Where the controller serves its inspection, inside the control-plane host (its default).
+pub const CONTROLLER_INSPECTION: &str = "127.0.0.1:10663";
+/// The controller's static tokens file, in the credentials directory.
+const TOKENS_FILE: &str = "agent-tokens.csv";
+
+/// Gives every node a random token: `<node>.token` files and the controller's `token,node`
+/// file, in `dir`.
+fn write_node_tokens(dir: &Path, nodes: &[Node]) -> Result<()> {
+    let mut lines = String::new();
+    for node in nodes {
+        let token = pki::random_token()?;
+        std::fs::write(dir.join(format!("{}.token", node.name())), &token)
+            .context("writing a node token")?;
+        writeln!(lines, "{token},{}", node.name())?;
+    }
+    std::fs::write(dir.join(TOKENS_FILE), lines).context("writing the tokens file")
+}
 /// The longest wait for rules to converge; generous because CI machines are slow and shared.
 pub const CONVERGE: Duration = Duration::from_secs(90);
 /// How long a request waits for an answer when a drop is expected: long enough for an answer on
@@ -76,6 +100,9 @@ pub struct DemoCluster {
     manifests: tempfile::TempDir,
     /// Environment added to the controller's and every agent's (e.g. `OTEL_*`).
     env: Vec<(String, String)>,
+    /// The controller's TLS material, the static tokens file and each node's token file.
+    credentials: tempfile::TempDir,
+    tls: ControllerTls,
 }
 
 impl DemoCluster {
@@ -135,6 +162,12 @@ impl DemoCluster {
             .prefix("splitproxy-manifests-")
             .tempdir()
             .context("creating the manifests directory")?;
+        let credentials = tempfile::Builder::new()
+            .prefix("splitproxy-credentials-")
+            .tempdir()
+            .context("creating the credentials directory")?;
+        let tls = ControllerTls::generate(credentials.path(), control_plane.ip())?;
+        write_node_tokens(credentials.path(), &nodes)?;
         let mut cluster = Self {
             lab,
             control_plane,
@@ -149,6 +182,8 @@ impl DemoCluster {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            credentials,
+            tls,
         };
         cluster.write_manifests()?;
         cluster.start_controller()?;
@@ -167,6 +202,8 @@ impl DemoCluster {
     pub fn start_agent(&mut self, index: usize, extra: &[&str]) -> Result<Process> {
         let node = self.nodes.get(index).context("no such node")?.clone();
         let url = self.controller_url();
+        let token = self.token_file(node.name()).to_string_lossy().into_owned();
+        let tls = self.tls.agent_flags();
         let mut args = vec![
             "--controller",
             &url,
@@ -174,7 +211,10 @@ impl DemoCluster {
             node.name(),
             "--proxy-mode",
             "iptables",
+            "--token-file",
+            &token,
         ];
+        args.extend(tls.iter().map(String::as_str));
         args.extend_from_slice(extra);
         self.lab.spawn_with_env(
             &node,
@@ -214,7 +254,19 @@ impl DemoCluster {
     /// The URL agents reach the controller at.
     #[must_use]
     pub fn controller_url(&self) -> String {
-        format!("http://{}:{CONTROLLER_PORT}", self.control_plane.ip())
+        format!("https://{}:{CONTROLLER_PORT}", self.control_plane.ip())
+    }
+
+    /// The controller's TLS material (the CA agents trust, the serving certificate).
+    #[must_use]
+    pub fn controller_tls(&self) -> &ControllerTls {
+        &self.tls
+    }
+
+    /// The file holding `node`'s token, which the controller's tokens file maps to `node`.
+    #[must_use]
+    pub fn token_file(&self, node: &str) -> PathBuf {
+        self.credentials.path().join(format!("{node}.token"))
     }
 
     /// The manifests directory the controller serves.
@@ -231,10 +283,26 @@ impl DemoCluster {
     pub fn start_controller(&mut self) -> Result<()> {
         let listen = format!("{}:{CONTROLLER_PORT}", self.control_plane.ip());
         let manifests = self.manifests.path().to_string_lossy().into_owned();
+        let tokens = self
+            .credentials
+            .path()
+            .join(TOKENS_FILE)
+            .to_string_lossy()
+            .into_owned();
+        let tls = self.tls.controller_flags();
+        let mut args = vec![
+            "--manifests",
+            &manifests,
+            "--listen",
+            &listen,
+            "--agent-tokens-file",
+            &tokens,
+        ];
+        args.extend(tls.iter().map(String::as_str));
         let controller = self.lab.spawn_with_env(
             &self.control_plane,
             workspace_binary("splitproxy-controller")?,
-            &["--manifests", &manifests, "--listen", &listen],
+            &args,
             &self.env,
         )?;
         self.controller = Some(controller);

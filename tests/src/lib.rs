@@ -10,6 +10,7 @@ pub mod jaeger;
 pub mod lab;
 pub mod pki;
 pub mod sctp;
+pub mod subscribe;
 pub mod testpod;
 
 use std::path::PathBuf;

@@ -13,7 +13,8 @@ use serde_json::Value;
 use splitproxy_dataplane::IpFamily;
 use splitproxy_e2e::{
     demo_cluster::{
-        CONTROLLER_PORT, Conditions, DemoCluster, POD_PORT, PortSpec, service_yaml, slice_yaml,
+        CONTROLLER_INSPECTION, Conditions, DemoCluster, POD_PORT, PortSpec, service_yaml,
+        slice_yaml,
     },
     eventually,
     lab::HasNamespace,
@@ -164,7 +165,7 @@ fn metrics_and_grpcurl_show_changes_reaching_every_node_and_an_agent_leaving() -
     let names: Vec<String> = cluster.nodes.iter().map(|n| n.name().to_owned()).collect();
     let nodes: Vec<&str> = names.iter().map(String::as_str).collect();
     let node1 = cluster.nodes[0].clone();
-    let controller_address = format!("{}:{CONTROLLER_PORT}", cluster.control_plane.ip());
+    let controller_address = CONTROLLER_INSPECTION;
 
     // Both agents connected, and each node has applied what the controller last sent it.
     let acked = wait_all_acked(&cluster, 2.0, &nodes, &[])?;
@@ -233,17 +234,12 @@ fn metrics_and_grpcurl_show_changes_reaching_every_node_and_an_agent_leaving() -
     ensure!(healthz >= 1.0, "healthz total {healthz}");
 
     // The real grpcurl finds the controller's inspection service through reflection.
-    let listed = grpcurl(
-        &cluster,
-        &cluster.control_plane,
-        &controller_address,
-        "list",
-    )?;
+    let listed = grpcurl(&cluster, &cluster.control_plane, controller_address, "list")?;
     ensure!(
         listed.contains(INSPECTION) && listed.contains("splitproxy.v1alpha1.NodeViewService"),
         "grpcurl list: {listed}"
     );
-    let (connected, listed_names) = list_nodes(&cluster, &controller_address)?;
+    let (connected, listed_names) = list_nodes(&cluster, controller_address)?;
     ensure!(listed_names == nodes, "ListNodes: {connected:?}");
     for node in &connected {
         // protojson prints uint64 as strings and leaves zero values out.
@@ -262,7 +258,7 @@ fn metrics_and_grpcurl_show_changes_reaching_every_node_and_an_agent_leaving() -
     let state = json(&grpcurl(
         &cluster,
         &cluster.control_plane,
-        &controller_address,
+        controller_address,
         &format!("{INSPECTION}/GetClusterState"),
     )?)?;
     ensure!(
@@ -307,7 +303,7 @@ fn metrics_and_grpcurl_show_changes_reaching_every_node_and_an_agent_leaving() -
         },
     )
     .with_context(|| cluster.logs())?;
-    let (listed, remaining) = list_nodes(&cluster, &controller_address)?;
+    let (listed, remaining) = list_nodes(&cluster, controller_address)?;
     ensure!(
         remaining == nodes[..1],
         "ListNodes after the kill: {listed:?}"
