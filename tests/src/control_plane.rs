@@ -208,6 +208,12 @@ impl ControlPlane {
         format!("https://{}:{CONTROLLER_PORT}", self.host.ip())
     }
 
+    /// The host the control plane runs on.
+    #[must_use]
+    pub fn host(&self) -> &Host {
+        &self.host
+    }
+
     /// The key the API server signs ServiceAccount tokens with.
     #[must_use]
     pub fn service_account_key(&self) -> PathBuf {
