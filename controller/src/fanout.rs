@@ -7,7 +7,7 @@ use crate::{
     cause,
     cluster::ClusterState,
     metrics::Metrics,
-    view::{Delta, NodeView},
+    view::{Delta, HeldDigests, NodeView},
 };
 use futures::{Stream, StreamExt};
 use splitproxy_proto::v1alpha1::{
@@ -162,6 +162,9 @@ struct AgentStream {
     revision: u64,
     /// What the agent acknowledged; `None` until it holds a state from this controller.
     acked: Option<Arc<NodeView>>,
+    /// What the agent said it holds, when that is not a state of this controller: the first
+    /// revision is a delta from these digests rather than a reset (protocol rule 7).
+    held: Option<HeldDigests>,
     /// The revision sent and not yet answered, with the view it brings the agent to.
     in_flight: Option<(u64, Arc<NodeView>)>,
     /// The stream's record for metrics and inspection; removed when the stream ends.
@@ -209,6 +212,11 @@ impl AgentStream {
             tx,
             revision: remembered.as_ref().map_or(0, |(r, _)| *r),
             acked: remembered.filter(|_| resumes).map(|(_, view)| view),
+            held: if resumes {
+                None
+            } else {
+                HeldDigests::from_subscribe(&subscribe.held)
+            },
             in_flight: None,
             connection,
             changes: cause::Pending::default(),
@@ -218,7 +226,11 @@ impl AgentStream {
     }
 
     async fn run(mut self, mut inbound: Streaming<pb::SyncRequest>) {
-        tracing::info!(resumed = self.acked.is_some(), "agent subscribed");
+        tracing::info!(
+            resumed = self.acked.is_some(),
+            from_digests = self.held.is_some(),
+            "agent subscribed"
+        );
         let known = match self.cluster.wait_for(Option::is_some).await {
             Ok(published) => published
                 .as_ref()
@@ -299,6 +311,7 @@ impl AgentStream {
             self.acknowledged
                 .set(&self.node, revision, Arc::clone(&view));
             self.acked = Some(view);
+            self.held = None;
             self.connection.acked(revision);
             false
         } else {
@@ -314,9 +327,12 @@ impl AgentStream {
             return Ok(());
         };
         let view = Arc::new(NodeView::for_node(&cluster, &self.node));
-        let reset = self.acked.is_none();
-        let empty = NodeView::default();
-        let delta = Delta::between(self.acked.as_deref().unwrap_or(&empty), &view);
+        let reset = self.acked.is_none() && self.held.is_none();
+        let delta = match (&self.acked, &self.held) {
+            (Some(acked), _) => Delta::between(acked, &view),
+            (None, Some(held)) => Delta::from_digests(held, &view),
+            (None, None) => Delta::between(&NodeView::default(), &view),
+        };
         let unchanged = !reset && delta.is_empty();
         self.connection.view_computed(!unchanged);
         if unchanged {

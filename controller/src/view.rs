@@ -89,8 +89,22 @@ impl Delta {
     /// those are not listed again. The node's status is listed only when it changed.
     #[must_use]
     pub fn between(from: &NodeView, to: &NodeView) -> Self {
-        let (upserted_services, removed_services) = diff_maps(&from.services, &to.services);
-        let (upserted_endpoints, removed) = diff_maps(&from.endpoints, &to.endpoints);
+        Self::assemble(
+            diff(&from.services, &to.services, PartialEq::eq),
+            diff(&from.endpoints, &to.endpoints, PartialEq::eq),
+            to,
+            to.status.clone().filter(|_| from.status != to.status),
+        )
+    }
+
+    /// A delta to `to` from upserts and removals per kind. A removed Service implies the removal
+    /// of its endpoints, so those are not listed again.
+    fn assemble(
+        (upserted_services, removed_services): Diff<pb::Service>,
+        (upserted_endpoints, removed): Diff<pb::ServiceEndpoints>,
+        to: &NodeView,
+        node_status: Option<pb::NodeStatus>,
+    ) -> Self {
         let removed_endpoints = removed
             .into_iter()
             .filter(|key| {
@@ -103,7 +117,7 @@ impl Delta {
             removed_services,
             upserted_endpoints,
             removed_endpoints,
-            node_status: to.status.clone().filter(|_| from.status != to.status),
+            node_status,
         }
     }
 
@@ -118,13 +132,66 @@ impl Delta {
     }
 }
 
-fn diff_maps<V: Clone + PartialEq>(
-    from: &BTreeMap<Key, V>,
+/// What an agent said it holds when subscribing: a digest per Service and endpoint set
+/// (protocol rule 7), so any replica can send it a delta instead of a reset.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HeldDigests {
+    services: BTreeMap<Key, u64>,
+    endpoints: BTreeMap<Key, u64>,
+}
+
+impl HeldDigests {
+    /// The digests of a subscribe; `None` when it lists none (the agent holds nothing). Entries
+    /// without a key or kind are ignored: the delta then upserts those resources.
+    #[must_use]
+    pub fn from_subscribe(held: &[pb::ResourceDigest]) -> Option<Self> {
+        let mut digests = Self::default();
+        for entry in held {
+            let Some(key) = &entry.key else { continue };
+            let key = (key.namespace.clone(), key.name.clone());
+            let map = match pb::ResourceKind::try_from(entry.kind) {
+                Ok(pb::ResourceKind::Service) => &mut digests.services,
+                Ok(pb::ResourceKind::Endpoints) => &mut digests.endpoints,
+                _ => continue,
+            };
+            map.insert(key, entry.sha256_prefix);
+        }
+        (!held.is_empty()).then_some(digests)
+    }
+}
+
+impl Delta {
+    /// The delta from what an agent holds, known only by digests, to `to`. It always carries the
+    /// node's status (rule 9), as the agent's status is not among the digests.
+    #[must_use]
+    pub fn from_digests(held: &HeldDigests, to: &NodeView) -> Self {
+        Self::assemble(
+            diff(&held.services, &to.services, matches_digest),
+            diff(&held.endpoints, &to.endpoints, matches_digest),
+            to,
+            to.status.clone(),
+        )
+    }
+}
+
+/// Whether `resource` has the digest an agent presented.
+fn matches_digest(digest: &u64, resource: &impl prost::Message) -> bool {
+    *digest == splitproxy_proto::digest(resource)
+}
+
+/// The resources to upsert and the keys to remove, for one kind.
+type Diff<V> = (Vec<V>, Vec<pb::ObjectKey>);
+
+/// What turns `from` into `to`, where `same` says whether what `from` holds for a key (the
+/// resource itself, or its digest) matches `to`'s resource.
+fn diff<H, V: Clone>(
+    from: &BTreeMap<Key, H>,
     to: &BTreeMap<Key, V>,
-) -> (Vec<V>, Vec<pb::ObjectKey>) {
+    same: impl Fn(&H, &V) -> bool,
+) -> Diff<V> {
     let upserted = to
         .iter()
-        .filter(|(key, value)| from.get(*key) != Some(value))
+        .filter(|(key, value)| !from.get(*key).is_some_and(|held| same(held, value)))
         .map(|(_, value)| value.clone())
         .collect();
     let removed = from

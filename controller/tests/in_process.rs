@@ -146,10 +146,10 @@ fn controller(tasks: &mut Tasks, listener: TcpListener, dir: &Path) -> usize {
 
 /// Runs an agent for [`NODE`] that knows `controllers`; returns what its dataplane records and
 /// its status.
-fn agent(tasks: &mut Tasks, controllers: Vec<String>) -> (RecordingDataplane, Status) {
+fn agent(tasks: &mut Tasks, controllers: Vec<String>) -> (RecordingDataplane, Status, Metrics) {
     let dataplane = RecordingDataplane::default();
     let status = Status::default();
-    // The registry's type comes from the agent's signature; this test reads no metrics.
+    // The registry's type comes from the agent's signature; the test reads the metrics directly.
     let metrics = Metrics::new(&mut Default::default());
     let config = ClientConfig {
         controllers,
@@ -160,8 +160,13 @@ fn agent(tasks: &mut Tasks, controllers: Vec<String>) -> (RecordingDataplane, St
         credentials: Default::default(),
     };
     let applier = Applier::new(dataplane.clone(), status.clone(), metrics.clone());
-    tasks.spawn(client::run(config, applier, status.clone(), metrics));
-    (dataplane, status)
+    tasks.spawn(client::run(
+        config,
+        applier,
+        status.clone(),
+        metrics.clone(),
+    ));
+    (dataplane, status, metrics)
 }
 
 /// Replaces `web.yaml` in `dir` the way editors and `kubectl` do: write aside, then rename.
@@ -285,6 +290,7 @@ struct Harness {
     second_url: String,
     dataplane: RecordingDataplane,
     status: Status,
+    metrics: Metrics,
 }
 
 impl Harness {
@@ -300,7 +306,7 @@ impl Harness {
         let (first_listener, first_url) = listener().await;
         let (second_listener, second_url) = listener().await;
         let first = controller(&mut tasks, first_listener, manifests.path());
-        let (dataplane, status) = agent(&mut tasks, vec![first_url, second_url.clone()]);
+        let (dataplane, status, metrics) = agent(&mut tasks, vec![first_url, second_url.clone()]);
         Self {
             manifests,
             tasks,
@@ -309,6 +315,7 @@ impl Harness {
             second_url,
             dataplane,
             status,
+            metrics,
         }
     }
 
@@ -391,8 +398,10 @@ async fn losing_the_controller_keeps_the_rules_and_the_agent_fails_over_to_the_n
             .all(|s| *s == fixture_state()),
         "only the fixture's state came before the failover: {applied:#?}"
     );
-    // A revision of another epoch is only taken as a reset.
+    // The second controller never served this agent, yet sent a delta from the digests of what
+    // the node held instead of a reset: only the first connection's revision was one.
     let snapshot = harness.status.snapshot();
     assert!(snapshot.connected && snapshot.controller == second_url);
     assert!(snapshot.state.epoch.is_some() && snapshot.state.epoch != first_epoch);
+    assert_eq!(harness.metrics.reset_revisions_received.get(), 1);
 }

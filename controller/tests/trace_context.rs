@@ -50,7 +50,7 @@ async fn a_revision_continues_the_trace_of_the_change_that_caused_it() {
         kind: Some(sync_request::Kind::Subscribe(pb::Subscribe {
             node_name: "node-1".into(),
             capabilities: None,
-            resume: None,
+            ..Default::default()
         })),
     })
     .await

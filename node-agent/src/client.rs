@@ -123,6 +123,7 @@ async fn stream_once<D: Dataplane>(
     tracing::info!(%controller, resume = held.epoch.is_some(), "subscribed");
     serve(
         &config.node_name,
+        held.epoch.is_some(),
         inbound,
         &acks,
         applier,
@@ -174,6 +175,7 @@ async fn subscribe(
             controller_epoch: epoch.clone(),
             revision: held.revision,
         }),
+        held: held.digests(),
     };
     // One subscribe plus at most one ack in flight; the controller sends one revision at a time.
     let (tx, rx) = mpsc::channel(4);
@@ -198,9 +200,11 @@ async fn send(tx: &mpsc::Sender<pb::SyncRequest>, kind: sync_request::Kind) {
 /// (which waits for min-sync-period) and answers it on `acks` once its rules are in the kernel,
 /// or with a NACK. Periodic resyncs run while it waits for the controller. Independent of gRPC,
 /// so tests drive it with a plain stream. Each apply is an `apply` span of `node`, continuing
-/// the trace the revision was sent with.
+/// the trace the revision was sent with. `presented_state` says whether the subscribe carried the
+/// digests of a held state, on which the stream's first revision then builds.
 async fn serve<D, S>(
     node: &str,
+    presented_state: bool,
     mut inbound: S,
     acks: &mpsc::Sender<pb::SyncRequest>,
     applier: &mut Applier<D>,
@@ -212,6 +216,7 @@ where
     S: Stream<Item = Result<pb::SyncResponse, tonic::Status>> + Unpin,
 {
     let mut pending: Option<Revision> = None;
+    let mut first_on_presented_state = presented_state;
     while let Some(message) = applier.resync_while(inbound.next()).await.transpose()? {
         metrics.update_messages_received.inc();
         metrics
@@ -224,6 +229,7 @@ where
                     epoch: message.controller_epoch.clone(),
                     number: message.revision,
                     reset: message.reset,
+                    on_presented_state: std::mem::take(&mut first_on_presented_state),
                     parts: Vec::new(),
                 }
             }
@@ -241,6 +247,9 @@ where
         if !complete {
             pending = Some(revision);
             continue;
+        }
+        if revision.reset {
+            metrics.reset_revisions_received.inc();
         }
         let span = tracing::info_span!(
             "apply",

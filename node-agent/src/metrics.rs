@@ -80,6 +80,9 @@ pub struct Metrics {
     pub reconnects: Counter,
     /// `splitproxy_agent_rejected_revisions_total`.
     pub rejected_revisions: Counter,
+    /// `splitproxy_agent_reset_revisions_received_total`: complete revisions that replaced the
+    /// whole state; after the first, each one means a controller could not send a delta.
+    pub reset_revisions_received: Counter,
     /// `splitproxy_agent_invalid_services`: Services skipped in the last sync.
     pub invalid_services: Gauge,
     /// `splitproxy_agent_update_messages_received_total`: `SyncResponse` messages received.
@@ -113,6 +116,7 @@ impl Metrics {
             livez: Family::default(),
             reconnects: Counter::default(),
             rejected_revisions: Counter::default(),
+            reset_revisions_received: Counter::default(),
             invalid_services: Gauge::default(),
             update_messages_received: Counter::default(),
             update_bytes_received: Counter::default(),
@@ -219,6 +223,11 @@ impl Metrics {
             "splitproxy_agent_rejected_revisions",
             "Revisions the agent rejected (NACKed), keeping its last good state",
             metrics.rejected_revisions.clone(),
+        );
+        registry.register(
+            "splitproxy_agent_reset_revisions_received",
+            "Complete revisions that replaced the agent's whole state instead of a delta",
+            metrics.reset_revisions_received.clone(),
         );
         registry.register(
             "splitproxy_agent_invalid_services",

@@ -56,6 +56,9 @@ pub struct Revision {
     pub number: u64,
     /// Whether the revision replaces the whole state.
     pub reset: bool,
+    /// Whether the revision is the first of a stream on which the agent presented the digests of
+    /// what it holds: a delta on top of that state, whatever epoch it came from (protocol rule 7).
+    pub on_presented_state: bool,
     /// The changes, in the order they arrived.
     pub parts: Vec<pb::SyncResponse>,
 }
@@ -152,7 +155,7 @@ impl NodeState {
     pub fn apply(&self, revision: &Revision) -> Result<Self, Rejected> {
         let mut next = if revision.reset {
             Self::default()
-        } else if self.epoch.as_deref() == Some(&revision.epoch) {
+        } else if self.epoch.as_deref() == Some(&revision.epoch) || revision.on_presented_state {
             self.clone()
         } else {
             return Err(Rejected::NotOnAppliedState {
@@ -218,6 +221,36 @@ impl NodeState {
             }
         }
         (state, invalid)
+    }
+
+    /// The digest of every resource held, sorted by kind then key, for a subscribe (protocol
+    /// rule 7).
+    #[must_use]
+    pub fn digests(&self) -> Vec<pb::ResourceDigest> {
+        let entry =
+            |kind: pb::ResourceKind, (namespace, name): &Key, digest: u64| pb::ResourceDigest {
+                kind: kind as i32,
+                key: Some(pb::ObjectKey {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                }),
+                sha256_prefix: digest,
+            };
+        let services = self.services.iter().map(|(key, service)| {
+            entry(
+                pb::ResourceKind::Service,
+                key,
+                splitproxy_proto::digest(service),
+            )
+        });
+        let endpoints = self.endpoints.iter().map(|(key, endpoints)| {
+            entry(
+                pb::ResourceKind::Endpoints,
+                key,
+                splitproxy_proto::digest(endpoints),
+            )
+        });
+        services.chain(endpoints).collect()
     }
 
     /// The number of endpoints over all Service ports.

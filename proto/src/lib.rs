@@ -6,6 +6,18 @@ pub mod v1alpha1 {
     tonic::include_proto!("splitproxy.v1alpha1");
 }
 
+/// The digest of one resource as `ResourceDigest.sha256_prefix` defines it: the first 8 bytes,
+/// big-endian, of the SHA-256 of its protobuf encoding. Encodings are deterministic (protocol rule
+/// 8), so an agent and any controller replica compute the same digest for the same content.
+#[must_use]
+pub fn digest(resource: &impl prost::Message) -> u64 {
+    use sha2::{Digest, Sha256};
+    let hash = Sha256::digest(resource.encode_to_vec());
+    let mut prefix = [0u8; 8];
+    prefix.copy_from_slice(&hash[..8]);
+    u64::from_be_bytes(prefix)
+}
+
 /// The encoded `FileDescriptorSet` of every protocol file, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));
 

@@ -104,12 +104,21 @@ struct Agent {
 
 impl Agent {
     async fn subscribe(url: &str, resume: Option<pb::ResumePoint>) -> Self {
+        Self::subscribe_holding(url, resume, Vec::new()).await
+    }
+
+    async fn subscribe_holding(
+        url: &str,
+        resume: Option<pb::ResumePoint>,
+        held: Vec<pb::ResourceDigest>,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(4);
         tx.send(pb::SyncRequest {
             kind: Some(sync_request::Kind::Subscribe(pb::Subscribe {
                 node_name: "node-1".into(),
                 capabilities: None,
                 resume,
+                held,
             })),
         })
         .await
@@ -225,6 +234,75 @@ async fn an_agent_resuming_from_its_acknowledged_revision_gets_a_delta() {
     };
     let mut stranger = Agent::subscribe(&h.url, Some(stale)).await;
     assert!(stranger.next().await.reset, "an unknown epoch gets a reset");
+}
+
+/// The digests an agent holding `reset`'s resources presents.
+fn digests_of(reset: &pb::SyncResponse) -> Vec<pb::ResourceDigest> {
+    let entry = |kind: pb::ResourceKind, key: &Option<pb::ObjectKey>, digest| pb::ResourceDigest {
+        kind: kind as i32,
+        key: key.clone(),
+        sha256_prefix: digest,
+    };
+    let services = reset.upserted_services.iter().map(|s| {
+        entry(
+            pb::ResourceKind::Service,
+            &s.key,
+            splitproxy_proto::digest(s),
+        )
+    });
+    let endpoints = reset.upserted_endpoints.iter().map(|e| {
+        entry(
+            pb::ResourceKind::Endpoints,
+            &e.key,
+            splitproxy_proto::digest(e),
+        )
+    });
+    services.chain(endpoints).collect()
+}
+
+#[tokio::test]
+async fn an_agent_moving_to_another_replica_gets_a_delta_from_its_digests() {
+    let first_replica = harness(Some(cluster(3, 2))).await;
+    let mut agent = Agent::subscribe(&first_replica.url, None).await;
+    let held = agent.next().await;
+    assert!(held.reset);
+
+    // The other replica has seen s2 go and every endpoint move; it never served this agent.
+    let other_replica = harness(Some(cluster(2, 3))).await;
+    let resume = pb::ResumePoint {
+        controller_epoch: held.controller_epoch.clone(),
+        revision: held.revision,
+    };
+    let mut moved =
+        Agent::subscribe_holding(&other_replica.url, Some(resume), digests_of(&held)).await;
+    let delta = moved.next().await;
+    assert!(!delta.reset, "digests of the held state must avoid a reset");
+    assert_ne!(delta.controller_epoch, held.controller_epoch);
+    assert!(
+        delta.upserted_services.is_empty(),
+        "the Services are unchanged"
+    );
+    assert_eq!(delta.removed_services, [key("s2")]);
+    let moved_endpoints: Vec<_> = delta
+        .upserted_endpoints
+        .iter()
+        .map(|e| e.key.clone())
+        .collect();
+    assert_eq!(moved_endpoints, [Some(key("s0")), Some(key("s1"))]);
+    assert!(
+        delta.node_status.is_some(),
+        "a delta from digests carries the status"
+    );
+
+    // Acknowledged, it is the base of the next delta like any other revision.
+    moved.answer(delta.revision, pb::AckStatus::Applied).await;
+    other_replica
+        .publish
+        .send_replace(Some(Arc::new(cluster(1, 3))));
+    let next = moved.next().await;
+    assert!(!next.reset);
+    assert_eq!(next.removed_services, [key("s1")]);
+    assert!(next.node_status.is_none());
 }
 
 #[tokio::test]

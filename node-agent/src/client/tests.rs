@@ -112,6 +112,7 @@ impl Agent {
             let mut progressed = false;
             serve(
                 "node-1",
+                false,
                 ReceiverStream::new(inbound),
                 &ack_tx,
                 &mut applier,

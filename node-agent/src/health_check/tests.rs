@@ -349,6 +349,7 @@ fn web_revision(number: u64, port: u16, local: bool) -> crate::state::Revision {
         epoch: "epoch-1".into(),
         number,
         reset: true,
+        on_presented_state: false,
         parts: vec![pb::SyncResponse {
             controller_epoch: "epoch-1".into(),
             revision: number,

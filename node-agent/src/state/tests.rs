@@ -104,6 +104,7 @@ fn revision(epoch: &str, number: u64, reset: bool, parts: Vec<Part>) -> Revision
         epoch: epoch.into(),
         number,
         reset,
+        on_presented_state: false,
         parts: parts
             .into_iter()
             .enumerate()
@@ -293,6 +294,33 @@ fn delta_from_another_epoch_is_rejected_and_the_state_is_untouched() {
         }
     );
     assert_eq!(held, before);
+}
+
+#[test]
+fn delta_from_another_epoch_builds_on_a_state_whose_digests_were_presented() {
+    let held = state_with_a_and_b();
+    let mut delta = revision(
+        "e2",
+        1,
+        false,
+        vec![Part {
+            removed_services: vec!["a"],
+            ..Part::default()
+        }],
+    );
+    delta.on_presented_state = true;
+    let next = held.apply(&delta).expect("builds on the presented state");
+    assert_eq!(next.epoch.as_deref(), Some("e2"));
+    let names: Vec<&str> = next.services.keys().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(names, ["b"]);
+    // The digests it presented name each resource once, by kind and key.
+    let digests = held.digests();
+    assert_eq!(digests.len(), held.services.len() + held.endpoints.len());
+    assert!(
+        digests
+            .iter()
+            .all(|d| d.kind != pb::ResourceKind::Unspecified as i32)
+    );
 }
 
 #[test]

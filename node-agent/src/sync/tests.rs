@@ -24,6 +24,7 @@ fn web_revision() -> Revision {
         epoch: "epoch-1".into(),
         number: 1,
         reset: true,
+        on_presented_state: false,
         parts: vec![pb::SyncResponse {
             controller_epoch: "epoch-1".into(),
             revision: 1,
