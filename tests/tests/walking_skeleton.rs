@@ -9,7 +9,7 @@
 use anyhow::{Context, Result, ensure};
 use splitproxy_dataplane::{Protocol, iptables::chain_names};
 use splitproxy_e2e::{
-    await_reconnects,
+    agent_metric, await_reconnects,
     demo_cluster::{DemoCluster, SERVICE},
     eventually, hit,
     lab::HasNamespace,
@@ -104,7 +104,9 @@ fn a_node_port_service_is_reachable_end_to_end_and_survives_the_controller() -> 
         .check_traffic(REQUESTS)
         .context("while the agents retry the dead controller")?;
 
-    // A new controller process (new epoch) resets the agents, which reconcile without a flush.
+    // A new controller process (new epoch) has never served the agents, yet sends each a delta
+    // from the digests of what it holds, not a reset: the agents received one reset each, when
+    // they first connected.
     cluster.start_controller()?;
     cluster.set_web(&[("web-a", true), ("web-b", false), ("web-c", true)])?;
     converge(
@@ -112,6 +114,14 @@ fn a_node_port_service_is_reachable_end_to_end_and_survives_the_controller() -> 
         "traffic follows the manifests again after the restart",
     )
     .with_context(|| cluster.logs())?;
+    for node in &cluster.nodes {
+        let resets = agent_metric(
+            &cluster.lab,
+            node,
+            "splitproxy_agent_reset_revisions_received_total",
+        )?;
+        ensure!(resets == 1.0, "{} received {resets} resets", node.name());
+    }
 
     // With no endpoints left, clients are refused at once (REJECT), from the node, from a pod
     // and through the node port, instead of waiting for a timeout.
