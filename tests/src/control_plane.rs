@@ -170,6 +170,22 @@ impl ControlPlane {
     ///
     /// If the binary is missing or cannot start.
     pub fn start_controller(&self, lab: &mut Lab, kubeconfig: &Path) -> Result<Process> {
+        self.start_controller_on(lab, kubeconfig, CONTROLLER_PORT)
+    }
+
+    /// [`start_controller`](Self::start_controller) serving node views on `port` and `/metrics`
+    /// on loopback port `port + 2` (10662 for the default port, as the controller's default), so
+    /// several replicas can run side by side on the control-plane host.
+    ///
+    /// # Errors
+    ///
+    /// If the binary is missing or cannot start.
+    pub fn start_controller_on(
+        &self,
+        lab: &mut Lab,
+        kubeconfig: &Path,
+        port: u16,
+    ) -> Result<Process> {
         lab.spawn(
             &self.host,
             crate::workspace_binary("splitproxy-controller")?,
@@ -177,9 +193,17 @@ impl ControlPlane {
                 "--kubeconfig",
                 &path(kubeconfig),
                 "--listen",
-                &format!("{}:{CONTROLLER_PORT}", self.host.ip()),
+                &format!("{}:{port}", self.host.ip()),
+                "--metrics-bind-address",
+                &format!("127.0.0.1:{}", port + 2),
             ],
         )
+    }
+
+    /// The URL agents reach a controller on `port` of the control-plane host with.
+    #[must_use]
+    pub fn controller_url(&self, port: u16) -> String {
+        format!("http://{}:{port}", self.host.ip())
     }
 
     /// Starts splitproxy-agent on `node`, following the controller
@@ -189,16 +213,27 @@ impl ControlPlane {
     ///
     /// If the binary is missing or cannot start.
     pub fn start_agent(&self, lab: &mut Lab, node: &Node) -> Result<Process> {
-        lab.spawn(
-            node,
-            crate::workspace_binary("splitproxy-agent")?,
-            &[
-                "--controller",
-                &format!("http://{}:{CONTROLLER_PORT}", self.host.ip()),
-                "--hostname-override",
-                node.name(),
-            ],
-        )
+        self.start_agent_following(lab, node, &[self.controller_url(CONTROLLER_PORT)])
+    }
+
+    /// Starts splitproxy-agent on `node`, listing `controllers` (URLs, tried in turn) as
+    /// controller replicas.
+    ///
+    /// # Errors
+    ///
+    /// If the binary is missing or cannot start.
+    pub fn start_agent_following(
+        &self,
+        lab: &mut Lab,
+        node: &Node,
+        controllers: &[String],
+    ) -> Result<Process> {
+        let mut args = Vec::new();
+        for url in controllers {
+            args.extend(["--controller", url.as_str()]);
+        }
+        args.extend(["--hostname-override", node.name()]);
+        lab.spawn(node, crate::workspace_binary("splitproxy-agent")?, &args)
     }
 
     /// Kills kube-apiserver (SIGKILL), as a crash would.
