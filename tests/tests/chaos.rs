@@ -407,6 +407,9 @@ fn services_whose_endpoints_stay_up_never_fail_through_controller_agent_and_apis
         now_followed != followed,
         "agents still follow the killed replica"
     );
+    println!(
+        "replica {followed} killed: converged in {converged_in:?}, agents now follow {now_followed}"
+    );
     phases.push(Phase {
         name: "followed controller replica killed",
         from,
@@ -434,6 +437,7 @@ fn services_whose_endpoints_stay_up_never_fail_through_controller_agent_and_apis
         &CHURN,
         &["churn-2", "churn-3"],
     )?;
+    println!("agent on node-2 killed, restarted: converged in {converged_in:?}");
     phases.push(Phase {
         name: "agent on node-2 killed, restarted",
         from,
@@ -452,6 +456,7 @@ fn services_whose_endpoints_stay_up_never_fail_through_controller_agent_and_apis
         &CHURN,
         &["churn-2", "churn-3", "churn-4"],
     )?;
+    println!("kube-apiserver killed, restarted: converged in {converged_in:?}");
     phases.push(Phase {
         name: "kube-apiserver killed, restarted",
         from,
@@ -465,9 +470,12 @@ fn services_whose_endpoints_stay_up_never_fail_through_controller_agent_and_apis
     let from = SystemTime::now();
     cluster.set_ready("churn-1", true)?;
     cluster.set_ready("churn-2", false)?;
-    cluster
-        .control_plane
-        .kubectl(&cluster.lab, &["-n", NAMESPACE, "delete", "pod", "churn-3"])?;
+    // Graceful, as a user deletes: the Pod stays Terminating (no kubelet confirms its end), so
+    // its endpoint turns terminating and leaves rotation.
+    cluster.control_plane.kubectl(
+        &cluster.lab,
+        &["-n", NAMESPACE, "delete", "pod", "churn-3", "--wait=false"],
+    )?;
     cluster.create_pod("churn-5", true)?;
     cluster.set_ready("churn-2", true)?;
     cluster.set_ready("churn-4", false)?;
@@ -475,6 +483,20 @@ fn services_whose_endpoints_stay_up_never_fail_through_controller_agent_and_apis
     let converged_in = cluster.converge("the churn settles", &CHURN, &final_pods)?;
     let (_, churn3_server) = cluster.pods.get("churn-3").context("churn-3")?.clone();
     cluster.lab.kill(&churn3_server)?;
+    // What the kubelet would do once the container has stopped.
+    cluster.control_plane.kubectl(
+        &cluster.lab,
+        &[
+            "-n",
+            NAMESPACE,
+            "delete",
+            "pod",
+            "churn-3",
+            "--grace-period=0",
+            "--force",
+        ],
+    )?;
+    println!("endpoints churned: converged in {converged_in:?}");
     phases.push(Phase {
         name: "endpoints churned",
         from,
