@@ -159,8 +159,9 @@ pub fn tally(outcomes: &[Outcome], from: SystemTime, to: SystemTime) -> BTreeMap
 /// Milliseconds since the Unix epoch, as [`Outcome::at_ms`] counts them.
 #[must_use]
 pub fn unix_ms(time: SystemTime) -> u64 {
-    time.duration_since(UNIX_EPOCH)
-        .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+    time.duration_since(UNIX_EPOCH).map_or(0, |since| {
+        u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+    })
 }
 
 #[cfg(test)]

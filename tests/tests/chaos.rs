@@ -11,7 +11,7 @@
 //! 10.96.0.21 (`stable-b`), 10.96.0.22 (`churn`, node port 30022); client pods are `.100` of
 //! each node's pod CIDR.
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use splitproxy_e2e::{
     addresses::{self, CONTROL_PLANE, EXTERNAL_CLIENT},
@@ -180,6 +180,8 @@ impl Cluster {
             )?;
             cluster.replicas.push(Some(replica));
         }
+        // Agents try the replicas in turn: once both serve, all start on the first.
+        cluster.check_replicas_serving()?;
         for i in 0..cluster.nodes.len() {
             let agent = cluster.start_agent(i)?;
             cluster.agents.push(agent);
@@ -248,10 +250,11 @@ impl Cluster {
         Ok(start.elapsed())
     }
 
-    /// The controller URL each agent streams from, once all are connected; fails while one is
-    /// not connected.
-    fn followed_controllers(&self) -> Result<BTreeSet<String>> {
-        let mut followed = BTreeSet::new();
+    /// The replica each agent streams from (an index into [`REPLICA_PORTS`], per node), as its
+    /// inspection reports; fails while one is not connected.
+    fn followed_replicas(&self) -> Result<Vec<usize>> {
+        let urls = self.replica_urls();
+        let mut followed = Vec::new();
         for node in &self.nodes {
             let state = self.lab.exec_ok(
                 node,
@@ -269,26 +272,14 @@ impl Cluster {
                 "{} is not connected: {state}",
                 node.name()
             );
-            let controller = state["controller"].as_str().unwrap_or_default();
-            followed.insert(controller.to_owned());
+            let url = state["controller"].as_str().unwrap_or_default();
+            let replica = urls
+                .iter()
+                .position(|u| u == url)
+                .with_context(|| format!("{} follows an unknown controller {url}", node.name()))?;
+            followed.push(replica);
         }
         Ok(followed)
-    }
-
-    /// Waits until every agent streams from the same replica; returns its index.
-    fn followed_replica(&self) -> Result<usize> {
-        let urls = self.replica_urls();
-        eventually("every agent follows one replica", CONVERGE, || {
-            let followed = self.followed_controllers()?;
-            let mut each = followed.iter();
-            let (Some(url), None) = (each.next(), each.next()) else {
-                bail!("agents follow {followed:?}");
-            };
-            urls.iter()
-                .position(|u| u == url)
-                .with_context(|| format!("agents follow an unknown controller {url}"))
-        })
-        .with_context(|| self.logs())
     }
 
     /// Both replicas answer the gRPC health check with SERVING: they read the cluster at once.
@@ -308,6 +299,63 @@ impl Cluster {
         Ok(())
     }
 
+    /// Fails the replica every agent follows, makes `change` (to the churned Service), waits
+    /// until every node serves `expected` for it and checks the agents moved to the other replica;
+    /// then starts the failed replica afresh, so two serve again. Returns the convergence time.
+    fn fail_followed_replica(
+        &mut self,
+        fault: ReplicaFault,
+        expected: &[&str],
+        change: impl FnOnce(&Self) -> Result<()>,
+    ) -> Result<Duration> {
+        let agents_on = eventually("every agent is connected", CONVERGE, || {
+            self.followed_replicas()
+        })
+        .with_context(|| self.logs())?;
+        // The replica most agents follow (all of them, unless they raced its start).
+        let followed = (0..REPLICA_PORTS.len())
+            .max_by_key(|r| agents_on.iter().filter(|a| *a == r).count())
+            .context("no replicas")?;
+        let replica = self.replicas[followed]
+            .take()
+            .context("the followed replica is running")?;
+        match fault {
+            ReplicaFault::Kill => self.lab.kill(&replica)?,
+            ReplicaFault::Freeze => {
+                let pid = replica.pid().to_string();
+                self.lab.exec_ok(&replica, "kill", &["-STOP", &pid])?;
+            }
+        }
+        change(self)?;
+        let converged_in = self.converge(
+            &format!("the change after replica {followed} failed ({fault:?})"),
+            &CHURN,
+            expected,
+        )?;
+        eventually("every agent left the failed replica", CONVERGE, || {
+            let now = self.followed_replicas()?;
+            ensure!(!now.contains(&followed), "agents follow replicas {now:?}");
+            Ok(())
+        })
+        .with_context(|| self.logs())?;
+        println!(
+            "replica {followed} (followed by {} of {} agents) failed ({fault:?})",
+            agents_on.iter().filter(|a| **a == followed).count(),
+            agents_on.len()
+        );
+        if fault == ReplicaFault::Freeze {
+            self.lab.kill(&replica)?;
+        }
+        let restarted = self.control_plane.start_controller_on(
+            &mut self.lab,
+            &self.kubeconfig,
+            REPLICA_PORTS[followed],
+        )?;
+        self.replicas[followed] = Some(restarted);
+        self.check_replicas_serving()?;
+        Ok(converged_in)
+    }
+
     fn logs(&self) -> String {
         let mut text = self.control_plane.logs();
         for process in self.replicas.iter().flatten().chain(&self.agents) {
@@ -315,6 +363,25 @@ impl Cluster {
         }
         text
     }
+}
+
+/// Ends one phase: prints its convergence time at once and keeps it for the table.
+fn record(phases: &mut Vec<Phase>, name: &'static str, from: SystemTime, converged_in: Duration) {
+    println!("{name}: converged in {converged_in:?}");
+    phases.push(Phase {
+        name,
+        from,
+        converged_in: Some(converged_in),
+    });
+}
+
+/// How a controller replica fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReplicaFault {
+    /// SIGKILL: its connections are reset at once.
+    Kill,
+    /// SIGSTOP: its connections stay open and silent.
+    Freeze,
 }
 
 /// One stretch of the run: a fault (or none), and how long its change took to reach every node.
@@ -327,10 +394,8 @@ struct Phase {
 /// The load generators: one in each node's client pod to every Service's cluster IP, one outside
 /// the cluster to every node port of every node.
 fn start_loads(cluster: &mut Cluster) -> Result<Vec<Load>> {
-    let cluster_ip_targets: Vec<(&str, String)> = SERVICES
-        .iter()
-        .map(|s| (s.name, s.cluster_url()))
-        .collect();
+    let cluster_ip_targets: Vec<(&str, String)> =
+        SERVICES.iter().map(|s| (s.name, s.cluster_url())).collect();
     let mut loads = Vec::new();
     for client in cluster.clients.clone() {
         loads.push(Load::start(
@@ -374,9 +439,16 @@ fn services_whose_endpoints_stay_up_never_fail_through_controller_agent_and_apis
             cluster.create_pod(name, ready)?;
         }
     }
-    cluster.check_replicas_serving()?;
-    cluster.converge("stable-a is served", &STABLE_A, &["stable-a-1", "stable-a-2"])?;
-    cluster.converge("stable-b is served", &STABLE_B, &["stable-b-2", "stable-b-3"])?;
+    cluster.converge(
+        "stable-a is served",
+        &STABLE_A,
+        &["stable-a-1", "stable-a-2"],
+    )?;
+    cluster.converge(
+        "stable-b is served",
+        &STABLE_B,
+        &["stable-b-2", "stable-b-3"],
+    )?;
     cluster.converge("churn is served", &CHURN, &["churn-1", "churn-2"])?;
     let setup = test_start.elapsed();
 
@@ -389,39 +461,34 @@ fn services_whose_endpoints_stay_up_never_fail_through_controller_agent_and_apis
     std::thread::sleep(SETTLE);
 
     // The replica every agent follows is killed; a change right after reaches every node through
-    // the other one. The killed replica comes back as the standby.
-    let followed = cluster.followed_replica()?;
+    // the other one.
     let from = SystemTime::now();
-    let killed = cluster.replicas[followed]
-        .take()
-        .context("the followed replica is running")?;
-    cluster.lab.kill(&killed)?;
-    cluster.set_ready("churn-3", true)?;
-    let converged_in = cluster.converge(
-        "churn-3 joins after the followed replica died",
-        &CHURN,
+    let converged_in = cluster.fail_followed_replica(
+        ReplicaFault::Kill,
         &["churn-1", "churn-2", "churn-3"],
+        |c| c.set_ready("churn-3", true),
     )?;
-    let now_followed = cluster.followed_replica()?;
-    ensure!(
-        now_followed != followed,
-        "agents still follow the killed replica"
-    );
-    println!(
-        "replica {followed} killed: converged in {converged_in:?}, agents now follow {now_followed}"
-    );
-    phases.push(Phase {
-        name: "followed controller replica killed",
+    record(
+        &mut phases,
+        "followed controller replica killed",
         from,
-        converged_in: Some(converged_in),
-    });
-    let restarted = cluster.control_plane.start_controller_on(
-        &mut cluster.lab,
-        &cluster.kubeconfig,
-        REPLICA_PORTS[followed],
-    )?;
-    cluster.replicas[followed] = Some(restarted);
-    cluster.check_replicas_serving()?;
+        converged_in,
+    );
+    std::thread::sleep(SETTLE);
+
+    // The replica every agent follows freezes (SIGSTOP: its sockets stay open, nothing answers),
+    // as a hung process or a partition would: only HTTP/2 keepalives tell the agents.
+    let from = SystemTime::now();
+    let converged_in =
+        cluster.fail_followed_replica(ReplicaFault::Freeze, &["churn-1", "churn-3"], |c| {
+            c.set_ready("churn-2", false)
+        })?;
+    record(
+        &mut phases,
+        "followed controller replica frozen",
+        from,
+        converged_in,
+    );
     std::thread::sleep(SETTLE);
 
     // node-2's agent is killed and restarted; its rules keep serving meanwhile, and the change
@@ -432,17 +499,18 @@ fn services_whose_endpoints_stay_up_never_fail_through_controller_agent_and_apis
     std::thread::sleep(Duration::from_secs(2));
     cluster.agents[1] = cluster.start_agent(1)?;
     cluster.set_ready("churn-1", false)?;
+    cluster.set_ready("churn-2", true)?;
     let converged_in = cluster.converge(
         "churn-1 leaves after node-2's agent restarted",
         &CHURN,
         &["churn-2", "churn-3"],
     )?;
-    println!("agent on node-2 killed, restarted: converged in {converged_in:?}");
-    phases.push(Phase {
-        name: "agent on node-2 killed, restarted",
+    record(
+        &mut phases,
+        "agent on node-2 killed, restarted",
         from,
-        converged_in: Some(converged_in),
-    });
+        converged_in,
+    );
     std::thread::sleep(SETTLE);
 
     // kube-apiserver is killed and restarted; a pod added once it is back reaches every node.
@@ -456,12 +524,12 @@ fn services_whose_endpoints_stay_up_never_fail_through_controller_agent_and_apis
         &CHURN,
         &["churn-2", "churn-3", "churn-4"],
     )?;
-    println!("kube-apiserver killed, restarted: converged in {converged_in:?}");
-    phases.push(Phase {
-        name: "kube-apiserver killed, restarted",
+    record(
+        &mut phases,
+        "kube-apiserver killed, restarted",
         from,
-        converged_in: Some(converged_in),
-    });
+        converged_in,
+    );
     std::thread::sleep(SETTLE);
 
     // Endpoints churn in quick succession: pods turn ready and not ready, one is deleted, one is
@@ -496,12 +564,7 @@ fn services_whose_endpoints_stay_up_never_fail_through_controller_agent_and_apis
             "--force",
         ],
     )?;
-    println!("endpoints churned: converged in {converged_in:?}");
-    phases.push(Phase {
-        name: "endpoints churned",
-        from,
-        converged_in: Some(converged_in),
-    });
+    record(&mut phases, "endpoints churned", from, converged_in);
     std::thread::sleep(SETTLE);
 
     let end = SystemTime::now();

@@ -45,10 +45,10 @@ use clap::{Parser, Subcommand};
 use splitproxy_e2e::HitReport;
 
 // A bin crate root resolves modules next to itself; this one lives in a folder named after the bin.
-#[path = "sp-testpod/sctp.rs"]
-mod sctp;
 #[path = "sp-testpod/load.rs"]
 mod load;
+#[path = "sp-testpod/sctp.rs"]
+mod sctp;
 
 /// How many distinct errors a report keeps.
 const MAX_ERRORS: usize = 5;
