@@ -16,6 +16,7 @@ use serde_json::Value;
 use splitproxy_e2e::{
     addresses::{self, CONTROL_PLANE, EXTERNAL_CLIENT},
     control_plane::{Binaries, ControlPlane},
+    demo_cluster::{POD_PORT, PortSpec, service_yaml},
     eventually, expect_answers,
     lab::{Host, Lab, Node, Pod, Process},
     load::{Load, Outcome, Tally, tally},
@@ -27,8 +28,8 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-const NAMESPACE: &str = "chaos";
-const POD_PORT: u16 = 8080;
+/// The namespace of `demo_cluster::service_yaml`'s Services.
+const NAMESPACE: &str = "demo";
 /// The controller replicas' gRPC ports on the control-plane host; agents list them in this order.
 const REPLICA_PORTS: [u16; 2] = [10660, 10670];
 /// Requests per second to each load target.
@@ -71,28 +72,20 @@ const SERVICES: [&Service; 3] = [&STABLE_A, &STABLE_B, &CHURN];
 
 impl Service {
     fn yaml(&self) -> String {
-        let (kind, node_port) = self.node_port.map_or(("ClusterIP", String::new()), |port| {
-            ("NodePort", format!("\n    nodePort: {port}"))
-        });
-        format!(
-            "apiVersion: v1
-kind: Service
-metadata:
-  name: {name}
-  namespace: {NAMESPACE}
-spec:
-  type: {kind}
-  clusterIP: {ip}
-  selector:
-    app: {name}
-  ports:
-  - name: http
-    port: 80
-    targetPort: web{node_port}
-",
-            name = self.name,
-            ip = self.cluster_ip
-        )
+        let kind = if self.node_port.is_some() {
+            "NodePort"
+        } else {
+            "ClusterIP"
+        };
+        let spec = format!(
+            "  type: {kind}\n  clusterIP: {}\n  selector:\n    app: {}",
+            self.cluster_ip, self.name
+        );
+        let port = PortSpec {
+            node_port: self.node_port,
+            ..PortSpec::WEB
+        };
+        service_yaml(self.name, &spec, port, "")
     }
 
     fn cluster_url(&self) -> String {
@@ -103,6 +96,9 @@ spec:
         self.name != CHURN.name
     }
 }
+
+/// The churned Service's ready pods at the end.
+const FINAL_CHURN: [&str; 3] = ["churn-1", "churn-2", "churn-5"];
 
 /// The pods: (Service, pod name, node index, host part of its IP).
 const PODS: [(&Service, &str, usize, u8); 9] = [
@@ -356,6 +352,69 @@ impl Cluster {
         Ok(converged_in)
     }
 
+    /// node-2's agent is killed and restarted; its rules keep serving meanwhile, and the change
+    /// made right after reaches it.
+    fn restart_agent(&mut self) -> Result<Duration> {
+        let agent = self.agents[1].clone();
+        self.lab.kill(&agent)?;
+        std::thread::sleep(Duration::from_secs(2));
+        self.agents[1] = self.start_agent(1)?;
+        self.set_ready("churn-1", false)?;
+        self.set_ready("churn-2", true)?;
+        self.converge(
+            "churn-1 leaves after node-2's agent restarted",
+            &CHURN,
+            &["churn-2", "churn-3"],
+        )
+    }
+
+    /// kube-apiserver is killed and restarted; a pod added once it is back reaches every node.
+    fn restart_apiserver(&mut self) -> Result<Duration> {
+        self.control_plane.kill_apiserver(&mut self.lab)?;
+        std::thread::sleep(Duration::from_secs(2));
+        self.control_plane.start_apiserver(&mut self.lab)?;
+        self.create_pod("churn-4", true)?;
+        self.converge(
+            "churn-4 joins after the API server restarted",
+            &CHURN,
+            &["churn-2", "churn-3", "churn-4"],
+        )
+    }
+
+    /// Endpoints churn in quick succession: pods turn ready and not ready, one is deleted, one is
+    /// added, ending with [`FINAL_CHURN`]. Once the deleted pod is out of every node's rules, its
+    /// server stops, as a deleted pod's container would.
+    fn churn_endpoints(&mut self) -> Result<Duration> {
+        self.set_ready("churn-1", true)?;
+        self.set_ready("churn-2", false)?;
+        // Graceful, as a user deletes: the Pod stays Terminating (no kubelet confirms its end),
+        // so its endpoint turns terminating and leaves rotation.
+        self.control_plane.kubectl(
+            &self.lab,
+            &["-n", NAMESPACE, "delete", "pod", "churn-3", "--wait=false"],
+        )?;
+        self.create_pod("churn-5", true)?;
+        self.set_ready("churn-2", true)?;
+        self.set_ready("churn-4", false)?;
+        let converged_in = self.converge("the churn settles", &CHURN, &FINAL_CHURN)?;
+        let (_, server) = self.pods.get("churn-3").context("no pod churn-3")?.clone();
+        self.lab.kill(&server)?;
+        // What the kubelet would do once the container has stopped.
+        self.control_plane.kubectl(
+            &self.lab,
+            &[
+                "-n",
+                NAMESPACE,
+                "delete",
+                "pod",
+                "churn-3",
+                "--grace-period=0",
+                "--force",
+            ],
+        )?;
+        Ok(converged_in)
+    }
+
     fn logs(&self) -> String {
         let mut text = self.control_plane.logs();
         for process in self.replicas.iter().flatten().chain(&self.agents) {
@@ -365,15 +424,9 @@ impl Cluster {
     }
 }
 
-/// Ends one phase: prints its convergence time at once and keeps it for the table.
-fn record(phases: &mut Vec<Phase>, name: &'static str, from: SystemTime, converged_in: Duration) {
-    println!("{name}: converged in {converged_in:?}");
-    phases.push(Phase {
-        name,
-        from,
-        converged_in: Some(converged_in),
-    });
-}
+/// A fault: it is injected, a change to the churned Service is made right after, and the time
+/// until every node serves that change is returned.
+type Fault = fn(&mut Cluster) -> Result<Duration>;
 
 /// How a controller replica fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -460,112 +513,38 @@ fn services_whose_endpoints_stay_up_never_fail_through_controller_agent_and_apis
     }];
     std::thread::sleep(SETTLE);
 
-    // The replica every agent follows is killed; a change right after reaches every node through
-    // the other one.
-    let from = SystemTime::now();
-    let converged_in = cluster.fail_followed_replica(
-        ReplicaFault::Kill,
-        &["churn-1", "churn-2", "churn-3"],
-        |c| c.set_ready("churn-3", true),
-    )?;
-    record(
-        &mut phases,
-        "followed controller replica killed",
-        from,
-        converged_in,
-    );
-    std::thread::sleep(SETTLE);
-
-    // The replica every agent follows freezes (SIGSTOP: its sockets stay open, nothing answers),
-    // as a hung process or a partition would: only HTTP/2 keepalives tell the agents.
-    let from = SystemTime::now();
-    let converged_in =
-        cluster.fail_followed_replica(ReplicaFault::Freeze, &["churn-1", "churn-3"], |c| {
-            c.set_ready("churn-2", false)
-        })?;
-    record(
-        &mut phases,
-        "followed controller replica frozen",
-        from,
-        converged_in,
-    );
-    std::thread::sleep(SETTLE);
-
-    // node-2's agent is killed and restarted; its rules keep serving meanwhile, and the change
-    // made right after reaches it.
-    let from = SystemTime::now();
-    let agent = cluster.agents[1].clone();
-    cluster.lab.kill(&agent)?;
-    std::thread::sleep(Duration::from_secs(2));
-    cluster.agents[1] = cluster.start_agent(1)?;
-    cluster.set_ready("churn-1", false)?;
-    cluster.set_ready("churn-2", true)?;
-    let converged_in = cluster.converge(
-        "churn-1 leaves after node-2's agent restarted",
-        &CHURN,
-        &["churn-2", "churn-3"],
-    )?;
-    record(
-        &mut phases,
-        "agent on node-2 killed, restarted",
-        from,
-        converged_in,
-    );
-    std::thread::sleep(SETTLE);
-
-    // kube-apiserver is killed and restarted; a pod added once it is back reaches every node.
-    let from = SystemTime::now();
-    cluster.control_plane.kill_apiserver(&mut cluster.lab)?;
-    std::thread::sleep(Duration::from_secs(2));
-    cluster.control_plane.start_apiserver(&mut cluster.lab)?;
-    cluster.create_pod("churn-4", true)?;
-    let converged_in = cluster.converge(
-        "churn-4 joins after the API server restarted",
-        &CHURN,
-        &["churn-2", "churn-3", "churn-4"],
-    )?;
-    record(
-        &mut phases,
-        "kube-apiserver killed, restarted",
-        from,
-        converged_in,
-    );
-    std::thread::sleep(SETTLE);
-
-    // Endpoints churn in quick succession: pods turn ready and not ready, one is deleted, one is
-    // added. Once the deleted pod is out of every node's rules, its server stops, as a deleted
-    // pod's container would.
-    let from = SystemTime::now();
-    cluster.set_ready("churn-1", true)?;
-    cluster.set_ready("churn-2", false)?;
-    // Graceful, as a user deletes: the Pod stays Terminating (no kubelet confirms its end), so
-    // its endpoint turns terminating and leaves rotation.
-    cluster.control_plane.kubectl(
-        &cluster.lab,
-        &["-n", NAMESPACE, "delete", "pod", "churn-3", "--wait=false"],
-    )?;
-    cluster.create_pod("churn-5", true)?;
-    cluster.set_ready("churn-2", true)?;
-    cluster.set_ready("churn-4", false)?;
-    let final_pods = ["churn-1", "churn-2", "churn-5"];
-    let converged_in = cluster.converge("the churn settles", &CHURN, &final_pods)?;
-    let (_, churn3_server) = cluster.pods.get("churn-3").context("churn-3")?.clone();
-    cluster.lab.kill(&churn3_server)?;
-    // What the kubelet would do once the container has stopped.
-    cluster.control_plane.kubectl(
-        &cluster.lab,
-        &[
-            "-n",
-            NAMESPACE,
-            "delete",
-            "pod",
-            "churn-3",
-            "--grace-period=0",
-            "--force",
-        ],
-    )?;
-    record(&mut phases, "endpoints churned", from, converged_in);
-    std::thread::sleep(SETTLE);
+    // Each fault, in turn, under the load; a change made right after it must reach every node.
+    let faults: [(&str, Fault); 5] = [
+        ("followed controller replica killed", |c| {
+            c.fail_followed_replica(
+                ReplicaFault::Kill,
+                &["churn-1", "churn-2", "churn-3"],
+                |c| c.set_ready("churn-3", true),
+            )
+        }),
+        ("followed controller replica frozen", |c| {
+            c.fail_followed_replica(ReplicaFault::Freeze, &["churn-1", "churn-3"], |c| {
+                c.set_ready("churn-2", false)
+            })
+        }),
+        ("agent on node-2 killed, restarted", Cluster::restart_agent),
+        (
+            "kube-apiserver killed, restarted",
+            Cluster::restart_apiserver,
+        ),
+        ("endpoints churned", Cluster::churn_endpoints),
+    ];
+    for (name, fault) in faults {
+        let from = SystemTime::now();
+        let converged_in = fault(&mut cluster)?;
+        println!("{name}: converged in {converged_in:?}");
+        phases.push(Phase {
+            name,
+            from,
+            converged_in: Some(converged_in),
+        });
+        std::thread::sleep(SETTLE);
+    }
 
     let end = SystemTime::now();
     let mut outcomes: Vec<Outcome> = Vec::new();
@@ -573,7 +552,7 @@ fn services_whose_endpoints_stay_up_never_fail_through_controller_agent_and_apis
         outcomes.extend(load.stop(&mut cluster.lab)?);
     }
     // The churned Service ends with exactly its ready pods, from every node.
-    cluster.converge("churn ends with its ready pods", &CHURN, &final_pods)?;
+    cluster.converge("churn ends with its ready pods", &CHURN, &FINAL_CHURN)?;
 
     let report = report(&phases, end, &outcomes);
     println!("{report}");
