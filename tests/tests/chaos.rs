@@ -1,10 +1,11 @@
 //! Chaos under load against the real API server: two controller replicas serve at once and every
 //! agent lists both; while client pods on each node and a host outside the cluster send a steady
-//! stream of requests to several Services, the test kills the controller replica the agents
-//! follow, kills and restarts an agent, restarts kube-apiserver and churns endpoints. Requests to
-//! Services whose endpoints stay up must never fail; a change made right after each fault must
-//! reach every node within a generous bound; the churned Service must end with exactly its ready
-//! pods. Prints requests sent and failed per fault and Service, and each convergence time.
+//! stream of requests to several Services, the test kills, then freezes (SIGSTOP), the controller
+//! replica the agents follow, kills and restarts an agent, restarts kube-apiserver and churns
+//! endpoints. Requests to Services whose endpoints stay up must never fail; a change made right
+//! after each fault must reach every node within a generous bound; the churned Service must end
+//! with exactly its ready pods. Prints requests sent and failed per fault and Service, and each
+//! convergence time.
 //! Needs root.
 //!
 //! Addresses: see `splitproxy_e2e::addresses`. Services 10.96.0.20 (`stable-a`, node port 30020),
