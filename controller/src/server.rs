@@ -138,9 +138,14 @@ pub async fn serve(
             .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
             .map_err(Error::Serve)?;
     }
+    // Reflection on both ports: it shows schemas only, and lets grpcurl check health here.
+    let (reflection_v1, reflection_v1alpha) =
+        splitproxy_proto::reflection_services().map_err(Error::Reflection)?;
     let views = builder
         .add_service(NodeViewServiceServer::new(fanout))
         .add_service(health_service.clone())
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .serve_with_incoming(TcpListenerStream::new(listener));
     let inspection = async {
         let Some(listener) = inspection else {

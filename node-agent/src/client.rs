@@ -38,6 +38,14 @@ pub struct ClientConfig {
     pub credentials: Credentials,
 }
 
+/// How often the agent pings its controller over HTTP/2. A controller that hangs or is cut off
+/// keeps its connections open without a reset; only an unanswered ping shows it, so this bounds
+/// how long a node misses changes another replica could give it.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// How long a ping may go unanswered before the stream counts as dead. The controller's HTTP/2
+/// layer answers pings without waiting for its own work, so a few seconds is still generous.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Why one stream ended.
 #[derive(Debug, thiserror::Error)]
 enum StreamError {
@@ -153,8 +161,8 @@ async fn subscribe(
         .credentials
         .secure(endpoint)?
         .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(20))
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true)
         .connect()
         .await

@@ -185,12 +185,32 @@ impl ControlPlane {
     ///
     /// If the binary is missing or cannot start.
     pub fn start_controller(&self, lab: &mut Lab, kubeconfig: &Path) -> Result<Process> {
-        let listen = format!("{}:{CONTROLLER_PORT}", self.host.ip());
+        self.start_controller_on(lab, kubeconfig, CONTROLLER_PORT)
+    }
+
+    /// [`start_controller`](Self::start_controller) serving node views on `port`, and on
+    /// loopback `/metrics` on `port + 2` and its inspection on `port + 3` (10662 and 10663 for
+    /// the default port, as the controller's defaults), so several replicas can run side by
+    /// side on the control-plane host.
+    ///
+    /// # Errors
+    ///
+    /// If the binary is missing or cannot start.
+    pub fn start_controller_on(
+        &self,
+        lab: &mut Lab,
+        kubeconfig: &Path,
+        port: u16,
+    ) -> Result<Process> {
         let mut args = vec![
             "--kubeconfig".to_owned(),
             path(kubeconfig),
             "--listen".to_owned(),
-            listen,
+            format!("{}:{port}", self.host.ip()),
+            "--metrics-bind-address".to_owned(),
+            format!("127.0.0.1:{}", port + 2),
+            "--inspection-bind-address".to_owned(),
+            format!("127.0.0.1:{}", port + 3),
         ];
         args.extend(self.tls.controller_flags());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -201,11 +221,10 @@ impl ControlPlane {
         )
     }
 
-    /// The URL agents reach the controller [`start_controller`](Self::start_controller) started
-    /// at.
+    /// The URL agents reach a controller on `port` of the control-plane host with.
     #[must_use]
-    pub fn controller_url(&self) -> String {
-        format!("https://{}:{CONTROLLER_PORT}", self.host.ip())
+    pub fn controller_url(&self, port: u16) -> String {
+        format!("https://{}:{port}", self.host.ip())
     }
 
     /// The host the control plane runs on.
@@ -227,38 +246,36 @@ impl ControlPlane {
     }
 
     /// Starts splitproxy-agent on `node`, following the controller
-    /// [`start_controller`](Self::start_controller) started, with a token bound to an agent Pod
-    /// on `node` (see [`agent_token`](Self::agent_token)).
+    /// [`start_controller`](Self::start_controller) started.
     ///
     /// # Errors
     ///
     /// If the token cannot be issued, or the binary is missing or cannot start.
     pub fn start_agent(&self, lab: &mut Lab, node: &Node) -> Result<Process> {
-        let token = self.agent_token(lab, node.name())?;
-        self.start_agent_with_token(lab, node, &token)
+        self.start_agent_following(lab, node, &[self.controller_url(CONTROLLER_PORT)])
     }
 
-    /// [`start_agent`](Self::start_agent) presenting the token in `token_file`.
+    /// Starts splitproxy-agent on `node`, listing `controllers` (URLs, tried in turn) as
+    /// controller replicas, trusting their CA and presenting a token bound to an agent Pod on
+    /// `node` (see [`agent_token`](Self::agent_token)).
     ///
     /// # Errors
     ///
-    /// If the binary is missing or cannot start.
-    pub fn start_agent_with_token(
+    /// If the token cannot be issued, or the binary is missing or cannot start.
+    pub fn start_agent_following(
         &self,
         lab: &mut Lab,
         node: &Node,
-        token_file: &Path,
+        controllers: &[String],
     ) -> Result<Process> {
-        let mut args = vec![
-            "--controller".to_owned(),
-            self.controller_url(),
-            "--hostname-override".to_owned(),
-            node.name().to_owned(),
-            "--token-file".to_owned(),
-            path(token_file),
-        ];
-        args.extend(self.tls.agent_flags());
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let token = path(&self.agent_token(lab, node.name())?);
+        let tls = self.tls.agent_flags();
+        let mut args = Vec::new();
+        for url in controllers {
+            args.extend(["--controller", url.as_str()]);
+        }
+        args.extend(["--hostname-override", node.name(), "--token-file", &token]);
+        args.extend(tls.iter().map(String::as_str));
         lab.spawn(node, crate::workspace_binary("splitproxy-agent")?, &args)
     }
 

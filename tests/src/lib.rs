@@ -8,6 +8,7 @@ pub mod control_plane;
 pub mod demo_cluster;
 pub mod jaeger;
 pub mod lab;
+pub mod load;
 pub mod pki;
 pub mod sctp;
 pub mod subscribe;

@@ -10,6 +10,7 @@
 //! sp-testpod hit --url http://[fd00:10:96::10]:80/ --count 20
 //! sp-testpod sctp-serve --name pod-a --port 9999
 //! sp-testpod sctp-hit --address 10.96.0.40:7777 --count 20
+//! sp-testpod load --target web=http://10.96.0.10/ --rate 5 --duration-s 600 --out out.jsonl
 //! ```
 //!
 //! `hit` makes each request on a new TCP connection (so a proxy balances every one) and prints one
@@ -27,6 +28,10 @@
 //! `sctp-serve` and `sctp-hit` do the same over SCTP with raw IP sockets (the test kernel has no
 //! SCTP sockets): an INIT per request from a fresh port, answered by an INIT-ACK whose state cookie
 //! is the server's name; see the `sctp` module.
+//!
+//! `load` sends `--rate` requests per second to each `--target NAME=URL` at once, each on a new
+//! connection, for `--duration-s`, and appends one JSON line per request (start time, target, ok,
+//! the answering pod or the error) to `--out`; see the `load` module.
 
 use std::io::{Read, Write};
 use std::net::{
@@ -40,6 +45,8 @@ use clap::{Parser, Subcommand};
 use splitproxy_e2e::HitReport;
 
 // A bin crate root resolves modules next to itself; this one lives in a folder named after the bin.
+#[path = "sp-testpod/load.rs"]
+mod load;
 #[path = "sp-testpod/sctp.rs"]
 mod sctp;
 
@@ -116,6 +123,25 @@ enum Cmd {
         #[arg(long, env = "SP_TESTPOD_TIMEOUT_MS", default_value_t = 2000)]
         timeout_ms: u64,
     },
+    /// Send RATE requests per second to every TARGET at once for DURATION, writing one JSON line
+    /// per request to OUT.
+    Load {
+        /// `NAME=http://IP:PORT/path`; repeat for several.
+        #[arg(long = "target", required = true, value_parser = load::parse_target)]
+        targets: Vec<load::Target>,
+        /// Requests per second to each target.
+        #[arg(long, env = "SP_TESTPOD_RATE", default_value_t = 5)]
+        rate: u32,
+        /// How long one request may take, connect to last byte, in milliseconds.
+        #[arg(long, env = "SP_TESTPOD_TIMEOUT_MS", default_value_t = 2000)]
+        timeout_ms: u64,
+        /// How long to send, in seconds.
+        #[arg(long, env = "SP_TESTPOD_DURATION_S")]
+        duration_s: u64,
+        /// The file to write the outcomes to.
+        #[arg(long, env = "SP_TESTPOD_OUT")]
+        out: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -169,6 +195,20 @@ fn main() -> ExitCode {
                 interval: Duration::ZERO,
             };
             sctp::hit(address, count, &pace)
+        }
+        Cmd::Load {
+            targets,
+            rate,
+            timeout_ms,
+            duration_s,
+            out,
+        } => {
+            let plan = load::Plan {
+                rate,
+                timeout: Duration::from_millis(timeout_ms),
+                duration: Duration::from_secs(duration_s),
+            };
+            load::run(targets, &plan, &out)
         }
     };
     match result {
