@@ -9,6 +9,7 @@ pub mod flow_table;
 pub mod iptables;
 pub mod model;
 pub mod recording;
+pub mod tool;
 
 use std::future::Future;
 
