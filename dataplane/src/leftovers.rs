@@ -117,7 +117,7 @@ impl Leftovers {
 
     async fn remove_nft_tables(&self, removed: &mut Removed) -> Result<()> {
         let Some(listing) = self.list(NFT, &["list", "tables"]).await? else {
-            removed.skipped.push(format!("{}: not installed", NFT));
+            removed.skipped.push(format!("{NFT}: not installed"));
             return Ok(());
         };
         for table in nft_tables(&listing) {
@@ -146,7 +146,7 @@ impl Leftovers {
         let listing = match self.list(IPSET, &["list", "-n"]).await {
             Ok(Some(listing)) => listing,
             Ok(None) => {
-                let skipped = format!("{}: not installed", IPSET);
+                let skipped = format!("{IPSET}: not installed");
                 removed.skipped.push(skipped);
                 return Ok(());
             }

@@ -1,6 +1,6 @@
 //! Stuck agents hold up neither the controller nor the other agents, and cost the controller a
 //! bounded amount of memory: agents that never read their stream or never acknowledge stay
-//! connected while hundreds of edits to thousands of Services churn through, the real agents'
+//! connected while edits to thousands of Services' endpoints churn through, the real agents'
 //! traffic follows every change, the controller's RSS stays within a bound derived from the
 //! data, and its inspection shows the stuck nodes behind. Needs root; `scripts/test.sh` builds
 //! the binaries.
@@ -29,12 +29,11 @@ use std::{
 /// an agent holds.
 const BULK_SERVICES: usize = 2000;
 const ENDPOINTS_PER_SERVICE: usize = 2;
-/// Edits of the bulk Services per phase; each moves every endpoint to a new port.
-const EDITS_PER_PHASE: usize = 150;
+/// Edits of the bulk Services per phase; each moves every endpoint to a new port, and is
+/// published before the next is written, so every one is a state a stuck stream misses.
+const EDITS_PER_PHASE: usize = 30;
 /// Every this many edits the web pods' readiness flips and traffic must follow.
-const FLIP_EVERY: usize = 50;
-/// Longer than the manifests source's 100 ms settling time, so most edits publish a state.
-const EDIT_PAUSE: Duration = Duration::from_millis(150);
+const FLIP_EVERY: usize = 15;
 /// The stuck agents: node name and how each is stuck (`sp-stuck-agent --behaviour`). Several of
 /// each, so what a stuck stream costs stands out from the allocator's noise.
 const STUCK: [(&str, &str); 8] = [
@@ -236,14 +235,20 @@ struct Churned {
     converged: Vec<Duration>,
 }
 
-/// Edits the bulk Services [`EDITS_PER_PHASE`] times from edit number `first`, flipping the web
-/// pods' readiness every [`FLIP_EVERY`] edits and waiting for traffic to follow.
+/// Edits the bulk Services [`EDITS_PER_PHASE`] times from edit number `first`, each published
+/// before the next, flipping the web pods' readiness every [`FLIP_EVERY`] edits and waiting for
+/// traffic to follow.
 fn churn(cluster: &mut DemoCluster, first: usize, flips: &mut usize) -> Result<Churned> {
     let published_before = published(cluster);
     let mut converged = Vec::new();
     for edit in first + 1..=first + EDITS_PER_PHASE {
+        let before = published(cluster);
         cluster.write_manifest("bulk.yaml", &bulk_yaml(edit))?;
-        std::thread::sleep(EDIT_PAUSE);
+        eventually("the controller publishes the edit", CONVERGE, || {
+            ensure!(published(cluster) > before, "edit {edit} not published yet");
+            Ok(())
+        })
+        .with_context(|| cluster.logs())?;
         if edit % FLIP_EVERY == 0 {
             converged.push(flip_web(cluster, flips)?);
         }
