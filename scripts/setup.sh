@@ -12,7 +12,7 @@ set -euo pipefail
 
 BUF_VERSION=1.75.0       # npm: @bufbuild/buf
 GRPCURL_VERSION=v1.9.4   # go: github.com/fullstorydev/grpcurl
-APT_PACKAGES=(iptables iproute2 conntrack curl ca-certificates openssl)
+APT_PACKAGES=(iptables iproute2 conntrack curl ca-certificates openssl nftables ipset)
 
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"

@@ -159,8 +159,17 @@ fn fingerprint(token: &str) -> [u8; 32] {
 }
 
 /// Tokens read from a file of `token,node` lines (the shape of kube-apiserver's
-/// `--token-auth-file`; `#` starts a comment).
+/// `--token-auth-file`; `#` starts a comment). The file is read again when it has changed since
+/// the last stream was opened, so tokens can be added, rotated and revoked without a restart; a
+/// version that does not parse is reported and the last good one kept.
 pub struct StaticTokens {
+    path: std::path::PathBuf,
+    loaded: Mutex<Loaded>,
+}
+
+/// The tokens of one version of the file.
+struct Loaded {
+    modified: Option<SystemTime>,
     nodes: HashMap<[u8; 32], String>,
 }
 
@@ -188,44 +197,55 @@ impl StaticTokens {
     /// If the file cannot be read or a line is malformed (the line number is reported, never
     /// its content).
     pub fn read(path: &Path) -> Result<Self, TokensFileError> {
+        let loaded = Self::load(path)?;
+        Ok(Self {
+            path: path.to_owned(),
+            loaded: Mutex::new(loaded),
+        })
+    }
+
+    fn load(path: &Path) -> Result<Loaded, TokensFileError> {
         let file = path.display().to_string();
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
         let text =
             std::fs::read_to_string(path).map_err(|e| TokensFileError::Read(file.clone(), e))?;
-        Self::parse(&text).map_err(|line| TokensFileError::Line { file, line })
+        let nodes = parse(&text).map_err(|line| TokensFileError::Line { file, line })?;
+        Ok(Loaded { modified, nodes })
     }
 
-    /// Parses the file's text; the error is the 1-based number of the first bad line.
-    fn parse(text: &str) -> Result<Self, usize> {
-        let mut nodes = HashMap::new();
-        for (index, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let (token, node) = line.split_once(',').ok_or(index + 1)?;
-            let (token, node) = (token.trim(), node.trim());
-            if token.is_empty() || node.is_empty() || node.contains(',') {
-                return Err(index + 1);
-            }
-            nodes.insert(fingerprint(token), node.to_owned());
-        }
-        Ok(Self { nodes })
-    }
-
-    /// How many tokens the file holds.
+    /// How many tokens the file held when last read.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.nodes.len()
+        self.loaded.lock().map_or(0, |loaded| loaded.nodes.len())
     }
 
-    /// Whether the file holds no token.
+    /// Whether the file held no token when last read.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
+        self.len() == 0
     }
 
     fn authenticate(&self, token: &str) -> Result<Identity, Refusal> {
-        let node = self
+        let mut loaded = self
+            .loaded
+            .lock()
+            .map_err(|_| Refusal::Unavailable("tokens file state poisoned".to_owned()))?;
+        let modified = std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .ok();
+        if modified != loaded.modified {
+            match Self::load(&self.path) {
+                Ok(fresh) => {
+                    tracing::info!(tokens = fresh.nodes.len(), "agent tokens file reloaded");
+                    *loaded = fresh;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "keeping the last good agent tokens");
+                    loaded.modified = modified;
+                }
+            }
+        }
+        let node = loaded
             .nodes
             .get(&fingerprint(token))
             .ok_or_else(|| Refusal::Invalid("unknown token".to_owned()))?;
@@ -234,6 +254,24 @@ impl StaticTokens {
             expires: None,
         })
     }
+}
+
+/// Parses a tokens file's text; the error is the 1-based number of the first bad line.
+fn parse(text: &str) -> Result<HashMap<[u8; 32], String>, usize> {
+    let mut nodes = HashMap::new();
+    for (index, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (token, node) = line.split_once(',').ok_or(index + 1)?;
+        let (token, node) = (token.trim(), node.trim());
+        if token.is_empty() || node.is_empty() || node.contains(',') {
+            return Err(index + 1);
+        }
+        nodes.insert(fingerprint(token), node.to_owned());
+    }
+    Ok(nodes)
 }
 
 /// Reviews tokens with the API server (TokenReview), accepting only tokens of the agents'

@@ -342,6 +342,9 @@ impl AgentStream {
         tracing::debug!(revision = self.revision, reset, "sending revision");
         let mut messages = split(delta, &self.epoch, self.revision, reset);
         let span = self.revision_span(&cluster, reset);
+        // Not held across the sends below: an agent that stops reading parks this task there,
+        // and would otherwise pin a whole cluster state that the source has long replaced.
+        drop(cluster);
         if let Some(first) = messages.first_mut() {
             first.trace_context = splitproxy_telemetry::trace::context_of(&span);
         }

@@ -14,9 +14,17 @@ use splitproxy_proto::v1alpha1::{
     controller_inspection_service_server::ControllerInspectionServiceServer,
     node_view_service_server::NodeViewServiceServer,
 };
-use std::{net::SocketAddr, sync::Arc};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
 use tokio_stream::wrappers::TcpListenerStream;
+
+/// How often the server pings each agent's connection, and how long it waits for the answer
+/// before closing it. An agent's HTTP/2 layer answers pings even while the agent is busy or
+/// stops reading, so only a peer that is gone (a node powered off, a frozen process) is dropped;
+/// without this its stream, parked on a revision that will never be acknowledged, would stay
+/// listed and held forever.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Errors that stop the controller.
 #[derive(Debug, thiserror::Error)]
@@ -132,7 +140,9 @@ pub async fn serve(
         .set_serving::<ControllerInspectionServiceServer<Inspection>>()
         .await;
 
-    let mut builder = tonic::transport::Server::builder();
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
     if let Some(identity) = tls {
         builder = builder
             .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))

@@ -22,10 +22,9 @@
 mod tests;
 
 use crate::endpoints::categorize;
-use crate::{Protocol, ProxyState, Service, ServicePort};
+use crate::{Protocol, ProxyState, Service, ServicePort, tool::RunError};
 use std::{
     collections::BTreeSet,
-    io,
     net::IpAddr,
     process::{ExitStatus, Stdio},
 };
@@ -34,15 +33,9 @@ use tokio::process::Command;
 /// What can go wrong while deleting conntrack entries.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// `conntrack` could not be started or waited for (missing binary, no permission...).
-    #[error("could not run {program}")]
-    Run {
-        /// The program that was spawned (the first word of the command line).
-        program: String,
-        /// Why it could not run.
-        #[source]
-        source: io::Error,
-    },
+    /// `conntrack` could not be started or waited for.
+    #[error(transparent)]
+    Run(#[from] RunError),
     /// `conntrack -D` failed for another reason than "nothing matched".
     #[error("conntrack {args} failed ({status}): {output}")]
     Delete {
@@ -286,7 +279,7 @@ impl Conntrack {
             .kill_on_drop(true)
             .output()
             .await
-            .map_err(|source| Error::Run {
+            .map_err(|source| RunError {
                 program: self.program.clone(),
                 source,
             })?;

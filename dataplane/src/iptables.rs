@@ -34,6 +34,7 @@ pub use render::{
 };
 
 use crate::conntrack::{self, Conntrack, IpFamily};
+use crate::tool::RunError;
 use crate::{Dataplane, FailedStep, ProxyState, SyncReport};
 use partial::WrittenChains;
 use render::{
@@ -52,15 +53,9 @@ use tracing::Instrument;
 /// What can go wrong while syncing the iptables backend.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A command could not be started or waited for (missing binary, no permission...).
-    #[error("could not run {program}")]
-    Run {
-        /// The program that was spawned (the first word of the command line).
-        program: String,
-        /// Why it could not run.
-        #[source]
-        source: io::Error,
-    },
+    /// A command could not be started or waited for.
+    #[error(transparent)]
+    Run(#[from] RunError),
     /// `iptables-save` exited with an error, so the existing chains are unknown.
     #[error("iptables-save failed ({status}): {stderr}")]
     Save {
@@ -104,7 +99,7 @@ impl crate::SyncError for Error {
         match self {
             Self::Restore { partial, .. } => FailedStep::Restore { partial: *partial },
             // The tool exited 0, so the kernel did not refuse the rules.
-            Self::Run { .. } | Self::Save { .. } | Self::WriteInput(_) | Self::Jump { .. } => {
+            Self::Run(_) | Self::Save { .. } | Self::WriteInput(_) | Self::Jump { .. } => {
                 FailedStep::Other
             }
         }
@@ -556,9 +551,11 @@ impl Iptables {
         stdin: Option<&[u8]>,
     ) -> Result<std::process::Output> {
         let (program, args) = self.config.command_line(binary, args);
-        let run_error = |source| Error::Run {
-            program: program.clone(),
-            source,
+        let run_error = |source| {
+            Error::Run(RunError {
+                program: program.clone(),
+                source,
+            })
         };
         let mut child = Command::new(&program)
             .args(&args)

@@ -7,8 +7,10 @@ pub mod conntrack;
 pub mod endpoints;
 pub mod flow_table;
 pub mod iptables;
+pub mod leftovers;
 pub mod model;
 pub mod recording;
+pub mod tool;
 
 use std::future::Future;
 

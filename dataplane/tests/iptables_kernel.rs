@@ -1,5 +1,6 @@
 //! Real-kernel check of the iptables backend: syncs into a fresh network namespace and reads the
-//! result back with `iptables-save` (and `ip6tables-save`). Needs root, `ip`, iptables and ip6tables.
+//! result back with `iptables-save` (and `ip6tables-save`); and the removal of the other proxy
+//! modes' leftovers. Needs root, `ip`, iptables, ip6tables, `nft` and `ipset`.
 #![allow(clippy::unwrap_used)]
 
 use splitproxy_dataplane::{
@@ -7,6 +8,7 @@ use splitproxy_dataplane::{
     TrafficPolicy,
     flow_table::{Expected, Flow, Origin},
     iptables::{Config, DualStack, Iptables, RenderOptions, trace},
+    leftovers::Leftovers,
 };
 use std::{process::Command, time::Duration};
 
@@ -587,4 +589,138 @@ async fn cleanup_removes_every_rule_of_the_layout_and_nothing_else() {
     // Nothing left: a second run removes nothing and succeeds.
     let again = iptables.cleanup().await.unwrap();
     assert_eq!((again.jumps, again.chains), (0, 0));
+}
+
+/// Upstream-shaped leftovers of kube-proxy's nftables mode (both families' tables, a base chain
+/// jumping to a chain with a rule) and IPVS mode (`kube-ipvs0` holding a cluster IP, ipsets of
+/// both families), each next to an unrelated object of the same kind that must stay.
+fn add_other_modes_leftovers(netns: &Netns) {
+    for command in [
+        "add table ip kube-proxy",
+        "add chain ip kube-proxy services",
+        "add rule ip kube-proxy services ip daddr 10.96.0.10 tcp dport 80 counter",
+        "add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; }",
+        "add rule ip kube-proxy nat-prerouting jump services",
+        "add table ip6 kube-proxy",
+        "add chain ip6 kube-proxy services",
+        "add table ip other-firewall",
+        "add chain ip other-firewall input { type filter hook input priority 0 ; }",
+    ] {
+        netns.exec(&["nft", command]);
+    }
+    add_dummy(netns, "kube-ipvs0");
+    netns.exec(&["ip", "addr", "add", "10.96.0.10/32", "dev", "kube-ipvs0"]);
+    add_dummy(netns, "other0");
+    netns.exec(&["ipset", "create", "KUBE-CLUSTER-IP", "hash:ip,port"]);
+    netns.exec(&["ipset", "add", "KUBE-CLUSTER-IP", "10.96.0.10,tcp:80"]);
+    let v6 = [
+        "ipset",
+        "create",
+        "KUBE-6-CLUSTER-IP",
+        "hash:ip,port",
+        "family",
+        "inet6",
+    ];
+    netns.exec(&v6);
+    netns.exec(&["ipset", "create", "other-hosts", "hash:ip"]);
+}
+
+/// A dummy interface `name`, as kube-proxy makes `kube-ipvs0`; a bridge where the kernel has no
+/// dummy driver (as the development VMs' kernel): another link without a lower device, which
+/// holds addresses the same way.
+fn add_dummy(netns: &Netns, name: &str) {
+    let dummy = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &netns.name,
+            "ip",
+            "link",
+            "add",
+            name,
+            "type",
+            "dummy",
+        ])
+        .status()
+        .is_ok_and(|status| status.success());
+    if !dummy {
+        netns.exec(&["ip", "link", "add", name, "type", "bridge"]);
+    }
+}
+
+fn leftovers_in(netns: &Netns) -> Leftovers {
+    Leftovers::new(&["ip", "netns", "exec", &netns.name].map(String::from))
+}
+
+/// The nftables tables, interfaces and ipsets in the namespace, one name a line each.
+fn other_modes_objects(netns: &Netns) -> (String, String, String) {
+    let interfaces = netns
+        .exec(&["ip", "-o", "link", "show"])
+        .lines()
+        .filter_map(|line| line.split(": ").nth(1))
+        .map(|name| format!("{name}\n"))
+        .collect();
+    let ipsets = netns.exec(&["ipset", "list", "-n"]);
+    (netns.exec(&["nft", "list", "tables"]), interfaces, ipsets)
+}
+
+#[tokio::test]
+async fn switching_to_iptables_mode_removes_the_nftables_tables_and_kube_ipvs0() {
+    let netns = Netns::create("switch");
+    add_other_modes_leftovers(&netns);
+
+    let removed = leftovers_in(&netns)
+        .remove_for_iptables_mode()
+        .await
+        .unwrap();
+    assert_eq!(removed.nft_tables, ["ip kube-proxy", "ip6 kube-proxy"]);
+    assert_eq!(removed.interfaces, ["kube-ipvs0"]);
+    let (tables, interfaces, ipsets) = other_modes_objects(&netns);
+    assert_eq!(tables, "table ip other-firewall\n");
+    assert_eq!(interfaces, "lo\nother0\n");
+    // The IPVS mode's iptables rules, which iptables mode leaves alone, may still use them.
+    assert!(ipsets.contains("KUBE-CLUSTER-IP\n"), "{ipsets}");
+
+    let again = leftovers_in(&netns)
+        .remove_for_iptables_mode()
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "{again:?}");
+}
+
+#[tokio::test]
+async fn cleanup_removes_the_other_modes_leftovers_and_nothing_else() {
+    let netns = Netns::create("leftovers");
+    add_other_modes_leftovers(&netns);
+
+    let mut removed = leftovers_in(&netns).remove_all().await.unwrap();
+    removed.ipsets.sort();
+    assert_eq!(removed.nft_tables, ["ip kube-proxy", "ip6 kube-proxy"]);
+    assert_eq!(removed.interfaces, ["kube-ipvs0"]);
+    assert_eq!(removed.ipsets, ["KUBE-6-CLUSTER-IP", "KUBE-CLUSTER-IP"]);
+    assert!(removed.skipped.is_empty(), "{removed:?}");
+    let (tables, interfaces, ipsets) = other_modes_objects(&netns);
+    assert_eq!(tables, "table ip other-firewall\n");
+    assert_eq!(interfaces, "lo\nother0\n");
+    assert_eq!(ipsets, "other-hosts\n");
+
+    let again = leftovers_in(&netns).remove_all().await.unwrap();
+    assert!(again.is_empty(), "{again:?}");
+}
+
+#[tokio::test]
+async fn an_ipset_still_used_by_a_rule_fails_the_cleanup_clearly() {
+    let netns = Netns::create("inuse");
+    netns.exec(&["ipset", "create", "KUBE-CLUSTER-IP", "hash:ip,port"]);
+    let rule = "-m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT";
+    let mut args = vec!["iptables", "-A", "INPUT"];
+    args.extend(rule.split(' '));
+    netns.exec(&args);
+
+    let err = leftovers_in(&netns).remove_all().await.unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("ipset destroy KUBE-CLUSTER-IP") && message.contains("in use"),
+        "{message}"
+    );
 }

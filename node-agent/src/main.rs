@@ -9,7 +9,10 @@ use splitproxy_agent::{
     node_port_addresses::{interface_addresses, needs_primary, select},
     wire_mode,
 };
-use splitproxy_dataplane::iptables::{self, DualStack};
+use splitproxy_dataplane::{
+    iptables::{self, DualStack},
+    leftovers::{Leftovers, Removed},
+};
 use splitproxy_telemetry::trace::{self, KeyValue};
 use std::{net::IpAddr, process::ExitCode, time::Duration};
 use tracing::Instrument;
@@ -123,6 +126,16 @@ fn main() -> ExitCode {
 }
 
 async fn run(config: Config, iptables: iptables::Config) -> anyhow::Result<()> {
+    // As kube-proxy on a switch of proxy mode: another mode's tables or VIP interface would
+    // handle Service traffic next to these rules. A failure is not fatal: the rules still work.
+    match Leftovers::default().remove_for_iptables_mode().await {
+        Ok(removed) if removed.is_empty() => {}
+        Ok(removed) => log_removed(&removed, "removed another proxy mode's leftovers"),
+        Err(err) => tracing::warn!(
+            error = format!("{:#}", anyhow::Error::from(err)),
+            "could not remove another proxy mode's leftovers"
+        ),
+    }
     // One proxier per IP family whose tools work here, as kube-proxy's dual-stack mode.
     let dataplane = DualStack::detect(&iptables).await;
     tokio::select! {
@@ -136,7 +149,8 @@ async fn run(config: Config, iptables: iptables::Config) -> anyhow::Result<()> {
 }
 
 /// `--cleanup`: removes kube-proxy's iptables layout (splitproxy's, or kube-proxy's own leftovers)
-/// in every IP family whose tools work, then exits; failure if any family could not be cleaned.
+/// in every IP family whose tools work, then the other proxy modes' leftovers (after the rules,
+/// which may use their ipsets), then exits; failure if anything could not be cleaned.
 async fn cleanup() -> ExitCode {
     let dataplane = DualStack::detect(&iptables::Config::default()).await;
     let mut code = ExitCode::SUCCESS;
@@ -158,7 +172,27 @@ async fn cleanup() -> ExitCode {
             }
         }
     }
+    match Leftovers::default().remove_all().await {
+        Ok(removed) => log_removed(&removed, "removed the other proxy modes' leftovers"),
+        Err(err) => {
+            tracing::error!(
+                error = format!("{:#}", anyhow::Error::from(err)),
+                "could not remove the other proxy modes' leftovers"
+            );
+            code = ExitCode::FAILURE;
+        }
+    }
     code
+}
+
+fn log_removed(removed: &Removed, message: &str) {
+    tracing::info!(
+        nft_tables = ?removed.nft_tables,
+        interfaces = ?removed.interfaces,
+        ipsets = ?removed.ipsets,
+        skipped = ?removed.skipped,
+        "{message}"
+    );
 }
 
 /// The node addresses `--nodeport-addresses` selects, read once at start-up; `None` for all.

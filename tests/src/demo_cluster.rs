@@ -41,15 +41,20 @@ const TOKENS_FILE: &str = "agent-tokens.csv";
 
 /// Gives every node a random token: `<node>.token` files and the controller's `token,node`
 /// file, in `dir`.
-fn write_node_tokens(dir: &Path, nodes: &[Node]) -> Result<()> {
-    let mut lines = String::new();
-    for node in nodes {
-        let token = pki::random_token()?;
-        std::fs::write(dir.join(format!("{}.token", node.name())), &token)
-            .context("writing a node token")?;
-        writeln!(lines, "{token},{}", node.name())?;
-    }
-    std::fs::write(dir.join(TOKENS_FILE), lines).context("writing the tokens file")
+/// Gives `node` a random token: `<node>.token` in `dir`, and a line in the controller's
+/// `token,node` file there (which the controller reads again when it changes).
+fn issue_token(dir: &Path, node: &str) -> Result<PathBuf> {
+    let token = pki::random_token()?;
+    let file = dir.join(format!("{node}.token"));
+    std::fs::write(&file, &token).context("writing a node token")?;
+    let mut tokens = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(TOKENS_FILE))
+        .context("opening the tokens file")?;
+    std::io::Write::write_all(&mut tokens, format!("{token},{node}\n").as_bytes())
+        .context("writing the tokens file")?;
+    Ok(file)
 }
 /// The longest wait for rules to converge; generous because CI machines are slow and shared.
 pub const CONVERGE: Duration = Duration::from_secs(90);
@@ -167,7 +172,9 @@ impl DemoCluster {
             .tempdir()
             .context("creating the credentials directory")?;
         let tls = ControllerTls::generate(credentials.path(), control_plane.ip())?;
-        write_node_tokens(credentials.path(), &nodes)?;
+        for node in &nodes {
+            issue_token(credentials.path(), node.name())?;
+        }
         let mut cluster = Self {
             lab,
             control_plane,
@@ -261,6 +268,16 @@ impl DemoCluster {
     #[must_use]
     pub fn controller_tls(&self) -> &ControllerTls {
         &self.tls
+    }
+
+    /// Gives a node that is not part of the lab (a test client posing as an agent) a token the
+    /// running controller accepts for it; returns the token file.
+    ///
+    /// # Errors
+    ///
+    /// If the files cannot be written.
+    pub fn issue_token(&self, node: &str) -> Result<PathBuf> {
+        issue_token(self.credentials.path(), node)
     }
 
     /// The file holding `node`'s token, which the controller's tokens file maps to `node`.

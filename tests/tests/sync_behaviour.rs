@@ -1,11 +1,14 @@
 //! How the agent keeps the kernel in line: periodic resyncs that rewrite only what changed, and
 //! rules brought back after someone deletes them (a firewall reload), noticed through the
-//! `KUBE-PROXY-CANARY` chains. Needs root; `scripts/test.sh` builds the binaries first.
+//! `KUBE-PROXY-CANARY` chains; and what it removes of kube-proxy's other proxy modes, on start and
+//! with `--cleanup`. Needs root; `scripts/test.sh` builds the binaries first.
 
 #![allow(clippy::unwrap_used)]
 
 use anyhow::{Context, Result, ensure};
-use splitproxy_e2e::{agent_metric, demo_cluster::DemoCluster, eventually, hit, workspace_binary};
+use splitproxy_e2e::{
+    agent_metric, demo_cluster::DemoCluster, eventually, hit, lab::Node, workspace_binary,
+};
 use std::time::Duration;
 
 /// The longest wait for rules to converge; generous because CI machines are slow and shared.
@@ -66,8 +69,21 @@ fn cleanup_takes_every_rule_out_of_a_node_and_leaves_the_others() -> Result<()> 
     let agent = cluster.agents[0].clone();
     cluster.lab.kill(&agent)?;
 
+    add_other_modes_leftovers(&cluster, &node1)?;
+
     let binary = workspace_binary("splitproxy-agent")?;
     cluster.run(&node1, &binary.to_string_lossy(), &["--cleanup"])?;
+
+    let tables = cluster.run(&node1, "nft", &["list", "tables"])?;
+    ensure!(
+        only_other_tables(&tables),
+        "nftables on node-1 after --cleanup:\n{tables}"
+    );
+    let ipsets = cluster.run(&node1, "ipset", &["list", "-n"])?;
+    ensure!(
+        ipsets == "other-hosts\n",
+        "ipsets on node-1 after --cleanup:\n{ipsets}"
+    );
 
     for tool in ["iptables-save", "ip6tables-save"] {
         let saved = cluster.run(&node1, tool, &[])?;
@@ -88,4 +104,67 @@ fn cleanup_takes_every_rule_out_of_a_node_and_leaves_the_others() -> Result<()> 
         "node-2 lost the Service: {from_node2:?}"
     );
     Ok(())
+}
+
+#[test]
+fn an_agent_starting_in_iptables_mode_removes_the_nftables_modes_tables() -> Result<()> {
+    let mut cluster = DemoCluster::start("switch")?;
+    let node1 = cluster.nodes[0].clone();
+    let agent = cluster.agents[0].clone();
+    cluster.lab.kill(&agent)?;
+    add_other_modes_leftovers(&cluster, &node1)?;
+
+    cluster.agents[0] = cluster.start_agent(0, &[])?;
+    eventually(
+        "node-1's agent removes the nftables tables",
+        CONVERGE,
+        || {
+            let tables = cluster.run(&node1, "nft", &["list", "tables"])?;
+            ensure!(only_other_tables(&tables), "{tables}");
+            // Written just after the removal.
+            let log = cluster.agents[0].log();
+            ensure!(
+                log.contains("removed another proxy mode's leftovers")
+                    && log.contains("ip kube-proxy")
+                    && log.contains("ip6 kube-proxy"),
+                "the agent did not say what it removed"
+            );
+            Ok(())
+        },
+    )
+    .with_context(|| cluster.logs())?;
+    // The ipsets stay for `--cleanup`: IPVS-mode rules, which iptables mode leaves, may use them.
+    let ipsets = cluster.run(&node1, "ipset", &["list", "-n"])?;
+    ensure!(ipsets.contains("KUBE-CLUSTER-IP"), "{ipsets}");
+    eventually("traffic reaches the ready endpoints", CONVERGE, || {
+        cluster.check_traffic(REQUESTS).map(drop)
+    })
+    .with_context(|| cluster.logs())?;
+    Ok(())
+}
+
+/// What kube-proxy's nftables mode (its table in both families, with a chain and a rule) and
+/// IPVS mode (an ipset) leave on `node`, next to another table and set that must stay.
+/// (`kube-ipvs0` is left to `dataplane/tests/iptables_kernel.rs`: the lab's kernel has no dummy
+/// interfaces.)
+fn add_other_modes_leftovers(cluster: &DemoCluster, node: &Node) -> Result<()> {
+    for command in [
+        "add table ip kube-proxy",
+        "add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; }",
+        "add rule ip kube-proxy nat-prerouting ip daddr 10.96.0.10 tcp dport 80 counter",
+        "add table ip6 kube-proxy",
+        "add table ip other-firewall",
+    ] {
+        cluster.run(node, "nft", &[command])?;
+    }
+    for set in ["KUBE-CLUSTER-IP", "other-hosts"] {
+        cluster.run(node, "ipset", &["create", set, "hash:ip"])?;
+    }
+    Ok(())
+}
+
+/// Whether `nft list tables` shows no kube-proxy table but the other one (and the iptables
+/// tables, which iptables-nft keeps in nftables too).
+fn only_other_tables(tables: &str) -> bool {
+    !tables.contains("kube-proxy") && tables.contains("table ip other-firewall\n")
 }

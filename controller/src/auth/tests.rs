@@ -10,13 +10,17 @@ fn with_authorization(value: &str) -> MetadataMap {
     metadata
 }
 
-fn tokens(text: &str) -> AgentAuth {
-    AgentAuth::Static(Arc::new(StaticTokens::parse(text).expect("valid file")))
+/// Static tokens from a file holding `text`; the file lives as long as the returned guard.
+fn tokens(text: &str) -> (AgentAuth, tempfile::NamedTempFile) {
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), text).expect("write");
+    let tokens = StaticTokens::read(file.path()).expect("valid file");
+    (AgentAuth::Static(Arc::new(tokens)), file)
 }
 
 #[tokio::test]
 async fn static_token_identifies_its_node() {
-    let auth = tokens("# node tokens\nsecret-a,node-a\n\nsecret-b, node-b\n");
+    let (auth, _file) = tokens("# node tokens\nsecret-a,node-a\n\nsecret-b, node-b\n");
     let identity = auth
         .authenticate(&with_authorization("Bearer secret-b"))
         .await
@@ -31,7 +35,7 @@ async fn static_token_identifies_its_node() {
 
 #[tokio::test]
 async fn missing_unknown_and_malformed_credentials_are_refused() {
-    let auth = tokens("secret-a,node-a\n");
+    let (auth, _file) = tokens("secret-a,node-a\n");
     let refusal = |metadata: MetadataMap| {
         let auth = auth.clone();
         async move { auth.authenticate(&metadata).await.expect_err("refused") }
@@ -51,11 +55,51 @@ async fn missing_unknown_and_malformed_credentials_are_refused() {
     ));
 }
 
-#[test]
-fn refusals_never_echo_the_token() {
-    let auth = StaticTokens::parse("secret-a,node-a\n").expect("valid");
-    let refusal = auth.authenticate("secret-zzz").expect_err("unknown");
+#[tokio::test]
+async fn refusals_never_echo_the_token() {
+    let (auth, _file) = tokens("secret-a,node-a\n");
+    let refusal = auth
+        .authenticate(&with_authorization("Bearer secret-zzz"))
+        .await
+        .expect_err("unknown");
     assert!(!refusal.to_string().contains("secret-zzz"));
+}
+
+#[tokio::test]
+async fn a_changed_tokens_file_applies_to_the_next_stream_and_a_broken_one_is_ignored() {
+    let (auth, file) = tokens("old-token,node-a\n");
+    let write = |text: &str| {
+        // A later modification time than the first version's, whatever the clock granularity.
+        let previous = std::fs::metadata(file.path())
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        std::fs::write(file.path(), text).expect("write");
+        let f = std::fs::File::options()
+            .write(true)
+            .open(file.path())
+            .expect("open");
+        f.set_modified(previous + Duration::from_secs(1))
+            .expect("set mtime");
+    };
+    write("new-token,node-b\n");
+    let identity = auth
+        .authenticate(&with_authorization("Bearer new-token"))
+        .await
+        .expect("added token");
+    assert_eq!(identity.node.as_deref(), Some("node-b"));
+    assert!(
+        auth.authenticate(&with_authorization("Bearer old-token"))
+            .await
+            .is_err(),
+        "a removed token is revoked"
+    );
+    write("broken line\n");
+    assert!(
+        auth.authenticate(&with_authorization("Bearer new-token"))
+            .await
+            .is_ok(),
+        "the last good file stays in force"
+    );
 }
 
 #[test]
@@ -79,12 +123,9 @@ fn refusals_map_to_grpc_codes() {
 
 #[test]
 fn tokens_file_errors_name_the_line_not_the_secret() {
-    assert_eq!(
-        StaticTokens::parse("ok,node\nno-comma-secret\n").err(),
-        Some(2)
-    );
-    assert_eq!(StaticTokens::parse(",node\n").err(), Some(1));
-    assert_eq!(StaticTokens::parse("t,a,b\n").err(), Some(1));
+    assert_eq!(parse("ok,node\nno-comma-secret\n").err(), Some(2));
+    assert_eq!(parse(",node\n").err(), Some(1));
+    assert_eq!(parse("t,a,b\n").err(), Some(1));
     let file = tempfile::NamedTempFile::new().expect("temp file");
     std::fs::write(file.path(), "good,node\nleaky-secret\n").expect("write");
     let err = StaticTokens::read(file.path()).err().expect("bad line");

@@ -355,3 +355,50 @@ async fn the_node_status_comes_with_the_reset_and_again_only_when_it_changes() {
     assert_eq!(endpoints_only.upserted_endpoints.len(), 1);
     assert_eq!(endpoints_only.node_status, None, "unchanged, so not resent");
 }
+
+#[tokio::test]
+async fn a_stream_whose_agent_stopped_reading_holds_no_replaced_cluster_state() {
+    // Forty messages, about 1 MB: more than the stream's channel and HTTP/2 buffers (400 KiB)
+    // take before its task parks in a send, with the agent's windows at HTTP/2's initial 64 KiB.
+    let h = harness(Some(cluster(20 * MAX_RESOURCES_PER_MESSAGE, 2))).await;
+    let first = h.publish.borrow().clone().expect("published");
+    let channel = tonic::transport::Endpoint::from_shared(h.url.clone())
+        .expect("url")
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .expect("connect");
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(pb::SyncRequest {
+        kind: Some(sync_request::Kind::Subscribe(pb::Subscribe {
+            node_name: "node-1".into(),
+            ..Default::default()
+        })),
+    })
+    .await
+    .expect("queue subscribe");
+    let mut responses = NodeViewServiceClient::new(channel)
+        .sync(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    // One message read: the stream is sending the first state; then the agent stops reading.
+    let message = responses.message().await.expect("stream open");
+    assert!(message.is_some_and(|m| m.reset && !m.complete));
+
+    h.publish.send_replace(Some(Arc::new(cluster(1, 3))));
+    let mut holders = Arc::strong_count(&first);
+    for _ in 0..50 {
+        if holders == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        holders = Arc::strong_count(&first);
+    }
+    assert_eq!(
+        holders, 1,
+        "the parked stream still holds the replaced state"
+    );
+    drop(tx);
+}

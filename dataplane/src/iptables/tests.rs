@@ -1447,7 +1447,7 @@ async fn missing_binary_is_a_run_error_naming_it() {
     let err = iptables.sync(&ProxyState::default()).await.unwrap_err();
 
     assert!(
-        matches!(&err, Error::Run { program, .. } if program == "/nonexistent/iptables-save"),
+        matches!(&err, Error::Run(run) if run.program == "/nonexistent/iptables-save"),
         "{err:?}"
     );
     assert_eq!(err.to_string(), "could not run /nonexistent/iptables-save");
