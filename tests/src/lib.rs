@@ -5,6 +5,7 @@
 
 pub mod addresses;
 pub mod control_plane;
+pub mod corpus;
 pub mod demo_cluster;
 pub mod jaeger;
 pub mod lab;
