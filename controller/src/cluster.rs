@@ -235,7 +235,8 @@ impl ClusterState {
                 Ok(Some(converted)) => Some((key.clone(), converted)),
                 Ok(None) => None,
                 Err(err) => {
-                    tracing::warn!(service = %format!("{}/{}", key.0, key.1), %err, "skipping invalid service");
+                    // Quoted (`?`): a hostile name must not break the log line.
+                    tracing::warn!(service = ?format!("{}/{}", key.0, key.1), %err, "skipping invalid service");
                     invalid_services.insert(key.clone());
                     None
                 }
@@ -394,7 +395,7 @@ fn valid_ips(ips: Option<&[String]>, namespace: &str, name: &str, field: &str) -
         .filter(|ip| {
             let valid = ip.parse::<IpAddr>().is_ok();
             if !valid {
-                tracing::warn!(service = %format!("{namespace}/{name}"), %field, ip = %ip, "ignoring invalid IP");
+                tracing::warn!(service = %format!("{namespace}/{name}"), %field, ip = ?ip, "ignoring invalid IP");
             }
             valid
         })
@@ -466,7 +467,7 @@ fn merge_slices<'a>(
                 slice_port.port.map(port),
             ) else {
                 tracing::warn!(
-                    slice = %slice_name,
+                    slice = ?slice_name,
                     port = ?slice_port.port,
                     protocol = ?slice_port.protocol,
                     "ignoring slice port with an invalid number or protocol"
@@ -489,7 +490,7 @@ fn merge_slices<'a>(
                     Ok(_) => "",
                 };
                 if !why.is_empty() {
-                    tracing::warn!(slice = %slice_name, %address, address_type = %slice.address_type, "{why}");
+                    tracing::warn!(slice = ?slice_name, ?address, address_type = ?slice.address_type, "{why}");
                     continue;
                 }
                 let conditions = conditions(ep.conditions.as_ref());
