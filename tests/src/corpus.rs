@@ -1,7 +1,11 @@
 //! The hostile input corpus (`tests/corpus/`): one file per case, with what should become of it
 //! in its `# expect:` comment lines (see `tests/corpus/README.md`).
 
-use anyhow::{Context, Result, bail};
+use crate::{
+    agent_metric,
+    lab::{Lab, Node, Process},
+};
+use anyhow::{Context, Result, bail, ensure};
 use std::{collections::BTreeMap, net::Ipv4Addr, path::PathBuf};
 
 /// One expected outcome of a case.
@@ -28,6 +32,8 @@ pub struct Case {
     pub bytes: Vec<u8>,
     /// What should become of it.
     pub expects: Vec<Expect>,
+    /// Whether the real API server admits it (its `# api:` line).
+    pub api_admits: bool,
 }
 
 /// The corpus directory.
@@ -58,16 +64,23 @@ pub fn load() -> Result<Vec<Case>> {
             .split_once("--")
             .with_context(|| format!("{file}: no `category--` prefix"))?;
         let bytes = std::fs::read(&path).with_context(|| format!("reading {file}"))?;
-        let expects = String::from_utf8_lossy(&bytes)
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let expects = text
             .lines()
             .filter_map(|line| line.strip_prefix("# expect: "))
             .map(|text| expect(text).with_context(|| format!("{file}: bad expectation")))
             .collect::<Result<_>>()?;
+        let api_admits = match text.lines().find_map(|line| line.strip_prefix("# api: ")) {
+            Some("admitted") => true,
+            Some("refused") => false,
+            other => bail!("{file}: `# api:` is {other:?}, not admitted or refused"),
+        };
         cases.push(Case {
             category: category.to_owned(),
             file,
             bytes,
             expects,
+            api_admits,
         });
     }
     cases.sort_by(|a, b| a.file.cmp(&b.file));
@@ -82,6 +95,34 @@ pub fn sizes(cases: &[Case]) -> BTreeMap<&str, usize> {
         *sizes.entry(case.category.as_str()).or_default() += 1;
     }
     sizes
+}
+
+/// Fails unless the agents on `nodes` were handed nothing to skip or reject (the controller
+/// kept every bad object to itself) and every one of `processes` still runs.
+///
+/// # Errors
+///
+/// Naming the agent's counter that moved or the process that exited, with its log's tail.
+pub fn expect_unharmed(lab: &mut Lab, nodes: &[Node], processes: &[Process]) -> Result<()> {
+    for node in nodes {
+        for series in [
+            "splitproxy_agent_invalid_services",
+            "splitproxy_agent_rejected_revisions_total",
+        ] {
+            let value = agent_metric(lab, node, series)?;
+            ensure!(value == 0.0, "{}: {series} is {value}", node.name());
+        }
+    }
+    for process in processes {
+        let exit = lab.exit_status(process)?;
+        ensure!(
+            exit.is_none(),
+            "{} exited: {exit:?}\n{}",
+            process.log_path().display(),
+            process.log_tail(30)
+        );
+    }
+    Ok(())
 }
 
 fn expect(text: &str) -> Result<Expect> {

@@ -5,7 +5,7 @@
 use crate::{
     HitReport,
     addresses::{self, CONTROL_PLANE, EXTERNAL_CLIENT},
-    eventually, hit,
+    controller_metric, eventually, hit,
     lab::{HasNamespace, Host, Lab, Node, Pod, Process},
     serve,
     testpod::hit_within,
@@ -431,21 +431,7 @@ impl DemoCluster {
     ///
     /// If the metrics cannot be fetched or the value does not parse.
     pub fn controller_metric(&self, series: &str) -> Result<Option<f64>> {
-        let text = self.run(
-            &self.control_plane,
-            "curl",
-            &["-sf", "-m", "5", "http://127.0.0.1:10662/metrics"],
-        )?;
-        let prefix = format!("{series} ");
-        text.lines()
-            .find_map(|line| line.strip_prefix(&prefix))
-            .map(|value| {
-                value
-                    .trim()
-                    .parse()
-                    .with_context(|| format!("{series} has the value {value:?}"))
-            })
-            .transpose()
+        controller_metric(&self.lab, &self.control_plane, series)
     }
 
     /// Writes (or replaces, by rename) one manifests file, for Services beyond `demo/web`.
