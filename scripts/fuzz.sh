@@ -21,6 +21,7 @@ cargo run -q -p splitproxy-controller --example fuzz_seeds -- \
     fuzz/corpus/sync_response tests/corpus/*.yaml
 mkdir -p fuzz/corpus/render
 cd fuzz
+# Quiet when it builds; on failure built again, loudly, to show why.
 cargo +nightly fuzz build -O >/dev/null 2>&1 || cargo +nightly fuzz build -O
 
 log="$(mktemp -t splitproxy-fuzz.XXXXXX)"
