@@ -4,8 +4,9 @@
 //! (NACK with a reason); Services that cannot be programmed (invalid IPs, ports 0 and 65536, an
 //! unknown protocol, an injected or huge name, ports sharing a name) are skipped and logged while
 //! the rest of the revision is applied; parts out of order and a message above the gRPC limit
-//! end the stream. Through all of it the agent stays up and the Service of the good reset keeps
-//! answering real traffic. Needs root; `scripts/test.sh` builds the binaries first.
+//! end the stream. Through all of it the agent stays up, and the Service of the good reset keeps
+//! answering real traffic after the last broken stream, from a controller that sends nothing
+//! more. Needs root; `scripts/test.sh` builds the binaries first.
 
 #![allow(clippy::unwrap_used)]
 

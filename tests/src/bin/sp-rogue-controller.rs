@@ -5,7 +5,8 @@
 //! answered: `case NODE CASE applied`, `case NODE CASE rejected: REASON` or
 //! `case NODE CASE stream closed`. After a closed stream the agent's next subscription gets the
 //! good reset again and the next case. `done NODE` follows the last case; the stream then stays
-//! open, silent.
+//! open, silent, and so does any stream after the last case: no reset, so the agent can only
+//! serve what it kept.
 
 use clap::Parser;
 use splitproxy_proto::v1alpha1::{
@@ -217,6 +218,13 @@ impl Rogue {
             })) => subscribe.node_name,
             _ => return,
         };
+        if !self.has_cases(&node) {
+            // A stream after the last case gets nothing at all: the agent must keep serving what
+            // it applied before the last stream broke.
+            println!("done {node}");
+            hold(inbound).await;
+            return;
+        }
         let mut reset = self.good.clone();
         let revision = self.next_revision(&node);
         for part in &mut reset {
@@ -241,9 +249,19 @@ impl Rogue {
             }
         }
         println!("done {node}");
-        // Stay connected and silent, so the agent keeps what it applied.
-        while let Ok(Some(_)) = inbound.message().await {}
+        hold(inbound).await;
     }
+
+    /// Whether `node` has cases left.
+    fn has_cases(&self, node: &str) -> bool {
+        let progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        progress.get(node).is_none_or(|p| p.next_case < CASES.len())
+    }
+}
+
+/// Stays connected and silent until the agent goes, so it keeps what it applied.
+async fn hold(mut inbound: Streaming<pb::SyncRequest>) {
+    while let Ok(Some(_)) = inbound.message().await {}
 }
 
 enum Answer {
