@@ -5,6 +5,8 @@
 #   - Debian packages (apt-get update only when one is missing)
 #   - buf, from the npm package @bufbuild/buf, pinned
 #   - grpcurl, built with `go install` from its Go module, pinned
+#   - cargo-fuzz, built with `cargo install` from crates.io, pinned (scripts/fuzz.sh runs it on
+#     the nightly toolchain)
 #
 # Tools go to $SPLITPROXY_TOOLS (default /var/cache/splitproxy/tools, outside the work tree):
 # one folder per tool and version, plus bin/ with symlinks to the pinned versions.
@@ -12,6 +14,7 @@ set -euo pipefail
 
 BUF_VERSION=1.75.0       # npm: @bufbuild/buf
 GRPCURL_VERSION=v1.9.4   # go: github.com/fullstorydev/grpcurl
+CARGO_FUZZ_VERSION=0.13.1 # crates.io: cargo-fuzz
 APT_PACKAGES=(iptables iproute2 conntrack curl ca-certificates openssl nftables ipset)
 
 # shellcheck source=scripts/env.sh
@@ -90,6 +93,19 @@ if [[ ! -x $grpcurl_dir/grpcurl ]]; then
 fi
 ln -sfn "$grpcurl_dir/grpcurl" "$TOOLS/bin/grpcurl"
 
+# ---- cargo-fuzz (cargo install) and the nightly toolchain it needs -----------------------------
+cargo_fuzz_dir="$TOOLS/cargo-fuzz-$CARGO_FUZZ_VERSION"
+if [[ ! -x $cargo_fuzz_dir/bin/cargo-fuzz ]]; then
+    tmp="$cargo_fuzz_dir.tmp.$$"
+    rm -rf "$tmp"
+    quiet cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION" --root "$tmp"
+    rm -rf "$cargo_fuzz_dir"
+    mv "$tmp" "$cargo_fuzz_dir"
+fi
+ln -sfn "$cargo_fuzz_dir/bin/cargo-fuzz" "$TOOLS/bin/cargo-fuzz"
+rustup toolchain list | grep -q '^nightly' || quiet rustup toolchain install nightly --profile minimal
+
 # ---- report ----------------------------------------------------------------------------------
 echo "buf $("$TOOLS/bin/buf" --version 2>&1)"
 "$TOOLS/bin/grpcurl" -version 2>&1
+"$TOOLS/bin/cargo-fuzz" --version

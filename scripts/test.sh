@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up what the tests need and runs all of them: lints (buf, rustfmt, clippy), unit and
-# in-process tests, and the end-to-end tests in network namespaces on the real kernel (needs root).
+# Sets up what the tests need and runs all of them: lints (buf, rustfmt, clippy), a bounded fuzz
+# run, unit and in-process tests, and the end-to-end tests in network namespaces on the real
+# kernel (needs root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -13,6 +14,8 @@ tests/controlplane/build-etcd.sh >/dev/null
 # The trace receiver for the tracing test: Jaeger v2 from its Go module, cached the same way.
 tests/tracing/build-jaeger.sh >/dev/null
 scripts/lint.sh
+# Hostile input for the agent's conversion and the renderer: 60 s per cargo-fuzz target.
+scripts/fuzz.sh 60
 # The end-to-end tests start the workspace's binaries; build them in the tests' profile first.
 cargo build --workspace --bins
 

@@ -7,7 +7,7 @@ use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
 };
-use splitproxy_proto::v1alpha1 as pb;
+use splitproxy_proto::{names::is_dns_label, v1alpha1 as pb};
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -76,6 +76,13 @@ pub enum Invalid {
     /// every source.
     #[error("invalid loadBalancerSourceRanges entry {0:?}")]
     SourceRange(String),
+    /// The namespace, name or a port name is not a DNS label, as the API server would have
+    /// refused; such a name could not be written into a kernel rule as it is.
+    #[error("invalid name {0:?}: not a DNS label (at most 63 of a-z, 0-9 and -)")]
+    Name(String),
+    /// Two ports share a name, which would give them the same chains.
+    #[error("port name {0:?} used twice")]
+    DuplicatePort(String),
     /// The session affinity timeout is outside 1-86400 seconds.
     #[error("session affinity timeout {0} out of range")]
     AffinityTimeout(i32),
@@ -228,7 +235,8 @@ impl ClusterState {
                 Ok(Some(converted)) => Some((key.clone(), converted)),
                 Ok(None) => None,
                 Err(err) => {
-                    tracing::warn!(service = %format!("{}/{}", key.0, key.1), %err, "skipping invalid service");
+                    // Quoted (`?`): a hostile name must not break the log line.
+                    tracing::warn!(service = ?format!("{}/{}", key.0, key.1), %err, "skipping invalid service");
                     invalid_services.insert(key.clone());
                     None
                 }
@@ -263,6 +271,11 @@ fn convert_service(svc: &Service) -> Result<Option<pb::Service>, Invalid> {
     if spec.type_.as_deref() == Some("ExternalName") {
         return Ok(None);
     }
+    for text in [&namespace, &name] {
+        if !is_dns_label(text) {
+            return Err(Invalid::Name(text.clone()));
+        }
+    }
     let cluster_ips: Vec<String> = match (&spec.cluster_ips, &spec.cluster_ip) {
         (Some(ips), _) if !ips.is_empty() => ips.clone(),
         (_, Some(ip)) => vec![ip.clone()],
@@ -294,6 +307,15 @@ fn convert_service(svc: &Service) -> Result<Option<pb::Service>, Invalid> {
         .collect::<Result<Vec<_>, Invalid>>()?;
     if ports.is_empty() {
         return Err(Invalid::NoPorts);
+    }
+    let mut port_names = BTreeSet::new();
+    for port in &ports {
+        if !(port.name.is_empty() || is_dns_label(&port.name)) {
+            return Err(Invalid::Name(port.name.clone()));
+        }
+        if !port_names.insert(&port.name) {
+            return Err(Invalid::DuplicatePort(port.name.clone()));
+        }
     }
     let load_balancer_source_ranges = spec
         .load_balancer_source_ranges
@@ -373,7 +395,7 @@ fn valid_ips(ips: Option<&[String]>, namespace: &str, name: &str, field: &str) -
         .filter(|ip| {
             let valid = ip.parse::<IpAddr>().is_ok();
             if !valid {
-                tracing::warn!(service = %format!("{namespace}/{name}"), %field, ip = %ip, "ignoring invalid IP");
+                tracing::warn!(service = %format!("{namespace}/{name}"), %field, ip = ?ip, "ignoring invalid IP");
             }
             valid
         })
@@ -429,6 +451,7 @@ fn merge_slices<'a>(
             continue;
         }
         let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
+        let slice_name = format!("{namespace}/{}", meta.name.as_deref().unwrap_or_default());
         let entry = merged.entry((namespace, service.clone())).or_default();
         let trigger = meta
             .annotations
@@ -443,6 +466,12 @@ fn merge_slices<'a>(
                 protocol(slice_port.protocol.as_deref()),
                 slice_port.port.map(port),
             ) else {
+                tracing::warn!(
+                    slice = ?slice_name,
+                    port = ?slice_port.port,
+                    protocol = ?slice_port.protocol,
+                    "ignoring slice port with an invalid number or protocol"
+                );
                 continue;
             };
             let by_address = entry
@@ -453,16 +482,15 @@ fn merge_slices<'a>(
                 let Some(address) = ep.addresses.first() else {
                     continue;
                 };
-                if address.parse::<IpAddr>().is_err() {
-                    tracing::warn!(
-                        slice = %format!(
-                            "{}/{}",
-                            meta.namespace.as_deref().unwrap_or("default"),
-                            meta.name.as_deref().unwrap_or_default()
-                        ),
-                        %address,
-                        "ignoring endpoint with an invalid address"
-                    );
+                let why = match address.parse::<IpAddr>() {
+                    Err(_) => "ignoring endpoint with an invalid address",
+                    Ok(ip) if ip.is_ipv4() != (slice.address_type == "IPv4") => {
+                        "ignoring endpoint of the other address family than the slice's"
+                    }
+                    Ok(_) => "",
+                };
+                if !why.is_empty() {
+                    tracing::warn!(slice = ?slice_name, ?address, address_type = ?slice.address_type, "{why}");
                     continue;
                 }
                 let conditions = conditions(ep.conditions.as_ref());

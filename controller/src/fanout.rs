@@ -398,7 +398,8 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 /// Splits one revision into messages of at most [`MAX_RESOURCES_PER_MESSAGE`] resources; the last
 /// carries `complete`, the first the node's status when it changed. Removals go first so an agent
 /// never holds a removed and an added copy.
-fn split(delta: Delta, epoch: &str, revision: u64, reset: bool) -> Vec<pb::SyncResponse> {
+#[must_use]
+pub fn split(delta: Delta, epoch: &str, revision: u64, reset: bool) -> Vec<pb::SyncResponse> {
     let header = || pb::SyncResponse {
         controller_epoch: epoch.to_owned(),
         revision,

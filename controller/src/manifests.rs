@@ -66,6 +66,28 @@ pub enum Object {
     Node(Box<Node>),
 }
 
+impl Object {
+    /// The object's `metadata.name`, if it has one.
+    #[must_use]
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            Self::Service(svc) => svc.metadata.name.as_deref(),
+            Self::EndpointSlice(slice) => slice.metadata.name.as_deref(),
+            Self::Node(node) => node.metadata.name.as_deref(),
+        }
+    }
+
+    /// The object's kind.
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Service(_) => "Service",
+            Self::EndpointSlice(_) => "EndpointSlice",
+            Self::Node(_) => "Node",
+        }
+    }
+}
+
 /// Parses every object of a used kind from a multi-document YAML text; `kind: List` documents
 /// (what `kubectl get -o yaml` prints for several objects) are unpacked. Other kinds are ignored.
 ///
@@ -159,6 +181,13 @@ impl ManifestsDir {
                 .and_then(|text| parse_documents(&text))
             {
                 Ok(objects) => {
+                    for object in objects.iter().filter(|o| o.name().is_none()) {
+                        tracing::warn!(
+                            file = %path.display(),
+                            kind = object.kind(),
+                            "ignoring object without a name"
+                        );
+                    }
                     self.files.insert(path, objects);
                 }
                 Err(err) => tracing::error!(
@@ -172,8 +201,16 @@ impl ManifestsDir {
     }
 
     fn objects(&self) -> Objects {
-        let mut objects = Objects::default();
-        for object in self.files.values().flatten() {
+        Objects::from_manifests(self.files.values().flatten())
+    }
+}
+
+impl Objects {
+    /// The objects of parsed manifests by key; of several with the same key the last wins, and
+    /// those without a name are left out.
+    pub fn from_manifests<'a>(manifests: impl IntoIterator<Item = &'a Object>) -> Self {
+        let mut objects = Self::default();
+        for object in manifests {
             match object {
                 Object::Service(svc) => {
                     if let Some(key) = key(&svc.metadata) {

@@ -15,7 +15,8 @@ pub struct ProxyState {
     pub services: BTreeMap<ServiceKey, Service>,
 }
 
-/// A Service's namespace and name.
+/// A Service's namespace and name, each a DNS label (what the API server admits), so both go
+/// into rule comments as they are: the agent's conversion skips Services with other names.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceKey {
     /// The namespace.
@@ -61,7 +62,8 @@ pub struct Service {
     pub key: ServiceKey,
     /// The cluster IPs, primary first.
     pub cluster_ips: Vec<IpAddr>,
-    /// The ports, in spec order.
+    /// The ports, in spec order, each with its own name (ports sharing a name would share their
+    /// chains).
     pub ports: Vec<ServicePort>,
     /// `spec.externalIPs`.
     pub external_ips: Vec<IpAddr>,
@@ -168,7 +170,7 @@ impl fmt::Display for Cidr {
 /// One port of a Service and the endpoints behind it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServicePort {
-    /// The port name; empty for a single unnamed port.
+    /// The port name, a DNS label; empty for a single unnamed port.
     pub name: String,
     /// The transport protocol.
     pub protocol: Protocol,
@@ -176,7 +178,8 @@ pub struct ServicePort {
     pub port: u16,
     /// The node port, if the Service has one.
     pub node_port: Option<u16>,
-    /// The endpoints, sorted by address then port, with the target port resolved.
+    /// The endpoints, sorted by address then port and each listed once, with the target port
+    /// resolved.
     pub endpoints: Vec<Endpoint>,
 }
 

@@ -2,8 +2,12 @@
 //! other, and the conversion of that state into the dataplane model.
 
 use splitproxy_dataplane::{self as dp, ProxyState};
-use splitproxy_proto::v1alpha1 as pb;
-use std::{collections::BTreeMap, net::IpAddr, time::Duration};
+use splitproxy_proto::{names::is_dns_label, v1alpha1 as pb};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    time::Duration,
+};
 
 /// A Service's namespace and name.
 pub type Key = (String, String);
@@ -22,6 +26,17 @@ pub enum Rejected {
     /// A resource arrived without its key.
     #[error("resource without a key")]
     MissingKey,
+    /// The revision number is zero, which the protocol never sends.
+    #[error("revision 0")]
+    RevisionZero,
+    /// A part of a revision names the same resource twice in one list (protocol rule 8).
+    #[error("{list} names {key} twice")]
+    DuplicateKey {
+        /// Which list of the revision.
+        list: &'static str,
+        /// The key, `namespace/name`.
+        key: String,
+    },
 }
 
 /// Why one Service cannot be programmed. The Service is skipped; the others are programmed.
@@ -45,6 +60,16 @@ pub enum InvalidService {
     /// A load-balancer source range is not a CIDR.
     #[error("invalid load-balancer source range {0:?}")]
     SourceRange(String),
+    /// The namespace, name or a port name is not a Kubernetes name (a DNS label), so it could not
+    /// be written into a rule as it is.
+    #[error("invalid name {0:?}")]
+    Name(String),
+    /// Two ports share a name, which would give them the same chains.
+    #[error("port name {0:?} used twice")]
+    DuplicatePort(String),
+    /// A port lists the same endpoint twice, which would give it the same chain twice.
+    #[error("endpoint {0} listed twice")]
+    DuplicateEndpoint(String),
 }
 
 /// One complete revision as received: every part's changes gathered in order.
@@ -104,7 +129,7 @@ impl Revision {
     /// Service's endpoints as a change to the Service.
     #[must_use]
     pub fn services_changed(&self) -> usize {
-        let mut keys = std::collections::BTreeSet::new();
+        let mut keys = BTreeSet::new();
         for part in &self.parts {
             let upserted = part.upserted_services.iter().filter_map(|s| s.key.as_ref());
             let endpoints = part
@@ -120,6 +145,25 @@ impl Revision {
             }
         }
         keys.len()
+    }
+
+    /// Fails on the first key a list of one part names twice: the protocol sends none (rule 8),
+    /// and applying one would make the result depend on the order. Across parts a key may come
+    /// back, in order.
+    fn check_unique_keys(&self) -> Result<(), Rejected> {
+        for part in &self.parts {
+            unique_keys(
+                "upserted_services",
+                part.upserted_services.iter().map(|s| s.key.as_ref()),
+            )?;
+            unique_keys("removed_services", part.removed_services.iter().map(Some))?;
+            unique_keys(
+                "upserted_endpoints",
+                part.upserted_endpoints.iter().map(|e| e.key.as_ref()),
+            )?;
+            unique_keys("removed_endpoints", part.removed_endpoints.iter().map(Some))?;
+        }
+        Ok(())
     }
 
     /// The trace context the revision was sent with (on its first part); `None` when untraced.
@@ -153,6 +197,10 @@ impl NodeState {
     /// Returns [`Rejected`] for a delta that does not build on this state or a resource without a
     /// key.
     pub fn apply(&self, revision: &Revision) -> Result<Self, Rejected> {
+        if revision.number == 0 {
+            return Err(Rejected::RevisionZero);
+        }
+        revision.check_unique_keys()?;
         let mut next = if revision.reset {
             Self::default()
         } else if self.epoch.as_deref() == Some(&revision.epoch) || revision.on_presented_state {
@@ -277,6 +325,24 @@ fn changed_keys<'a, V: PartialEq>(
     changed_or_added.chain(removed)
 }
 
+/// Fails on the first key `keys` (the keys of one part's `list`) holds twice.
+fn unique_keys<'a>(
+    list: &'static str,
+    keys: impl Iterator<Item = Option<&'a pb::ObjectKey>>,
+) -> Result<(), Rejected> {
+    let mut seen = BTreeSet::new();
+    for key in keys {
+        let (namespace, name) = key_of(key)?;
+        if !seen.insert((namespace.clone(), name.clone())) {
+            return Err(Rejected::DuplicateKey {
+                list,
+                key: format!("{namespace}/{name}"),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn key_of(key: Option<&pb::ObjectKey>) -> Result<Key, Rejected> {
     let key = key.ok_or(Rejected::MissingKey)?;
     Ok((key.namespace.clone(), key.name.clone()))
@@ -287,6 +353,20 @@ fn convert_service(
     service: &pb::Service,
     endpoints: Option<&pb::ServiceEndpoints>,
 ) -> Result<dp::Service, InvalidService> {
+    for name in [&key.0, &key.1] {
+        if !is_dns_label(name) {
+            return Err(InvalidService::Name(name.clone()));
+        }
+    }
+    let mut port_names = BTreeSet::new();
+    for port in &service.ports {
+        if !(port.name.is_empty() || is_dns_label(&port.name)) {
+            return Err(InvalidService::Name(port.name.clone()));
+        }
+        if !port_names.insert(&port.name) {
+            return Err(InvalidService::DuplicatePort(port.name.clone()));
+        }
+    }
     let cluster_ips = ips(&service.cluster_ips, InvalidService::ClusterIp)?;
     let ports = service
         .ports
@@ -297,7 +377,7 @@ fn convert_service(
                 .into_iter()
                 .flat_map(|e| &e.ports)
                 .find(|p| p.port_name == port.name && p.protocol == port.protocol)
-                .map(|p| p.endpoints.iter().map(convert_endpoint).collect())
+                .map(|p| convert_endpoints(&p.endpoints))
                 .transpose()?
                 .unwrap_or_default();
             Ok(dp::ServicePort {
@@ -357,6 +437,21 @@ fn ips(
     texts
         .iter()
         .map(|ip| ip.parse::<IpAddr>().map_err(|_| invalid(ip.clone())))
+        .collect()
+}
+
+/// Converts a port's endpoints, refusing one listed twice.
+fn convert_endpoints(endpoints: &[pb::Endpoint]) -> Result<Vec<dp::Endpoint>, InvalidService> {
+    let mut seen = BTreeSet::new();
+    endpoints
+        .iter()
+        .map(|endpoint| {
+            let converted = convert_endpoint(endpoint)?;
+            if !seen.insert((converted.ip, converted.port)) {
+                return Err(InvalidService::DuplicateEndpoint(converted.socket_string()));
+            }
+            Ok(converted)
+        })
         .collect()
 }
 

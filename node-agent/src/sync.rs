@@ -139,7 +139,8 @@ impl<D: Dataplane> Applier<D> {
         self.count_changes(&current, &next);
         let (proxy_state, invalid) = next.to_proxy_state();
         for ((namespace, name), err) in &invalid {
-            tracing::warn!(service = %format!("{namespace}/{name}"), %err, "skipping service that cannot be programmed");
+            // Quoted (`?`): a hostile name must not break the log line.
+            tracing::warn!(service = ?format!("{namespace}/{name}"), %err, "skipping service that cannot be programmed");
         }
         self.metrics
             .invalid_services

@@ -1,5 +1,7 @@
 //! Generated types and gRPC services of the splitproxy protocol (`proto/splitproxy/v1alpha1`).
 
+pub mod names;
+
 /// Version `v1alpha1` of the protocol.
 pub mod v1alpha1 {
     #![allow(missing_docs, clippy::all, clippy::pedantic)]

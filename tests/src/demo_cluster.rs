@@ -5,7 +5,7 @@
 use crate::{
     HitReport,
     addresses::{self, CONTROL_PLANE, EXTERNAL_CLIENT},
-    eventually, hit,
+    controller_metric, eventually, hit,
     lab::{HasNamespace, Host, Lab, Node, Pod, Process},
     pki::{self, ControllerTls},
     serve,
@@ -494,15 +494,49 @@ impl DemoCluster {
         self.write_manifest("web.yaml", &self.manifests_yaml()?)
     }
 
+    /// How many of `count` requests from node-1 to `http://ip:80/` were answered.
+    ///
+    /// # Errors
+    ///
+    /// If the client cannot run.
+    pub fn answered(&self, ip: Ipv4Addr, count: u32) -> Result<u32> {
+        let report = hit(
+            &self.lab,
+            &self.nodes[0],
+            &format!("http://{ip}:80/"),
+            count,
+        )?;
+        Ok(count - report.failures)
+    }
+
+    /// The value of one series (`name` or `name{labels}`) on the controller's `/metrics`;
+    /// `None` while it does not export it.
+    ///
+    /// # Errors
+    ///
+    /// If the metrics cannot be fetched or the value does not parse.
+    pub fn controller_metric(&self, series: &str) -> Result<Option<f64>> {
+        controller_metric(&self.lab, &self.control_plane, series)
+    }
+
     /// Writes (or replaces, by rename) one manifests file, for Services beyond `demo/web`.
     ///
     /// # Errors
     ///
     /// If the file cannot be written.
     pub fn write_manifest(&self, file: &str, yaml: &str) -> Result<()> {
+        self.write_manifest_bytes(file, yaml.as_bytes())
+    }
+
+    /// [`DemoCluster::write_manifest`] with any bytes, e.g. a file that is not UTF-8.
+    ///
+    /// # Errors
+    ///
+    /// If the file cannot be written.
+    pub fn write_manifest_bytes(&self, file: &str, bytes: &[u8]) -> Result<()> {
         let path = self.manifests.path().join(file);
         let temporary = self.manifests.path().join(format!(".{file}.tmp"));
-        std::fs::write(&temporary, yaml).context("writing the manifests")?;
+        std::fs::write(&temporary, bytes).context("writing the manifests")?;
         std::fs::rename(&temporary, &path).context("replacing the manifests")?;
         Ok(())
     }

@@ -600,6 +600,23 @@ impl Lab {
         Ok(handle)
     }
 
+    /// How a process this lab started ended; `None` while it runs.
+    ///
+    /// # Errors
+    ///
+    /// If the process is not from this lab (or was killed through it), or cannot be polled.
+    pub fn exit_status(&mut self, process: &Process) -> Result<Option<std::process::ExitStatus>> {
+        let running = self
+            .processes
+            .iter_mut()
+            .find(|r| r.handle == *process)
+            .ok_or_else(|| anyhow!("process {} is not running under this lab", process.pid))?;
+        running
+            .child
+            .try_wait()
+            .with_context(|| format!("cannot poll process {}", process.pid))
+    }
+
     /// Kills (SIGKILL) and reaps a process this lab started.
     ///
     /// # Errors

@@ -5,6 +5,7 @@
 
 pub mod addresses;
 pub mod control_plane;
+pub mod corpus;
 pub mod demo_cluster;
 pub mod jaeger;
 pub mod lab;
@@ -124,6 +125,30 @@ pub fn agent_metric(lab: &lab::Lab, node: &lab::Node, series: &str) -> Result<f6
             .parse()
             .with_context(|| format!("{series} has the value {v:?}"))
     })
+}
+
+/// The value of one series (`name` or `name{labels}`) on the `/metrics` of the controller on
+/// `host` (`127.0.0.1:10662` there); `None` while it does not export it.
+///
+/// # Errors
+///
+/// If the metrics cannot be fetched or the value does not parse.
+pub fn controller_metric(lab: &lab::Lab, host: &lab::Host, series: &str) -> Result<Option<f64>> {
+    let text = lab.exec_ok(
+        host,
+        "curl",
+        &["-sf", "-m", "5", "http://127.0.0.1:10662/metrics"],
+    )?;
+    let prefix = format!("{series} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map(|value| {
+            value
+                .trim()
+                .parse()
+                .with_context(|| format!("{series} has the value {value:?}"))
+        })
+        .transpose()
 }
 
 /// Waits until the agent on each of `nodes` has counted a reconnect, i.e. has noticed that its

@@ -9,9 +9,9 @@
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
     demo_cluster::{DemoCluster, POD_PORT},
-    eventually, hit,
+    eventually,
 };
-use std::time::Duration;
+use std::{net::Ipv4Addr, time::Duration};
 
 /// The longest wait for rules to converge; generous because CI machines are slow and shared.
 const CONVERGE: Duration = Duration::from_secs(90);
@@ -46,29 +46,10 @@ spec:
 }
 
 /// The controller's `splitproxy_controller_invalid_services`.
-fn invalid_services(cluster: &DemoCluster) -> Result<String> {
-    let text = cluster.run(
-        &cluster.control_plane,
-        "curl",
-        &["-sf", "http://127.0.0.1:10662/metrics"],
-    )?;
-    Ok(text
-        .lines()
-        .find_map(|line| line.strip_prefix("splitproxy_controller_invalid_services "))
-        .unwrap_or("absent")
-        .trim()
-        .to_owned())
-}
-
-/// Answers to `count` requests from node-1 to `http://ip:80/`.
-fn answered(cluster: &DemoCluster, ip: &str, count: u32) -> Result<u32> {
-    let report = hit(
-        &cluster.lab,
-        &cluster.nodes[0],
-        &format!("http://{ip}:80/"),
-        count,
-    )?;
-    Ok(count - report.failures)
+fn invalid_services(cluster: &DemoCluster) -> Result<f64> {
+    cluster
+        .controller_metric("splitproxy_controller_invalid_services")?
+        .context("the controller exports no splitproxy_controller_invalid_services")
 }
 
 #[test]
@@ -88,7 +69,7 @@ fn bad_services_are_skipped_one_by_one_and_the_others_keep_working() -> Result<(
 
     eventually("the valid Services to work", CONVERGE, || {
         cluster.check_traffic(REQUESTS)?;
-        let good = answered(&cluster, "10.96.0.20", REQUESTS)?;
+        let good = cluster.answered(Ipv4Addr::new(10, 96, 0, 20), REQUESTS)?;
         ensure!(good == REQUESTS, "demo/good answered {good} of {REQUESTS}");
         Ok(())
     })
@@ -100,13 +81,14 @@ fn bad_services_are_skipped_one_by_one_and_the_others_keep_working() -> Result<(
             "no log line names demo/{name}:\n{logs}"
         );
     }
-    for (ip, name) in [("10.96.0.21", "bad-port"), ("10.96.0.22", "bad-protocol")] {
-        let reached = answered(&cluster, ip, 1)?;
+    for (host, name) in [(21, "bad-port"), (22, "bad-protocol")] {
+        let ip = Ipv4Addr::new(10, 96, 0, host);
+        let reached = cluster.answered(ip, 1)?;
         ensure!(reached == 0, "demo/{name} answered on {ip}");
     }
     let counted = invalid_services(&cluster)?;
     ensure!(
-        counted == "3",
+        counted == 3.0,
         "splitproxy_controller_invalid_services is {counted}"
     );
 
@@ -114,14 +96,14 @@ fn bad_services_are_skipped_one_by_one_and_the_others_keep_working() -> Result<(
     let fixed = yaml.replace("10.96.0.999", "10.96.0.24");
     cluster.write_manifest("mixed.yaml", &fixed)?;
     eventually("the fixed Service to work", CONVERGE, || {
-        let reached = answered(&cluster, "10.96.0.24", REQUESTS)?;
+        let reached = cluster.answered(Ipv4Addr::new(10, 96, 0, 24), REQUESTS)?;
         ensure!(
             reached == REQUESTS,
             "demo/bad-ip answered {reached} of {REQUESTS}"
         );
         let now = invalid_services(&cluster)?;
         ensure!(
-            now == "2",
+            now == 2.0,
             "splitproxy_controller_invalid_services is {now}"
         );
         Ok(())

@@ -1,34 +1,10 @@
 use super::*;
-use crate::manifests::{Object, parse_documents};
+use crate::manifests::parse_documents;
 
 const WEB: &str = include_str!("../../tests/fixtures/web.yaml");
 
 fn objects(text: &str) -> Objects {
-    let mut objects = Objects::default();
-    for object in parse_documents(text).expect("fixture parses") {
-        match object {
-            Object::Service(s) => {
-                let key = (
-                    s.metadata.namespace.clone().unwrap_or_default(),
-                    s.metadata.name.clone().unwrap_or_default(),
-                );
-                objects.services.insert(key, *s);
-            }
-            Object::EndpointSlice(s) => {
-                let key = (
-                    s.metadata.namespace.clone().unwrap_or_default(),
-                    s.metadata.name.clone().unwrap_or_default(),
-                );
-                objects.slices.insert(key, *s);
-            }
-            Object::Node(n) => {
-                objects
-                    .nodes
-                    .insert(n.metadata.name.clone().unwrap_or_default(), *n);
-            }
-        }
-    }
-    objects
+    Objects::from_manifests(&parse_documents(text).expect("fixture parses"))
 }
 
 fn web_key() -> Key {
@@ -148,6 +124,90 @@ spec: {clusterIP: 10.96.0.6, ports: [{port: 80}]}
         .map(|(_, n)| n.as_str())
         .collect();
     assert_eq!(invalid, ["bad-ip", "bad-port", "bad-proto"]);
+}
+
+#[test]
+fn names_the_api_server_would_refuse_and_ports_sharing_a_name_skip_the_service() {
+    let text = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: "evil\"\n-A INPUT -j ACCEPT", namespace: a}
+spec: {clusterIP: 10.96.0.5, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: Upper, namespace: a}
+spec: {clusterIP: 10.96.0.6, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: spaced-port, namespace: a}
+spec: {clusterIP: 10.96.0.7, ports: [{port: 80, name: "my port"}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: twice, namespace: a}
+spec: {clusterIP: 10.96.0.8, ports: [{port: 80, name: http}, {port: 81, name: http}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: good, namespace: a}
+spec: {clusterIP: 10.96.0.9, ports: [{port: 80, name: http}, {port: 81, name: metrics}]}
+"#;
+    let objects = objects(text);
+    let reasons: Vec<_> = objects
+        .services
+        .values()
+        .filter_map(|svc| convert_service(svc).err())
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            Invalid::Name("Upper".into()),
+            Invalid::Name("evil\"\n-A INPUT -j ACCEPT".into()),
+            Invalid::Name("my port".into()),
+            Invalid::DuplicatePort("http".into()),
+        ]
+    );
+    let state = ClusterState::build(&objects, &ServiceSelector::default());
+    let names: Vec<_> = state.services.keys().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(names, ["good"]);
+    assert_eq!(state.invalid_services.len(), 4);
+}
+
+#[test]
+fn endpoints_of_the_other_family_than_their_slice_are_dropped() {
+    let text = r"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: a}
+spec: {clusterIP: 10.96.0.5, ports: [{port: 80, name: http}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v4, namespace: a, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- addresses: ['fd00::1']
+- addresses: ['10.244.1.2']
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v6, namespace: a, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints:
+- addresses: ['10.244.1.3']
+- addresses: ['fd00::2']
+";
+    let state = ClusterState::build(&objects(text), &ServiceSelector::default());
+    let addresses: Vec<_> = state.endpoints[&("a".to_owned(), "web".to_owned())].ports[0]
+        .endpoints
+        .iter()
+        .map(|b| b.endpoint.address.as_str())
+        .collect();
+    assert_eq!(addresses, ["10.244.1.2", "fd00::2"]);
 }
 
 #[test]

@@ -633,6 +633,36 @@ fn to_proxy_state_skips_only_the_services_that_cannot_be_programmed() {
             bad_endpoint("10.244.1.7", 0),
             InvalidService::Port(0),
         ),
+        (
+            "port name with a quote and a space",
+            (
+                service("x", "10.96.0.11", vec![port("a \"b", TCP, 80, 0)]),
+                None,
+            ),
+            InvalidService::Name("a \"b".into()),
+        ),
+        (
+            "port name used twice",
+            (
+                service(
+                    "x",
+                    "10.96.0.11",
+                    vec![port("http", TCP, 80, 0), port("http", UDP, 81, 0)],
+                ),
+                None,
+            ),
+            InvalidService::DuplicatePort("http".into()),
+        ),
+        (
+            "endpoint listed twice",
+            {
+                let (svc, mut eps) = web("x", 0);
+                let twice = endpoint("10.244.1.7", 8080, false);
+                eps.ports[0].endpoints = vec![twice.clone(), twice];
+                (svc, Some(eps))
+            },
+            InvalidService::DuplicateEndpoint("10.244.1.7:8080".into()),
+        ),
     ];
     for (case, (bad, bad_eps), reason) in cases {
         let (a, a_eps) = web("a", 2);
@@ -843,4 +873,114 @@ fn a_reset_without_a_node_status_leaves_the_node_not_eligible() {
         .apply(&revision("e2", 1, true, vec![Part::default()]))
         .expect("applies");
     assert!(!reset.eligibility.is_eligible());
+}
+
+#[test]
+fn services_whose_names_cannot_go_into_a_rule_are_skipped_and_the_rest_renders() {
+    // A quote or a newline in a name went into an iptables comment as it was, so
+    // iptables-restore refused the whole transaction: one bad name blocked every Service.
+    let too_long = "x".repeat(64);
+    for bad in [
+        "evil\"",
+        "evil\n-A INPUT -j DROP",
+        "Upper",
+        "",
+        too_long.as_str(),
+    ] {
+        for (namespace, name) in [("demo", bad), (bad, "x")] {
+            let mut svc = service("x", "10.96.0.11", vec![port("", TCP, 80, 0)]);
+            svc.key = Some(pb::ObjectKey {
+                namespace: namespace.into(),
+                name: name.into(),
+            });
+            let (a, a_eps) = web("a", 2);
+            let state = NodeState::default()
+                .apply(&revision(
+                    "e1",
+                    1,
+                    true,
+                    vec![Part {
+                        upserted_services: vec![a, svc],
+                        upserted_endpoints: vec![a_eps],
+                        ..Part::default()
+                    }],
+                ))
+                .expect("the revision is well formed");
+            let (proxy, invalid) = state.to_proxy_state();
+            assert_eq!(
+                invalid,
+                [(
+                    (namespace.to_owned(), name.to_owned()),
+                    InvalidService::Name(bad.into())
+                )]
+            );
+            let names: Vec<&str> = proxy.services.keys().map(|k| k.name.as_str()).collect();
+            assert_eq!(names, ["a"], "{bad:?}");
+            let nat = splitproxy_dataplane::iptables::render_nat(
+                &proxy,
+                &splitproxy_dataplane::iptables::RenderOptions::default(),
+                &std::collections::BTreeSet::new(),
+            );
+            splitproxy_dataplane::iptables::trace::Ruleset::parse(&nat.payload)
+                .expect("the remaining Services render to valid restore input");
+        }
+    }
+}
+
+#[test]
+fn revision_zero_is_rejected() {
+    let (a, a_eps) = web("a", 2);
+    let zero = revision(
+        "e1",
+        0,
+        true,
+        vec![Part {
+            upserted_services: vec![a],
+            upserted_endpoints: vec![a_eps],
+            ..Part::default()
+        }],
+    );
+    assert_eq!(
+        NodeState::default().apply(&zero),
+        Err(Rejected::RevisionZero)
+    );
+}
+
+#[test]
+fn a_key_named_twice_in_one_list_of_a_part_is_rejected() {
+    let (a, a_eps) = web("a", 2);
+    let (a_again, _) = web("a", 3);
+    let twice = revision(
+        "e1",
+        1,
+        true,
+        vec![Part {
+            upserted_services: vec![a, a_again],
+            upserted_endpoints: vec![a_eps],
+            ..Part::default()
+        }],
+    );
+    assert_eq!(
+        NodeState::default().apply(&twice),
+        Err(Rejected::DuplicateKey {
+            list: "upserted_services",
+            key: "demo/a".into()
+        })
+    );
+    let removed_twice = revision(
+        "e1",
+        2,
+        false,
+        vec![Part {
+            removed_services: vec!["b", "b"],
+            ..Part::default()
+        }],
+    );
+    assert_eq!(
+        state_with_a_and_b().apply(&removed_twice),
+        Err(Rejected::DuplicateKey {
+            list: "removed_services",
+            key: "demo/b".into()
+        })
+    );
 }
