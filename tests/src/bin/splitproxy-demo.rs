@@ -39,7 +39,7 @@ fn run() -> Result<()> {
     );
     print_endpoints(&cluster);
     println!(
-        "Controller on {}; manifests in {}",
+        "Controller on {} (TLS; each agent proves its node with its own token); manifests in {}",
         cluster.controller_url(),
         cluster.manifests_dir().display()
     );
