@@ -292,11 +292,6 @@ impl Jump {
         self.args(wait_seconds, &["-C", self.chain])
     }
 
-    /// The `iptables` arguments that delete (`-D`) one copy of this jump.
-    fn delete_args(&self, wait_seconds: u32) -> Vec<String> {
-        self.args(wait_seconds, &["-D", self.chain])
-    }
-
     /// The `iptables` arguments that insert this jump as the chain's first rule.
     fn insert_args(&self, wait_seconds: u32) -> Vec<String> {
         self.args(wait_seconds, &["-I", self.chain, "1"])
@@ -389,6 +384,11 @@ impl Iptables {
 
     /// The chains `table` holds now.
     async fn chains_of(&self, table: &str) -> Result<BTreeSet<String>> {
+        Ok(save::chains(&self.saved(table).await?, table))
+    }
+
+    /// `iptables-save` of `table`.
+    async fn saved(&self, table: &str) -> Result<String> {
         let args = ["-t".to_owned(), table.to_owned()];
         let output = self.run(&self.config.iptables_save, &args, None).await?;
         if !output.status.success() {
@@ -397,10 +397,7 @@ impl Iptables {
                 stderr: stderr_text(&output.stderr),
             });
         }
-        Ok(save::chains(
-            &String::from_utf8_lossy(&output.stdout),
-            table,
-        ))
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
     /// Why this sync must be full, or `None` when a partial one is enough. `nat_chains` are the

@@ -574,9 +574,31 @@ async fn cleanup_removes_every_rule_of_the_layout_and_nothing_else() {
     add_foreign_jump(&netns);
     let mut iptables = netns.iptables();
     iptables.sync(&both(&["10.180.0.1"])).await.unwrap();
+    // An IPVS-mode kube-proxy's own chains, hooked in with its own comments.
+    for (table, chain, from) in [
+        ("filter", "KUBE-IPVS-FILTER", "INPUT"),
+        ("nat", "KUBE-LOAD-BALANCER", "PREROUTING"),
+    ] {
+        netns.exec(&["iptables", "-t", table, "-N", chain]);
+        netns.exec(&["iptables", "-t", table, "-A", chain, "-j", "RETURN"]);
+        let comment = "kubernetes ipvs leftover";
+        netns.exec(&[
+            "iptables",
+            "-t",
+            table,
+            "-A",
+            from,
+            "-m",
+            "comment",
+            "--comment",
+            comment,
+            "-j",
+            chain,
+        ]);
+    }
 
     let cleaned = iptables.cleanup().await.unwrap();
-    assert_eq!(cleaned.jumps, 12, "{cleaned:?}");
+    assert_eq!(cleaned.jumps, 14, "{cleaned:?}");
     assert!(cleaned.chains > 10, "{cleaned:?}");
     for table in ["mangle", "nat", "filter"] {
         let saved = netns.saved(table);

@@ -3,15 +3,17 @@
 //! iptables-mode kube-proxy left behind when a node switches to splitproxy (kube-proxy's own
 //! `--cleanup` does the same in reverse).
 //!
-//! The jumps from the built-in chains go first (`iptables -D`, repeated while one is left, since
-//! restarts of other tools may have inserted copies); then one `iptables-restore --noflush` per
-//! table flushes and deletes our chains: a chain still jumped to cannot be deleted.
+//! Every rule of another chain that jumps into ours goes first, found in `iptables-save` whatever
+//! its comment (so also an IPVS-mode kube-proxy's, and copies other tools' restarts inserted);
+//! then our chains are flushed and deleted: a chain still jumped to cannot be deleted. Each step
+//! is one `iptables-restore --noflush` over all tables.
 
-use super::{Iptables, JUMPS, KUBE_PROXY_CANARY, Result, chain_names::is_owned, render};
+use super::{Iptables, KUBE_PROXY_CANARY, Result, chain_names::is_owned, render, save};
 use std::fmt::Write as _;
 
-/// The chains kube-proxy's layout creates besides the per-Service ones, in any table.
-const TOP_LEVEL_CHAINS: [&str; 8] = [
+/// The chains kube-proxy's layouts create besides the per-Service ones, in any table: the
+/// iptables mode's (which splitproxy shares), then the IPVS mode's own iptables chains.
+const TOP_LEVEL_CHAINS: [&str; 13] = [
     render::KUBE_SERVICES,
     render::KUBE_NODEPORTS,
     render::KUBE_MARK_MASQ,
@@ -20,6 +22,11 @@ const TOP_LEVEL_CHAINS: [&str; 8] = [
     render::KUBE_FORWARD,
     render::KUBE_PROXY_FIREWALL,
     KUBE_PROXY_CANARY,
+    "KUBE-NODE-PORT",
+    "KUBE-LOAD-BALANCER",
+    "KUBE-SOURCE-RANGES-FIREWALL",
+    "KUBE-IPVS-FILTER",
+    "KUBE-IPVS-OUT-FILTER",
 ];
 
 /// The tables the backend writes to.
@@ -28,7 +35,7 @@ const TABLES: [&str; 3] = ["mangle", "nat", "filter"];
 /// What a cleanup removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Cleaned {
-    /// Jumps deleted from built-in chains.
+    /// Jumps into the layout deleted from other chains.
     pub jumps: usize,
     /// Chains flushed and deleted, over all tables.
     pub chains: usize,
@@ -37,6 +44,20 @@ pub struct Cleaned {
 /// Whether `chain` belongs to kube-proxy's layout.
 fn is_ours(chain: &str) -> bool {
     is_owned(chain) || TOP_LEVEL_CHAINS.contains(&chain)
+}
+
+/// The restore input that deletes `rules` (`(chain, rule)` as saved) of `table`; empty when
+/// there are none.
+fn deletions(table: &str, rules: &[(&str, &str)]) -> String {
+    if rules.is_empty() {
+        return String::new();
+    }
+    let mut payload = format!("*{table}\n");
+    for (chain, rule) in rules {
+        let _ = writeln!(payload, "-D {chain} {rule}");
+    }
+    payload.push_str("COMMIT\n");
+    payload
 }
 
 /// The restore input that flushes and deletes `chains` of `table`; empty when there are none.
@@ -64,28 +85,23 @@ impl Iptables {
     /// If a tool cannot run or refuses (for instance, another tool's rule still jumps to one of
     /// the chains).
     pub async fn cleanup(&self) -> Result<Cleaned> {
-        let wait = self.config.lock_wait_seconds;
         let mut cleaned = Cleaned::default();
-        for jump in &JUMPS {
-            // `-D` exits 1 once no copy is left (or the chain is unknown).
-            while self
-                .run(&self.config.iptables, &jump.delete_args(wait), None)
-                .await?
-                .status
-                .success()
-            {
-                cleaned.jumps += 1;
-            }
-        }
-        let mut payload = String::new();
+        let mut unhook = String::new();
+        let mut remove = String::new();
         for table in TABLES {
-            let existing = self.chains_of(table).await?;
+            let saved = self.saved(table).await?;
+            let jumps = save::jumps(&saved, table, |chain| !is_ours(chain), is_ours);
+            cleaned.jumps += jumps.len();
+            unhook.push_str(&deletions(table, &jumps));
+            let existing = save::chains(&saved, table);
             let ours: Vec<&String> = existing.iter().filter(|chain| is_ours(chain)).collect();
             cleaned.chains += ours.len();
-            payload.push_str(&removal(table, &ours));
+            remove.push_str(&removal(table, &ours));
         }
-        if !payload.is_empty() {
-            self.restore(&payload, false).await?;
+        for payload in [unhook, remove] {
+            if !payload.is_empty() {
+                self.restore(&payload, false).await?;
+            }
         }
         Ok(cleaned)
     }
@@ -104,6 +120,9 @@ mod tests {
             "KUBE-SEP-SXIVWICOYRO3J4NJ",
             "KUBE-FW-X27LE4BHSL4DOUIK",
         ] {
+            assert!(is_ours(chain), "{chain}");
+        }
+        for chain in ["KUBE-NODE-PORT", "KUBE-IPVS-FILTER"] {
             assert!(is_ours(chain), "{chain}");
         }
         for chain in [

@@ -23,6 +23,45 @@ pub fn chains(save_output: &str, table: &str) -> BTreeSet<String> {
     found
 }
 
+/// The rules of `table` in `save_output` that jump (`-j`/`-g`) from a chain `keep` accepts to a
+/// chain `target` accepts, as `(chain, rest of the rule)` exactly as saved, so each can be
+/// deleted by restoring `-D <chain> <rest>`.
+#[must_use]
+pub fn jumps<'a>(
+    save_output: &'a str,
+    table: &str,
+    from: impl Fn(&str) -> bool,
+    target: impl Fn(&str) -> bool,
+) -> Vec<(&'a str, &'a str)> {
+    let mut in_table = false;
+    let mut found = Vec::new();
+    for line in save_output.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            in_table = name.trim() == table;
+        } else if line.trim() == "COMMIT" {
+            in_table = false;
+        } else if in_table
+            && let Some(rule) = line.strip_prefix("-A ")
+            && let Some((chain, rest)) = rule.split_once(' ')
+            && from(chain)
+            && jump_target(rest).is_some_and(&target)
+        {
+            found.push((chain, rest));
+        }
+    }
+    found
+}
+
+/// The chain a saved rule jumps or goes to: the word after its last `-j` or `-g`.
+fn jump_target(rule: &str) -> Option<&str> {
+    let words: Vec<&str> = rule.split_whitespace().collect();
+    words
+        .windows(2)
+        .rev()
+        .find(|pair| matches!(pair[0], "-j" | "--jump" | "-g" | "--goto"))
+        .map(|pair| pair[1])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,6 +85,32 @@ COMMIT
 COMMIT
 # Completed on Mon Jan  1 00:00:00 2024
 "#;
+
+    #[test]
+    fn jumps_into_selected_chains_are_found_whatever_their_comment() {
+        let saved = format!(
+            "{SAVED}*filter\n:INPUT ACCEPT [0:0]\n:KUBE-IPVS-FILTER - [0:0]\n\
+             -A INPUT -m comment --comment \"ipvs access filter\" -j KUBE-IPVS-FILTER\n\
+             -A INPUT -j ACCEPT\n\
+             -A KUBE-IPVS-FILTER -j RETURN\nCOMMIT\n"
+        );
+        let builtin = |chain: &str| !chain.starts_with("KUBE-");
+        let kube = |chain: &str| chain.starts_with("KUBE-");
+        assert_eq!(
+            jumps(&saved, "filter", builtin, kube),
+            [(
+                "INPUT",
+                "-m comment --comment \"ipvs access filter\" -j KUBE-IPVS-FILTER"
+            )]
+        );
+        assert_eq!(
+            jumps(&saved, "nat", builtin, kube),
+            [(
+                "PREROUTING",
+                "-m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+            )]
+        );
+    }
 
     #[test]
     fn chains_of_the_requested_table_are_listed() {
