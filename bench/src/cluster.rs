@@ -1,0 +1,188 @@
+//! The synthetic cluster B1 serves: Services with their endpoints spread evenly over them, one
+//! manifest file per Service (its Service and EndpointSlice), and one file of Nodes.
+//!
+//! Addresses: cluster IPs from 10.96.0.1 up (Service `i` is 10.96.0.0 + i + 1); endpoints from
+//! 10.128.0.0 up, numbered across the whole cluster; endpoint `j` runs on node `j % nodes`.
+
+use std::{
+    fmt::Write as _,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
+
+/// The namespace every Service lives in.
+pub const NAMESPACE: &str = "bench";
+const CLUSTER_IP_BASE: u32 = u32::from_be_bytes([10, 96, 0, 1]);
+const ENDPOINT_IP_BASE: u32 = u32::from_be_bytes([10, 128, 0, 0]);
+/// The endpoints' target port.
+pub const ENDPOINT_PORT: u16 = 8080;
+
+/// The sizes of the cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// How many Services.
+    pub services: usize,
+    /// How many endpoints over all Services.
+    pub endpoints: usize,
+    /// How many Nodes (one hollow agent each).
+    pub nodes: usize,
+}
+
+impl Shape {
+    /// The name of Service `index`.
+    #[must_use]
+    pub fn service_name(index: usize) -> String {
+        format!("svc-{index}")
+    }
+
+    /// The name of node `index`.
+    #[must_use]
+    pub fn node_name(index: usize) -> String {
+        format!("node-{index}")
+    }
+
+    /// The global numbers of Service `index`'s endpoints: the first `endpoints % services`
+    /// Services get one more than the rest.
+    #[must_use]
+    pub fn endpoint_range(&self, index: usize) -> std::ops::Range<usize> {
+        let base = self.endpoints / self.services;
+        let extra = self.endpoints % self.services;
+        let start = index * base + index.min(extra);
+        let len = base + usize::from(index < extra);
+        start..start + len
+    }
+
+    /// The address of endpoint `number`.
+    #[must_use]
+    pub fn endpoint_ip(number: usize) -> Ipv4Addr {
+        Ipv4Addr::from(ENDPOINT_IP_BASE + u32::try_from(number).unwrap_or(u32::MAX))
+    }
+
+    /// Service `index`'s file: its Service and one EndpointSlice with all its endpoints, the
+    /// first of them ready unless `first_ready` is false.
+    #[must_use]
+    pub fn service_yaml(&self, index: usize, first_ready: bool) -> String {
+        let name = Self::service_name(index);
+        let ip = Ipv4Addr::from(CLUSTER_IP_BASE + u32::try_from(index).unwrap_or(u32::MAX));
+        let mut yaml = format!(
+            "apiVersion: v1
+kind: Service
+metadata:
+  name: {name}
+  namespace: {NAMESPACE}
+spec:
+  type: ClusterIP
+  clusterIP: {ip}
+  clusterIPs: [{ip}]
+  ports:
+  - name: http
+    port: 80
+    protocol: TCP
+    targetPort: {ENDPOINT_PORT}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}-b1
+  namespace: {NAMESPACE}
+  labels:
+    kubernetes.io/service-name: {name}
+addressType: IPv4
+ports:
+- name: http
+  protocol: TCP
+  port: {ENDPOINT_PORT}
+endpoints:
+"
+        );
+        let range = self.endpoint_range(index);
+        let first = range.start;
+        for number in range {
+            let ready = number != first || first_ready;
+            // Writing to a String cannot fail.
+            let _ = writeln!(
+                yaml,
+                "- addresses: [{}]\n  conditions: {{ready: {ready}}}\n  nodeName: {}",
+                Self::endpoint_ip(number),
+                Self::node_name(number % self.nodes),
+            );
+        }
+        yaml
+    }
+
+    /// Every Node, in one file.
+    #[must_use]
+    pub fn nodes_yaml(&self) -> String {
+        (0..self.nodes)
+            .map(|i| {
+                format!(
+                    "apiVersion: v1\nkind: Node\nmetadata:\n  name: {}\n---\n",
+                    Self::node_name(i)
+                )
+            })
+            .collect()
+    }
+
+    /// The file Service `index` lives in under `dir`.
+    #[must_use]
+    pub fn service_path(dir: &Path, index: usize) -> PathBuf {
+        dir.join(format!("{}.yaml", Self::service_name(index)))
+    }
+
+    /// Writes the whole cluster into `dir`, every endpoint ready.
+    ///
+    /// # Errors
+    ///
+    /// Returns the first write that failed.
+    pub fn write(&self, dir: &Path) -> std::io::Result<()> {
+        std::fs::write(dir.join("nodes.yaml"), self.nodes_yaml())?;
+        for index in 0..self.services {
+            std::fs::write(
+                Self::service_path(dir, index),
+                self.service_yaml(index, true),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Replaces Service `index`'s file the way `kubectl` and editors do, write aside then
+    /// rename, so the controller never reads half a file.
+    ///
+    /// # Errors
+    ///
+    /// Returns the write or rename that failed.
+    pub fn rewrite(&self, dir: &Path, index: usize, first_ready: bool) -> std::io::Result<()> {
+        let aside = dir.join(format!(".{}.tmp", Self::service_name(index)));
+        std::fs::write(&aside, self.service_yaml(index, first_ready))?;
+        std::fs::rename(&aside, Self::service_path(dir, index))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_spread_over_services_without_gaps_or_overlap() {
+        let shape = Shape {
+            services: 3,
+            endpoints: 10,
+            nodes: 2,
+        };
+        let ranges: Vec<_> = (0..3).map(|i| shape.endpoint_range(i)).collect();
+        assert_eq!(ranges, vec![0..4, 4..7, 7..10]);
+    }
+
+    #[test]
+    fn a_service_file_parses_as_the_controller_reads_it() {
+        let shape = Shape {
+            services: 2,
+            endpoints: 3,
+            nodes: 2,
+        };
+        let objects =
+            splitproxy_controller::manifests::parse_documents(&shape.service_yaml(1, false))
+                .expect("the generated manifest parses");
+        assert_eq!(objects.len(), 2);
+    }
+}

@@ -1,0 +1,116 @@
+//! `splitproxy-bench`: runs benchmark B1 (fan-out) and writes its results as JSON and an SVG plot.
+
+mod b1;
+mod cluster;
+mod probe;
+mod process;
+mod stats;
+mod svg;
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use std::path::PathBuf;
+
+/// B1 fan-out: a real controller, many hollow agents, endpoint churn, in one process.
+#[derive(Debug, Parser)]
+#[command(version, args_override_self = true)]
+struct Args {
+    /// How many Services.
+    #[arg(long, env = "B1_SERVICES", default_value_t = 1_000)]
+    services: usize,
+    /// How many endpoints, spread evenly over the Services (at least one each).
+    #[arg(long, env = "B1_ENDPOINTS", default_value_t = 10_000)]
+    endpoints: usize,
+    /// How many hollow agents, one per Node.
+    #[arg(long, env = "B1_AGENTS", default_value_t = 100)]
+    agents: usize,
+    /// How many endpoint changes (each to a different Service, so at most --services).
+    #[arg(long, env = "B1_CHANGES", default_value_t = 50)]
+    changes: usize,
+    /// Milliseconds between two changes.
+    #[arg(long, env = "B1_INTERVAL_MS", default_value_t = 200)]
+    interval_ms: u64,
+    /// The agents' minimum time between syncs (kube-proxy's default is 1 s).
+    #[arg(long, env = "B1_MIN_SYNC_PERIOD_MS", default_value_t = 1_000)]
+    min_sync_period_ms: u64,
+    /// Seconds to wait for the first full sync, and for the last change to arrive.
+    #[arg(long, env = "B1_TIMEOUT_S", default_value_t = 600)]
+    timeout_s: u64,
+    /// Where b1.json and b1.svg go.
+    #[arg(long, env = "B1_OUTPUT", default_value = "bench/results")]
+    output: PathBuf,
+}
+
+impl Args {
+    fn params(&self) -> anyhow::Result<b1::Params> {
+        if self.services == 0 || self.agents == 0 || self.changes == 0 {
+            bail!("--services, --agents and --changes must be at least 1");
+        }
+        if self.endpoints < self.services {
+            bail!(
+                "--endpoints ({}) must be at least --services ({}): every Service needs an endpoint to churn",
+                self.endpoints,
+                self.services
+            );
+        }
+        if self.changes > self.services {
+            bail!(
+                "--changes ({}) must be at most --services ({}): each change goes to its own Service",
+                self.changes,
+                self.services
+            );
+        }
+        Ok(b1::Params {
+            services: self.services,
+            endpoints: self.endpoints,
+            agents: self.agents,
+            changes: self.changes,
+            interval_ms: self.interval_ms,
+            min_sync_period_ms: self.min_sync_period_ms,
+            timeout_s: self.timeout_s,
+        })
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let params = match args.params() {
+        Ok(params) => params,
+        Err(err) => {
+            eprintln!("splitproxy-bench: {err:#}");
+            std::process::exit(64);
+        }
+    };
+    std::fs::create_dir_all(&args.output)
+        .with_context(|| format!("creating {}", args.output.display()))?;
+    let manifests = tempfile::tempdir().context("creating the manifests directory")?;
+    let results = b1::run(params, manifests.path()).await?;
+
+    let json = serde_json::to_string_pretty(&results)?;
+    std::fs::write(args.output.join("b1.json"), format!("{json}\n"))?;
+    let p = &results.params;
+    let title = format!(
+        "B1: {} Services, {} endpoints, {} agents: programming latency CDF",
+        p.services, p.endpoints, p.agents
+    );
+    std::fs::write(
+        args.output.join("b1.svg"),
+        svg::cdf(&title, &results.latencies),
+    )?;
+    println!("{json}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn more_changes_than_services_is_refused() {
+        let args = Args::try_parse_from(["splitproxy-bench", "--services", "5", "--changes", "6"])
+            .expect("flags parse");
+        let err = args.params().expect_err("too many changes");
+        assert!(err.to_string().contains("at most --services"), "{err}");
+    }
+}

@@ -1,0 +1,44 @@
+//! This process's CPU time and peak memory, from /proc: the controller and every hollow agent
+//! together, since they share the process.
+
+use std::time::Duration;
+
+/// The kernel reports CPU time in USER_HZ ticks, 100 per second on every Linux ABI.
+const TICKS_PER_SECOND: u64 = 100;
+
+/// User plus system CPU time of all threads so far; `None` when /proc cannot be read.
+#[must_use]
+pub fn cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start at field 3; utime and stime
+    // are fields 14 and 15.
+    let after_comm = &stat[stat.rfind(')')? + 2..];
+    let mut fields = after_comm.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis(
+        (utime + stime) * 1000 / TICKS_PER_SECOND,
+    ))
+}
+
+/// The peak resident set size in bytes (VmHWM); `None` when /proc cannot be read.
+#[must_use]
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_has_used_cpu_and_memory() {
+        let busy: u64 = (0..20_000_000u64).fold(0, |a, b| a.wrapping_add(b * b));
+        assert!(busy > 0);
+        assert!(cpu_time().is_some());
+        assert!(peak_rss_bytes().is_some_and(|b| b > 0));
+    }
+}
