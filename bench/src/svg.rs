@@ -52,14 +52,19 @@ pub fn cdf(title: &str, samples: &[Duration]) -> String {
         );
     }
     let count = sorted.len();
-    let points: Vec<String> = sorted
+    let mut points: Vec<(f64, f64)> = Vec::new();
+    for (i, &ms) in sorted.iter().enumerate() {
+        #[allow(clippy::cast_precision_loss)] // sample counts are far below 2^52
+        let point = (x(ms).round(), y((i + 1) as f64 / count as f64));
+        // One point per pixel column, the highest: tens of thousands of samples stay a small file.
+        match points.last_mut() {
+            Some(last) if last.0 == point.0 => *last = point,
+            _ => points.push(point),
+        }
+    }
+    let points: Vec<String> = points
         .iter()
-        .enumerate()
-        .map(|(i, &ms)| {
-            #[allow(clippy::cast_precision_loss)] // sample counts are far below 2^52
-            let fraction = (i + 1) as f64 / count as f64;
-            format!("{:.1},{:.1}", x(ms), y(fraction))
-        })
+        .map(|(x, y)| format!("{x:.1},{y:.1}"))
         .collect();
     let _ = writeln!(
         svg,
