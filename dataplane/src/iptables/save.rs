@@ -6,21 +6,28 @@ use std::collections::BTreeSet;
 /// chains included; empty when the table is not in the output.
 #[must_use]
 pub fn chains(save_output: &str, table: &str) -> BTreeSet<String> {
+    lines_of(save_output, table)
+        .filter_map(|line| line.strip_prefix(':'))
+        .filter_map(|declaration| declaration.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The lines between `*table` and its `COMMIT` in `save_output`.
+fn lines_of<'a>(save_output: &'a str, table: &str) -> impl Iterator<Item = &'a str> + use<'a> {
+    let table = table.to_owned();
     let mut in_table = false;
-    let mut found = BTreeSet::new();
-    for line in save_output.lines() {
+    save_output.lines().filter(move |line| {
         if let Some(name) = line.strip_prefix('*') {
             in_table = name.trim() == table;
+            false
         } else if line.trim() == "COMMIT" {
             in_table = false;
-        } else if in_table
-            && let Some(declaration) = line.strip_prefix(':')
-            && let Some(name) = declaration.split_whitespace().next()
-        {
-            found.insert(name.to_owned());
+            false
+        } else {
+            in_table
         }
-    }
-    found
+    })
 }
 
 /// The rules of `table` in `save_output` that jump (`-j`/`-g`) from a chain `keep` accepts to a
@@ -33,23 +40,10 @@ pub fn jumps<'a>(
     from: impl Fn(&str) -> bool,
     target: impl Fn(&str) -> bool,
 ) -> Vec<(&'a str, &'a str)> {
-    let mut in_table = false;
-    let mut found = Vec::new();
-    for line in save_output.lines() {
-        if let Some(name) = line.strip_prefix('*') {
-            in_table = name.trim() == table;
-        } else if line.trim() == "COMMIT" {
-            in_table = false;
-        } else if in_table
-            && let Some(rule) = line.strip_prefix("-A ")
-            && let Some((chain, rest)) = rule.split_once(' ')
-            && from(chain)
-            && jump_target(rest).is_some_and(&target)
-        {
-            found.push((chain, rest));
-        }
-    }
-    found
+    lines_of(save_output, table)
+        .filter_map(|line| line.strip_prefix("-A ")?.split_once(' '))
+        .filter(|(chain, rest)| from(chain) && jump_target(rest).is_some_and(&target))
+        .collect()
 }
 
 /// The chain a saved rule jumps or goes to: the word after its last `-j` or `-g`.
