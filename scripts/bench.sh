@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
-# Builds the benchmark in release mode and runs B1 (fan-out): a real controller and hollow agents in
-# one process, endpoint churn, programming latency. Defaults to 1,000 Services / 10,000 endpoints /
-# 1,000 agents, which fits this 2-core machine in about a minute; any flag of splitproxy-bench
-# overrides it (e.g. `scripts/bench.sh --agents 100 --output bench/results/100-agents`).
-# Results: bench/results/b1.json and b1.svg unless --output says otherwise.
+# Builds the benchmarks in release mode and runs one: `scripts/bench.sh b1 [flags]` (the default
+# when no benchmark is named). Every flag of `splitproxy-bench <benchmark>` overrides the defaults
+# below; results go to bench/results/ unless --output says otherwise.
+#   b1: fan-out, a real controller and hollow agents in one process. Defaults to 1,000 Services /
+#       10,000 endpoints / 1,000 agents, about a minute on this 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-cargo build --release -p splitproxy-bench
-exec target/release/splitproxy-bench \
-  --services 1000 --endpoints 10000 --agents 1000 --changes 50 --interval-ms 200 \
-  --output bench/results "$@"
+benchmark=b1
+if [[ $# -gt 0 && $1 != -* ]]; then
+  benchmark=$1
+  shift
+fi
+cargo build --release --workspace --bins
+bench=target/release/splitproxy-bench
+case $benchmark in
+  b1)
+    exec "$bench" b1 --services 1000 --endpoints 10000 --agents 1000 --changes 50 \
+      --interval-ms 200 --output bench/results "$@"
+    ;;
+  *)
+    echo "scripts/bench.sh: unknown benchmark '$benchmark' (known: b1)" >&2
+    exit 64
+    ;;
+esac

@@ -1,4 +1,5 @@
-//! `splitproxy-bench`: runs benchmark B1 (fan-out) and writes its results as JSON and an SVG plot.
+//! `splitproxy-bench`: runs one benchmark (`b1` fan-out, …) and writes its results as JSON and an
+//! SVG plot.
 
 mod b1;
 mod cluster;
@@ -8,13 +9,27 @@ mod stats;
 mod svg;
 
 use anyhow::{Context as _, bail};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
-/// B1 fan-out: a real controller, many hollow agents, endpoint churn, in one process.
+/// splitproxy's benchmarks; each writes its results to `--output`.
 #[derive(Debug, Parser)]
-#[command(version, args_override_self = true)]
-struct Args {
+#[command(version)]
+struct Cli {
+    #[command(subcommand)]
+    benchmark: Benchmark,
+}
+
+#[derive(Debug, Subcommand)]
+enum Benchmark {
+    /// B1 fan-out: a real controller, many hollow agents, endpoint churn, in one process.
+    B1(B1Args),
+}
+
+/// B1's flags.
+#[derive(Debug, clap::Args)]
+#[command(args_override_self = true)]
+struct B1Args {
     /// How many Services.
     #[arg(long, env = "B1_SERVICES", default_value_t = 1_000)]
     services: usize,
@@ -41,7 +56,7 @@ struct Args {
     output: PathBuf,
 }
 
-impl Args {
+impl B1Args {
     fn params(&self) -> anyhow::Result<b1::Params> {
         if self.services == 0 || self.agents == 0 || self.changes == 0 {
             bail!("--services, --agents and --changes must be at least 1");
@@ -74,7 +89,13 @@ impl Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    match Cli::parse().benchmark {
+        Benchmark::B1(args) => run_b1(args).await,
+    }
+}
+
+/// Runs B1 and writes `b1.json` and `b1.svg`.
+async fn run_b1(args: B1Args) -> anyhow::Result<()> {
     let params = match args.params() {
         Ok(params) => params,
         Err(err) => {
@@ -108,8 +129,16 @@ mod tests {
 
     #[test]
     fn more_changes_than_services_is_refused() {
-        let args = Args::try_parse_from(["splitproxy-bench", "--services", "5", "--changes", "6"])
-            .expect("flags parse");
+        let cli = Cli::try_parse_from([
+            "splitproxy-bench",
+            "b1",
+            "--services",
+            "5",
+            "--changes",
+            "6",
+        ])
+        .expect("flags parse");
+        let Benchmark::B1(args) = cli.benchmark;
         let err = args.params().expect_err("too many changes");
         assert!(err.to_string().contains("at most --services"), "{err}");
     }
