@@ -11,7 +11,11 @@ use splitproxy_proto::{names::is_dns_label, v1alpha1 as pb};
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    sync::Arc,
 };
+
+mod build;
+pub use build::Builder;
 
 /// Label that hands a Service to another proxy; default kube-proxy ignores Services that carry it.
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
@@ -55,7 +59,7 @@ impl ServiceSelector {
 }
 
 /// Why an object was skipped. Each is logged once per object with its key.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum Invalid {
     /// The object has no name.
     #[error("object has no name")]
@@ -91,30 +95,84 @@ pub enum Invalid {
 /// Kubernetes' default ClientIP affinity timeout (3 hours).
 const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
 
-/// Objects as read from a source, before filtering.
+/// Objects as read from a source, before filtering. A source hands over the same `Arc` for an
+/// object that did not change since its previous snapshot, which is how [`Builder`] knows what
+/// to convert again.
 #[derive(Debug, Clone, Default)]
 pub struct Objects {
     /// Services by namespace and name.
-    pub services: BTreeMap<Key, Service>,
+    pub services: BTreeMap<Key, Arc<Service>>,
     /// EndpointSlices by namespace and name.
-    pub slices: BTreeMap<Key, EndpointSlice>,
+    pub slices: BTreeMap<Key, Arc<EndpointSlice>>,
     /// Nodes by name.
-    pub nodes: BTreeMap<String, Node>,
+    pub nodes: BTreeMap<String, Arc<Node>>,
 }
 
-/// The node-independent state every view is computed from.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// The converted Services by key; an entry keeps its `Arc` while it does not change, so states
+/// and views share it.
+pub type Services = BTreeMap<Key, Arc<pb::Service>>;
+/// The merged endpoints by Service key, shared the same way.
+pub type Endpoints = BTreeMap<Key, Arc<ServiceBackends>>;
+
+/// The node-independent state every view is computed from. Cloning it is cheap: the maps are
+/// shared, and so is every entry that two states have in common.
+#[derive(Debug, Clone, Default)]
 pub struct ClusterState {
     /// The Services kube-proxy would program, converted.
-    pub services: BTreeMap<Key, pb::Service>,
+    pub services: Arc<Services>,
     /// The merged endpoints of each Service that has any usable endpoint.
-    pub endpoints: BTreeMap<Key, ServiceBackends>,
+    pub endpoints: Arc<Endpoints>,
     /// The known Nodes by name, with what the views need of each.
     pub nodes: BTreeMap<String, NodeInfo>,
     /// The Services left out because they cannot be programmed (each logged once).
     pub invalid_services: BTreeSet<Key>,
-    /// The change this state came from; never part of equality.
+    /// The change this state came from.
     pub cause: Cause,
+    /// This state's generation and what changed in the states just before it.
+    pub history: crate::history::History,
+}
+
+impl ClusterState {
+    /// A state of these Services, endpoints and nodes, as the first of its history.
+    #[must_use]
+    pub fn of(
+        services: BTreeMap<Key, pb::Service>,
+        endpoints: BTreeMap<Key, ServiceBackends>,
+        nodes: BTreeMap<String, NodeInfo>,
+    ) -> Self {
+        Self {
+            services: Arc::new(
+                services
+                    .into_iter()
+                    .map(|(k, s)| (k, Arc::new(s)))
+                    .collect(),
+            ),
+            endpoints: Arc::new(
+                endpoints
+                    .into_iter()
+                    .map(|(k, e)| (k, Arc::new(e)))
+                    .collect(),
+            ),
+            nodes,
+            ..Self::default()
+        }
+        .followed_by(None)
+    }
+
+    /// This state as the successor of `previous` (`None`: as the first state), with what changed
+    /// since it recorded in its history.
+    #[must_use]
+    pub fn followed_by(mut self, previous: Option<&Self>) -> Self {
+        let (history, changes) = match previous {
+            Some(previous) => (
+                &previous.history,
+                crate::history::ChangeSet::between(previous, &self),
+            ),
+            None => (&crate::history::History::default(), Default::default()),
+        };
+        self.history = history.next(changes);
+        self
+    }
 }
 
 /// What the views need of one Node: where it is, and whether it may take new connections.
@@ -160,12 +218,46 @@ impl NodeTopology {
 }
 
 /// The merged, deduplicated endpoints of one Service, before per-node locality is known.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ServiceBackends {
     /// One entry per (port name, protocol), sorted.
     pub ports: Vec<PortBackends>,
     /// The newest last-change-trigger-time of the Service's slices.
     pub last_change_trigger_time: Option<prost_types::Timestamp>,
+    /// The endpoints as every node sees them that runs none of them and whose traffic no hint
+    /// narrows, which is most nodes: one copy shared by all their views.
+    pub plain: Arc<pb::ServiceEndpoints>,
+}
+
+impl ServiceBackends {
+    /// The endpoints of the Service `key`.
+    #[must_use]
+    pub fn new(
+        key: &Key,
+        ports: Vec<PortBackends>,
+        last_change_trigger_time: Option<prost_types::Timestamp>,
+    ) -> Self {
+        let plain = pb::ServiceEndpoints {
+            key: Some(pb::ObjectKey {
+                namespace: key.0.clone(),
+                name: key.1.clone(),
+            }),
+            ports: ports
+                .iter()
+                .map(|port| pb::PortEndpoints {
+                    port_name: port.port_name.clone(),
+                    protocol: port.protocol as i32,
+                    endpoints: port.endpoints.iter().map(|b| b.endpoint.clone()).collect(),
+                })
+                .collect(),
+            last_change_trigger_time,
+        };
+        Self {
+            ports,
+            last_change_trigger_time,
+            plain: Arc::new(plain),
+        }
+    }
 }
 
 /// The endpoints of one Service port.
@@ -223,45 +315,16 @@ impl Hints {
 
 impl ClusterState {
     /// Filters and converts `objects` as kube-proxy does, skipping (and logging) invalid ones and
-    /// Services `selector` does not claim.
+    /// Services `selector` does not claim. A source builds each state with its [`Builder`]
+    /// instead, which converts only what changed.
     #[must_use]
     pub fn build(objects: &Objects, selector: &ServiceSelector) -> Self {
-        let mut invalid_services = BTreeSet::new();
-        let services: BTreeMap<Key, pb::Service> = objects
-            .services
-            .iter()
-            .filter(|(_, svc)| selector.claims(svc.metadata.labels.as_ref()))
-            .filter_map(|(key, svc)| match convert_service(svc) {
-                Ok(Some(converted)) => Some((key.clone(), converted)),
-                Ok(None) => None,
-                Err(err) => {
-                    // Quoted (`?`): a hostile name must not break the log line.
-                    tracing::warn!(service = ?format!("{}/{}", key.0, key.1), %err, "skipping invalid service");
-                    invalid_services.insert(key.clone());
-                    None
-                }
-            })
-            .collect();
-        let endpoints = merge_slices(objects.slices.values())
-            .into_iter()
-            .filter(|(key, _)| services.contains_key(key))
-            .collect();
-        Self {
-            services,
-            endpoints,
-            nodes: objects
-                .nodes
-                .iter()
-                .map(|(name, node)| (name.clone(), NodeInfo::of(node)))
-                .collect(),
-            invalid_services,
-            cause: Cause::default(),
-        }
+        Builder::default().build(objects, selector)
     }
 }
 
 /// Converts a Service; `Ok(None)` for Services kube-proxy does not program.
-fn convert_service(svc: &Service) -> Result<Option<pb::Service>, Invalid> {
+pub(crate) fn convert_service(svc: &Service) -> Result<Option<pb::Service>, Invalid> {
     let meta = &svc.metadata;
     let name = meta.name.clone().ok_or(Invalid::MissingName)?;
     let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
@@ -433,7 +496,7 @@ fn port(number: i32) -> Result<u32, Invalid> {
 }
 
 /// Merges every slice of each Service into one deduplicated set per port.
-fn merge_slices<'a>(
+pub(crate) fn merge_slices<'a>(
     slices: impl Iterator<Item = &'a EndpointSlice>,
 ) -> BTreeMap<Key, ServiceBackends> {
     // (service, port name, protocol) → (address, port) → backend
@@ -526,14 +589,9 @@ fn merge_slices<'a>(
                     endpoints: eps.into_values().collect(),
                 })
                 .collect();
-            (!ports.is_empty()).then_some({
-                (
-                    key,
-                    ServiceBackends {
-                        ports,
-                        last_change_trigger_time: trigger,
-                    },
-                )
+            (!ports.is_empty()).then(|| {
+                let backends = ServiceBackends::new(&key, ports, trigger);
+                (key, backends)
             })
         })
         .collect()

@@ -326,13 +326,19 @@ impl AgentStream {
         let Some(cluster) = self.cluster.borrow_and_update().clone() else {
             return Ok(());
         };
-        let view = Arc::new(NodeView::for_node(&cluster, &self.node));
         let reset = self.acked.is_none() && self.held.is_none();
-        let delta = match (&self.acked, &self.held) {
-            (Some(acked), _) => Delta::between(acked, &view),
-            (None, Some(held)) => Delta::from_digests(held, &view),
-            (None, None) => Delta::between(&NodeView::default(), &view),
+        let (view, delta) = match (&self.acked, &self.held) {
+            (Some(acked), _) => acked.advance(&cluster, &self.node),
+            (None, held) => {
+                let view = NodeView::for_node(&cluster, &self.node);
+                let delta = match held {
+                    Some(held) => Delta::from_digests(held, &view),
+                    None => Delta::between(&NodeView::default(), &view),
+                };
+                (view, delta)
+            }
         };
+        let view = Arc::new(view);
         let unchanged = !reset && delta.is_empty();
         self.connection.view_computed(!unchanged);
         if unchanged {

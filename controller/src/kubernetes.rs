@@ -147,7 +147,7 @@ impl Source for KubernetesSource {
                         nodes: nodes
                             .state()
                             .iter()
-                            .filter_map(|n| Some((n.metadata.name.clone()?, (**n).clone())))
+                            .filter_map(|n| Some((n.metadata.name.clone()?, Arc::clone(n))))
                             .collect(),
                     });
                 });
@@ -187,13 +187,15 @@ impl Listed {
     }
 }
 
-fn keyed<K: Resource + Clone>(objects: &[Arc<K>]) -> std::collections::BTreeMap<Key, K> {
+/// The store's objects by key: the store's own `Arc`s, which it replaces only when an object
+/// changes (what lets the cluster builder skip the others).
+fn keyed<K: Resource>(objects: &[Arc<K>]) -> std::collections::BTreeMap<Key, Arc<K>> {
     objects
         .iter()
         .filter_map(|o| {
             let meta = o.meta();
             let key = (meta.namespace.clone()?, meta.name.clone()?);
-            Some((key, (**o).clone()))
+            Some((key, Arc::clone(o)))
         })
         .collect()
 }

@@ -7,6 +7,7 @@ pub mod cause;
 pub mod cluster;
 pub mod eligibility;
 pub mod fanout;
+pub mod history;
 pub mod inspection;
 pub mod kubernetes;
 pub mod manifests;

@@ -16,8 +16,10 @@ use notify::Watcher;
 use serde::Deserialize;
 use std::{
     collections::BTreeMap,
+    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
-    time::Duration,
+    sync::Arc,
+    time::{Duration, SystemTime},
 };
 use tokio::sync::mpsc;
 
@@ -59,11 +61,11 @@ pub enum Error {
 #[derive(Debug, Clone)]
 pub enum Object {
     /// A core/v1 Service.
-    Service(Box<Service>),
+    Service(Arc<Service>),
     /// A discovery.k8s.io/v1 EndpointSlice.
-    EndpointSlice(Box<EndpointSlice>),
+    EndpointSlice(Arc<EndpointSlice>),
     /// A core/v1 Node.
-    Node(Box<Node>),
+    Node(Arc<Node>),
 }
 
 impl Object {
@@ -137,13 +139,19 @@ fn decode(value: serde_json::Value, index: usize) -> Result<Option<Object>, Erro
     };
     Ok(match (api_version, kind.as_str()) {
         ("v1", "Service") => Some(Object::Service(
-            serde_json::from_value(value).map_err(invalid)?,
+            serde_json::from_value(value)
+                .map(Arc::new)
+                .map_err(invalid)?,
         )),
         ("discovery.k8s.io/v1", "EndpointSlice") => Some(Object::EndpointSlice(
-            serde_json::from_value(value).map_err(invalid)?,
+            serde_json::from_value(value)
+                .map(Arc::new)
+                .map_err(invalid)?,
         )),
         ("v1", "Node") => Some(Object::Node(
-            serde_json::from_value(value).map_err(invalid)?,
+            serde_json::from_value(value)
+                .map(Arc::new)
+                .map_err(invalid)?,
         )),
         _ => None,
     })
@@ -153,7 +161,42 @@ fn decode(value: serde_json::Value, index: usize) -> Result<Option<Object>, Erro
 #[derive(Debug)]
 pub struct ManifestsDir {
     dir: PathBuf,
-    files: BTreeMap<PathBuf, Vec<Object>>,
+    files: BTreeMap<PathBuf, Parsed>,
+}
+
+/// One file's objects, and what its metadata was when they were read.
+#[derive(Debug)]
+struct Parsed {
+    /// `None` when the file may still change unseen (see [`Stamp::of`]): it is read again.
+    stamp: Option<Stamp>,
+    objects: Vec<Object>,
+}
+
+/// What tells a file that is unchanged since it was read: a rewrite (in place, or aside and
+/// renamed over it) changes its modification time, size or inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    modified: SystemTime,
+    len: u64,
+    inode: u64,
+}
+
+/// How old a modification time must be before a stamp is trusted. File times come from a
+/// coarse clock, so a file written twice within one tick keeps its time: only files whose
+/// time is older than this are known to have been read after their last write.
+const SETTLED: Duration = Duration::from_secs(2);
+
+impl Stamp {
+    /// The stamp of a file with `metadata`; `None` while its last write is recent.
+    fn of(metadata: &std::fs::Metadata) -> Option<Self> {
+        let modified = metadata.modified().ok()?;
+        let age = SystemTime::now().duration_since(modified).ok()?;
+        (age >= SETTLED).then(|| Self {
+            modified,
+            len: metadata.len(),
+            inode: metadata.ino(),
+        })
+    }
 }
 
 impl ManifestsDir {
@@ -166,42 +209,66 @@ impl ManifestsDir {
         }
     }
 
-    /// Re-reads the directory and returns every object it holds. Files that fail to parse are
-    /// logged and keep their last good objects; files that are gone lose theirs.
+    /// Re-reads the directory and returns every object it holds. Only files that changed since
+    /// they were last read are parsed again. Files that fail to parse are logged and keep their
+    /// last good objects; files that are gone lose theirs.
     ///
     /// # Errors
     ///
     /// Fails only when the directory itself cannot be listed.
     pub fn rescan(&mut self) -> Result<Objects, Error> {
         let present = manifest_files(&self.dir)?;
-        self.files.retain(|path, _| present.contains(path));
-        for path in present {
-            match std::fs::read_to_string(&path)
-                .map_err(|e| Error::ReadFile(path.clone(), e))
-                .and_then(|text| parse_documents(&text))
-            {
-                Ok(objects) => {
-                    for object in objects.iter().filter(|o| o.name().is_none()) {
-                        tracing::warn!(
-                            file = %path.display(),
-                            kind = object.kind(),
-                            "ignoring object without a name"
-                        );
-                    }
-                    self.files.insert(path, objects);
+        let mut files = BTreeMap::new();
+        for (path, metadata) in present {
+            let stamp = Stamp::of(&metadata);
+            match self.files.remove(&path) {
+                Some(parsed) if stamp.is_some() && parsed.stamp == stamp => {
+                    files.insert(path, parsed);
                 }
-                Err(err) => tracing::error!(
-                    file = %path.display(),
-                    error = &err as &dyn std::error::Error,
-                    "skipping manifest file that does not parse; keeping what it held before"
-                ),
+                before => {
+                    if let Some(parsed) = read(&path, stamp, before) {
+                        files.insert(path, parsed);
+                    }
+                }
             }
         }
+        self.files = files;
         Ok(self.objects())
     }
 
     fn objects(&self) -> Objects {
-        Objects::from_manifests(self.files.values().flatten())
+        Objects::from_manifests(self.files.values().flat_map(|parsed| &parsed.objects))
+    }
+}
+
+/// Reads and parses the file at `path`; when it fails, logs why and keeps what it held `before`.
+fn read(path: &Path, stamp: Option<Stamp>, before: Option<Parsed>) -> Option<Parsed> {
+    match std::fs::read_to_string(path)
+        .map_err(|e| Error::ReadFile(path.to_owned(), e))
+        .and_then(|text| parse_documents(&text))
+    {
+        Ok(objects) => {
+            for object in objects.iter().filter(|o| o.name().is_none()) {
+                tracing::warn!(
+                    file = %path.display(),
+                    kind = object.kind(),
+                    "ignoring object without a name"
+                );
+            }
+            Some(Parsed { stamp, objects })
+        }
+        Err(err) => {
+            tracing::error!(
+                file = %path.display(),
+                error = &err as &dyn std::error::Error,
+                "skipping manifest file that does not parse; keeping what it held before"
+            );
+            // Not stamped: the file is read again on the next change, until it parses.
+            before.map(|parsed| Parsed {
+                stamp: None,
+                objects: parsed.objects,
+            })
+        }
     }
 }
 
@@ -214,17 +281,17 @@ impl Objects {
             match object {
                 Object::Service(svc) => {
                     if let Some(key) = key(&svc.metadata) {
-                        objects.services.insert(key, (**svc).clone());
+                        objects.services.insert(key, Arc::clone(svc));
                     }
                 }
                 Object::EndpointSlice(slice) => {
                     if let Some(key) = key(&slice.metadata) {
-                        objects.slices.insert(key, (**slice).clone());
+                        objects.slices.insert(key, Arc::clone(slice));
                     }
                 }
                 Object::Node(node) => {
                     if let Some(name) = &node.metadata.name {
-                        objects.nodes.insert(name.clone(), (**node).clone());
+                        objects.nodes.insert(name.clone(), Arc::clone(node));
                     }
                 }
             }
@@ -279,9 +346,10 @@ impl Source for ManifestsDir {
     }
 }
 
-fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, Error> {
+/// The manifest files of `dir` with their metadata, in path order.
+fn manifest_files(dir: &Path) -> Result<Vec<(PathBuf, std::fs::Metadata)>, Error> {
     let entries = std::fs::read_dir(dir).map_err(|e| Error::ReadDir(dir.to_owned(), e))?;
-    let mut files: Vec<PathBuf> = entries
+    let mut files: Vec<(PathBuf, std::fs::Metadata)> = entries
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|path| {
             let hidden = path
@@ -292,10 +360,14 @@ fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, Error> {
                 .extension()
                 .and_then(|e| e.to_str())
                 .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"));
-            yaml && !hidden && path.is_file()
+            yaml && !hidden
+        })
+        .filter_map(|path| {
+            let metadata = std::fs::metadata(&path).ok()?;
+            metadata.is_file().then_some((path, metadata))
         })
         .collect();
-    files.sort();
+    files.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(files)
 }
 

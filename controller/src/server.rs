@@ -4,8 +4,9 @@
 use crate::{
     auth::AgentAuth,
     cause::Cause,
-    cluster::{ClusterState, Objects, ServiceSelector},
+    cluster::{Builder, Objects, ServiceSelector},
     fanout::{FanOut, Published},
+    history::ChangeSet,
     inspection::Inspection,
     metrics::Metrics,
     source::Source,
@@ -45,26 +46,32 @@ pub enum Error {
 
 /// Publishes a new cluster state only when it differs from the last one, so agents' streams wake
 /// up only for real changes. The state carries the trace context of the span the source called
-/// this in (its change span).
+/// this in (its change span), and what changed since the last one.
 fn publish(
     tx: &watch::Sender<Published>,
+    builder: &mut Builder,
     objects: &Objects,
     selector: &ServiceSelector,
     metrics: &Metrics,
 ) {
-    let mut state = ClusterState::build(objects, selector);
+    let mut state = builder.build(objects, selector);
     state.cause = Cause::of(&tracing::Span::current());
     metrics
         .invalid_services
         .set(i64::try_from(state.invalid_services.len()).unwrap_or(i64::MAX));
     tx.send_if_modified(|current| {
-        if current.as_deref() == Some(&state) {
+        let state = state.followed_by(current.as_deref());
+        if let Some(current) = current.as_deref()
+            && current.invalid_services == state.invalid_services
+            && state.history.latest().is_some_and(ChangeSet::is_empty)
+        {
             return false;
         }
         tracing::info!(
             services = state.services.len(),
             with_endpoints = state.endpoints.len(),
             nodes = state.nodes.len(),
+            generation = state.history.generation(),
             "cluster state changed"
         );
         *current = Some(Arc::new(state));
@@ -132,7 +139,9 @@ pub async fn serve(
         .with_metrics(metrics.clone())
         .with_auth(auth);
     let inspector = Inspection::new(fanout.epoch().to_owned(), metrics.agents.clone(), rx);
-    let source = source.run(move |objects| publish(&tx, &objects, &selector, &metrics));
+    let mut builder = Builder::default();
+    let source =
+        source.run(move |objects| publish(&tx, &mut builder, &objects, &selector, &metrics));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<NodeViewServiceServer<FanOut>>().await;

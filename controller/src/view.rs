@@ -1,24 +1,40 @@
 //! Per-node views and the deltas between two views of one node.
+//!
+//! A node's view shares almost everything with the cluster state and with every other node's
+//! view: the Services, and the endpoints of every Service the node runs none of and whose
+//! traffic no topology hint narrows for it. Only the rest, usually a few Services per node, is
+//! the node's own. The next view is computed from what changed since the last (see
+//! [`crate::history`]), so a change costs each node work in proportion to the change, not to
+//! the cluster.
 
 use crate::{
-    cluster::{ClusterState, Key},
+    cluster::{ClusterState, Endpoints, Key, ServiceBackends, Services},
     eligibility,
     topology::Place,
 };
 use splitproxy_proto::v1alpha1 as pb;
-use std::collections::BTreeMap;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 /// What one node must program: the Services and, for those that have any, their endpoints; and
 /// the node's own status.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct NodeView {
-    /// Services by key.
-    pub services: BTreeMap<Key, pb::Service>,
-    /// Endpoints by Service key, with locality set for this node.
-    pub endpoints: BTreeMap<Key, pb::ServiceEndpoints>,
-    /// The node's status; set in every computed view, `None` only in the empty view a reset is
-    /// computed from, so a reset always carries it.
-    pub status: Option<pb::NodeStatus>,
+    /// The generation of the cluster state the view was computed from; `None` for the empty
+    /// view a reset is computed from.
+    generation: Option<u64>,
+    /// Services by key: the cluster's.
+    services: Arc<Services>,
+    /// The cluster's endpoints, whose plain form the node uses unless `own` has an entry.
+    backends: Arc<Endpoints>,
+    /// The endpoints as this node sees them, where that differs from the plain form: locality
+    /// set for its own endpoints, topology hints applied with its zone.
+    own: Arc<BTreeMap<Key, Arc<pb::ServiceEndpoints>>>,
+    /// The node's status; set in every computed view, `None` only in the empty view, so a reset
+    /// always carries it.
+    status: Option<pb::NodeStatus>,
 }
 
 impl NodeView {
@@ -27,46 +43,158 @@ impl NodeView {
     /// [`crate::eligibility`]).
     #[must_use]
     pub fn for_node(cluster: &ClusterState, node: &str) -> Self {
-        let known = cluster.nodes.get(node);
-        let place = Place::new(node, known.map(|n| &n.topology));
-        let endpoints = cluster
+        let place = place_of(cluster, node);
+        let own = cluster
             .endpoints
             .iter()
-            .map(|(key, backends)| {
-                let ports = backends
-                    .ports
-                    .iter()
-                    .map(|port| {
-                        let mode = place.mode(&port.endpoints);
-                        pb::PortEndpoints {
-                            port_name: port.port_name.clone(),
-                            protocol: port.protocol as i32,
-                            endpoints: port
-                                .endpoints
-                                .iter()
-                                .map(|b| pb::Endpoint {
-                                    is_local: !b.node_name.is_empty() && b.node_name == node,
-                                    topology_excluded: place.excludes(mode, b),
-                                    ..b.endpoint.clone()
-                                })
-                                .collect(),
-                        }
-                    })
-                    .collect();
-                let endpoints = pb::ServiceEndpoints {
-                    key: Some(object_key(key)),
-                    ports,
-                    last_change_trigger_time: backends.last_change_trigger_time,
-                };
-                (key.clone(), endpoints)
+            .filter_map(|(key, backends)| {
+                own_endpoints(backends, &place).map(|e| (key.clone(), Arc::new(e)))
             })
             .collect();
+        Self::of(cluster, node, Arc::new(own))
+    }
+
+    /// `node`'s view of `cluster`, and the delta from this view (an earlier one of the same
+    /// node) to it. Computed from the changes since this view's cluster state when the history
+    /// still reaches it and the node itself did not change; from whole views otherwise.
+    #[must_use]
+    pub fn advance(&self, cluster: &ClusterState, node: &str) -> (Self, Delta) {
+        let changes = self
+            .generation
+            .and_then(|generation| cluster.history.since(generation))
+            .filter(|changes| !changes.nodes.contains(node));
+        let Some(changes) = changes else {
+            let next = Self::for_node(cluster, node);
+            let delta = Delta::between(self, &next);
+            return (next, delta);
+        };
+        let place = place_of(cluster, node);
+        let mut own = Arc::clone(&self.own);
+        for key in &changes.endpoints {
+            let mine = cluster
+                .endpoints
+                .get(key)
+                .and_then(|backends| own_endpoints(backends, &place));
+            match mine {
+                Some(endpoints) => {
+                    Arc::make_mut(&mut own).insert(key.clone(), Arc::new(endpoints));
+                }
+                None if own.contains_key(key) => {
+                    Arc::make_mut(&mut own).remove(key);
+                }
+                None => {}
+            }
+        }
+        let next = Self::of(cluster, node, own);
+        let delta = Delta::assemble(
+            diff(
+                &changes.services,
+                &*self.services,
+                &*next.services,
+                same_entry,
+            ),
+            diff(
+                &changes.endpoints,
+                &EndpointsOf(self),
+                &EndpointsOf(&next),
+                same_entry,
+            ),
+            &next,
+            next.status.clone().filter(|_| self.status != next.status),
+        );
+        (next, delta)
+    }
+
+    fn of(
+        cluster: &ClusterState,
+        node: &str,
+        own: Arc<BTreeMap<Key, Arc<pb::ServiceEndpoints>>>,
+    ) -> Self {
         Self {
-            services: cluster.services.clone(),
-            endpoints,
-            status: Some(eligibility::status(known)),
+            generation: Some(cluster.history.generation()),
+            services: Arc::clone(&cluster.services),
+            backends: Arc::clone(&cluster.endpoints),
+            own,
+            status: Some(eligibility::status(cluster.nodes.get(node))),
         }
     }
+
+    /// The Services by key.
+    #[must_use]
+    pub fn services(&self) -> &Services {
+        &self.services
+    }
+
+    /// The endpoints of `key` as this node sees them.
+    #[must_use]
+    pub fn endpoints_of(&self, key: &Key) -> Option<&Arc<pb::ServiceEndpoints>> {
+        self.own
+            .get(key)
+            .or_else(|| self.backends.get(key).map(|backends| &backends.plain))
+    }
+
+    /// Every Service's endpoints as this node sees them, by key.
+    pub fn endpoints(&self) -> impl Iterator<Item = (&Key, &Arc<pb::ServiceEndpoints>)> {
+        self.backends
+            .iter()
+            .map(|(key, backends)| (key, self.own.get(key).unwrap_or(&backends.plain)))
+    }
+
+    /// The node's status.
+    #[must_use]
+    pub fn status(&self) -> Option<&pb::NodeStatus> {
+        self.status.as_ref()
+    }
+}
+
+fn place_of<'a>(cluster: &'a ClusterState, node: &'a str) -> Place<'a> {
+    Place::new(node, cluster.nodes.get(node).map(|n| &n.topology))
+}
+
+/// The endpoints of one Service as the node at `place` sees them; `None` when that is the
+/// plain form (the node runs none of them and no hint narrows its traffic).
+fn own_endpoints(backends: &ServiceBackends, place: &Place) -> Option<pb::ServiceEndpoints> {
+    let runs_here = |backend: &crate::cluster::Backend| {
+        !backend.node_name.is_empty() && backend.node_name == place.node
+    };
+    let local = backends
+        .ports
+        .iter()
+        .flat_map(|port| &port.endpoints)
+        .any(runs_here);
+    if !local
+        && backends
+            .ports
+            .iter()
+            .all(|port| place.mode(&port.endpoints).is_none())
+    {
+        return None;
+    }
+    let ports = backends
+        .ports
+        .iter()
+        .map(|port| {
+            let mode = place.mode(&port.endpoints);
+            pb::PortEndpoints {
+                port_name: port.port_name.clone(),
+                protocol: port.protocol as i32,
+                endpoints: port
+                    .endpoints
+                    .iter()
+                    .map(|b| pb::Endpoint {
+                        is_local: runs_here(b),
+                        topology_excluded: place.excludes(mode, b),
+                        ..b.endpoint.clone()
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    Some(pb::ServiceEndpoints {
+        key: backends.plain.key.clone(),
+        ports,
+        last_change_trigger_time: backends.last_change_trigger_time,
+    })
 }
 
 /// The changes that turn one view into another.
@@ -85,13 +213,30 @@ pub struct Delta {
 }
 
 impl Delta {
-    /// The delta from `from` to `to`. A removed Service implies the removal of its endpoints, so
-    /// those are not listed again. The node's status is listed only when it changed.
+    /// The delta from `from` to `to`, comparing whole views (entries shared by both are equal
+    /// without a look inside). A removed Service implies the removal of its endpoints, so those
+    /// are not listed again. The node's status is listed only when it changed.
     #[must_use]
     pub fn between(from: &NodeView, to: &NodeView) -> Self {
+        let services = if Arc::ptr_eq(&from.services, &to.services) {
+            Diff::default()
+        } else {
+            diff(
+                &all_keys(&*from.services, &*to.services),
+                &*from.services,
+                &*to.services,
+                same_entry,
+            )
+        };
+        let (from_endpoints, to_endpoints) = (EndpointsOf(from), EndpointsOf(to));
         Self::assemble(
-            diff(&from.services, &to.services, PartialEq::eq),
-            diff(&from.endpoints, &to.endpoints, PartialEq::eq),
+            services,
+            diff(
+                &all_keys(&from_endpoints, &to_endpoints),
+                &from_endpoints,
+                &to_endpoints,
+                same_entry,
+            ),
             to,
             to.status.clone().filter(|_| from.status != to.status),
         )
@@ -100,8 +245,8 @@ impl Delta {
     /// A delta to `to` from upserts and removals per kind. A removed Service implies the removal
     /// of its endpoints, so those are not listed again.
     fn assemble(
-        (upserted_services, removed_services): Diff<pb::Service>,
-        (upserted_endpoints, removed): Diff<pb::ServiceEndpoints>,
+        (upserted_services, removed_services): Diff<Arc<pb::Service>>,
+        (upserted_endpoints, removed): Diff<Arc<pb::ServiceEndpoints>>,
         to: &NodeView,
         node_status: Option<pb::NodeStatus>,
     ) -> Self {
@@ -113,9 +258,15 @@ impl Delta {
             })
             .collect();
         Self {
-            upserted_services,
+            upserted_services: upserted_services
+                .into_iter()
+                .map(Arc::unwrap_or_clone)
+                .collect(),
             removed_services,
-            upserted_endpoints,
+            upserted_endpoints: upserted_endpoints
+                .into_iter()
+                .map(Arc::unwrap_or_clone)
+                .collect(),
             removed_endpoints,
             node_status,
         }
@@ -165,9 +316,20 @@ impl Delta {
     /// node's status (rule 9), as the agent's status is not among the digests.
     #[must_use]
     pub fn from_digests(held: &HeldDigests, to: &NodeView) -> Self {
+        let endpoints = EndpointsOf(to);
         Self::assemble(
-            diff(&held.services, &to.services, matches_digest),
-            diff(&held.endpoints, &to.endpoints, matches_digest),
+            diff(
+                &all_keys(&held.services, &*to.services),
+                &held.services,
+                &*to.services,
+                matches_digest,
+            ),
+            diff(
+                &all_keys(&held.endpoints, &endpoints),
+                &held.endpoints,
+                &endpoints,
+                matches_digest,
+            ),
             to,
             to.status.clone(),
         )
@@ -175,30 +337,77 @@ impl Delta {
 }
 
 /// Whether `resource` has the digest an agent presented.
-fn matches_digest(digest: &u64, resource: &impl prost::Message) -> bool {
-    *digest == splitproxy_proto::digest(resource)
+fn matches_digest<M: prost::Message>(digest: &u64, resource: &Arc<M>) -> bool {
+    *digest == splitproxy_proto::digest(&**resource)
 }
 
-/// The resources to upsert and the keys to remove, for one kind.
+/// Whether two entries are the same: shared, or equal.
+fn same_entry<T: PartialEq>(a: &Arc<T>, b: &Arc<T>) -> bool {
+    Arc::ptr_eq(a, b) || a == b
+}
+
+/// One kind of resource a node holds (or an agent said it holds), by key.
+trait Resources {
+    /// What is held per key.
+    type Entry;
+    fn get(&self, key: &Key) -> Option<&Self::Entry>;
+    fn keys(&self) -> impl Iterator<Item = &Key>;
+}
+
+impl<V> Resources for BTreeMap<Key, V> {
+    type Entry = V;
+    fn get(&self, key: &Key) -> Option<&V> {
+        BTreeMap::get(self, key)
+    }
+    fn keys(&self) -> impl Iterator<Item = &Key> {
+        BTreeMap::keys(self)
+    }
+}
+
+/// A view's endpoints as that node sees them.
+struct EndpointsOf<'a>(&'a NodeView);
+
+impl Resources for EndpointsOf<'_> {
+    type Entry = Arc<pb::ServiceEndpoints>;
+    fn get(&self, key: &Key) -> Option<&Self::Entry> {
+        self.0.endpoints_of(key)
+    }
+    fn keys(&self) -> impl Iterator<Item = &Key> {
+        self.0.backends.keys()
+    }
+}
+
+/// Every key of either.
+fn all_keys<'a>(a: &'a impl Resources, b: &'a impl Resources) -> BTreeSet<&'a Key> {
+    a.keys().chain(b.keys()).collect()
+}
+
+/// The entries to upsert and the keys to remove, for one kind.
 type Diff<V> = (Vec<V>, Vec<pb::ObjectKey>);
 
-/// What turns `from` into `to`, where `same` says whether what `from` holds for a key (the
-/// resource itself, or its digest) matches `to`'s resource.
-fn diff<H, V: Clone>(
-    from: &BTreeMap<Key, H>,
-    to: &BTreeMap<Key, V>,
-    same: impl Fn(&H, &V) -> bool,
-) -> Diff<V> {
-    let upserted = to
-        .iter()
-        .filter(|(key, value)| !from.get(*key).is_some_and(|held| same(held, value)))
-        .map(|(_, value)| value.clone())
-        .collect();
-    let removed = from
-        .keys()
-        .filter(|key| !to.contains_key(*key))
-        .map(object_key)
-        .collect();
+/// What turns `from` into `to` among `keys` (every key either may hold, or those that may have
+/// changed), where `same` says whether what `from` holds for a key (the entry itself, or its
+/// digest) matches `to`'s.
+fn diff<'k, F: Resources, T: Resources>(
+    keys: impl IntoIterator<Item = &'k (impl std::borrow::Borrow<Key> + 'k)>,
+    from: &F,
+    to: &T,
+    same: impl Fn(&F::Entry, &T::Entry) -> bool,
+) -> Diff<T::Entry>
+where
+    T::Entry: Clone,
+{
+    let mut upserted = Vec::new();
+    let mut removed = Vec::new();
+    for key in keys {
+        let key = key.borrow();
+        match (from.get(key), to.get(key)) {
+            (Some(held), Some(entry)) if same(held, entry) => {}
+            (_, Some(entry)) => upserted.push(entry.clone()),
+            (Some(_), None) => removed.push(object_key(key)),
+            (None, None) => {}
+        }
+    }
     (upserted, removed)
 }
 

@@ -7,6 +7,7 @@ use splitproxy_proto::v1alpha1::{
     node_view_service_client::NodeViewServiceClient,
     node_view_service_server::NodeViewServiceServer,
 };
+use std::collections::BTreeMap;
 
 fn key(name: &str) -> pb::ObjectKey {
     pb::ObjectKey {
@@ -17,11 +18,12 @@ fn key(name: &str) -> pb::ObjectKey {
 
 /// A cluster of `services` Services named s0, s1, …, each with one endpoint `10.244.1.<n>`.
 fn cluster(services: usize, endpoint_host: u8) -> ClusterState {
-    let mut state = ClusterState::default();
+    let mut converted = BTreeMap::new();
+    let mut endpoints = BTreeMap::new();
     for i in 0..services {
         let name = format!("s{i}");
         let k = ("demo".to_owned(), name.clone());
-        state.services.insert(
+        converted.insert(
             k.clone(),
             pb::Service {
                 key: Some(key(&name)),
@@ -35,19 +37,14 @@ fn cluster(services: usize, endpoint_host: u8) -> ClusterState {
                 ..Default::default()
             },
         );
-        state.endpoints.insert(
-            k,
-            ServiceBackends {
-                ports: vec![PortBackends {
-                    port_name: String::new(),
-                    protocol: pb::Protocol::Tcp,
-                    endpoints: vec![ready_backend(format!("10.244.1.{endpoint_host}"), "node-1")],
-                }],
-                last_change_trigger_time: None,
-            },
-        );
+        let ports = vec![PortBackends {
+            port_name: String::new(),
+            protocol: pb::Protocol::Tcp,
+            endpoints: vec![ready_backend(format!("10.244.1.{endpoint_host}"), "node-1")],
+        }];
+        endpoints.insert(k.clone(), ServiceBackends::new(&k, ports, None));
     }
-    state
+    ClusterState::of(converted, endpoints, BTreeMap::new())
 }
 
 #[test]
@@ -78,12 +75,21 @@ fn an_empty_reset_is_one_complete_message() {
 
 /// A controller serving whatever the test publishes, on a loopback port.
 struct Harness {
-    publish: watch::Sender<Published>,
+    tx: watch::Sender<Published>,
     url: String,
 }
 
+impl Harness {
+    /// Publishes `state` as the successor of the current one, as the source does.
+    fn publish(&self, state: ClusterState) {
+        self.tx.send_modify(|current| {
+            *current = Some(Arc::new(state.followed_by(current.as_deref())));
+        });
+    }
+}
+
 async fn harness(initial: Option<ClusterState>) -> Harness {
-    let (publish, rx) = watch::channel(initial.map(Arc::new));
+    let (tx, rx) = watch::channel(initial.map(Arc::new));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback");
@@ -93,7 +99,7 @@ async fn harness(initial: Option<ClusterState>) -> Harness {
             .add_service(NodeViewServiceServer::new(FanOut::new(rx)))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
-    Harness { publish, url }
+    Harness { tx, url }
 }
 
 /// One raw agent stream.
@@ -166,7 +172,7 @@ async fn first_revision_is_a_reset_and_later_ones_are_deltas_from_the_acknowledg
     assert_eq!(first.upserted_services.len(), 2);
     agent.answer(first.revision, pb::AckStatus::Applied).await;
 
-    h.publish.send_replace(Some(Arc::new(cluster(1, 3))));
+    h.publish(cluster(1, 3));
     let second = agent.next().await;
     assert!(!second.reset && second.complete);
     assert_eq!(second.revision, first.revision + 1);
@@ -181,7 +187,7 @@ async fn changes_during_an_unacknowledged_revision_are_compacted_into_one_delta(
     let mut agent = Agent::subscribe(&h.url, None).await;
     let first = agent.next().await;
     for host in 3..10 {
-        h.publish.send_replace(Some(Arc::new(cluster(1, host))));
+        h.publish(cluster(1, host));
     }
     agent.answer(first.revision, pb::AckStatus::Applied).await;
     let second = agent.next().await;
@@ -219,7 +225,7 @@ async fn an_agent_resuming_from_its_acknowledged_revision_gets_a_delta() {
         revision: first.revision,
     };
     let mut resumed = Agent::subscribe(&h.url, Some(resume)).await;
-    h.publish.send_replace(Some(Arc::new(cluster(2, 3))));
+    h.publish(cluster(2, 3));
     let next = resumed.next().await;
     assert!(
         !next.reset,
@@ -296,9 +302,7 @@ async fn an_agent_moving_to_another_replica_gets_a_delta_from_its_digests() {
 
     // Acknowledged, it is the base of the next delta like any other revision.
     moved.answer(delta.revision, pb::AckStatus::Applied).await;
-    other_replica
-        .publish
-        .send_replace(Some(Arc::new(cluster(1, 3))));
+    other_replica.publish(cluster(1, 3));
     let next = moved.next().await;
     assert!(!next.reset);
     assert_eq!(next.removed_services, [key("s1")]);
@@ -311,7 +315,7 @@ async fn an_agent_that_subscribes_before_the_first_full_read_waits_for_it() {
     let mut agent = Agent::subscribe(&h.url, None).await;
     // Let the stream task start and find nothing published.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    h.publish.send_replace(Some(Arc::new(cluster(2, 2))));
+    h.publish(cluster(2, 2));
     let first = agent.next().await;
     assert!(first.reset);
     assert_eq!(
@@ -341,7 +345,7 @@ async fn the_node_status_comes_with_the_reset_and_again_only_when_it_changes() {
     assert_eq!(first.node_status.map(|s| s.eligible), Some(true));
     agent.answer(first.revision, pb::AckStatus::Applied).await;
 
-    h.publish.send_replace(Some(Arc::new(eligible(false))));
+    h.publish(eligible(false));
     let tainted = agent.next().await;
     assert!(!tainted.reset && tainted.complete);
     assert!(tainted.upserted_services.is_empty() && tainted.upserted_endpoints.is_empty());
@@ -350,7 +354,7 @@ async fn the_node_status_comes_with_the_reset_and_again_only_when_it_changes() {
 
     let mut moved = eligible(false);
     moved.endpoints = cluster(1, 3).endpoints;
-    h.publish.send_replace(Some(Arc::new(moved)));
+    h.publish(moved);
     let endpoints_only = agent.next().await;
     assert_eq!(endpoints_only.upserted_endpoints.len(), 1);
     assert_eq!(endpoints_only.node_status, None, "unchanged, so not resent");
@@ -361,7 +365,7 @@ async fn a_stream_whose_agent_stopped_reading_holds_no_replaced_cluster_state() 
     // Forty messages, about 1 MB: more than the stream's channel and HTTP/2 buffers (400 KiB)
     // take before its task parks in a send, with the agent's windows at HTTP/2's initial 64 KiB.
     let h = harness(Some(cluster(20 * MAX_RESOURCES_PER_MESSAGE, 2))).await;
-    let first = h.publish.borrow().clone().expect("published");
+    let first = h.tx.borrow().clone().expect("published");
     let channel = tonic::transport::Endpoint::from_shared(h.url.clone())
         .expect("url")
         .initial_stream_window_size(65_535)
@@ -387,7 +391,7 @@ async fn a_stream_whose_agent_stopped_reading_holds_no_replaced_cluster_state() 
     let message = responses.message().await.expect("stream open");
     assert!(message.is_some_and(|m| m.reset && !m.complete));
 
-    h.publish.send_replace(Some(Arc::new(cluster(1, 3))));
+    h.publish(cluster(1, 3));
     let mut holders = Arc::strong_count(&first);
     for _ in 0..50 {
         if holders == 1 {

@@ -1,52 +1,48 @@
 use super::*;
 use crate::{
-    cluster::{NodeInfo, NodeTopology, PortBackends, ServiceBackends},
+    cluster::{Backend, NodeInfo, NodeTopology, PortBackends, ServiceBackends},
     eligibility::Ineligible,
     testing::ready_backend,
 };
 
 fn cluster(endpoints: &[(&str, &str)]) -> ClusterState {
+    let backends = endpoints
+        .iter()
+        .map(|(address, node)| ready_backend(*address, node))
+        .collect();
+    cluster_of(backends, BTreeMap::new())
+}
+
+/// The Service demo/web with `backends` on its one port, and `nodes`.
+fn cluster_of(backends: Vec<Backend>, nodes: BTreeMap<String, NodeInfo>) -> ClusterState {
     let key: Key = ("demo".into(), "web".into());
-    let mut state = ClusterState::default();
-    state.services.insert(
-        key.clone(),
-        pb::Service {
-            key: Some(object_key(&key)),
-            cluster_ips: vec!["10.96.0.10".into()],
-            ports: vec![pb::ServicePort {
-                name: "http".into(),
-                protocol: pb::Protocol::Tcp as i32,
-                port: 80,
-                node_port: 0,
-            }],
-            ..Default::default()
-        },
-    );
-    if !endpoints.is_empty() {
-        let backends = endpoints
-            .iter()
-            .map(|(address, node)| ready_backend(*address, node))
-            .collect();
-        state.endpoints.insert(
-            key,
-            ServiceBackends {
-                ports: vec![PortBackends {
-                    port_name: "http".into(),
-                    protocol: pb::Protocol::Tcp,
-                    endpoints: backends,
-                }],
-                last_change_trigger_time: None,
-            },
-        );
+    let service = pb::Service {
+        key: Some(object_key(&key)),
+        cluster_ips: vec!["10.96.0.10".into()],
+        ports: vec![pb::ServicePort {
+            name: "http".into(),
+            protocol: pb::Protocol::Tcp as i32,
+            port: 80,
+            node_port: 0,
+        }],
+        ..Default::default()
+    };
+    let mut endpoints = BTreeMap::new();
+    if !backends.is_empty() {
+        let ports = vec![PortBackends {
+            port_name: "http".into(),
+            protocol: pb::Protocol::Tcp,
+            endpoints: backends,
+        }];
+        endpoints.insert(key.clone(), ServiceBackends::new(&key, ports, None));
     }
-    state
+    ClusterState::of(BTreeMap::from([(key, service)]), endpoints, nodes)
 }
 
 /// Each endpoint's address and one of its flags.
 fn flags(view: &NodeView, flag: impl Fn(&pb::Endpoint) -> bool) -> Vec<(String, bool)> {
-    view.endpoints
-        .values()
-        .flat_map(|e| &e.ports)
+    view.endpoints()
+        .flat_map(|(_, e)| &e.ports)
         .flat_map(|p| &p.endpoints)
         .map(|e| (e.address.clone(), flag(e)))
         .collect()
@@ -116,16 +112,15 @@ fn a_removed_service_does_not_list_its_endpoints_again() {
 /// `cluster` with each endpoint zone-hinted as the EndpointSlice controller does for
 /// `PreferSameZone` (the zone of its node), and the nodes' zone labels.
 fn zoned(endpoints: &[(&str, &str, &str)], nodes: &[(&str, &str)]) -> ClusterState {
-    let pairs: Vec<(&str, &str)> = endpoints.iter().map(|(a, n, _)| (*a, *n)).collect();
-    let mut state = cluster(&pairs);
-    for backends in state.endpoints.values_mut() {
-        for port in &mut backends.ports {
-            for (backend, (_, _, zone)) in port.endpoints.iter_mut().zip(endpoints) {
-                backend.hints.for_zones.insert((*zone).into());
-            }
-        }
-    }
-    state.nodes = nodes
+    let backends = endpoints
+        .iter()
+        .map(|(address, node, zone)| {
+            let mut backend = ready_backend(*address, node);
+            backend.hints.for_zones.insert((*zone).into());
+            backend
+        })
+        .collect();
+    let nodes = nodes
         .iter()
         .map(|(node, zone)| {
             (
@@ -139,7 +134,7 @@ fn zoned(endpoints: &[(&str, &str, &str)], nodes: &[(&str, &str)]) -> ClusterSta
             )
         })
         .collect();
-    state
+    cluster_of(backends, nodes)
 }
 
 fn excluded_flags(view: &NodeView) -> Vec<(String, bool)> {
@@ -240,8 +235,8 @@ fn a_reset_carries_the_node_status_and_a_delta_leaves_an_unchanged_one_out() {
 fn a_node_the_cluster_does_not_know_is_not_eligible() {
     let view = NodeView::for_node(&with_node_1(None), "node-9");
     assert_eq!(
-        view.status,
-        Some(pb::NodeStatus {
+        view.status(),
+        Some(&pb::NodeStatus {
             eligible: false,
             reason: "no Node object of this name is known".into()
         })
@@ -272,5 +267,70 @@ fn a_taint_alone_makes_a_delta_that_carries_only_the_new_status() {
         ),
         Delta::default(),
         "another node's taint changes nothing for node-2"
+    );
+}
+
+/// What a view holds, entry by entry, for comparing views computed in different ways.
+fn contents(view: &NodeView) -> (Vec<pb::Service>, Vec<pb::ServiceEndpoints>) {
+    (
+        view.services().values().map(|s| (**s).clone()).collect(),
+        view.endpoints().map(|(_, e)| (**e).clone()).collect(),
+    )
+}
+
+#[test]
+fn advancing_by_the_changes_matches_comparing_whole_views() {
+    let zones = [("node-1", "a"), ("node-2", "b"), ("node-3", "a")];
+    // Each state follows the one before: endpoints move onto and off the node, gain and lose
+    // zone hints, disappear, come back.
+    let states = [
+        cluster(&[("10.244.1.2", "node-1")]),
+        cluster(&[("10.244.2.2", "node-2")]),
+        zoned(
+            &[("10.244.1.2", "node-1", "a"), ("10.244.2.2", "node-2", "b")],
+            &zones,
+        ),
+        cluster(&[]),
+        cluster(&[("10.244.1.2", "node-1"), ("10.244.1.3", "node-1")]),
+        with_node_1(Some(Ineligible::ToBeDeleted)),
+        cluster(&[("10.244.2.2", "node-2")]),
+    ];
+    for node in ["node-1", "node-2", "node-3"] {
+        let mut previous: Option<ClusterState> = None;
+        let mut view = NodeView::default();
+        for state in &states {
+            let state = state.clone().followed_by(previous.as_ref());
+            let (next, delta) = view.advance(&state, node);
+            let whole = NodeView::for_node(&state, node);
+            assert_eq!(contents(&next), contents(&whole), "{node}: the view");
+            assert_eq!(
+                delta,
+                Delta::between(&view, &whole),
+                "{node}: the delta from generation {:?}",
+                view.generation
+            );
+            view = next;
+            previous = Some(state);
+        }
+    }
+}
+
+#[test]
+fn a_view_further_behind_than_the_history_gets_a_delta_from_whole_views() {
+    let mut state = cluster(&[("10.244.1.2", "node-1")]);
+    let old = NodeView::for_node(&state, "node-2");
+    for i in 0..crate::history::HISTORY_LENGTH + 1 {
+        let address = format!("10.244.{}.{}", 2 + i / 250, i % 250 + 1);
+        state = cluster(&[(address.as_str(), "node-2")]).followed_by(Some(&state));
+    }
+    let (next, delta) = old.advance(&state, "node-2");
+    assert_eq!(
+        contents(&next),
+        contents(&NodeView::for_node(&state, "node-2"))
+    );
+    assert_eq!(delta.upserted_endpoints.len(), 1);
+    assert!(
+        delta.upserted_services.is_empty(),
+        "the Service did not change"
     );
 }

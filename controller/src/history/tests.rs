@@ -1,0 +1,43 @@
+use super::*;
+
+fn changes(service: &str) -> ChangeSet {
+    ChangeSet {
+        services: BTreeSet::from([("demo".to_owned(), service.to_owned())]),
+        ..ChangeSet::default()
+    }
+}
+
+fn names(changes: &ChangeSet) -> Vec<&str> {
+    changes.services.iter().map(|(_, n)| n.as_str()).collect()
+}
+
+#[test]
+fn the_changes_since_a_generation_are_the_union_of_the_later_ones() {
+    let history = History::default()
+        .next(changes("a"))
+        .next(changes("b"))
+        .next(changes("c"));
+    assert_eq!(history.generation(), 3);
+    assert_eq!(names(&history.since(1).expect("within reach")), ["b", "c"]);
+    assert_eq!(
+        names(&history.since(0).expect("within reach")),
+        ["a", "b", "c"]
+    );
+    assert!(history.since(3).expect("the same generation").is_empty());
+    assert_eq!(history.since(4), None, "a generation after this one");
+}
+
+#[test]
+fn a_generation_older_than_the_history_is_out_of_reach() {
+    let mut history = History::default();
+    for i in 0..HISTORY_LENGTH + 10 {
+        history = history.next(changes(&format!("s{i}")));
+    }
+    let newest = history.generation();
+    let oldest_reachable = newest - HISTORY_LENGTH as u64;
+    assert_eq!(
+        history.since(oldest_reachable).map(|c| c.services.len()),
+        Some(HISTORY_LENGTH)
+    );
+    assert_eq!(history.since(oldest_reachable - 1), None);
+}
