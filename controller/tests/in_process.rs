@@ -196,7 +196,7 @@ fn web_state(endpoints: Vec<Endpoint>) -> ProxyState {
         name: "web".into(),
     };
     let service = Service {
-        key: key.clone(),
+        key,
         cluster_ips: vec![IpAddr::V4(Ipv4Addr::new(10, 96, 0, 10))],
         ports: vec![ServicePort {
             name: "http".into(),
@@ -207,9 +207,7 @@ fn web_state(endpoints: Vec<Endpoint>) -> ProxyState {
         }],
         ..Default::default()
     };
-    ProxyState {
-        services: [(key, service)].into(),
-    }
+    [service].into_iter().collect()
 }
 
 /// Polls `dataplane` until `done` holds for its recorded states; panics after [`WAIT`].

@@ -148,7 +148,10 @@ pub fn stale_flows(previous: &ProxyState, current: &ProxyState, family: IpFamily
     let mut deletions = BTreeSet::new();
     for (key, service) in &previous.services {
         for port in service.ports.iter().filter(|port| needs_cleanup(port)) {
-            let now = usable(find_port(current.services.get(key), port), family);
+            let now = usable(
+                find_port(current.services.get(key).map(|s| &**s), port),
+                family,
+            );
             for &(endpoint, _) in usable(Some(port), family).difference(&now) {
                 let flows = destinations(service, port, family);
                 deletions.extend(flows.map(|destination| Deletion {
@@ -162,7 +165,10 @@ pub fn stale_flows(previous: &ProxyState, current: &ProxyState, family: IpFamily
     }
     for (key, service) in &current.services {
         for port in service.ports.iter().filter(|port| needs_cleanup(port)) {
-            let before = usable(find_port(previous.services.get(key), port), family);
+            let before = usable(
+                find_port(previous.services.get(key).map(|s| &**s), port),
+                family,
+            );
             if before.is_empty() && !usable(Some(port), family).is_empty() {
                 let flows = destinations(service, port, family);
                 deletions.extend(flows.map(|destination| Deletion {

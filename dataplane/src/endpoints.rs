@@ -248,7 +248,7 @@ mod tests {
                 vec![port("a", Some(30081), vec![draining("10.244.0.1", true)])],
             ),
         ] {
-            state.services.insert(service.key.clone(), service);
+            state.insert(service);
         }
 
         assert_eq!(

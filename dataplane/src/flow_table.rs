@@ -1598,12 +1598,7 @@ fn case(
 }
 
 fn state(services: impl IntoIterator<Item = Service>) -> ProxyState {
-    ProxyState {
-        services: services
-            .into_iter()
-            .map(|service| (service.key.clone(), service))
-            .collect(),
-    }
+    services.into_iter().collect()
 }
 
 /// One unnamed TCP port 80 with these endpoints.

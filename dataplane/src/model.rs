@@ -1,18 +1,37 @@
 //! The model every backend consumes: Services, their ports, and each port's endpoints.
 
 use std::{
-    collections::BTreeMap,
     fmt,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     str::FromStr,
+    sync::Arc,
     time::Duration,
 };
 
-/// Everything a node must program, keyed by Service.
+/// Everything a node must program, keyed by Service. A persistent map: a copy costs nothing
+/// and shares every Service with the original, so a backend keeps the state it last programmed
+/// for free, and comparing two states skips what they share.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProxyState {
     /// The Services, sorted by key so rendering is deterministic.
-    pub services: BTreeMap<ServiceKey, Service>,
+    pub services: imbl::OrdMap<ServiceKey, Arc<Service>>,
+}
+
+impl ProxyState {
+    /// Adds `service`, or replaces the Service of its key.
+    pub fn insert(&mut self, service: Service) {
+        self.services.insert(service.key.clone(), Arc::new(service));
+    }
+}
+
+impl FromIterator<Service> for ProxyState {
+    fn from_iter<I: IntoIterator<Item = Service>>(services: I) -> Self {
+        let mut state = Self::default();
+        for service in services {
+            state.insert(service);
+        }
+        state
+    }
 }
 
 /// A Service's namespace and name, each a DNS label (what the API server admits), so both go

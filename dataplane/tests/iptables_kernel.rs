@@ -132,9 +132,7 @@ fn one_service() -> ProxyState {
         }],
         ..Default::default()
     };
-    ProxyState {
-        services: [(key, service)].into(),
-    }
+    [service].into_iter().collect()
 }
 
 /// `ns2/svc2:p80` with every Service feature at once: session affinity, an external IP, a
@@ -178,9 +176,7 @@ fn every_feature() -> ProxyState {
         internal_traffic_policy: TrafficPolicy::Local,
         ..Default::default()
     };
-    ProxyState {
-        services: [(svc2.key.clone(), svc2), (svc3.key.clone(), svc3)].into(),
-    }
+    [svc2, svc3].into_iter().collect()
 }
 
 const JUMPS: [&str; 3] = [
@@ -360,12 +356,14 @@ async fn kernel_accepts_affinity_external_ips_local_policies_and_source_ranges()
 
 /// `one_service()` plus `every_feature()`, with svc1's endpoints replaced by `svc1_endpoints`.
 fn both(svc1_endpoints: &[&str]) -> ProxyState {
-    let mut state = one_service();
-    for service in state.services.values_mut() {
-        service.ports[0].endpoints = svc1_endpoints.iter().map(|ip| endpoint(ip)).collect();
-    }
-    state.services.extend(every_feature().services);
-    state
+    let mut services: Vec<Service> = one_service()
+        .services
+        .values()
+        .chain(every_feature().services.values())
+        .map(|s| (**s).clone())
+        .collect();
+    services[0].ports[0].endpoints = svc1_endpoints.iter().map(|ip| endpoint(ip)).collect();
+    services.into_iter().collect()
 }
 
 #[tokio::test]
@@ -448,9 +446,7 @@ fn dual_stack() -> ProxyState {
         vec!["fd00:172:30::45".parse().unwrap()],
         port(None, Vec::new()),
     );
-    ProxyState {
-        services: [(dual.key.clone(), dual), (six.key.clone(), six)].into(),
-    }
+    [dual, six].into_iter().collect()
 }
 
 #[tokio::test]

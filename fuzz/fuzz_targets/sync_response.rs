@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use splitproxy_agent::state::{NodeState, Revision};
+use splitproxy_agent::state::{Conversion, NodeState, Revision};
 use splitproxy_dataplane::{ProxyState, iptables::RenderOptions};
 use splitproxy_fuzz::check_render;
 use splitproxy_proto::v1alpha1 as pb;
@@ -37,6 +37,6 @@ fuzz_target!(|data: &[u8]| {
     let Ok(state) = NodeState::default().apply(&revision) else {
         return;
     };
-    let (model, _invalid) = state.to_proxy_state();
+    let model = Conversion::of(&state).model;
     check_render(&ProxyState::default(), &model, &RenderOptions::default());
 });

@@ -88,7 +88,7 @@ pub fn proxy_state(u: &mut Unstructured) -> Result<ProxyState> {
     let mut state = ProxyState::default();
     for _ in 0..u.int_in_range(0..=6)? {
         let service = service(u)?;
-        state.services.insert(service.key.clone(), service);
+        state.insert(service);
     }
     Ok(state)
 }

@@ -72,8 +72,8 @@ impl NodeInspectionService for Inspection {
             .services
             .iter()
             .map(|(key, service)| pb::ServiceState {
-                service: Some(service.clone()),
-                endpoints: s.state.endpoints.get(key).cloned(),
+                service: Some((**service).clone()),
+                endpoints: s.state.endpoints.get(key).map(|e| (**e).clone()),
             })
             .collect();
         Ok(Response::new(pb::ListServicesResponse { services }))

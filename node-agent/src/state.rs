@@ -1,11 +1,13 @@
 //! The node's state as the controller described it: complete revisions applied on top of each
 //! other, and the conversion of that state into the dataplane model.
 
+use imbl::{OrdMap, ordmap::DiffItem};
 use splitproxy_dataplane::{self as dp, ProxyState};
 use splitproxy_proto::{names::is_dns_label, v1alpha1 as pb};
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    sync::Arc,
     time::Duration,
 };
 
@@ -40,7 +42,7 @@ pub enum Rejected {
 }
 
 /// Why one Service cannot be programmed. The Service is skipped; the others are programmed.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum InvalidService {
     /// A cluster IP does not parse.
     #[error("invalid cluster IP {0:?}")]
@@ -173,7 +175,10 @@ impl Revision {
     }
 }
 
-/// Services and endpoints by key, and the node's eligibility, as last applied.
+/// Services and endpoints by key, and the node's eligibility, as last applied. The maps are
+/// persistent: the next state is a copy that shares every entry a revision leaves alone, so a
+/// revision costs in proportion to what it changes, and comparing two states skips what they
+/// share.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeState {
     /// The controller epoch the state came from; `None` before the first revision.
@@ -181,9 +186,9 @@ pub struct NodeState {
     /// The revision the state matches.
     pub revision: u64,
     /// Services by key.
-    pub services: BTreeMap<Key, pb::Service>,
+    pub services: OrdMap<Key, Arc<pb::Service>>,
     /// Endpoints by Service key.
-    pub endpoints: BTreeMap<Key, pb::ServiceEndpoints>,
+    pub endpoints: OrdMap<Key, Arc<pb::ServiceEndpoints>>,
     /// The node's eligibility: from the last revision that carried a status; not eligible after
     /// a reset without one (protocol rule 9).
     pub eligibility: Eligibility,
@@ -224,11 +229,11 @@ impl NodeState {
             }
             for service in &part.upserted_services {
                 next.services
-                    .insert(key_of(service.key.as_ref())?, service.clone());
+                    .insert(key_of(service.key.as_ref())?, Arc::new(service.clone()));
             }
             for endpoints in &part.upserted_endpoints {
                 next.endpoints
-                    .insert(key_of(endpoints.key.as_ref())?, endpoints.clone());
+                    .insert(key_of(endpoints.key.as_ref())?, Arc::new(endpoints.clone()));
             }
             if let Some(status) = &part.node_status {
                 next.eligibility = status.into();
@@ -241,7 +246,8 @@ impl NodeState {
     /// node's eligibility.
     #[must_use]
     pub fn same_rules(&self, other: &Self) -> bool {
-        self.services == other.services && self.endpoints == other.endpoints
+        self.service_changes(other).next().is_none()
+            && self.endpoint_changes(other).next().is_none()
     }
 
     /// Keys of the Services whose endpoints differ between `self` and `other`.
@@ -252,23 +258,6 @@ impl NodeState {
     /// Keys of the Services added, changed or removed between `self` and `other`.
     pub fn service_changes<'a>(&'a self, other: &'a Self) -> impl Iterator<Item = &'a Key> {
         changed_keys(&self.services, &other.services)
-    }
-
-    /// The dataplane model of this state. Services that cannot be programmed are skipped and
-    /// returned with the reason, so one bad Service never blocks the others.
-    #[must_use]
-    pub fn to_proxy_state(&self) -> (ProxyState, Vec<(Key, InvalidService)>) {
-        let mut state = ProxyState::default();
-        let mut invalid = Vec::new();
-        for (key, service) in &self.services {
-            match convert_service(key, service, self.endpoints.get(key)) {
-                Ok(converted) => {
-                    state.services.insert(converted.key.clone(), converted);
-                }
-                Err(err) => invalid.push((key.clone(), err)),
-            }
-        }
-        (state, invalid)
     }
 
     /// The digest of every resource held, sorted by kind then key, for a subscribe (protocol
@@ -288,14 +277,14 @@ impl NodeState {
             entry(
                 pb::ResourceKind::Service,
                 key,
-                splitproxy_proto::digest(service),
+                splitproxy_proto::digest(&**service),
             )
         });
         let endpoints = self.endpoints.iter().map(|(key, endpoints)| {
             entry(
                 pb::ResourceKind::Endpoints,
                 key,
-                splitproxy_proto::digest(endpoints),
+                splitproxy_proto::digest(&**endpoints),
             )
         });
         services.chain(endpoints).collect()
@@ -312,17 +301,65 @@ impl NodeState {
     }
 }
 
-/// Keys whose value differs between `before` and `after`: changed or added, then removed.
-fn changed_keys<'a, V: PartialEq>(
-    before: &'a BTreeMap<Key, V>,
-    after: &'a BTreeMap<Key, V>,
+/// Keys whose entry differs between `before` and `after` (added, changed or removed), in key
+/// order. Parts the two maps share are skipped without a look inside.
+fn changed_keys<'a, V: PartialEq + Clone>(
+    before: &'a OrdMap<Key, V>,
+    after: &'a OrdMap<Key, V>,
 ) -> impl Iterator<Item = &'a Key> {
-    let changed_or_added = after
-        .iter()
-        .filter(|(key, value)| before.get(*key) != Some(value))
-        .map(|(key, _)| key);
-    let removed = before.keys().filter(|key| !after.contains_key(*key));
-    changed_or_added.chain(removed)
+    before.diff(after).map(|item| match item {
+        DiffItem::Add(key, _) | DiffItem::Remove(key, _) => key,
+        DiffItem::Update { new: (key, _), .. } => key,
+    })
+}
+
+/// The dataplane model of a node state, and the Services it had to leave out with why. Kept in
+/// step with the state by converting again only the Services a revision changed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Conversion {
+    /// What the dataplane programs.
+    pub model: ProxyState,
+    /// The Services that cannot be programmed, so one bad Service never blocks the others.
+    pub invalid: BTreeMap<Key, InvalidService>,
+}
+
+impl Conversion {
+    /// The conversion of every Service of `state`.
+    #[must_use]
+    pub fn of(state: &NodeState) -> Self {
+        Self::default().updated(state, state.services.keys())
+    }
+
+    /// This conversion, of an earlier state, brought to `state` by converting the Services of
+    /// `changed` again (or dropping them, when `state` no longer has them).
+    #[must_use]
+    pub fn updated<'a>(
+        &self,
+        state: &NodeState,
+        changed: impl IntoIterator<Item = &'a Key>,
+    ) -> Self {
+        let mut next = self.clone();
+        for key in changed {
+            let model_key = dp::ServiceKey {
+                namespace: key.0.clone(),
+                name: key.1.clone(),
+            };
+            next.model.services.remove(&model_key);
+            next.invalid.remove(key);
+            let Some(service) = state.services.get(key) else {
+                continue;
+            };
+            match convert_service(key, service, state.endpoints.get(key).map(|e| &**e)) {
+                Ok(converted) => {
+                    next.model.services.insert(model_key, Arc::new(converted));
+                }
+                Err(err) => {
+                    next.invalid.insert(key.clone(), err);
+                }
+            }
+        }
+        next
+    }
 }
 
 /// Fails on the first key `keys` (the keys of one part's `list`) holds twice.

@@ -7,13 +7,14 @@ use crate::{
     health_check::HealthChecks,
     metrics::{Metrics, TableLabel, TrafficPolicyLabel},
     runner::{SyncPeriods, SyncTimer},
-    state::{Eligibility, NodeState, Revision},
+    state::{Conversion, Eligibility, Key, NodeState, Revision},
     status::{Snapshot, Status, SyncOutcome},
 };
 use splitproxy_dataplane::{
     Dataplane, FailedStep, IpFamily, ProxyState, SyncError, SyncReport, endpoints::NoLocalEndpoints,
 };
 use std::{
+    collections::BTreeSet,
     future::Future,
     sync::Arc,
     time::{Duration, SystemTime},
@@ -40,6 +41,9 @@ pub struct Applier<D> {
     metrics: Metrics,
     timer: SyncTimer,
     health_checks: Option<HealthChecks>,
+    /// The dataplane model of the state held in `status`, and that state: updated by each
+    /// revision with the Services it changed.
+    converted: (Arc<NodeState>, Conversion),
 }
 
 impl<D: Dataplane> Applier<D> {
@@ -52,6 +56,7 @@ impl<D: Dataplane> Applier<D> {
             metrics,
             timer: SyncTimer::new(SyncPeriods::default()),
             health_checks: None,
+            converted: Default::default(),
         }
     }
 
@@ -126,27 +131,40 @@ impl<D: Dataplane> Applier<D> {
                 }
             }
         }
-        if !revision.reset && next.same_rules(&current) {
+        let changed: BTreeSet<&Key> = current
+            .service_changes(&next)
+            .chain(current.endpoint_changes(&next))
+            .collect();
+        if !revision.reset && changed.is_empty() {
             // Only the node's status changed: nothing to write, and no reason to wait for
             // min-sync-period or to fail with the kernel (protocol rule 9).
+            let next = Arc::new(next);
+            self.converted.0 = Arc::clone(&next);
             self.status.update(|s| {
-                s.state = Arc::new(next);
+                s.state = next;
                 s.applied_at = Some(SystemTime::now());
                 s.queued_since = None;
             });
             return Ok(());
         }
         self.count_changes(&current, &next);
-        let (proxy_state, invalid) = next.to_proxy_state();
-        for ((namespace, name), err) in &invalid {
-            // Quoted (`?`): a hostile name must not break the log line.
-            tracing::warn!(service = ?format!("{namespace}/{name}"), %err, "skipping service that cannot be programmed");
+        let conversion = self
+            .conversion_of(&current)
+            .updated(&next, changed.iter().copied());
+        for (namespace, name) in changed {
+            if let Some(err) = conversion.invalid.get(&(namespace.clone(), name.clone())) {
+                // Quoted (`?`): a hostile name must not break the log line.
+                tracing::warn!(service = ?format!("{namespace}/{name}"), %err, "skipping service that cannot be programmed");
+            }
         }
         self.metrics
             .invalid_services
-            .set(i64::try_from(invalid.len()).unwrap_or(i64::MAX));
+            .set(i64::try_from(conversion.invalid.len()).unwrap_or(i64::MAX));
+        let proxy_state = conversion.model.clone();
 
         let (report, duration, finished_at) = self.sync_kernel(&proxy_state).await?;
+        let next = Arc::new(next);
+        self.converted = (Arc::clone(&next), conversion);
         self.record_success(&current, next, report, duration, finished_at);
         let no_local = NoLocalEndpoints::of(&proxy_state);
         for (traffic_policy, ports) in [
@@ -160,6 +178,14 @@ impl<D: Dataplane> Applier<D> {
         }
         self.reconcile_health_checks(&proxy_state);
         Ok(())
+    }
+
+    /// The conversion of `state`, the state held: the one kept, unless it is of another state.
+    fn conversion_of(&mut self, state: &Arc<NodeState>) -> &Conversion {
+        if !Arc::ptr_eq(&self.converted.0, state) {
+            self.converted = (Arc::clone(state), Conversion::of(state));
+        }
+        &self.converted.1
     }
 
     /// Counts the Services whose definition or endpoints `next` changes from `current`, as
@@ -184,7 +210,7 @@ impl<D: Dataplane> Applier<D> {
             self.timer.cancel_resync();
             return;
         }
-        let (proxy_state, _) = held.to_proxy_state();
+        let proxy_state = self.conversion_of(&held).model.clone();
         // A resync is nobody's change: its kernel sync is a trace of its own.
         let span = tracing::info_span!("resync", revision = held.revision);
         splitproxy_telemetry::trace::continue_trace(&span, None);
@@ -269,7 +295,7 @@ impl<D: Dataplane> Applier<D> {
     fn record_success(
         &self,
         previous: &NodeState,
-        next: NodeState,
+        next: Arc<NodeState>,
         report: SyncReport,
         duration: Duration,
         finished_at: SystemTime,
@@ -286,7 +312,7 @@ impl<D: Dataplane> Applier<D> {
             }
         }
         self.record_sync(report, duration, finished_at, |s| {
-            s.state = Arc::new(next);
+            s.state = next;
             s.applied_at = Some(finished_at);
             s.queued_since = None;
         });

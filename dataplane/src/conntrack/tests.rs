@@ -14,9 +14,7 @@ use super::{Deletion, Destination, IpFamily, deleted_count, stale_flows};
 use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy};
 
 fn state(services: Vec<Service>) -> ProxyState {
-    ProxyState {
-        services: services.into_iter().map(|s| (s.key.clone(), s)).collect(),
-    }
+    services.into_iter().collect()
 }
 
 fn dns(protocol: Protocol, node_port: Option<u16>, endpoints: Vec<Endpoint>) -> Service {

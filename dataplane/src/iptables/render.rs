@@ -144,6 +144,7 @@ fn services_of(
     state
         .services
         .values()
+        .map(|service| &**service)
         .filter(move |service| service.cluster_ips.iter().any(|ip| family.contains(ip)))
 }
 

@@ -24,9 +24,7 @@ use std::{collections::BTreeSet, path::PathBuf, time::Duration};
 // Fixtures
 
 fn state(services: Vec<Service>) -> ProxyState {
-    ProxyState {
-        services: services.into_iter().map(|s| (s.key.clone(), s)).collect(),
-    }
+    services.into_iter().collect()
 }
 
 fn service(namespace: &str, name: &str, cluster_ips: &[&str], ports: Vec<ServicePort>) -> Service {

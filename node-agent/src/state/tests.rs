@@ -190,7 +190,7 @@ fn reset_replaces_everything_the_agent_held() {
     assert_eq!(service_names(&next), ["b", "c"]);
     // b's endpoints were not named by the reset, so they are gone even though b stays.
     assert_eq!(endpoint_names(&next), ["c"]);
-    assert_eq!(next.endpoints[&key("c")], c_eps);
+    assert_eq!(*next.endpoints[&key("c")], c_eps);
 }
 
 #[test]
@@ -222,12 +222,12 @@ fn delta_upserts_and_removes_services_and_endpoints() {
         .expect("a delta of the held epoch applies");
     assert_eq!(next.revision, 2);
     assert_eq!(service_names(&next), ["a", "b", "c"]);
-    assert_eq!(next.services[&key("a")], changed_a);
-    assert_eq!(next.services[&key("c")], c);
+    assert_eq!(*next.services[&key("a")], changed_a);
+    assert_eq!(*next.services[&key("c")], c);
     // b keeps its Service but loses its endpoints.
     assert_eq!(endpoint_names(&next), ["a", "c"]);
-    assert_eq!(next.endpoints[&key("a")], new_a_eps);
-    assert_eq!(next.endpoints[&key("c")], c_eps);
+    assert_eq!(*next.endpoints[&key("a")], new_a_eps);
+    assert_eq!(*next.endpoints[&key("c")], c_eps);
 }
 
 #[test]
@@ -265,7 +265,10 @@ fn removing_a_service_removes_its_endpoints() {
         .expect("a delta of the held epoch applies");
     assert_eq!(service_names(&next), ["b"]);
     assert_eq!(endpoint_names(&next), ["b"]);
-    let (proxy, invalid) = next.to_proxy_state();
+    let Conversion {
+        model: proxy,
+        invalid,
+    } = Conversion::of(&next);
     assert!(invalid.is_empty());
     let names: Vec<&str> = proxy.services.keys().map(|k| k.name.as_str()).collect();
     assert_eq!(names, ["b"]);
@@ -419,13 +422,13 @@ fn revision_split_in_parts_is_applied_in_order() {
         .expect("every part builds on the held epoch");
     assert_eq!(next.revision, 2);
     assert_eq!(service_names(&next), ["a", "b"]);
-    assert_eq!(next.services[&key("a")], a_on_82);
+    assert_eq!(*next.services[&key("a")], a_on_82);
     // b came back in the last part, without the endpoints it lost with its removal.
     assert_eq!(endpoint_names(&next), ["a"]);
 }
 
 #[test]
-fn to_proxy_state_joins_endpoints_to_ports_by_port_name_and_protocol() {
+fn the_conversion_joins_endpoints_to_ports_by_port_name_and_protocol() {
     let svc = pb::Service {
         key: Some(object_key("dns")),
         cluster_ips: vec!["10.96.0.53".into(), "fd00:10:96::53".into()],
@@ -464,7 +467,10 @@ fn to_proxy_state_joins_endpoints_to_ports_by_port_name_and_protocol() {
             }],
         ))
         .expect("a reset applies");
-    let (proxy, invalid) = state.to_proxy_state();
+    let Conversion {
+        model: proxy,
+        invalid,
+    } = Conversion::of(&state);
     assert!(invalid.is_empty(), "{invalid:?}");
     let dp_endpoint = |ip: [u8; 4], port, is_local| dp::Endpoint {
         ip: IpAddr::V4(Ipv4Addr::from(ip)),
@@ -513,11 +519,11 @@ fn to_proxy_state_joins_endpoints_to_ports_by_port_name_and_protocol() {
         ..Default::default()
     };
     assert_eq!(proxy.services.len(), 1);
-    assert_eq!(proxy.services[&expected.key], expected);
+    assert_eq!(*proxy.services[&expected.key], expected);
 }
 
 #[test]
-fn to_proxy_state_carries_endpoint_conditions_and_topology() {
+fn the_conversion_carries_endpoint_conditions_and_topology() {
     let (svc, mut eps) = web("a", 2);
     eps.ports[0].endpoints[0].conditions = Some(pb::EndpointConditions {
         ready: false,
@@ -531,11 +537,14 @@ fn to_proxy_state_carries_endpoint_conditions_and_topology() {
     let state = NodeState {
         epoch: Some("e1".into()),
         revision: 1,
-        services: [(key("a"), svc)].into(),
-        endpoints: [(key("a"), eps)].into(),
+        services: OrdMap::unit(key("a"), Arc::new(svc)),
+        endpoints: OrdMap::unit(key("a"), Arc::new(eps)),
         eligibility: Eligibility::Eligible,
     };
-    let (proxy, _) = state.to_proxy_state();
+    let Conversion {
+        model: proxy,
+        invalid: _,
+    } = Conversion::of(&state);
     let ep = &proxy
         .services
         .values()
@@ -558,7 +567,7 @@ fn to_proxy_state_carries_endpoint_conditions_and_topology() {
 type WithEndpoints = (pb::Service, Option<pb::ServiceEndpoints>);
 
 #[test]
-fn to_proxy_state_skips_only_the_services_that_cannot_be_programmed() {
+fn the_conversion_skips_only_the_services_that_cannot_be_programmed() {
     let bad_endpoint = |address: &str, port| {
         let (svc, mut eps) = web("x", 0);
         eps.ports[0].endpoints = vec![endpoint(address, port, false)];
@@ -679,8 +688,11 @@ fn to_proxy_state_skips_only_the_services_that_cannot_be_programmed() {
                 }],
             ))
             .expect("an invalid Service is stored; only its conversion fails");
-        let (proxy, invalid) = state.to_proxy_state();
-        assert_eq!(invalid, [(key("x"), reason)], "case {case}");
+        let Conversion {
+            model: proxy,
+            invalid,
+        } = Conversion::of(&state);
+        assert_eq!(invalid, BTreeMap::from([(key("x"), reason)]), "case {case}");
         let names: Vec<&str> = proxy.services.keys().map(|k| k.name.as_str()).collect();
         assert_eq!(names, ["a", "z"], "case {case}");
         assert!(
@@ -762,10 +774,13 @@ fn external_addresses_affinity_and_policies_reach_the_dataplane_model() {
         health_check_node_port: 32000,
     };
     let state = NodeState {
-        services: [(("a".to_owned(), "lb".to_owned()), service)].into(),
+        services: OrdMap::unit(("a".to_owned(), "lb".to_owned()), Arc::new(service)),
         ..NodeState::default()
     };
-    let (proxy, invalid) = state.to_proxy_state();
+    let Conversion {
+        model: proxy,
+        invalid,
+    } = Conversion::of(&state);
     assert!(invalid.is_empty());
     let converted = proxy.services.values().next().expect("converted");
     assert_eq!(
@@ -906,13 +921,16 @@ fn services_whose_names_cannot_go_into_a_rule_are_skipped_and_the_rest_renders()
                     }],
                 ))
                 .expect("the revision is well formed");
-            let (proxy, invalid) = state.to_proxy_state();
+            let Conversion {
+                model: proxy,
+                invalid,
+            } = Conversion::of(&state);
             assert_eq!(
                 invalid,
-                [(
+                BTreeMap::from([(
                     (namespace.to_owned(), name.to_owned()),
                     InvalidService::Name(bad.into())
-                )]
+                )])
             );
             let names: Vec<&str> = proxy.services.keys().map(|k| k.name.as_str()).collect();
             assert_eq!(names, ["a"], "{bad:?}");
@@ -982,5 +1000,41 @@ fn a_key_named_twice_in_one_list_of_a_part_is_rejected() {
             list: "removed_services",
             key: "demo/b".into()
         })
+    );
+}
+
+#[test]
+fn a_conversion_updated_by_the_changed_services_equals_a_whole_conversion() {
+    let held = state_with_a_and_b();
+    let (_, new_a_eps) = web("a", 9);
+    let (c, c_eps) = web("c", 4);
+    let bad = service("d", "not-an-ip", vec![port("", TCP, 80, 0)]);
+    let next = held
+        .apply(&revision(
+            "e1",
+            2,
+            false,
+            vec![Part {
+                upserted_services: vec![c, bad],
+                upserted_endpoints: vec![new_a_eps, c_eps],
+                removed_services: vec!["b"],
+                ..Part::default()
+            }],
+        ))
+        .expect("a delta of the held epoch applies");
+    let changed: Vec<&Key> = held
+        .service_changes(&next)
+        .chain(held.endpoint_changes(&next))
+        .collect();
+    let names: BTreeSet<&str> = changed.iter().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(names, BTreeSet::from(["a", "b", "c", "d"]));
+    let updated = Conversion::of(&held).updated(&next, changed);
+    assert_eq!(updated, Conversion::of(&next));
+    assert_eq!(updated.invalid.keys().collect::<Vec<_>>(), [&key("d")]);
+    let kept = Conversion::of(&held).updated(&next, []);
+    assert_ne!(
+        kept,
+        Conversion::of(&next),
+        "without the changes it stays the old one"
     );
 }

@@ -65,8 +65,9 @@ fn dual_stack_services() -> ProxyState {
 /// Keeps only the addresses and endpoints of `family`, as the controller would send a
 /// single-stack cluster.
 fn only(family: IpFamily, state: &ProxyState) -> ProxyState {
-    let mut state = state.clone();
-    for service in state.services.values_mut() {
+    let mut services: Vec<crate::Service> =
+        state.services.values().map(|s| (**s).clone()).collect();
+    for service in &mut services {
         service.cluster_ips.retain(|ip| family.contains(ip));
         service.external_ips.retain(|ip| family.contains(ip));
         service.load_balancer_ips.retain(|ip| family.contains(ip));
@@ -77,7 +78,7 @@ fn only(family: IpFamily, state: &ProxyState) -> ProxyState {
             port.endpoints.retain(|e| family.contains(&e.ip));
         }
     }
-    state
+    services.into_iter().collect()
 }
 
 fn v6_options() -> RenderOptions {
