@@ -61,6 +61,8 @@ pub struct Results {
     pub programming_latency: Option<Summary>,
     /// (change, agent) pairs that had not arrived when the run stopped waiting.
     pub missing: usize,
+    /// The changes (by index) some agent had not received when the run stopped waiting.
+    pub missing_changes: Vec<usize>,
     /// Controller bytes sent (encoded protobuf) during churn, per agent and change.
     pub bytes_per_node_per_change: f64,
     /// Controller messages sent during churn, per agent and change.
@@ -185,6 +187,13 @@ pub async fn run(params: Params, dir: &std::path::Path) -> anyhow::Result<Result
         first_full_sync: Summary::of(&full_syncs),
         programming_latency: Summary::of(&latencies),
         missing: pairs - latencies.len(),
+        missing_changes: (0..params.changes)
+            .filter(|&i| {
+                records
+                    .iter()
+                    .any(|r| r.latencies.get(i).is_none_or(Option::is_none))
+            })
+            .collect(),
         bytes_per_node_per_change: per_pair(metrics.bytes_sent.get() - bytes_before),
         messages_per_node_per_change: per_pair(metrics.messages_sent.get() - messages_before),
         syncs_per_agent: (syncs_after - syncs_before) as f64 / params.agents as f64,
