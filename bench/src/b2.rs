@@ -597,7 +597,7 @@ fn write(results: &Results, output: &Path) -> Result<()> {
 
 /// `10000` as `10k`.
 fn thousands(n: usize) -> String {
-    if n >= 1000 && n % 1000 == 0 {
+    if n >= 1000 && n.is_multiple_of(1000) {
         format!("{}k", n / 1000)
     } else {
         n.to_string()

@@ -167,7 +167,7 @@ mod tests {
     fn b2_sizes_come_as_lists_or_repeated_flags() {
         let params = b2(&[
             "--services",
-            "10,20",
+            "20,30",
             "--endpoints",
             "30",
             "--endpoints",
@@ -179,16 +179,16 @@ mod tests {
             .iter()
             .map(|s| (s.services, s.endpoints))
             .collect();
-        assert_eq!(sizes, vec![(10, 30), (20, 40)]);
+        assert_eq!(sizes, vec![(20, 30), (30, 40)]);
         let defaults = b2(&[]).expect("the defaults");
         assert_eq!(defaults.sizes.len(), 2);
     }
 
     #[test]
     fn b2_sizes_that_do_not_pair_up_are_refused() {
-        let err = b2(&["--services", "10,20", "--endpoints", "30"]).expect_err("unpaired");
+        let err = b2(&["--services", "20,30", "--endpoints", "30"]).expect_err("unpaired");
         assert!(err.to_string().contains("must pair up"), "{err}");
-        let err = b2(&["--services", "10", "--endpoints", "5"]).expect_err("too few endpoints");
+        let err = b2(&["--services", "20", "--endpoints", "5"]).expect_err("too few endpoints");
         assert!(err.to_string().contains("at least --services"), "{err}");
     }
 }
