@@ -223,7 +223,30 @@ pub struct Programmed {
     pub expected_endpoint_jumps: usize,
 }
 
+/// What a proxy's rules should hold: Service chains and jumps to endpoints.
+#[derive(Debug, Clone, Copy)]
+struct Wanted {
+    service_chains: usize,
+    endpoint_jumps: usize,
+}
+
 impl Programmed {
+    /// The Service chains and their jumps to endpoints in `save` (an `iptables-save`), next to
+    /// `wanted`.
+    fn count(save: &str, wanted: Wanted) -> Self {
+        let service = |chain: &str| chain.starts_with("KUBE-SVC-");
+        let endpoint = |chain: &str| chain.starts_with("KUBE-SEP-");
+        Self {
+            service_chains: save::chains(save, "nat")
+                .iter()
+                .filter(|c| service(c))
+                .count(),
+            expected_service_chains: wanted.service_chains,
+            endpoint_jumps: save::jumps(save, "nat", service, endpoint).len(),
+            expected_endpoint_jumps: wanted.endpoint_jumps,
+        }
+    }
+
     /// Whether the counts match.
     #[must_use]
     pub fn matches(&self) -> bool {
@@ -280,19 +303,14 @@ impl Proxy {
         Ok(Histogram::parse(&self.metrics(lab)?, SYNCS))
     }
 
-    /// Waits until the proxy, just started, has synced and its rules hold `expected`; returns
+    /// Waits until the proxy, just started, has synced and its rules hold `wanted`; returns
     /// its sync histogram then (every sync since it started).
-    fn await_full_sync(
-        &self,
-        lab: &Lab,
-        expected: Programmed,
-        timeout: Duration,
-    ) -> Result<Histogram> {
+    fn await_full_sync(&self, lab: &Lab, wanted: Wanted, timeout: Duration) -> Result<Histogram> {
         let what = format!("{} programs the populated cluster", self.name);
         eventually(&what, timeout, || {
             let full = self.syncs(lab)?;
             ensure!(full.count > 0.0, "no sync yet");
-            let found = count_chains(&self.save(lab)?, expected);
+            let found = Programmed::count(&self.save(lab)?, wanted);
             ensure!(found.matches(), "found {found:?}");
             Ok(full)
         })
@@ -331,11 +349,9 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
     let populate_s = started.elapsed().as_secs_f64();
     eprintln!("b2: populated in {populate_s:.1} s");
 
-    let mut expected = Programmed {
+    let mut wanted = Wanted {
         service_chains: size.services + OWN_SERVICES,
-        expected_service_chains: size.services + OWN_SERVICES,
         endpoint_jumps: size.endpoints + OWN_SERVICES,
-        expected_endpoint_jumps: size.endpoints + OWN_SERVICES,
     };
     // The controller and agent first, then kube-proxy, so each full sync has the machine to
     // itself (the controller is idle by the time kube-proxy starts).
@@ -347,14 +363,14 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
         node: nodes[0].clone(),
         process: agent,
     };
-    let splitproxy_full = splitproxy.await_full_sync(&lab, expected, timeout)?;
+    let splitproxy_full = splitproxy.await_full_sync(&lab, wanted, timeout)?;
     let kube_proxy_process = control_plane.start_kube_proxy(&mut lab, &nodes[1], mode.flag())?;
     let kube_proxy = Proxy {
         name: "kube-proxy",
         node: nodes[1].clone(),
         process: kube_proxy_process,
     };
-    let kube_proxy_full = kube_proxy.await_full_sync(&lab, expected, timeout)?;
+    let kube_proxy_full = kube_proxy.await_full_sync(&lab, wanted, timeout)?;
     eprintln!(
         "b2: both proxies programmed the cluster; {} changes",
         params.changes
@@ -369,7 +385,7 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
         params,
         timeout,
     )?;
-    expected.expected_endpoint_jumps -= params.changes;
+    wanted.endpoint_jumps -= params.changes;
     let mut proxied = Vec::new();
     for ((proxy, full), changes) in proxies
         .iter()
@@ -379,7 +395,7 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
         let what = format!("{} removes the changed endpoints", proxy.name);
         let last = eventually(&what, timeout, || {
             let save = proxy.save(&lab)?;
-            let found = count_chains(&save, expected);
+            let found = Programmed::count(&save, wanted);
             ensure!(found.matches(), "found {found:?}");
             Ok(save)
         });
@@ -399,7 +415,7 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
             partial_sync_max_s: changes.max(),
             partial_syncs: changes.syncs,
             rules: save.lines().filter(|l| l.starts_with("-A ")).count(),
-            programmed: count_chains(&save, expected),
+            programmed: Programmed::count(&save, wanted),
             memory: Memory::of(proxy.process.pid()),
         });
     }
@@ -521,21 +537,6 @@ fn measure_changes(
     Ok(results)
 }
 
-/// The Service chains and their jumps to endpoints in `save` (an `iptables-save`), with
-/// `expected`'s targets.
-fn count_chains(save: &str, expected: Programmed) -> Programmed {
-    let service = |chain: &str| chain.starts_with("KUBE-SVC-");
-    let endpoint = |chain: &str| chain.starts_with("KUBE-SEP-");
-    Programmed {
-        service_chains: save::chains(save, "nat")
-            .iter()
-            .filter(|c| service(c))
-            .count(),
-        endpoint_jumps: save::jumps(save, "nat", service, endpoint).len(),
-        ..expected
-    }
-}
-
 fn ratios(splitproxy: &Proxied, kube_proxy: &Proxied) -> Ratios {
     let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?).filter(|r| r.is_finite());
     Ratios {
@@ -601,5 +602,41 @@ fn thousands(n: usize) -> String {
         format!("{}k", n / 1000)
     } else {
         n.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trimmed `iptables-save` of one Service with two endpoints and a leftover endpoint
+    /// chain nothing jumps to, as kube-proxy keeps in large clusters.
+    const SAVED: &str = "\
+*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-AAAAAAAAAAAAAAAA - [0:0]
+:KUBE-SEP-1111111111111111 - [0:0]
+:KUBE-SEP-2222222222222222 - [0:0]
+:KUBE-SEP-3333333333333333 - [0:0]
+-A KUBE-SERVICES -d 10.96.1.0/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-AAAAAAAAAAAAAAAA
+-A KUBE-SVC-AAAAAAAAAAAAAAAA -m statistic --mode random --probability 0.5 -j KUBE-SEP-1111111111111111
+-A KUBE-SVC-AAAAAAAAAAAAAAAA -j KUBE-SEP-2222222222222222
+COMMIT
+";
+
+    #[test]
+    fn endpoints_count_as_jumps_from_service_chains_not_as_chains() {
+        let wanted = Wanted {
+            service_chains: 1,
+            endpoint_jumps: 2,
+        };
+        let found = Programmed::count(SAVED, wanted);
+        assert_eq!((found.service_chains, found.endpoint_jumps), (1, 2));
+        assert!(found.matches());
+        let more = Wanted {
+            endpoint_jumps: 3,
+            ..wanted
+        };
+        assert!(!Programmed::count(SAVED, more).matches());
     }
 }
