@@ -4,6 +4,8 @@
 # below; results go to bench/results/ unless --output says otherwise.
 #   b1: fan-out, a real controller and hollow agents in one process. Defaults to 1,000 Services /
 #       10,000 endpoints / 1,000 agents, about a minute on this 2-core machine.
+#   b2: dataplane, a splitproxy agent next to upstream kube-proxy on a real control plane (root),
+#       at 1k Services / 10k endpoints and 10k / 100k (its defaults).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -19,8 +21,11 @@ case $benchmark in
     exec "$bench" b1 --services 1000 --endpoints 10000 --agents 1000 --changes 50 \
       --interval-ms 200 --output bench/results "$@"
     ;;
+  b2)
+    exec "$bench" b2 --output bench/results "$@"
+    ;;
   *)
-    echo "scripts/bench.sh: unknown benchmark '$benchmark' (known: b1)" >&2
+    echo "scripts/bench.sh: unknown benchmark '$benchmark' (known: b1, b2)" >&2
     exit 64
     ;;
 esac

@@ -1,8 +1,11 @@
-//! The synthetic cluster B1 serves: Services with their endpoints spread evenly over them, one
-//! manifest file per Service (its Service and EndpointSlice), and one file of Nodes.
+//! The synthetic cluster the benchmarks serve: Services with their endpoints spread evenly over
+//! them, each Service with one EndpointSlice it does not select itself (so a real
+//! kube-controller-manager leaves the slices alone). B1 writes one manifest file per Service and
+//! one file of Nodes; B2 creates the same objects on a real API server.
 //!
-//! Addresses: cluster IPs from 10.96.0.1 up (Service `i` is 10.96.0.0 + i + 1); endpoints from
-//! 10.128.0.0 up, numbered across the whole cluster; endpoint `j` runs on node `j % nodes`.
+//! Addresses: cluster IPs from 10.96.1.0 up (Service `i` is 10.96.1.0 + i), above the
+//! `kubernetes` Service's 10.96.0.1; endpoints from 10.128.0.0 up, numbered across the whole
+//! cluster; endpoint `j` runs on node `j % nodes`.
 
 use std::{
     fmt::Write as _,
@@ -12,7 +15,9 @@ use std::{
 
 /// The namespace every Service lives in.
 pub const NAMESPACE: &str = "bench";
-const CLUSTER_IP_BASE: u32 = u32::from_be_bytes([10, 96, 0, 1]);
+const CLUSTER_IP_BASE: u32 = u32::from_be_bytes([10, 96, 1, 0]);
+/// The slices' `endpointslice.kubernetes.io/managed-by`: not the EndpointSlice controller's.
+const MANAGED_BY: &str = "splitproxy-bench";
 const ENDPOINT_IP_BASE: u32 = u32::from_be_bytes([10, 128, 0, 0]);
 /// The endpoints' target port.
 pub const ENDPOINT_PORT: u16 = 8080;
@@ -33,6 +38,12 @@ impl Shape {
     #[must_use]
     pub fn service_name(index: usize) -> String {
         format!("svc-{index}")
+    }
+
+    /// The name of Service `index`'s EndpointSlice.
+    #[must_use]
+    pub fn slice_name(index: usize) -> String {
+        format!("{}-bench", Self::service_name(index))
     }
 
     /// The name of node `index`.
@@ -63,6 +74,7 @@ impl Shape {
     #[must_use]
     pub fn service_yaml(&self, index: usize, first_ready: bool) -> String {
         let name = Self::service_name(index);
+        let slice = Self::slice_name(index);
         let ip = Ipv4Addr::from(CLUSTER_IP_BASE + u32::try_from(index).unwrap_or(u32::MAX));
         let mut yaml = format!(
             "apiVersion: v1
@@ -83,10 +95,11 @@ spec:
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
-  name: {name}-b1
+  name: {slice}
   namespace: {NAMESPACE}
   labels:
     kubernetes.io/service-name: {name}
+    endpointslice.kubernetes.io/managed-by: {MANAGED_BY}
 addressType: IPv4
 ports:
 - name: http

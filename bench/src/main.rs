@@ -1,8 +1,10 @@
-//! `splitproxy-bench`: runs one benchmark (`b1` fan-out, …) and writes its results as JSON and an
-//! SVG plot.
+//! `splitproxy-bench`: runs one benchmark (`b1` fan-out, `b2` dataplane) and writes its results
+//! as JSON and an SVG plot.
 
 mod b1;
+mod b2;
 mod cluster;
+mod exposition;
 mod probe;
 mod process;
 mod stats;
@@ -24,6 +26,9 @@ struct Cli {
 enum Benchmark {
     /// B1 fan-out: a real controller, many hollow agents, endpoint churn, in one process.
     B1(B1Args),
+    /// B2 dataplane: sync times, rules and memory of a splitproxy agent next to upstream
+    /// kube-proxy, on a real control plane (needs root).
+    B2(b2::Args),
 }
 
 /// B1's flags.
@@ -91,18 +96,23 @@ impl B1Args {
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().benchmark {
         Benchmark::B1(args) => run_b1(args).await,
+        Benchmark::B2(args) => {
+            let params = args.params().unwrap_or_else(|err| bad_flags(&err));
+            // The lab drives processes and waits on them: blocking work, off the runtime.
+            tokio::task::spawn_blocking(move || b2::run(&args, params)).await?
+        }
     }
+}
+
+/// Exits with the usage error code and `err`.
+fn bad_flags(err: &anyhow::Error) -> ! {
+    eprintln!("splitproxy-bench: {err:#}");
+    std::process::exit(64);
 }
 
 /// Runs B1 and writes `b1.json` and `b1.svg`.
 async fn run_b1(args: B1Args) -> anyhow::Result<()> {
-    let params = match args.params() {
-        Ok(params) => params,
-        Err(err) => {
-            eprintln!("splitproxy-bench: {err:#}");
-            std::process::exit(64);
-        }
-    };
+    let params = args.params().unwrap_or_else(|err| bad_flags(&err));
     std::fs::create_dir_all(&args.output)
         .with_context(|| format!("creating {}", args.output.display()))?;
     let manifests = tempfile::tempdir().context("creating the manifests directory")?;
@@ -138,8 +148,47 @@ mod tests {
             "6",
         ])
         .expect("flags parse");
-        let Benchmark::B1(args) = cli.benchmark;
+        let Benchmark::B1(args) = cli.benchmark else {
+            panic!("b1 parses as B1");
+        };
         let err = args.params().expect_err("too many changes");
         assert!(err.to_string().contains("at most --services"), "{err}");
+    }
+
+    fn b2(flags: &[&str]) -> anyhow::Result<b2::Params> {
+        let cli = Cli::try_parse_from(["splitproxy-bench", "b2"].iter().chain(flags))?;
+        let Benchmark::B2(args) = cli.benchmark else {
+            panic!("b2 parses as B2");
+        };
+        args.params()
+    }
+
+    #[test]
+    fn b2_sizes_come_as_lists_or_repeated_flags() {
+        let params = b2(&[
+            "--services",
+            "20,30",
+            "--endpoints",
+            "30",
+            "--endpoints",
+            "40",
+        ])
+        .expect("two sizes");
+        let sizes: Vec<_> = params
+            .sizes
+            .iter()
+            .map(|s| (s.services, s.endpoints))
+            .collect();
+        assert_eq!(sizes, vec![(20, 30), (30, 40)]);
+        let defaults = b2(&[]).expect("the defaults");
+        assert_eq!(defaults.sizes.len(), 2);
+    }
+
+    #[test]
+    fn b2_sizes_that_do_not_pair_up_are_refused() {
+        let err = b2(&["--services", "20,30", "--endpoints", "30"]).expect_err("unpaired");
+        assert!(err.to_string().contains("must pair up"), "{err}");
+        let err = b2(&["--services", "20", "--endpoints", "5"]).expect_err("too few endpoints");
+        assert!(err.to_string().contains("at least --services"), "{err}");
     }
 }

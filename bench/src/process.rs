@@ -1,6 +1,7 @@
-//! This process's CPU time and peak memory, from /proc: the controller and every hollow agent
-//! together, since they share the process.
+//! CPU time and memory from /proc: this process's (for B1, the controller and every hollow agent
+//! together, since they share the process) and another process's (B2's proxies).
 
+use serde::Serialize;
 use std::time::Duration;
 
 /// The kernel reports CPU time in USER_HZ ticks, 100 per second on every Linux ABI.
@@ -25,7 +26,34 @@ pub fn cpu_time() -> Option<Duration> {
 #[must_use]
 pub fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    status_bytes(&status, "VmHWM:")
+}
+
+/// A process's resident memory now and at its peak.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Memory {
+    /// VmRSS, in MiB.
+    pub rss_mib: f64,
+    /// VmHWM (the peak of VmRSS), in MiB.
+    pub peak_rss_mib: f64,
+}
+
+impl Memory {
+    /// Process `pid`'s memory; `None` when it is gone or /proc cannot be read.
+    #[must_use]
+    pub fn of(pid: u32) -> Option<Self> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let mib = |field| status_bytes(&status, field).map(|b| b as f64 / f64::from(1 << 20));
+        Some(Self {
+            rss_mib: mib("VmRSS:")?,
+            peak_rss_mib: mib("VmHWM:")?,
+        })
+    }
+}
+
+/// A `/proc/<pid>/status` field given in kB (`VmHWM:   1234 kB`), in bytes.
+fn status_bytes(status: &str, field: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
@@ -40,5 +68,7 @@ mod tests {
         assert!(busy > 0);
         assert!(cpu_time().is_some());
         assert!(peak_rss_bytes().is_some_and(|b| b > 0));
+        let memory = Memory::of(std::process::id()).expect("this process's memory");
+        assert!(memory.rss_mib > 0.0 && memory.peak_rss_mib >= memory.rss_mib);
     }
 }

@@ -1,4 +1,5 @@
-//! A hand-written SVG plot of the latency distribution (CDF), so results need no plotting tool.
+//! Hand-written SVG plots, so results need no plotting tool: B1's latency distribution (CDF) and
+//! B2's grouped bars.
 
 use std::{fmt::Write as _, time::Duration};
 
@@ -6,6 +7,34 @@ const WIDTH: f64 = 640.0;
 const HEIGHT: f64 = 400.0;
 const MARGIN: f64 = 60.0;
 const TICKS: u32 = 5;
+/// Bar colours, one per series.
+const COLOURS: [&str; 4] = ["steelblue", "darkorange", "seagreen", "firebrick"];
+
+/// The start of a plot: background, title, both axes and their labels.
+fn frame(title: &str, x_label: &str, y_label: &str) -> String {
+    format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{}" y="24" text-anchor="middle" font-size="14">{}</text>
+<line x1="{MARGIN}" y1="{}" x2="{}" y2="{}" stroke="black"/>
+<line x1="{MARGIN}" y1="{MARGIN}" x2="{MARGIN}" y2="{}" stroke="black"/>
+<text x="{}" y="{}" text-anchor="middle">{}</text>
+<text x="16" y="{}" transform="rotate(-90 16 {})" text-anchor="middle">{}</text>
+"#,
+        WIDTH / 2.0,
+        escape(title),
+        HEIGHT - MARGIN,
+        WIDTH - MARGIN,
+        HEIGHT - MARGIN,
+        HEIGHT - MARGIN,
+        WIDTH / 2.0,
+        HEIGHT - 16.0,
+        escape(x_label),
+        HEIGHT / 2.0,
+        HEIGHT / 2.0,
+        escape(y_label),
+    )
+}
 
 /// The cumulative distribution of `samples` as an SVG document titled `title`: latency in ms
 /// across, the fraction of (change, agent) pairs applied by then up.
@@ -17,26 +46,7 @@ pub fn cdf(title: &str, samples: &[Duration]) -> String {
     let (plot_w, plot_h) = (WIDTH - 2.0 * MARGIN, HEIGHT - 2.0 * MARGIN);
     let x = |ms: f64| MARGIN + ms / max * plot_w;
     let y = |fraction: f64| HEIGHT - MARGIN - fraction * plot_h;
-    let mut svg = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="white"/>
-<text x="{}" y="24" text-anchor="middle" font-size="14">{}</text>
-<line x1="{MARGIN}" y1="{}" x2="{}" y2="{}" stroke="black"/>
-<line x1="{MARGIN}" y1="{MARGIN}" x2="{MARGIN}" y2="{}" stroke="black"/>
-<text x="{}" y="{}" text-anchor="middle">latency (ms)</text>
-<text x="16" y="{}" transform="rotate(-90 16 {})" text-anchor="middle">fraction applied</text>
-"#,
-        WIDTH / 2.0,
-        escape(title),
-        y(0.0),
-        WIDTH - MARGIN,
-        y(0.0),
-        y(0.0),
-        WIDTH / 2.0,
-        HEIGHT - 16.0,
-        HEIGHT / 2.0,
-        HEIGHT / 2.0,
-    );
+    let mut svg = frame(title, "latency (ms)", "fraction applied");
     for tick in 0..=TICKS {
         let fraction = f64::from(tick) / f64::from(TICKS);
         // Writing to a String cannot fail.
@@ -75,6 +85,112 @@ pub fn cdf(title: &str, samples: &[Duration]) -> String {
     svg
 }
 
+/// One group of bars (say, one cluster size): its label and a value per series, `None` where
+/// one was not measured.
+#[derive(Debug, Clone)]
+pub struct Group {
+    /// Written under the group.
+    pub label: String,
+    /// One per series, in the order of the legend.
+    pub values: Vec<Option<f64>>,
+}
+
+/// Grouped bars on a logarithmic axis (values of different magnitudes side by side), each bar
+/// labelled with its value; `series` names the bars of every group, in the legend.
+#[must_use]
+pub fn grouped_bars(title: &str, y_label: &str, series: &[&str], groups: &[Group]) -> String {
+    let values = groups.iter().flat_map(|g| g.values.iter().flatten());
+    let positive: Vec<f64> = values.copied().filter(|v| *v > 0.0).collect();
+    let low = positive.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = positive.iter().copied().fold(0.0, f64::max);
+    let (low, high) = if positive.is_empty() {
+        (0.0, 1.0)
+    } else {
+        // Half the smallest value still shows a bar for it, even when it is a power of ten.
+        let low = (low / 2.0).log10().floor();
+        (low, high.log10().ceil().max(low + 1.0))
+    };
+    let plot_h = HEIGHT - 2.0 * MARGIN;
+    let y = |value: f64| HEIGHT - MARGIN - (value.log10() - low) / (high - low) * plot_h;
+    let mut svg = frame(title, "", y_label);
+    let mut decade = low;
+    while decade <= high {
+        let value = 10f64.powf(decade);
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{value}</text>
+<line x1="{MARGIN}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="lightgrey"/>"#,
+            MARGIN - 6.0,
+            y(value) + 4.0,
+            y(value),
+            WIDTH - MARGIN,
+            y(value),
+        );
+        decade += 1.0;
+    }
+    #[allow(clippy::cast_precision_loss)] // a handful of groups and series
+    let (group_w, bars) = (
+        (WIDTH - 2.0 * MARGIN) / groups.len().max(1) as f64,
+        series.len().max(1) as f64,
+    );
+    let bar_w = group_w * 0.8 / bars;
+    for (g, group) in groups.iter().enumerate() {
+        #[allow(clippy::cast_precision_loss)]
+        let left = MARGIN + g as f64 * group_w + group_w * 0.1;
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            left + group_w * 0.4,
+            HEIGHT - MARGIN + 16.0,
+            escape(&group.label),
+        );
+        for (s, value) in group.values.iter().enumerate() {
+            let Some(value) = value.filter(|v| *v > 0.0) else {
+                continue;
+            };
+            #[allow(clippy::cast_precision_loss)]
+            let x = left + s as f64 * bar_w;
+            let top = y(value.max(10f64.powf(low)));
+            let _ = writeln!(
+                svg,
+                r#"<rect x="{x:.1}" y="{top:.1}" width="{:.1}" height="{:.1}" fill="{}"/>
+<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="10">{}</text>"#,
+                bar_w - 2.0,
+                HEIGHT - MARGIN - top,
+                COLOURS[s % COLOURS.len()],
+                x + bar_w / 2.0,
+                top - 3.0,
+                short(value),
+            );
+        }
+    }
+    for (s, name) in series.iter().enumerate() {
+        #[allow(clippy::cast_precision_loss)]
+        let x = MARGIN + 10.0 + s as f64 * 140.0;
+        let _ = writeln!(
+            svg,
+            r#"<rect x="{x:.1}" y="36" width="12" height="12" fill="{}"/>
+<text x="{:.1}" y="46">{}</text>"#,
+            COLOURS[s % COLOURS.len()],
+            x + 16.0,
+            escape(name),
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// A value with about three significant digits.
+fn short(value: f64) -> String {
+    if value >= 100.0 {
+        format!("{value:.0}")
+    } else if value >= 10.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.2}")
+    }
+}
+
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -93,5 +209,20 @@ mod tests {
         assert!(svg.contains("B1 &lt;test&gt;"));
         // 300 ms is the right end of the plot (x = 580) at fraction 1 (y = 60).
         assert!(svg.contains(" 580.0,60.0\""), "{svg}");
+    }
+
+    #[test]
+    fn bars_reach_their_value_on_the_log_axis() {
+        let groups = [Group {
+            label: "1k".to_owned(),
+            values: vec![Some(10.0), None, Some(1000.0)],
+        }];
+        let svg = grouped_bars("B2", "ms", &["a", "b", "c"], &groups);
+        assert!(svg.trim_end().ends_with("</svg>"));
+        // Decades 1 to 1000 span the plot from y = 340 up to 60; 10 is a third of the way up.
+        assert!(svg.contains(r#"y="246.7" width"#), "{svg}");
+        assert!(svg.contains(r#"y="60.0" width"#), "{svg}");
+        // The missing value has no bar: two bars plus three legend boxes.
+        assert_eq!(svg.matches("<rect x=").count(), 5, "{svg}");
     }
 }

@@ -252,7 +252,16 @@ impl ControlPlane {
     ///
     /// If the token cannot be issued, or the binary is missing or cannot start.
     pub fn start_agent(&self, lab: &mut Lab, node: &Node) -> Result<Process> {
-        self.start_agent_following(lab, node, &[self.controller_url(CONTROLLER_PORT)])
+        self.start_agent_with(lab, node, &[])
+    }
+
+    /// [`start_agent`](Self::start_agent) with `extra` flags appended (such as `--proxy-mode`).
+    ///
+    /// # Errors
+    ///
+    /// If the token cannot be issued, or the binary is missing or cannot start.
+    pub fn start_agent_with(&self, lab: &mut Lab, node: &Node, extra: &[&str]) -> Result<Process> {
+        self.spawn_agent(lab, node, &[self.controller_url(CONTROLLER_PORT)], extra)
     }
 
     /// Starts splitproxy-agent on `node`, listing `controllers` (URLs, tried in turn) as
@@ -268,6 +277,16 @@ impl ControlPlane {
         node: &Node,
         controllers: &[String],
     ) -> Result<Process> {
+        self.spawn_agent(lab, node, controllers, &[])
+    }
+
+    fn spawn_agent(
+        &self,
+        lab: &mut Lab,
+        node: &Node,
+        controllers: &[String],
+        extra: &[&str],
+    ) -> Result<Process> {
         let token = path(&self.agent_token(lab, node.name())?);
         let tls = self.tls.agent_flags();
         let mut args = Vec::new();
@@ -276,6 +295,7 @@ impl ControlPlane {
         }
         args.extend(["--hostname-override", node.name(), "--token-file", &token]);
         args.extend(tls.iter().map(String::as_str));
+        args.extend_from_slice(extra);
         lab.spawn(node, crate::workspace_binary("splitproxy-agent")?, &args)
     }
 
@@ -516,9 +536,57 @@ spec:
     /// If it cannot be written.
     pub fn kubeconfig_for_token(&self, name: &str, token: &str) -> Result<PathBuf> {
         let file = self.dir.path().join(format!("{name}.kubeconfig"));
-        std::fs::write(&file, kubeconfig(&self.dir.path().join("ca.crt"), token))
-            .context("writing a kubeconfig")?;
+        std::fs::write(
+            &file,
+            kubeconfig(&self.dir.path().join("ca.crt"), LOOPBACK, token),
+        )
+        .context("writing a kubeconfig")?;
         Ok(file)
+    }
+
+    /// Writes an admin kubeconfig for processes on other lab hosts (the API server at the
+    /// control-plane host's LAN address) and returns its path.
+    ///
+    /// # Errors
+    ///
+    /// If it cannot be written.
+    pub fn remote_admin_kubeconfig(&self) -> Result<PathBuf> {
+        let file = self.dir.path().join("remote-admin.kubeconfig");
+        let server = self.host.ip().to_string();
+        std::fs::write(
+            &file,
+            kubeconfig(&self.dir.path().join("ca.crt"), &server, ADMIN_TOKEN),
+        )
+        .context("writing the remote admin kubeconfig")?;
+        Ok(file)
+    }
+
+    /// Starts upstream kube-proxy of the same release on `node` in `mode` (`iptables`, …), as
+    /// the cluster admin, with `/metrics` on `127.0.0.1:10249` inside the node as the agent's.
+    /// It leaves the host's conntrack settings alone (they are not per namespace).
+    ///
+    /// # Errors
+    ///
+    /// If the kubeconfig cannot be written or kube-proxy cannot start.
+    pub fn start_kube_proxy(&self, lab: &mut Lab, node: &Node, mode: &str) -> Result<Process> {
+        let kubeconfig = path(&self.remote_admin_kubeconfig()?);
+        lab.spawn(
+            node,
+            self.binaries.kubernetes.join("kube-proxy"),
+            &[
+                "--kubeconfig",
+                &kubeconfig,
+                "--hostname-override",
+                node.name(),
+                &format!("--proxy-mode={mode}"),
+                "--metrics-bind-address=127.0.0.1:10249",
+                "--healthz-bind-address=127.0.0.1:10256",
+                "--conntrack-max-per-core=0",
+                "--conntrack-tcp-timeout-established=0",
+                "--conntrack-tcp-timeout-close-wait=0",
+                "--v=1",
+            ],
+        )
     }
 
     /// The API server's own metrics (Prometheus text).
@@ -575,20 +643,24 @@ fn write_credentials(dir: &Path, host: &Host) -> Result<()> {
     .context("writing the token file")?;
     std::fs::write(
         dir.join("admin.kubeconfig"),
-        kubeconfig(&dir.join("ca.crt"), ADMIN_TOKEN),
+        kubeconfig(&dir.join("ca.crt"), LOOPBACK, ADMIN_TOKEN),
     )
     .context("writing the admin kubeconfig")?;
     Ok(())
 }
 
-fn kubeconfig(ca: &Path, token: &str) -> String {
+/// The API server's address for processes on the control-plane host itself.
+const LOOPBACK: &str = "127.0.0.1";
+
+/// A kubeconfig reaching the API server at `server` (an IP) with `token`.
+fn kubeconfig(ca: &Path, server: &str, token: &str) -> String {
     format!(
         "apiVersion: v1
 kind: Config
 clusters:
 - name: e2e
   cluster:
-    server: https://127.0.0.1:{API_PORT}
+    server: https://{server}:{API_PORT}
     certificate-authority: {}
 users:
 - name: user
