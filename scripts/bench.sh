@@ -4,6 +4,8 @@
 # below; results go to bench/results/ unless --output says otherwise.
 #   b1: fan-out, a real controller and hollow agents in one process. Defaults to 1,000 Services /
 #       10,000 endpoints / 1,000 agents, about a minute on this 2-core machine.
+#   b3: API-server load, upstream kube-proxies versus splitproxy against a real control plane, at
+#       10, 20 and 50 nodes with 1,000 Services / 10,000 endpoints (needs root; tens of minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -19,8 +21,12 @@ case $benchmark in
     exec "$bench" b1 --services 1000 --endpoints 10000 --agents 1000 --changes 50 \
       --interval-ms 200 --output bench/results "$@"
     ;;
+  b3)
+    exec "$bench" b3 --services 1000 --endpoints 10000 --nodes 10,20,50 --changes 50 \
+      --interval-ms 200 --output bench/results "$@"
+    ;;
   *)
-    echo "scripts/bench.sh: unknown benchmark '$benchmark' (known: b1)" >&2
+    echo "scripts/bench.sh: unknown benchmark '$benchmark' (known: b1, b3)" >&2
     exit 64
     ;;
 esac

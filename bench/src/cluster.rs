@@ -1,7 +1,11 @@
 //! The synthetic cluster B1 serves: Services with their endpoints spread evenly over them, one
 //! manifest file per Service (its Service and EndpointSlice), and one file of Nodes.
 //!
-//! Addresses: cluster IPs from 10.96.0.1 up (Service `i` is 10.96.0.0 + i + 1); endpoints from
+//! The same objects serve B3 through a real API server: the Services have no selector and the
+//! slices are labelled as managed by this bench, so kube-controller-manager leaves them alone.
+//!
+//! Addresses: cluster IPs from 10.96.1.0 up (Service `i` is 10.96.1.0 + i, clear of the API
+//! server's own `kubernetes` Service at 10.96.0.1); endpoints from
 //! 10.128.0.0 up, numbered across the whole cluster; endpoint `j` runs on node `j % nodes`.
 
 use std::{
@@ -12,10 +16,31 @@ use std::{
 
 /// The namespace every Service lives in.
 pub const NAMESPACE: &str = "bench";
-const CLUSTER_IP_BASE: u32 = u32::from_be_bytes([10, 96, 0, 1]);
+const CLUSTER_IP_BASE: u32 = u32::from_be_bytes([10, 96, 1, 0]);
+/// The `endpointslice.kubernetes.io/managed-by` value of the slices: not the EndpointSlice
+/// controller's, so it neither adopts nor deletes them.
+pub const MANAGED_BY: &str = "splitproxy-bench";
 const ENDPOINT_IP_BASE: u32 = u32::from_be_bytes([10, 128, 0, 0]);
 /// The endpoints' target port.
 pub const ENDPOINT_PORT: u16 = 8080;
+
+/// Checks that `changes` single-endpoint changes, each to its own Service, fit a cluster of
+/// `services` Services and `endpoints` endpoints (the flags of the benchmarks that churn).
+///
+/// # Errors
+///
+/// Names the flags that do not fit together.
+pub fn check_churn(services: usize, endpoints: usize, changes: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        endpoints >= services,
+        "--endpoints ({endpoints}) must be at least --services ({services}): every Service needs an endpoint to churn"
+    );
+    anyhow::ensure!(
+        changes <= services,
+        "--changes ({changes}) must be at most --services ({services}): each change goes to its own Service"
+    );
+    Ok(())
+}
 
 /// The sizes of the cluster.
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +66,12 @@ impl Shape {
         format!("node-{index}")
     }
 
+    /// The name of Service `index`'s EndpointSlice.
+    #[must_use]
+    pub fn slice_name(index: usize) -> String {
+        format!("{}-slice", Self::service_name(index))
+    }
+
     /// The global numbers of Service `index`'s endpoints: the first `endpoints % services`
     /// Services get one more than the rest.
     #[must_use]
@@ -63,6 +94,7 @@ impl Shape {
     #[must_use]
     pub fn service_yaml(&self, index: usize, first_ready: bool) -> String {
         let name = Self::service_name(index);
+        let slice = Self::slice_name(index);
         let ip = Ipv4Addr::from(CLUSTER_IP_BASE + u32::try_from(index).unwrap_or(u32::MAX));
         let mut yaml = format!(
             "apiVersion: v1
@@ -83,10 +115,11 @@ spec:
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
-  name: {name}-b1
+  name: {slice}
   namespace: {NAMESPACE}
   labels:
     kubernetes.io/service-name: {name}
+    endpointslice.kubernetes.io/managed-by: {MANAGED_BY}
 addressType: IPv4
 ports:
 - name: http

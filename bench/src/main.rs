@@ -1,10 +1,12 @@
-//! `splitproxy-bench`: runs one benchmark (`b1` fan-out, …) and writes its results as JSON and an
-//! SVG plot.
+//! `splitproxy-bench`: runs one benchmark (`b1` fan-out, `b3` API-server load) and writes its
+//! results as JSON and an SVG plot.
 
 mod b1;
+mod b3;
 mod cluster;
 mod probe;
 mod process;
+mod prometheus;
 mod stats;
 mod svg;
 
@@ -24,6 +26,9 @@ struct Cli {
 enum Benchmark {
     /// B1 fan-out: a real controller, many hollow agents, endpoint churn, in one process.
     B1(B1Args),
+    /// B3 API-server load: upstream kube-proxies versus splitproxy at several cluster sizes,
+    /// against a real control plane in network namespaces (needs root).
+    B3(b3::Args),
 }
 
 /// B1's flags.
@@ -61,20 +66,7 @@ impl B1Args {
         if self.services == 0 || self.agents == 0 || self.changes == 0 {
             bail!("--services, --agents and --changes must be at least 1");
         }
-        if self.endpoints < self.services {
-            bail!(
-                "--endpoints ({}) must be at least --services ({}): every Service needs an endpoint to churn",
-                self.endpoints,
-                self.services
-            );
-        }
-        if self.changes > self.services {
-            bail!(
-                "--changes ({}) must be at most --services ({}): each change goes to its own Service",
-                self.changes,
-                self.services
-            );
-        }
+        cluster::check_churn(self.services, self.endpoints, self.changes)?;
         Ok(b1::Params {
             services: self.services,
             endpoints: self.endpoints,
@@ -91,7 +83,26 @@ impl B1Args {
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().benchmark {
         Benchmark::B1(args) => run_b1(args).await,
+        Benchmark::B3(args) => run_b3(&args),
     }
+}
+
+/// Runs B3 and writes `b3.json` and `b3.svg`.
+fn run_b3(args: &b3::Args) -> anyhow::Result<()> {
+    let params = args.params().unwrap_or_else(|err| {
+        eprintln!("splitproxy-bench: {err:#}");
+        std::process::exit(64);
+    });
+    let output = args.output();
+    std::fs::create_dir_all(output).with_context(|| format!("creating {}", output.display()))?;
+    let scratch = tempfile::tempdir().context("creating a scratch directory")?;
+    // The lab and kubectl block; nothing else runs meanwhile.
+    let results = b3::run(params, scratch.path())?;
+    let json = serde_json::to_string_pretty(&results)?;
+    std::fs::write(output.join("b3.json"), format!("{json}\n"))?;
+    std::fs::write(output.join("b3.svg"), b3::plot(&results))?;
+    println!("{json}");
+    Ok(())
 }
 
 /// Runs B1 and writes `b1.json` and `b1.svg`.
@@ -138,8 +149,25 @@ mod tests {
             "6",
         ])
         .expect("flags parse");
-        let Benchmark::B1(args) = cli.benchmark;
+        let Benchmark::B1(args) = cli.benchmark else {
+            panic!("parsed as another benchmark");
+        };
         let err = args.params().expect_err("too many changes");
         assert!(err.to_string().contains("at most --services"), "{err}");
+    }
+
+    #[test]
+    fn b3_sizes_are_sorted_and_bounded() {
+        let parse = |nodes: &str| {
+            let cli = Cli::try_parse_from(["splitproxy-bench", "b3", "--nodes", nodes])
+                .expect("flags parse");
+            let Benchmark::B3(args) = cli.benchmark else {
+                panic!("parsed as another benchmark");
+            };
+            args.params()
+        };
+        assert_eq!(parse("50,10,20,10").expect("valid").nodes, vec![10, 20, 50]);
+        let err = parse("10,201").expect_err("too many nodes");
+        assert!(err.to_string().contains("--nodes 201"), "{err}");
     }
 }

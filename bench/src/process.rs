@@ -1,5 +1,5 @@
-//! This process's CPU time and peak memory, from /proc: the controller and every hollow agent
-//! together, since they share the process.
+//! CPU time and memory from /proc: of this process (in B1 the controller and every hollow agent
+//! together, since they share it), or of another one by pid (B3's proxies).
 
 use std::time::Duration;
 
@@ -9,7 +9,23 @@ const TICKS_PER_SECOND: u64 = 100;
 /// User plus system CPU time of all threads so far; `None` when /proc cannot be read.
 #[must_use]
 pub fn cpu_time() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    cpu_time_at("/proc/self/stat")
+}
+
+/// [`cpu_time`] of process `pid`; `None` when it is gone.
+#[must_use]
+pub fn cpu_time_of(pid: u32) -> Option<Duration> {
+    cpu_time_at(&format!("/proc/{pid}/stat"))
+}
+
+/// The resident set size of process `pid` in bytes (VmRSS); `None` when it is gone.
+#[must_use]
+pub fn rss_bytes_of(pid: u32) -> Option<u64> {
+    status_kib(&format!("/proc/{pid}/status"), "VmRSS:").map(|kib| kib * 1024)
+}
+
+fn cpu_time_at(stat_path: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(stat_path).ok()?;
     // Fields after the command name (which may hold spaces) start at field 3; utime and stime
     // are fields 14 and 15.
     let after_comm = &stat[stat.rfind(')')? + 2..];
@@ -24,10 +40,14 @@ pub fn cpu_time() -> Option<Duration> {
 /// The peak resident set size in bytes (VmHWM); `None` when /proc cannot be read.
 #[must_use]
 pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    status_kib("/proc/self/status", "VmHWM:").map(|kib| kib * 1024)
+}
+
+/// The value (in KiB) of the `field` line of a /proc status file.
+fn status_kib(status_path: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(status_path).ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 #[cfg(test)]
@@ -40,5 +60,8 @@ mod tests {
         assert!(busy > 0);
         assert!(cpu_time().is_some());
         assert!(peak_rss_bytes().is_some_and(|b| b > 0));
+        let me = std::process::id();
+        assert!(cpu_time_of(me).is_some());
+        assert!(rss_bytes_of(me).is_some_and(|b| b > 0));
     }
 }

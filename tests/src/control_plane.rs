@@ -268,7 +268,24 @@ impl ControlPlane {
         node: &Node,
         controllers: &[String],
     ) -> Result<Process> {
-        let token = path(&self.agent_token(lab, node.name())?);
+        let token = self.agent_token(lab, node.name())?;
+        self.start_agent_with_token(lab, node, controllers, &token)
+    }
+
+    /// [`start_agent_following`](Self::start_agent_following) with a token file issued
+    /// beforehand by [`agent_token`](Self::agent_token), so starting needs no API calls.
+    ///
+    /// # Errors
+    ///
+    /// If the binary is missing or cannot start.
+    pub fn start_agent_with_token(
+        &self,
+        lab: &mut Lab,
+        node: &Node,
+        controllers: &[String],
+        token: &Path,
+    ) -> Result<Process> {
+        let token = path(token);
         let tls = self.tls.agent_flags();
         let mut args = Vec::new();
         for url in controllers {
@@ -509,6 +526,24 @@ spec:
         self.dir.path().join("admin.kubeconfig")
     }
 
+    /// Writes an admin kubeconfig reaching the API server at the control-plane host's LAN
+    /// address, for clients on the nodes (upstream kube-proxies in benchmarks), and returns its
+    /// path.
+    ///
+    /// # Errors
+    ///
+    /// If it cannot be written.
+    pub fn lan_admin_kubeconfig(&self) -> Result<PathBuf> {
+        let file = self.dir.path().join("admin-lan.kubeconfig");
+        let server = format!("https://{}:{API_PORT}", self.host.ip());
+        std::fs::write(
+            &file,
+            kubeconfig(&server, &self.dir.path().join("ca.crt"), ADMIN_TOKEN),
+        )
+        .context("writing the LAN admin kubeconfig")?;
+        Ok(file)
+    }
+
     /// Writes a kubeconfig for `token` next to the admin one and returns its path.
     ///
     /// # Errors
@@ -516,8 +551,11 @@ spec:
     /// If it cannot be written.
     pub fn kubeconfig_for_token(&self, name: &str, token: &str) -> Result<PathBuf> {
         let file = self.dir.path().join(format!("{name}.kubeconfig"));
-        std::fs::write(&file, kubeconfig(&self.dir.path().join("ca.crt"), token))
-            .context("writing a kubeconfig")?;
+        std::fs::write(
+            &file,
+            kubeconfig(&loopback_server(), &self.dir.path().join("ca.crt"), token),
+        )
+        .context("writing a kubeconfig")?;
         Ok(file)
     }
 
@@ -575,20 +613,26 @@ fn write_credentials(dir: &Path, host: &Host) -> Result<()> {
     .context("writing the token file")?;
     std::fs::write(
         dir.join("admin.kubeconfig"),
-        kubeconfig(&dir.join("ca.crt"), ADMIN_TOKEN),
+        kubeconfig(&loopback_server(), &dir.join("ca.crt"), ADMIN_TOKEN),
     )
     .context("writing the admin kubeconfig")?;
     Ok(())
 }
 
-fn kubeconfig(ca: &Path, token: &str) -> String {
+/// The API server as clients on the control-plane host itself reach it.
+fn loopback_server() -> String {
+    format!("https://127.0.0.1:{API_PORT}")
+}
+
+/// A kubeconfig for `server`, trusting `ca`, presenting `token`.
+fn kubeconfig(server: &str, ca: &Path, token: &str) -> String {
     format!(
         "apiVersion: v1
 kind: Config
 clusters:
 - name: e2e
   cluster:
-    server: https://127.0.0.1:{API_PORT}
+    server: {server}
     certificate-authority: {}
 users:
 - name: user
