@@ -412,12 +412,17 @@ impl Bench {
     }
 }
 
-/// Runs B3 and returns what it measured.
+/// Runs B3 and returns what it measured, handing the results so far to `save` after each
+/// cluster size (a long run that fails late still leaves what it measured).
 ///
 /// # Errors
 ///
 /// If the control plane or a proxy cannot start, or a proxy does not program what it should.
-pub fn run(params: Params, scratch: &std::path::Path) -> Result<Results> {
+pub fn run(
+    params: Params,
+    scratch: &std::path::Path,
+    mut save: impl FnMut(&Results) -> Result<()>,
+) -> Result<Results> {
     let binaries = Binaries::ensure()?;
     let mut lab = Lab::new("bench")?;
     let host = lab.add_host("cp", CONTROL_PLANE)?;
@@ -441,23 +446,22 @@ pub fn run(params: Params, scratch: &std::path::Path) -> Result<Results> {
         nodes: Vec::new(),
         baseline_watches: 0.0,
     };
-    let baseline = bench.baseline()?;
-    let mut runs = Vec::new();
-    let mut ratios = Vec::new();
-    for &count in &params.nodes {
-        bench.grow_to(count)?;
-        let upstream = bench.phase(Phase::Upstream, count, &baseline)?;
-        let split = bench.phase(Phase::Splitproxy, count, &baseline)?;
-        ratios.push(ratio(&upstream, &split));
-        runs.extend([upstream, split]);
-    }
-    Ok(Results {
+    let mut results = Results {
+        baseline: bench.baseline()?,
         params,
         create_s,
-        baseline,
-        runs,
-        ratios,
-    })
+        runs: Vec::new(),
+        ratios: Vec::new(),
+    };
+    for count in results.params.nodes.clone() {
+        bench.grow_to(count)?;
+        let upstream = bench.phase(Phase::Upstream, count, &results.baseline)?;
+        let split = bench.phase(Phase::Splitproxy, count, &results.baseline)?;
+        results.ratios.push(ratio(&upstream, &split));
+        results.runs.extend([upstream, split]);
+        save(&results)?;
+    }
+    Ok(results)
 }
 
 /// Upstream over splitproxy.

@@ -97,11 +97,13 @@ fn run_b3(args: &b3::Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(output).with_context(|| format!("creating {}", output.display()))?;
     let scratch = tempfile::tempdir().context("creating a scratch directory")?;
     // The lab and kubectl block; nothing else runs meanwhile.
-    let results = b3::run(params, scratch.path())?;
-    let json = serde_json::to_string_pretty(&results)?;
-    std::fs::write(output.join("b3.json"), format!("{json}\n"))?;
-    std::fs::write(output.join("b3.svg"), b3::plot(&results))?;
-    println!("{json}");
+    let results = b3::run(params, scratch.path(), |results| {
+        let json = serde_json::to_string_pretty(results)?;
+        std::fs::write(output.join("b3.json"), format!("{json}\n"))?;
+        std::fs::write(output.join("b3.svg"), b3::plot(results))?;
+        Ok(())
+    })?;
+    println!("{}", serde_json::to_string_pretty(&results)?);
     Ok(())
 }
 

@@ -11,6 +11,7 @@ use splitproxy_e2e::{
     lab::{Lab, Node, Process},
 };
 use std::{
+    collections::HashSet,
     net::Ipv4Addr,
     path::{Path, PathBuf},
     time::Duration,
@@ -210,22 +211,30 @@ fn start_kube_proxy(
     )
 }
 
-/// How many DNAT rules of `save` (an `iptables-save -t nat`) send to one of `shape`'s endpoints:
-/// one per ready endpoint the proxy programmed.
+/// How many of `shape`'s endpoints `save` (an `iptables-save -t nat`) routes to: jumps from a
+/// Service chain (`KUBE-SVC-…`, `KUBE-SVL-…`) to an endpoint chain (`KUBE-SEP-…`) whose DNAT
+/// goes to one of them. Counting the DNATs alone is not enough: kube-proxy leaves endpoint chains
+/// it no longer jumps to until its next cleanup, which in a large cluster may be long after.
 #[must_use]
-pub fn endpoint_dnats(save: &str, shape: &Shape) -> usize {
-    let first = Shape::endpoint_ip(0);
-    let end = Shape::endpoint_ip(shape.endpoints);
-    save.lines()
-        .filter_map(|line| {
-            let target = line.split_once("-j DNAT --to-destination ")?.1;
+pub fn routed_endpoints(save: &str, shape: &Shape) -> usize {
+    let (first, end) = (Shape::endpoint_ip(0), Shape::endpoint_ip(shape.endpoints));
+    let rules = || save.lines().filter_map(|line| line.strip_prefix("-A "));
+    let ours: HashSet<&str> = rules()
+        .filter_map(|rule| {
+            let chain = rule.split_whitespace().next()?;
+            let target = rule.split_once("-j DNAT --to-destination ")?.1;
             let ip = target.split(':').next()?.parse::<Ipv4Addr>().ok()?;
-            (first <= ip && ip < end).then_some(())
+            (first <= ip && ip < end).then_some(chain)
         })
+        .collect();
+    rules()
+        .filter(|rule| rule.starts_with("KUBE-SVC-") || rule.starts_with("KUBE-SVL-"))
+        .filter_map(|rule| rule.rsplit_once("-j ").map(|(_, target)| target.trim()))
+        .filter(|target| ours.contains(target))
         .count()
 }
 
-/// Waits until every node's `nat` table DNATs to exactly `want` of `shape`'s endpoints, checking
+/// Waits until every node's `nat` table routes to exactly `want` of `shape`'s endpoints, checking
 /// meanwhile that the fleet still runs.
 ///
 /// # Errors
@@ -248,7 +257,7 @@ pub fn await_endpoints(
                     fleet.ensure_running(lab)?;
                 }
                 let save = lab.exec_ok(node, "iptables-save", &["-t", "nat"])?;
-                let have = endpoint_dnats(&save, shape);
+                let have = routed_endpoints(&save, shape);
                 ensure!(have == want, "{} has {have} endpoints", node.name());
                 Ok(())
             },
@@ -294,7 +303,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_dnats_to_the_shapes_endpoints_count() {
+    fn only_endpoints_a_service_chain_jumps_to_count() {
         let shape = Shape {
             services: 2,
             endpoints: 3,
@@ -302,14 +311,20 @@ mod tests {
         };
         let save = "*nat
 :KUBE-SEP-A - [0:0]
--A KUBE-SEP-A -p tcp -m comment --comment \"bench/svc-0:http\" -m tcp -j DNAT --to-destination 10.128.0.0:8080
--A KUBE-SEP-B -p tcp -m comment --comment \"bench/svc-0:http\" -m tcp -j DNAT --to-destination 10.128.0.2:8080
--A KUBE-SEP-C -p tcp -m comment --comment \"bench/svc-1:http\" -m tcp -j DNAT --to-destination 10.128.0.3:8080
--A KUBE-SEP-D -p tcp -m comment --comment \"default/kubernetes:https\" -m tcp -j DNAT --to-destination 198.18.0.2:6443
+-A KUBE-SVC-0 -m comment --comment \"bench/svc-0:http -> 10.128.0.0:8080\" -m statistic --mode random --probability 0.5 -j KUBE-SEP-A
+-A KUBE-SVC-0 -m comment --comment \"bench/svc-0:http -> 10.128.0.1:8080\" -j KUBE-SEP-B
+-A KUBE-SVC-1 -j KUBE-SEP-D
+-A KUBE-SVC-K -j KUBE-SEP-K
 -A KUBE-SEP-A -s 10.128.0.0/32 -m comment --comment \"bench/svc-0:http\" -j KUBE-MARK-MASQ
+-A KUBE-SEP-A -p tcp -m tcp -j DNAT --to-destination 10.128.0.0:8080
+-A KUBE-SEP-B -p tcp -m tcp -j DNAT --to-destination 10.128.0.1:8080
+-A KUBE-SEP-C -p tcp -m tcp -j DNAT --to-destination 10.128.0.2:8080
+-A KUBE-SEP-D -p tcp -m tcp -j DNAT --to-destination 10.128.0.3:8080
+-A KUBE-SEP-K -p tcp -m tcp -j DNAT --to-destination 198.18.0.2:6443
 COMMIT
 ";
-        // 10.128.0.3 is the fourth endpoint, beyond the shape's three.
-        assert_eq!(endpoint_dnats(save, &shape), 2);
+        // C is left behind unreferenced; D (10.128.0.3) is beyond the shape's three endpoints;
+        // K is the API server's own Service.
+        assert_eq!(routed_endpoints(save, &shape), 2);
     }
 }
