@@ -6,6 +6,8 @@
 #       10,000 endpoints / 1,000 agents, about a minute on this 2-core machine.
 #   b2: dataplane, a splitproxy agent next to upstream kube-proxy on a real control plane (root),
 #       at 1k Services / 10k endpoints and 10k / 100k (its defaults).
+#   b3: API-server load, upstream kube-proxies versus splitproxy against a real control plane, at
+#       10, 20 and 50 nodes with 1,000 Services / 10,000 endpoints (needs root; tens of minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -24,8 +26,12 @@ case $benchmark in
   b2)
     exec "$bench" b2 --output bench/results "$@"
     ;;
+  b3)
+    exec "$bench" b3 --services 1000 --endpoints 10000 --nodes 10,20,50 --changes 50 \
+      --interval-ms 200 --output bench/results "$@"
+    ;;
   *)
-    echo "scripts/bench.sh: unknown benchmark '$benchmark' (known: b1, b2)" >&2
+    echo "scripts/bench.sh: unknown benchmark '$benchmark' (known: b1, b2, b3)" >&2
     exit 64
     ;;
 esac

@@ -5,8 +5,8 @@
 
 use crate::{
     cluster::{NAMESPACE, Shape},
-    exposition::{self, Histogram},
     process::Memory,
+    prometheus::{self, Histogram},
     svg,
 };
 use anyhow::{Context as _, Result, ensure};
@@ -504,26 +504,14 @@ fn measure_changes(
             .iter()
             .map(|proxy| proxy.syncs(lab))
             .collect::<Result<_>>()?;
-        control_plane.kubectl(
-            lab,
-            &[
-                "-n",
-                NAMESPACE,
-                "patch",
-                "endpointslice",
-                &Shape::slice_name(index),
-                "--type=json",
-                "-p",
-                r#"[{"op":"replace","path":"/endpoints/0/conditions/ready","value":false}]"#,
-            ],
-        )?;
+        Shape::set_first_endpoint_ready(control_plane, lab, index, false)?;
         for ((proxy, before), result) in proxies.iter().zip(&before).zip(&mut results) {
             let what = format!("{} syncs change {change}", proxy.name);
             let after = eventually(&what, timeout, || {
                 let text = proxy.metrics(lab)?;
                 let after = Histogram::parse(&text, SYNCS);
                 ensure!(after.count_since(before) > 0.0, "no sync yet");
-                let pending = exposition::sample(&text, PENDING).unwrap_or(0.0);
+                let pending = prometheus::sum(&text, PENDING, &[]);
                 ensure!(pending == 0.0, "{pending} endpoint changes pending");
                 Ok(after)
             })?;

@@ -1,11 +1,12 @@
 //! The synthetic cluster the benchmarks serve: Services with their endpoints spread evenly over
-//! them, each Service with one EndpointSlice it does not select itself (so a real
-//! kube-controller-manager leaves the slices alone). B1 writes one manifest file per Service and
-//! one file of Nodes; B2 creates the same objects on a real API server.
+//! them, each Service with one EndpointSlice it does not select itself (no selector, and the
+//! slice labelled as managed by this bench, so a real kube-controller-manager leaves the slices
+//! alone). B1 writes one manifest file per Service and one file of Nodes; B2 and B3 create the
+//! same objects on a real API server.
 //!
-//! Addresses: cluster IPs from 10.96.1.0 up (Service `i` is 10.96.1.0 + i), above the
-//! `kubernetes` Service's 10.96.0.1; endpoints from 10.128.0.0 up, numbered across the whole
-//! cluster; endpoint `j` runs on node `j % nodes`.
+//! Addresses: cluster IPs from 10.96.1.0 up (Service `i` is 10.96.1.0 + i, clear of the API
+//! server's own `kubernetes` Service at 10.96.0.1); endpoints from 10.128.0.0 up, numbered
+//! across the whole cluster; endpoint `j` runs on node `j % nodes`.
 
 use std::{
     fmt::Write as _,
@@ -16,11 +17,30 @@ use std::{
 /// The namespace every Service lives in.
 pub const NAMESPACE: &str = "bench";
 const CLUSTER_IP_BASE: u32 = u32::from_be_bytes([10, 96, 1, 0]);
-/// The slices' `endpointslice.kubernetes.io/managed-by`: not the EndpointSlice controller's.
-const MANAGED_BY: &str = "splitproxy-bench";
+/// The `endpointslice.kubernetes.io/managed-by` value of the slices: not the EndpointSlice
+/// controller's, so it neither adopts nor deletes them.
+pub const MANAGED_BY: &str = "splitproxy-bench";
 const ENDPOINT_IP_BASE: u32 = u32::from_be_bytes([10, 128, 0, 0]);
 /// The endpoints' target port.
 pub const ENDPOINT_PORT: u16 = 8080;
+
+/// Checks that `changes` single-endpoint changes, each to its own Service, fit a cluster of
+/// `services` Services and `endpoints` endpoints (the flags of the benchmarks that churn).
+///
+/// # Errors
+///
+/// Names the flags that do not fit together.
+pub fn check_churn(services: usize, endpoints: usize, changes: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        endpoints >= services,
+        "--endpoints ({endpoints}) must be at least --services ({services}): every Service needs an endpoint to churn"
+    );
+    anyhow::ensure!(
+        changes <= services,
+        "--changes ({changes}) must be at most --services ({services}): each change goes to its own Service"
+    );
+    Ok(())
+}
 
 /// The sizes of the cluster.
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +64,36 @@ impl Shape {
     #[must_use]
     pub fn slice_name(index: usize) -> String {
         format!("{}-bench", Self::service_name(index))
+    }
+
+    /// Sets the `ready` condition of the first endpoint in Service `index`'s slice on the real
+    /// API server of `control_plane`: one endpoint change, as the churns of B2 and B3 make them.
+    ///
+    /// # Errors
+    ///
+    /// If kubectl fails.
+    pub fn set_first_endpoint_ready(
+        control_plane: &splitproxy_e2e::control_plane::ControlPlane,
+        lab: &splitproxy_e2e::lab::Lab,
+        index: usize,
+        ready: bool,
+    ) -> anyhow::Result<()> {
+        let patch = format!(
+            r#"[{{"op":"replace","path":"/endpoints/0/conditions/ready","value":{ready}}}]"#
+        );
+        let slice = Self::slice_name(index);
+        let args = [
+            "-n",
+            NAMESPACE,
+            "patch",
+            "endpointslice",
+            &slice,
+            "--type=json",
+            "-p",
+            &patch,
+        ];
+        control_plane.kubectl(lab, &args)?;
+        Ok(())
     }
 
     /// The name of node `index`.

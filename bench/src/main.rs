@@ -1,12 +1,13 @@
-//! `splitproxy-bench`: runs one benchmark (`b1` fan-out, `b2` dataplane) and writes its results
-//! as JSON and an SVG plot.
+//! `splitproxy-bench`: runs one benchmark (`b1` fan-out, `b2` dataplane, `b3` API-server load)
+//! and writes its results as JSON and an SVG plot.
 
 mod b1;
 mod b2;
+mod b3;
 mod cluster;
-mod exposition;
 mod probe;
 mod process;
+mod prometheus;
 mod stats;
 mod svg;
 
@@ -29,6 +30,9 @@ enum Benchmark {
     /// B2 dataplane: sync times, rules and memory of a splitproxy agent next to upstream
     /// kube-proxy, on a real control plane (needs root).
     B2(b2::Args),
+    /// B3 API-server load: upstream kube-proxies versus splitproxy at several cluster sizes,
+    /// against a real control plane in network namespaces (needs root).
+    B3(b3::Args),
 }
 
 /// B1's flags.
@@ -66,20 +70,7 @@ impl B1Args {
         if self.services == 0 || self.agents == 0 || self.changes == 0 {
             bail!("--services, --agents and --changes must be at least 1");
         }
-        if self.endpoints < self.services {
-            bail!(
-                "--endpoints ({}) must be at least --services ({}): every Service needs an endpoint to churn",
-                self.endpoints,
-                self.services
-            );
-        }
-        if self.changes > self.services {
-            bail!(
-                "--changes ({}) must be at most --services ({}): each change goes to its own Service",
-                self.changes,
-                self.services
-            );
-        }
+        cluster::check_churn(self.services, self.endpoints, self.changes)?;
         Ok(b1::Params {
             services: self.services,
             endpoints: self.endpoints,
@@ -101,6 +92,7 @@ async fn main() -> anyhow::Result<()> {
             // The lab drives processes and waits on them: blocking work, off the runtime.
             tokio::task::spawn_blocking(move || b2::run(&args, params)).await?
         }
+        Benchmark::B3(args) => run_b3(&args),
     }
 }
 
@@ -108,6 +100,23 @@ async fn main() -> anyhow::Result<()> {
 fn bad_flags(err: &anyhow::Error) -> ! {
     eprintln!("splitproxy-bench: {err:#}");
     std::process::exit(64);
+}
+
+/// Runs B3 and writes `b3.json` and `b3.svg`.
+fn run_b3(args: &b3::Args) -> anyhow::Result<()> {
+    let params = args.params().unwrap_or_else(|err| bad_flags(&err));
+    let output = args.output();
+    std::fs::create_dir_all(output).with_context(|| format!("creating {}", output.display()))?;
+    let scratch = tempfile::tempdir().context("creating a scratch directory")?;
+    // The lab and kubectl block; nothing else runs meanwhile.
+    let results = b3::run(params, scratch.path(), |results| {
+        let json = serde_json::to_string_pretty(results)?;
+        std::fs::write(output.join("b3.json"), format!("{json}\n"))?;
+        std::fs::write(output.join("b3.svg"), b3::plot(results))?;
+        Ok(())
+    })?;
+    println!("{}", serde_json::to_string_pretty(&results)?);
+    Ok(())
 }
 
 /// Runs B1 and writes `b1.json` and `b1.svg`.
@@ -190,5 +199,20 @@ mod tests {
         assert!(err.to_string().contains("must pair up"), "{err}");
         let err = b2(&["--services", "20", "--endpoints", "5"]).expect_err("too few endpoints");
         assert!(err.to_string().contains("at least --services"), "{err}");
+    }
+
+    #[test]
+    fn b3_sizes_are_sorted_and_bounded() {
+        let parse = |nodes: &str| {
+            let cli = Cli::try_parse_from(["splitproxy-bench", "b3", "--nodes", nodes])
+                .expect("flags parse");
+            let Benchmark::B3(args) = cli.benchmark else {
+                panic!("parsed as another benchmark");
+            };
+            args.params()
+        };
+        assert_eq!(parse("50,10,20,10").expect("valid").nodes, vec![10, 20, 50]);
+        let err = parse("10,201").expect_err("too many nodes");
+        assert!(err.to_string().contains("--nodes 201"), "{err}");
     }
 }

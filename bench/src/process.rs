@@ -1,5 +1,5 @@
-//! CPU time and memory from /proc: this process's (for B1, the controller and every hollow agent
-//! together, since they share the process) and another process's (B2's proxies).
+//! CPU time and memory from /proc: of this process (in B1 the controller and every hollow agent
+//! together, since they share it), or of another one by pid (B2's and B3's proxies).
 
 use serde::Serialize;
 use std::time::Duration;
@@ -10,7 +10,24 @@ const TICKS_PER_SECOND: u64 = 100;
 /// User plus system CPU time of all threads so far; `None` when /proc cannot be read.
 #[must_use]
 pub fn cpu_time() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    cpu_time_at("/proc/self/stat")
+}
+
+/// [`cpu_time`] of process `pid`; `None` when it is gone.
+#[must_use]
+pub fn cpu_time_of(pid: u32) -> Option<Duration> {
+    cpu_time_at(&format!("/proc/{pid}/stat"))
+}
+
+/// The resident set size of process `pid` in bytes (VmRSS); `None` when it is gone.
+#[must_use]
+pub fn rss_bytes_of(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status_bytes(&status, "VmRSS:")
+}
+
+fn cpu_time_at(stat_path: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(stat_path).ok()?;
     // Fields after the command name (which may hold spaces) start at field 3; utime and stime
     // are fields 14 and 15.
     let after_comm = &stat[stat.rfind(')')? + 2..];
@@ -70,5 +87,8 @@ mod tests {
         assert!(peak_rss_bytes().is_some_and(|b| b > 0));
         let memory = Memory::of(std::process::id()).expect("this process's memory");
         assert!(memory.rss_mib > 0.0 && memory.peak_rss_mib >= memory.rss_mib);
+        let me = std::process::id();
+        assert!(cpu_time_of(me).is_some());
+        assert!(rss_bytes_of(me).is_some_and(|b| b > 0));
     }
 }

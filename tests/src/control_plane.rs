@@ -261,7 +261,9 @@ impl ControlPlane {
     ///
     /// If the token cannot be issued, or the binary is missing or cannot start.
     pub fn start_agent_with(&self, lab: &mut Lab, node: &Node, extra: &[&str]) -> Result<Process> {
-        self.spawn_agent(lab, node, &[self.controller_url(CONTROLLER_PORT)], extra)
+        let token = self.agent_token(lab, node.name())?;
+        let controllers = [self.controller_url(CONTROLLER_PORT)];
+        self.spawn_agent(lab, node, &controllers, &token, extra)
     }
 
     /// Starts splitproxy-agent on `node`, listing `controllers` (URLs, tried in turn) as
@@ -277,7 +279,24 @@ impl ControlPlane {
         node: &Node,
         controllers: &[String],
     ) -> Result<Process> {
-        self.spawn_agent(lab, node, controllers, &[])
+        let token = self.agent_token(lab, node.name())?;
+        self.start_agent_with_token(lab, node, controllers, &token)
+    }
+
+    /// [`start_agent_following`](Self::start_agent_following) with a token file issued
+    /// beforehand by [`agent_token`](Self::agent_token), so starting needs no API calls.
+    ///
+    /// # Errors
+    ///
+    /// If the binary is missing or cannot start.
+    pub fn start_agent_with_token(
+        &self,
+        lab: &mut Lab,
+        node: &Node,
+        controllers: &[String],
+        token: &Path,
+    ) -> Result<Process> {
+        self.spawn_agent(lab, node, controllers, token, &[])
     }
 
     fn spawn_agent(
@@ -285,9 +304,10 @@ impl ControlPlane {
         lab: &mut Lab,
         node: &Node,
         controllers: &[String],
+        token: &Path,
         extra: &[&str],
     ) -> Result<Process> {
-        let token = path(&self.agent_token(lab, node.name())?);
+        let token = path(token);
         let tls = self.tls.agent_flags();
         let mut args = Vec::new();
         for url in controllers {
@@ -529,6 +549,24 @@ spec:
         self.dir.path().join("admin.kubeconfig")
     }
 
+    /// Writes an admin kubeconfig reaching the API server at the control-plane host's LAN
+    /// address, for clients on the nodes (upstream kube-proxies in benchmarks), and returns its
+    /// path.
+    ///
+    /// # Errors
+    ///
+    /// If it cannot be written.
+    pub fn lan_admin_kubeconfig(&self) -> Result<PathBuf> {
+        let file = self.dir.path().join("admin-lan.kubeconfig");
+        let server = format!("https://{}:{API_PORT}", self.host.ip());
+        std::fs::write(
+            &file,
+            kubeconfig(&server, &self.dir.path().join("ca.crt"), ADMIN_TOKEN),
+        )
+        .context("writing the LAN admin kubeconfig")?;
+        Ok(file)
+    }
+
     /// Writes a kubeconfig for `token` next to the admin one and returns its path.
     ///
     /// # Errors
@@ -538,26 +576,9 @@ spec:
         let file = self.dir.path().join(format!("{name}.kubeconfig"));
         std::fs::write(
             &file,
-            kubeconfig(&self.dir.path().join("ca.crt"), LOOPBACK, token),
+            kubeconfig(&loopback_server(), &self.dir.path().join("ca.crt"), token),
         )
         .context("writing a kubeconfig")?;
-        Ok(file)
-    }
-
-    /// Writes an admin kubeconfig for processes on other lab hosts (the API server at the
-    /// control-plane host's LAN address) and returns its path.
-    ///
-    /// # Errors
-    ///
-    /// If it cannot be written.
-    pub fn remote_admin_kubeconfig(&self) -> Result<PathBuf> {
-        let file = self.dir.path().join("remote-admin.kubeconfig");
-        let server = self.host.ip().to_string();
-        std::fs::write(
-            &file,
-            kubeconfig(&self.dir.path().join("ca.crt"), &server, ADMIN_TOKEN),
-        )
-        .context("writing the remote admin kubeconfig")?;
         Ok(file)
     }
 
@@ -569,7 +590,7 @@ spec:
     ///
     /// If the kubeconfig cannot be written or kube-proxy cannot start.
     pub fn start_kube_proxy(&self, lab: &mut Lab, node: &Node, mode: &str) -> Result<Process> {
-        let kubeconfig = path(&self.remote_admin_kubeconfig()?);
+        let kubeconfig = path(&self.lan_admin_kubeconfig()?);
         lab.spawn(
             node,
             self.binaries.kubernetes.join("kube-proxy"),
@@ -643,24 +664,26 @@ fn write_credentials(dir: &Path, host: &Host) -> Result<()> {
     .context("writing the token file")?;
     std::fs::write(
         dir.join("admin.kubeconfig"),
-        kubeconfig(&dir.join("ca.crt"), LOOPBACK, ADMIN_TOKEN),
+        kubeconfig(&loopback_server(), &dir.join("ca.crt"), ADMIN_TOKEN),
     )
     .context("writing the admin kubeconfig")?;
     Ok(())
 }
 
-/// The API server's address for processes on the control-plane host itself.
-const LOOPBACK: &str = "127.0.0.1";
+/// The API server as clients on the control-plane host itself reach it.
+fn loopback_server() -> String {
+    format!("https://127.0.0.1:{API_PORT}")
+}
 
-/// A kubeconfig reaching the API server at `server` (an IP) with `token`.
-fn kubeconfig(ca: &Path, server: &str, token: &str) -> String {
+/// A kubeconfig for `server`, trusting `ca`, presenting `token`.
+fn kubeconfig(server: &str, ca: &Path, token: &str) -> String {
     format!(
         "apiVersion: v1
 kind: Config
 clusters:
 - name: e2e
   cluster:
-    server: https://{server}:{API_PORT}
+    server: {server}
     certificate-authority: {}
 users:
 - name: user
