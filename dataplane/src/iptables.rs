@@ -400,12 +400,9 @@ impl Iptables {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
-    /// Why this sync must be full, or `None` when a partial one is enough. `nat_chains` are the
-    /// nat chains now in the kernel; the other tables' canaries are probed.
-    async fn full_sync_reason(
-        &self,
-        nat_chains: &BTreeSet<String>,
-    ) -> Result<Option<&'static str>> {
+    /// Why this sync must be full, or `None` when a partial one is enough. Each table's canary
+    /// is probed.
+    async fn full_sync_reason(&self) -> Result<Option<&'static str>> {
         if self.written == WrittenChains::default() {
             return Ok(Some("first sync or previous failure"));
         }
@@ -416,24 +413,21 @@ impl Iptables {
             return Ok(Some("periodic full sync"));
         }
         for table in CANARY_TABLES {
-            let present = if table == "nat" {
-                nat_chains.contains(KUBE_PROXY_CANARY)
-            } else {
-                let args = [
-                    "-w".to_owned(),
-                    self.config.lock_wait_seconds.to_string(),
-                    "-t".to_owned(),
-                    table.to_owned(),
-                    "-S".to_owned(),
-                    KUBE_PROXY_CANARY.to_owned(),
-                ];
-                // Any failure (missing chain or table, or worse) counts as gone: a full sync is
-                // always safe.
-                self.run(&self.config.iptables, &args, None)
-                    .await?
-                    .status
-                    .success()
-            };
+            let args = [
+                "-w".to_owned(),
+                self.config.lock_wait_seconds.to_string(),
+                "-t".to_owned(),
+                table.to_owned(),
+                "-S".to_owned(),
+                KUBE_PROXY_CANARY.to_owned(),
+            ];
+            // Any failure (missing chain or table, or worse) counts as gone: a full sync is
+            // always safe.
+            let present = self
+                .run(&self.config.iptables, &args, None)
+                .await?
+                .status
+                .success();
             if !present {
                 tracing::warn!(
                     table,
@@ -625,14 +619,17 @@ impl Iptables {
     /// One sync of this family: the kernel transaction and its bookkeeping.
     async fn sync_rules(&mut self, state: &ProxyState) -> Result<SyncReport> {
         let family = self.config.family;
-        let existing = self.existing_chains().await?;
-        let full_reason = self.full_sync_reason(&existing).await?;
+        let full_reason = self.full_sync_reason().await?;
         // Taken, so that a sync failing from here on leaves it empty and the next one is full.
         let previous = std::mem::take(&mut self.written);
-        let previous = if full_reason.is_some() {
-            WrittenChains::default()
+        // Only a full sync reads the kernel's chains: `iptables-save` takes seconds at tens of
+        // thousands of rules, so a partial sync, as kube-proxy's, trusts the chains it wrote
+        // (the canaries tell when they may be gone, and every full sync looks again).
+        let (previous, existing) = if full_reason.is_some() {
+            (WrittenChains::default(), self.existing_chains().await?)
         } else {
-            previous
+            let existing = previous.chains_in("nat");
+            (previous, existing)
         };
         let filter = render_filter_for(family, state);
         let nat = render_nat_for(family, state, &self.config.render, &existing);

@@ -5,7 +5,9 @@
 //!
 //! The decision compares rendered text with the text of the last successful restore, so it needs
 //! no change tracking and cannot miss a change: a Service whose rules come out the same is, by
-//! definition, unchanged. A chain the kernel no longer has is always written again.
+//! definition, unchanged. Only full syncs read the kernel's chains (`iptables-save` is slow at
+//! scale): a chain the kernel no longer has is written again by the next full one, which the
+//! canaries force when the tables were flushed, as kube-proxy's.
 
 use super::chain_names::OWNED_PREFIXES;
 use std::collections::{BTreeMap, BTreeSet};
@@ -13,6 +15,18 @@ use std::collections::{BTreeMap, BTreeSet};
 /// The per-Service chains of one sync, by table and name, with the rules each holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WrittenChains(BTreeMap<(String, String), Vec<String>>);
+
+impl WrittenChains {
+    /// The names of the chains written in `table`.
+    #[must_use]
+    pub fn chains_in(&self, table: &str) -> BTreeSet<String> {
+        self.0
+            .keys()
+            .filter(|(t, _)| t == table)
+            .map(|(_, chain)| chain.clone())
+            .collect()
+    }
+}
 
 /// A payload ready for `iptables-restore`, and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
