@@ -131,10 +131,11 @@ impl<D: Dataplane> Applier<D> {
                 }
             }
         }
-        let changed: BTreeSet<&Key> = current
-            .service_changes(&next)
-            .chain(current.endpoint_changes(&next))
-            .collect();
+        // Each is a walk of both states: taken once, for the conversion, the counts and the
+        // programming latency.
+        let service_changes: Vec<Key> = current.service_changes(&next).cloned().collect();
+        let endpoint_changes: Vec<Key> = current.endpoint_changes(&next).cloned().collect();
+        let changed: BTreeSet<&Key> = service_changes.iter().chain(&endpoint_changes).collect();
         if !revision.reset && changed.is_empty() {
             // Only the node's status changed: nothing to write, and no reason to wait for
             // min-sync-period or to fail with the kernel (protocol rule 9).
@@ -147,7 +148,7 @@ impl<D: Dataplane> Applier<D> {
             });
             return Ok(());
         }
-        self.count_changes(&current, &next);
+        self.count_changes(service_changes.len(), endpoint_changes.len());
         let conversion = self
             .conversion_of(&current)
             .updated(&next, changed.iter().copied());
@@ -165,7 +166,7 @@ impl<D: Dataplane> Applier<D> {
         let (report, duration, finished_at) = self.sync_kernel(&proxy_state).await?;
         let next = Arc::new(next);
         self.converted = (Arc::clone(&next), conversion);
-        self.record_success(&current, next, report, duration, finished_at);
+        self.record_success(&endpoint_changes, next, report, duration, finished_at);
         let no_local = NoLocalEndpoints::of(&proxy_state);
         for (traffic_policy, ports) in [
             ("internal", no_local.internal),
@@ -188,12 +189,10 @@ impl<D: Dataplane> Applier<D> {
         &self.converted.1
     }
 
-    /// Counts the Services whose definition or endpoints `next` changes from `current`, as
-    /// kube-proxy's change trackers count the changes that wait for the next sync.
-    fn count_changes(&self, current: &NodeState, next: &NodeState) {
+    /// Counts the Services whose definition (`services`) or endpoints (`endpoints`) a revision
+    /// changes, as kube-proxy's change trackers count the changes that wait for the next sync.
+    fn count_changes(&self, services: usize, endpoints: usize) {
         let as_gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        let services = current.service_changes(next).count();
-        let endpoints = current.endpoint_changes(next).count();
         self.metrics.service_changes.inc_by(services as u64);
         self.metrics.endpoint_changes.inc_by(endpoints as u64);
         self.metrics.service_changes_pending.set(as_gauge(services));
@@ -294,14 +293,14 @@ impl<D: Dataplane> Applier<D> {
 
     fn record_success(
         &self,
-        previous: &NodeState,
+        endpoint_changes: &[Key],
         next: Arc<NodeState>,
         report: SyncReport,
         duration: Duration,
         finished_at: SystemTime,
     ) {
         let now = unix_seconds(finished_at);
-        for key in previous.endpoint_changes(&next) {
+        for key in endpoint_changes {
             let trigger = next
                 .endpoints
                 .get(key)
