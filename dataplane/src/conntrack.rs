@@ -22,7 +22,7 @@
 mod tests;
 
 use crate::endpoints::categorize;
-use crate::{Protocol, ProxyState, Service, ServicePort, tool::RunError};
+use crate::{Protocol, ProxyState, Service, ServiceKey, ServicePort, tool::RunError};
 use std::{
     collections::BTreeSet,
     net::IpAddr,
@@ -146,14 +146,21 @@ impl Deletion {
 #[must_use]
 pub fn stale_flows(previous: &ProxyState, current: &ProxyState, family: IpFamily) -> Vec<Deletion> {
     let mut deletions = BTreeSet::new();
-    for (key, service) in &previous.services {
+    // Services the two states share have the same endpoints in both, so none of their flows is
+    // stale: only the changed ones are looked at.
+    let changed: Vec<&ServiceKey> = previous.changed_services(current).collect();
+    let of = |state: &'_ ProxyState, key: &ServiceKey| state.services.get(key).cloned();
+    for (key, service) in changed
+        .iter()
+        .filter_map(|key| Some((*key, of(previous, key)?)))
+    {
         for port in service.ports.iter().filter(|port| needs_cleanup(port)) {
             let now = usable(
                 find_port(current.services.get(key).map(|s| &**s), port),
                 family,
             );
             for &(endpoint, _) in usable(Some(port), family).difference(&now) {
-                let flows = destinations(service, port, family);
+                let flows = destinations(&service, port, family);
                 deletions.extend(flows.map(|destination| Deletion {
                     family,
                     protocol: port.protocol,
@@ -163,14 +170,17 @@ pub fn stale_flows(previous: &ProxyState, current: &ProxyState, family: IpFamily
             }
         }
     }
-    for (key, service) in &current.services {
+    for (key, service) in changed
+        .iter()
+        .filter_map(|key| Some((*key, of(current, key)?)))
+    {
         for port in service.ports.iter().filter(|port| needs_cleanup(port)) {
             let before = usable(
                 find_port(previous.services.get(key).map(|s| &**s), port),
                 family,
             );
             if before.is_empty() && !usable(Some(port), family).is_empty() {
-                let flows = destinations(service, port, family);
+                let flows = destinations(&service, port, family);
                 deletions.extend(flows.map(|destination| Deletion {
                     family,
                     protocol: port.protocol,

@@ -3,6 +3,7 @@
 //! Backends consume [`model::ProxyState`], never wire or Kubernetes types. Each backend keeps a
 //! pure render step (state → kernel input) apart from a thin executor (processes, sockets).
 
+pub mod changes;
 pub mod conntrack;
 pub mod endpoints;
 pub mod flow_table;
@@ -14,6 +15,7 @@ pub mod tool;
 
 use std::future::Future;
 
+pub use changes::changed_keys;
 pub use conntrack::IpFamily;
 pub use model::{
     Cidr, Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy,

@@ -22,6 +22,12 @@ impl ProxyState {
     pub fn insert(&mut self, service: Service) {
         self.services.insert(service.key.clone(), Arc::new(service));
     }
+
+    /// Keys of the Services added, changed or removed between `self` and `other`, in key order;
+    /// Services the two share are skipped without a look inside.
+    pub fn changed_services<'a>(&'a self, other: &'a Self) -> impl Iterator<Item = &'a ServiceKey> {
+        crate::changed_keys(&self.services, &other.services)
+    }
 }
 
 impl FromIterator<Service> for ProxyState {

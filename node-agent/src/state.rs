@@ -252,12 +252,12 @@ impl NodeState {
 
     /// Keys of the Services whose endpoints differ between `self` and `other`.
     pub fn endpoint_changes<'a>(&'a self, other: &'a Self) -> impl Iterator<Item = &'a Key> {
-        changed_keys(&self.endpoints, &other.endpoints)
+        dp::changed_keys(&self.endpoints, &other.endpoints)
     }
 
     /// Keys of the Services added, changed or removed between `self` and `other`.
     pub fn service_changes<'a>(&'a self, other: &'a Self) -> impl Iterator<Item = &'a Key> {
-        changed_keys(&self.services, &other.services)
+        dp::changed_keys(&self.services, &other.services)
     }
 
     /// The digest of every resource held, sorted by kind then key, for a subscribe (protocol
@@ -299,53 +299,6 @@ impl NodeState {
             .map(|p| p.endpoints.len())
             .sum()
     }
-}
-
-/// Keys whose entry differs between `before` and `after` (added, changed or removed), in key
-/// order: a walk of both maps in step, where entries the two share are equal without a look
-/// inside. (Not `OrdMap::diff`: imbl 6.1's misses some changed entries.)
-fn changed_keys<'a, V: PartialEq>(
-    before: &'a OrdMap<Key, Arc<V>>,
-    after: &'a OrdMap<Key, Arc<V>>,
-) -> impl Iterator<Item = &'a Key> {
-    let same_map = before.ptr_eq(after);
-    let mut before = before.iter().peekable();
-    let mut after = after.iter().peekable();
-    std::iter::from_fn(move || {
-        if same_map {
-            return None;
-        }
-        loop {
-            match (before.peek().copied(), after.peek().copied()) {
-                (None, None) => return None,
-                (Some((key, _)), None) => {
-                    before.next();
-                    return Some(key);
-                }
-                (None, Some((key, _))) => {
-                    after.next();
-                    return Some(key);
-                }
-                (Some((old_key, old)), Some((new_key, new))) => match old_key.cmp(new_key) {
-                    std::cmp::Ordering::Less => {
-                        before.next();
-                        return Some(old_key);
-                    }
-                    std::cmp::Ordering::Greater => {
-                        after.next();
-                        return Some(new_key);
-                    }
-                    std::cmp::Ordering::Equal => {
-                        before.next();
-                        after.next();
-                        if !(Arc::ptr_eq(old, new) || old == new) {
-                            return Some(new_key);
-                        }
-                    }
-                },
-            }
-        }
-    })
 }
 
 /// The dataplane model of a node state, and the Services it had to leave out with why. Kept in

@@ -37,8 +37,12 @@ mod filter;
 mod nat;
 mod plan;
 
+pub(crate) use filter::ServiceFilter;
 pub use filter::{FilterRules, render_filter, render_filter_for};
+pub(crate) use nat::{Chain, ServiceNat};
 pub use nat::{NatRules, render_nat, render_nat_for};
+
+use plan::PortPlan;
 
 use crate::Cidr;
 use crate::conntrack::IpFamily;
@@ -134,18 +138,66 @@ impl RenderOptions {
     }
 }
 
-/// The Services the `family` proxier programs: those with a cluster IP of the family. As
-/// upstream's per-family service tracker, a single-stack Service of the other family gets no rule
-/// at all here, not even a REJECT for its node port.
-fn services_of(
-    family: IpFamily,
-    state: &crate::ProxyState,
-) -> impl Iterator<Item = &crate::Service> {
-    state
-        .services
-        .values()
-        .map(|service| &**service)
-        .filter(move |service| service.cluster_ips.iter().any(|ip| family.contains(ip)))
+/// [`RenderOptions`] as one family's render uses them: the addresses and CIDR of that family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FamilyOptions {
+    /// The family rendered.
+    pub family: IpFamily,
+    /// [`RenderOptions::masquerade_all`].
+    pub masquerade_all: bool,
+    /// The family's cluster CIDR pod traffic comes from (the local-traffic detector), if known.
+    pub cluster_cidr: Option<String>,
+    /// The family's addresses taking node ports; `None` for every local address.
+    pub node_port_addresses: Option<Vec<IpAddr>>,
+    /// The node's addresses of the family ([`RenderOptions::node_ips`]).
+    pub node_ips: Vec<IpAddr>,
+}
+
+impl FamilyOptions {
+    /// `options` for the `family` render.
+    pub fn new(family: IpFamily, options: &RenderOptions) -> Self {
+        let of_family = |ips: &[IpAddr]| -> Vec<IpAddr> {
+            ips.iter()
+                .copied()
+                .filter(|ip| family.contains(ip))
+                .collect()
+        };
+        Self {
+            family,
+            masquerade_all: options.masquerade_all,
+            cluster_cidr: options.cluster_cidr(family),
+            node_port_addresses: options.node_port_addresses.as_deref().map(of_family),
+            node_ips: of_family(&options.node_ips),
+        }
+    }
+}
+
+/// What one Service adds to a family's nat and filter tables.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ServiceRules {
+    /// Its nat rules and chains.
+    pub nat: ServiceNat,
+    /// Its filter rules.
+    pub filter: ServiceFilter,
+}
+
+/// Renders `service` for `options.family`. As upstream's per-family service tracker, a Service
+/// without a cluster IP of the family gets no rule at all, not even a REJECT for its node port.
+pub(crate) fn render_service(service: &crate::Service, options: &FamilyOptions) -> ServiceRules {
+    let mut rules = ServiceRules::default();
+    if !service
+        .cluster_ips
+        .iter()
+        .any(|ip| options.family.contains(ip))
+    {
+        return rules;
+    }
+    for port in &service.ports {
+        let plan = PortPlan::new(service, port, options.family);
+        rules.nat.add(&plan, options);
+        rules.filter.add(&plan);
+    }
+    rules
 }
 
 /// Joins a table's lines with `COMMIT` into a payload; returns it with the rule count.

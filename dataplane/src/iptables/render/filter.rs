@@ -3,11 +3,11 @@
 
 use super::plan::PortPlan;
 use super::{
-    FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_PROXY_FIREWALL,
-    MASQUERADE_MARK, comment, finish, services_of,
+    FILTER_KUBE_SERVICES, FamilyOptions, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_PROXY_FIREWALL,
+    MASQUERADE_MARK, RenderOptions, comment, finish, render_service,
 };
+use crate::ProxyState;
 use crate::conntrack::IpFamily;
-use crate::{ProxyState, TrafficPolicy};
 
 /// The filter chain accepting health-check node ports (jumped to from INPUT). It shares its name
 /// with the nat [`KUBE_NODEPORTS`](super::KUBE_NODEPORTS) chain, as in kube-proxy.
@@ -47,67 +47,87 @@ pub fn render_filter(state: &ProxyState) -> FilterRules {
 /// Every chain here is kube-proxy's fixed set and is rewritten whole on each sync.
 #[must_use]
 pub fn render_filter_for(family: IpFamily, state: &ProxyState) -> FilterRules {
-    let mut services = Vec::new();
-    let mut external = Vec::new();
-    let mut firewall = Vec::new();
-    let mut node_ports = Vec::new();
-    for service in services_of(family, state) {
-        let health_check_node_port = service
-            .health_check_node_port
-            .filter(|_| service.external_traffic_policy == TrafficPolicy::Local);
-        for port in &service.ports {
-            let plan = PortPlan::new(service, port, family);
-            let proto = plan.proto;
-            if let Some(health_check_node_port) = health_check_node_port {
-                node_ports.push(format!(
-                    "-A {FILTER_KUBE_NODEPORTS} -m comment --comment {} -m tcp -p tcp --dport {health_check_node_port} -j ACCEPT",
-                    comment(&format!("{} health check node port", plan.port_name)),
-                ));
+    let options = FamilyOptions::new(family, &RenderOptions::default());
+    let services: Vec<ServiceFilter> = state
+        .services
+        .values()
+        .map(|service| render_service(service, &options).filter)
+        .collect();
+    assemble(services.iter())
+}
+
+/// What one Service adds to the filter table, per chain.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ServiceFilter {
+    /// Its rules of `KUBE-SERVICES`.
+    services: Vec<String>,
+    /// Its rules of `KUBE-EXTERNAL-SERVICES`.
+    external: Vec<String>,
+    /// Its rules of `KUBE-NODEPORTS`.
+    node_ports: Vec<String>,
+    /// Its rules of `KUBE-PROXY-FIREWALL`.
+    firewall: Vec<String>,
+}
+
+impl ServiceFilter {
+    /// Adds the rules of one Service port.
+    pub(super) fn add(&mut self, plan: &PortPlan<'_>) {
+        let proto = plan.proto;
+        if let Some(health_check_node_port) = plan.health_check_node_port {
+            self.node_ports.push(format!(
+            "-A {FILTER_KUBE_NODEPORTS} -m comment --comment {} -m tcp -p tcp --dport {health_check_node_port} -j ACCEPT",
+            comment(&format!("{} health check node port", plan.port_name)),
+        ));
+        }
+        let (verdict, why) = plan.no_endpoint_verdict();
+        if !plan.has_internal_endpoints {
+            for ip in &plan.cluster_ips {
+                self.services.push(format!(
+                "-A {FILTER_KUBE_SERVICES} -m comment --comment {why} -m {proto} -p {proto} -d {ip} --dport {} -j {verdict}",
+                plan.port.port
+            ));
             }
-            let (verdict, why) = plan.no_endpoint_verdict();
-            if !plan.has_internal_endpoints {
-                for ip in &plan.cluster_ips {
-                    services.push(format!(
-                        "-A {FILTER_KUBE_SERVICES} -m comment --comment {why} -m {proto} -p {proto} -d {ip} --dport {} -j {verdict}",
-                        port.port
-                    ));
-                }
-            }
-            for ip in &plan.external_ips {
-                if !plan.has_external_endpoints {
-                    external.push(format!(
-                        "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {why} -m {proto} -p {proto} -d {ip} --dport {} -j {verdict}",
-                        port.port
-                    ));
-                }
-            }
-            if plan.uses_firewall_chain {
-                let why = comment(&format!(
-                    "{} traffic not accepted by {}",
-                    plan.port_name, plan.firewall_chain
-                ));
-                for ip in &plan.load_balancer_ips {
-                    firewall.push(format!(
-                        "-A {KUBE_PROXY_FIREWALL} -m comment --comment {why} -m {proto} -p {proto} -d {ip} --dport {} -j DROP",
-                        port.port
-                    ));
-                }
-            }
+        }
+        for ip in &plan.external_ips {
             if !plan.has_external_endpoints {
-                for ip in &plan.load_balancer_ips {
-                    external.push(format!(
-                        "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {why} -m {proto} -p {proto} -d {ip} --dport {} -j {verdict}",
-                        port.port
-                    ));
-                }
-                if let Some(node_port) = port.node_port {
-                    external.push(format!(
-                        "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {why} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {node_port} -j {verdict}"
-                    ));
-                }
+                self.external.push(format!(
+                "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {why} -m {proto} -p {proto} -d {ip} --dport {} -j {verdict}",
+                plan.port.port
+            ));
+            }
+        }
+        if plan.uses_firewall_chain {
+            let why = comment(&format!(
+                "{} traffic not accepted by {}",
+                plan.port_name, plan.firewall_chain
+            ));
+            for ip in &plan.load_balancer_ips {
+                self.firewall.push(format!(
+                "-A {KUBE_PROXY_FIREWALL} -m comment --comment {why} -m {proto} -p {proto} -d {ip} --dport {} -j DROP",
+                plan.port.port
+            ));
+            }
+        }
+        if !plan.has_external_endpoints {
+            for ip in &plan.load_balancer_ips {
+                self.external.push(format!(
+                "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {why} -m {proto} -p {proto} -d {ip} --dport {} -j {verdict}",
+                plan.port.port
+            ));
+            }
+            if let Some(node_port) = plan.port.node_port {
+                self.external.push(format!(
+                "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {why} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {node_port} -j {verdict}"
+            ));
             }
         }
     }
+}
+
+/// The filter table for `services`: kube-proxy's fixed chains, written whole.
+pub(crate) fn assemble<'a>(
+    services: impl Iterator<Item = &'a ServiceFilter> + Clone,
+) -> FilterRules {
     let mut lines = vec!["*filter".to_owned()];
     for chain in [
         FILTER_KUBE_SERVICES,
@@ -119,9 +139,9 @@ pub fn render_filter_for(family: IpFamily, state: &ProxyState) -> FilterRules {
         lines.push(format!(":{chain} - [0:0]"));
     }
     let first_rule = lines.len();
-    lines.extend(services);
-    lines.extend(external);
-    lines.extend(node_ports);
+    lines.extend(services.clone().flat_map(|s| s.services.iter().cloned()));
+    lines.extend(services.clone().flat_map(|s| s.external.iter().cloned()));
+    lines.extend(services.clone().flat_map(|s| s.node_ports.iter().cloned()));
     lines.push(format!(
         "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"
     ));
@@ -133,7 +153,7 @@ pub fn render_filter_for(family: IpFamily, state: &ProxyState) -> FilterRules {
         "-A {KUBE_FORWARD} -m comment --comment {} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
         comment("kubernetes forwarding conntrack rule"),
     ));
-    lines.extend(firewall);
+    lines.extend(services.flat_map(|s| s.firewall.iter().cloned()));
     let rule_count = lines.len() - first_rule;
     let (payload, rule_count) = finish(lines, rule_count);
     FilterRules {

@@ -4,12 +4,12 @@
 use super::super::chain_names::{endpoint_chain, is_owned};
 use super::plan::PortPlan;
 use super::{
-    KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_SERVICES, MASQUERADE_MARK,
-    RenderOptions, comment, finish, probability, services_of,
+    FamilyOptions, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_SERVICES,
+    MASQUERADE_MARK, RenderOptions, comment, finish, probability, render_service,
 };
 use crate::conntrack::IpFamily;
 use crate::{Endpoint, ProxyState};
-use std::{collections::BTreeSet, net::IpAddr};
+use std::collections::BTreeSet;
 
 /// The rendered nat table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,67 +48,60 @@ pub fn render_nat_for(
     options: &RenderOptions,
     existing_chains: &BTreeSet<String>,
 ) -> NatRules {
-    let mut nat = NatTable {
-        masquerade_all: options.masquerade_all,
-        cluster_cidr: options.cluster_cidr(family),
-        node_port_addresses: options.node_port_addresses.as_ref().map(|addresses| {
-            addresses
-                .iter()
-                .copied()
-                .filter(|ip| family.contains(ip))
-                .collect()
-        }),
-        node_ips: options
-            .node_ips
-            .iter()
-            .copied()
-            .filter(|ip| family.contains(ip))
-            .collect(),
-        ..NatTable::default()
-    };
-    for service in services_of(family, state) {
-        for port in &service.ports {
-            nat.add(&PortPlan::new(service, port, family));
-        }
+    let options = FamilyOptions::new(family, options);
+    let services: Vec<ServiceNat> = state
+        .services
+        .values()
+        .map(|service| render_service(service, &options).nat)
+        .collect();
+    let table = assemble_full(&services, existing_chains, &options);
+    NatRules {
+        payload: table.payload,
+        rule_count: table.written,
     }
-    nat.finish(existing_chains)
 }
 
-/// The nat table while it is being rendered: declared chains and rules, per section.
-#[derive(Default)]
-struct NatTable {
-    /// [`RenderOptions::masquerade_all`].
-    masquerade_all: bool,
-    /// The family's cluster CIDR pod traffic comes from (the local-traffic detector), if known.
-    cluster_cidr: Option<String>,
-    /// The family's addresses taking node ports; `None` for every local address.
-    node_port_addresses: Option<Vec<IpAddr>>,
-    /// The node's addresses of the family ([`RenderOptions::node_ips`]).
-    node_ips: Vec<IpAddr>,
-    /// Per-service chains in the order they are written.
-    chains: Vec<String>,
-    /// `chains` as a set, so a chain is declared once.
-    written: BTreeSet<String>,
-    /// Rules of `KUBE-SERVICES`, before the final jump to `KUBE-NODEPORTS`.
-    services: Vec<String>,
-    /// Rules of `KUBE-NODEPORTS`.
-    nodeports: Vec<String>,
-    /// Rules of the per-service chains.
-    service_rules: Vec<String>,
+/// One chain of a Service's own (`KUBE-SVC-…`, `KUBE-SEP-…`, …) and its rules.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Chain {
+    /// The chain's name.
+    pub name: String,
+    /// Its rules, as `-A <name> …` lines.
+    pub rules: Vec<String>,
 }
 
-impl NatTable {
+/// What one Service adds to the nat table: its dispatch rules in the shared chains, and its own
+/// chains in the order they are written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ServiceNat {
+    /// Its rules of `KUBE-SERVICES`, before the final jump to `KUBE-NODEPORTS`.
+    pub dispatch: Vec<String>,
+    /// Its rules of `KUBE-NODEPORTS`.
+    pub node_ports: Vec<String>,
+    /// Its own chains.
+    pub chains: Vec<Chain>,
+}
+
+impl ServiceNat {
+    /// Declares `chain` (once, however often it is asked for).
     fn declare(&mut self, chain: &str) {
-        if self.written.insert(chain.to_owned()) {
-            self.chains.push(chain.to_owned());
+        if !self.chains.iter().any(|c| c.name == chain) {
+            self.chains.push(Chain {
+                name: chain.to_owned(),
+                rules: Vec::new(),
+            });
         }
     }
 
+    /// Appends a rule to `chain`, declared before.
     fn rule(&mut self, chain: &str, rest: &str) {
-        self.service_rules.push(format!("-A {chain} {rest}"));
+        if let Some(chain) = self.chains.iter_mut().rev().find(|c| c.name == chain) {
+            chain.rules.push(format!("-A {} {rest}", chain.name));
+        }
     }
 
-    fn add(&mut self, plan: &PortPlan<'_>) {
+    /// Adds the rules of one Service port.
+    pub(super) fn add(&mut self, plan: &PortPlan<'_>, options: &FamilyOptions) {
         if !plan.has_endpoints {
             // Rejected in the filter table instead (`render_filter`).
             return;
@@ -120,28 +113,28 @@ impl NatTable {
         if plan.has_internal_endpoints {
             let to = plan.internal_chain();
             for ip in &plan.cluster_ips {
-                self.services.push(format!(
+                self.dispatch.push(format!(
                     "-A {KUBE_SERVICES} -m comment --comment {} -m {proto} -p {proto} -d {ip} --dport {port} -j {to}",
                     comment(&format!("{port_name} cluster IP")),
                 ));
             }
         }
         for ip in &plan.external_ips {
-            self.services.push(format!(
+            self.dispatch.push(format!(
                 "-A {KUBE_SERVICES} -m comment --comment {} -m {proto} -p {proto} -d {ip} --dport {port} -j {}",
                 comment(&format!("{port_name} external IP")),
                 plan.external_chain,
             ));
         }
         for ip in &plan.load_balancer_ips {
-            self.services.push(format!(
+            self.dispatch.push(format!(
                 "-A {KUBE_SERVICES} -m comment --comment {} -m {proto} -p {proto} -d {ip} --dport {port} -j {}",
                 comment(&format!("{port_name} loadbalancer IP")),
                 plan.load_balancer_chain(),
             ));
         }
         if let Some(node_port) = plan.port.node_port {
-            self.nodeports.push(format!(
+            self.node_ports.push(format!(
                 "-A {KUBE_NODEPORTS} -m comment --comment {} -m {proto} -p {proto} --dport {node_port} -j {}",
                 comment(port_name),
                 plan.external_chain,
@@ -150,22 +143,22 @@ impl NatTable {
 
         if plan.uses_cluster_chain {
             self.declare(&plan.cluster_chain);
-            self.masquerade_cluster_ip(plan, &plan.cluster_chain);
+            self.masquerade_cluster_ip(plan, &plan.cluster_chain, options);
             self.spread(plan, &plan.cluster_chain, &plan.cluster_endpoints);
         }
         if plan.uses_local_chain {
             self.declare(&plan.local_chain);
-            self.masquerade_cluster_ip(plan, &plan.local_chain);
+            self.masquerade_cluster_ip(plan, &plan.local_chain, options);
             self.spread(plan, &plan.local_chain, &plan.local_endpoints);
         }
         for endpoint in &plan.reachable {
             self.endpoint(plan, endpoint);
         }
         if plan.uses_external_chain {
-            self.external(plan);
+            self.external(plan, options);
         }
         if plan.uses_firewall_chain {
-            self.firewall(plan);
+            self.firewall(plan, options);
         }
     }
 
@@ -175,11 +168,11 @@ impl NatTable {
     /// CIDR only those from outside it (`! -s <cidr>`: the node itself, or an off-cluster client
     /// routing the Service range through this node), so replies come back through this node
     /// whichever node the endpoint is on. Without either, nothing is marked here.
-    fn masquerade_cluster_ip(&mut self, plan: &PortPlan<'_>, chain: &str) {
+    fn masquerade_cluster_ip(&mut self, plan: &PortPlan<'_>, chain: &str, options: &FamilyOptions) {
         if !plan.has_internal_endpoints || chain != plan.internal_chain() {
             return;
         }
-        let from = match (&self.cluster_cidr, self.masquerade_all) {
+        let from = match (&options.cluster_cidr, options.masquerade_all) {
             (_, true) => String::new(),
             (Some(cidr), false) => format!(" ! -s {cidr}"),
             (None, false) => return,
@@ -271,12 +264,12 @@ impl NatTable {
     /// everything else reaches only the local endpoints with its client IP kept. Without a
     /// cluster CIDR the pod rule is left out, as upstream does without a local-traffic detector,
     /// and pod traffic follows the Local policy like any external client's.
-    fn external(&mut self, plan: &PortPlan<'_>) {
+    fn external(&mut self, plan: &PortPlan<'_>, options: &FamilyOptions) {
         let chain = &plan.external_chain;
         self.declare(chain);
         let port_name = &plan.port_name;
         if plan.external_policy_local {
-            if let Some(cidr) = &self.cluster_cidr {
+            if let Some(cidr) = &options.cluster_cidr {
                 let rule = format!(
                     "-m comment --comment {} -s {cidr} -j {}",
                     comment(&format!(
@@ -328,7 +321,7 @@ impl NatTable {
     /// When a source range holds one of the node's IPs, traffic from the load-balancer IPs
     /// themselves is accepted too, as upstream does: a node that holds its VIP as a local address
     /// connects to it from the VIP, not from its node IP.
-    fn firewall(&mut self, plan: &PortPlan<'_>) {
+    fn firewall(&mut self, plan: &PortPlan<'_>, options: &FamilyOptions) {
         let chain = &plan.firewall_chain;
         self.declare(chain);
         let why = comment(&format!("{} loadbalancer IP", plan.port_name));
@@ -336,7 +329,7 @@ impl NatTable {
         let allow_from_node = plan
             .source_ranges
             .iter()
-            .any(|range| self.node_ips.iter().any(|ip| range.contains(*ip)));
+            .any(|range| options.node_ips.iter().any(|ip| range.contains(*ip)));
         let own_vips = plan
             .load_balancer_ips
             .iter()
@@ -352,64 +345,101 @@ impl NatTable {
             );
         }
     }
+}
 
-    fn finish(self, existing_chains: &BTreeSet<String>) -> NatRules {
-        let stale: Vec<&String> = existing_chains
-            .iter()
-            .filter(|chain| is_owned(chain) && !self.written.contains(*chain))
-            .collect();
+/// An assembled nat table: the payload, and its rules.
+pub(crate) struct AssembledNat {
+    /// The `iptables-restore` input, from `*nat` to `COMMIT`.
+    pub payload: String,
+    /// Rules in the payload.
+    pub written: u32,
+    /// Rules the table holds once the payload is restored: those written and the Services' own
+    /// chains left out of it.
+    pub total: u32,
+}
 
-        let mut lines = vec!["*nat".to_owned()];
-        for chain in [
-            KUBE_SERVICES,
-            KUBE_NODEPORTS,
-            KUBE_MARK_MASQ,
-            KUBE_POSTROUTING,
-        ]
-        .into_iter()
-        .chain(self.chains.iter().map(String::as_str))
-        .chain(stale.iter().map(|chain| chain.as_str()))
-        {
-            lines.push(format!(":{chain} - [0:0]"));
-        }
-        let first_rule = lines.len();
+/// The whole nat table for `services`: every chain written; owned chains in `existing` that no
+/// Service writes are deleted.
+pub(crate) fn assemble_full(
+    services: &[ServiceNat],
+    existing: &BTreeSet<String>,
+    options: &FamilyOptions,
+) -> AssembledNat {
+    let written: Vec<&Chain> = services.iter().flat_map(|s| &s.chains).collect();
+    let names: BTreeSet<&str> = written.iter().map(|c| c.name.as_str()).collect();
+    let stale: Vec<&str> = existing
+        .iter()
+        .map(String::as_str)
+        .filter(|chain| is_owned(chain) && !names.contains(chain))
+        .collect();
+    assemble(services.iter(), &written, &stale, options)
+}
 
-        lines.extend(self.services);
-        let last_rule =
-            comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain");
-        match &self.node_port_addresses {
-            None => lines.push(format!(
-                "-A {KUBE_SERVICES} -m comment --comment {last_rule} -m addrtype --dst-type LOCAL -j {KUBE_NODEPORTS}",
-            )),
-            // One rule per selected address, as upstream with --nodeport-addresses.
-            Some(addresses) => lines.extend(addresses.iter().map(|address| {
-                format!(
-                    "-A {KUBE_SERVICES} -m comment --comment {last_rule} -d {address} -j {KUBE_NODEPORTS}"
-                )
-            })),
-        }
-        lines.extend(self.nodeports);
-        lines.push(format!(
-            "-A {KUBE_MARK_MASQ} -j MARK --or-mark {MASQUERADE_MARK}"
-        ));
-        lines.push(format!(
-            "-A {KUBE_POSTROUTING} -m mark ! --mark {MASQUERADE_MARK}/{MASQUERADE_MARK} -j RETURN"
-        ));
-        lines.push(format!(
-            "-A {KUBE_POSTROUTING} -j MARK --xor-mark {MASQUERADE_MARK}"
-        ));
-        lines.push(format!(
-            "-A {KUBE_POSTROUTING} -m comment --comment {} -j MASQUERADE --random-fully",
-            comment("kubernetes service traffic requiring SNAT"),
-        ));
-        lines.extend(self.service_rules);
-        let rule_count = lines.len() - first_rule;
+/// The nat table for `services`, as `iptables-restore --noflush` input that writes the shared
+/// chains whole, the Services' chains in `written` (declared, which flushes them, then filled),
+/// and deletes the chains in `stale`; every other chain of a Service is left as it is.
+pub(crate) fn assemble<'a>(
+    services: impl Iterator<Item = &'a ServiceNat> + Clone,
+    written: &[&Chain],
+    stale: &[&str],
+    options: &FamilyOptions,
+) -> AssembledNat {
+    let mut lines = vec!["*nat".to_owned()];
+    for chain in [
+        KUBE_SERVICES,
+        KUBE_NODEPORTS,
+        KUBE_MARK_MASQ,
+        KUBE_POSTROUTING,
+    ]
+    .into_iter()
+    .chain(written.iter().map(|chain| chain.name.as_str()))
+    .chain(stale.iter().copied())
+    {
+        lines.push(format!(":{chain} - [0:0]"));
+    }
+    let first_rule = lines.len();
 
-        lines.extend(stale.iter().map(|chain| format!("-X {chain}")));
-        let (payload, rule_count) = finish(lines, rule_count);
-        NatRules {
-            payload,
-            rule_count,
-        }
+    lines.extend(services.clone().flat_map(|s| s.dispatch.iter().cloned()));
+    let last_rule =
+        comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain");
+    match &options.node_port_addresses {
+        None => lines.push(format!(
+            "-A {KUBE_SERVICES} -m comment --comment {last_rule} -m addrtype --dst-type LOCAL -j {KUBE_NODEPORTS}",
+        )),
+        // One rule per selected address, as upstream with --nodeport-addresses.
+        Some(addresses) => lines.extend(addresses.iter().map(|address| {
+            format!(
+                "-A {KUBE_SERVICES} -m comment --comment {last_rule} -d {address} -j {KUBE_NODEPORTS}"
+            )
+        })),
+    }
+    lines.extend(services.clone().flat_map(|s| s.node_ports.iter().cloned()));
+    lines.push(format!(
+        "-A {KUBE_MARK_MASQ} -j MARK --or-mark {MASQUERADE_MARK}"
+    ));
+    lines.push(format!(
+        "-A {KUBE_POSTROUTING} -m mark ! --mark {MASQUERADE_MARK}/{MASQUERADE_MARK} -j RETURN"
+    ));
+    lines.push(format!(
+        "-A {KUBE_POSTROUTING} -j MARK --xor-mark {MASQUERADE_MARK}"
+    ));
+    lines.push(format!(
+        "-A {KUBE_POSTROUTING} -m comment --comment {} -j MASQUERADE --random-fully",
+        comment("kubernetes service traffic requiring SNAT"),
+    ));
+    let shared_rules = lines.len() - first_rule;
+    lines.extend(written.iter().flat_map(|chain| chain.rules.iter().cloned()));
+    let rule_count = lines.len() - first_rule;
+    let own_rules: usize = services
+        .flat_map(|s| &s.chains)
+        .map(|chain| chain.rules.len())
+        .sum();
+
+    lines.extend(stale.iter().map(|chain| format!("-X {chain}")));
+    let (payload, written) = finish(lines, rule_count);
+    AssembledNat {
+        payload,
+        written,
+        total: u32::try_from(shared_rules + own_rules).unwrap_or(u32::MAX),
     }
 }

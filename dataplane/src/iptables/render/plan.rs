@@ -66,6 +66,9 @@ pub(super) struct PortPlan<'a> {
     pub external_chain: String,
     /// `KUBE-FW-…`.
     pub firewall_chain: String,
+    /// The health-check node port the filter table accepts: the Service's, under
+    /// `externalTrafficPolicy: Local`.
+    pub health_check_node_port: Option<u16>,
     internal_policy_local: bool,
 }
 
@@ -136,6 +139,9 @@ impl<'a> PortPlan<'a> {
                 Vec::new()
             },
             reachable,
+            health_check_node_port: service
+                .health_check_node_port
+                .filter(|_| service.external_traffic_policy == TrafficPolicy::Local),
             external_policy_local,
             internal_policy_local,
             external_ips,
