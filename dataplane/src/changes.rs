@@ -56,10 +56,11 @@ pub fn changed_keys<'a, K: Ord + Clone, V: PartialEq>(
 mod tests {
     use super::*;
 
-    fn map(
-        entries: impl IntoIterator<Item = (u32, &'static str)>,
-    ) -> OrdMap<u32, Arc<&'static str>> {
-        entries.into_iter().map(|(k, v)| (k, Arc::new(v))).collect()
+    fn map(entries: impl IntoIterator<Item = (u32, &'static str)>) -> OrdMap<u32, Arc<String>> {
+        entries
+            .into_iter()
+            .map(|(k, v)| (k, Arc::new(v.to_owned())))
+            .collect()
     }
 
     #[test]
@@ -67,10 +68,10 @@ mod tests {
         let before = map([(1, "a"), (2, "b"), (3, "c"), (5, "e")]);
         let mut after = before.clone();
         after.remove(&1);
-        after.insert(2, Arc::new("B"));
-        after.insert(4, Arc::new("d"));
+        after.insert(2, Arc::new("B".to_owned()));
+        after.insert(4, Arc::new("d".to_owned()));
         // An equal value in a new Arc is no change.
-        after.insert(5, Arc::new("e"));
+        after.insert(5, Arc::new("e".to_owned()));
         assert_eq!(
             changed_keys(&before, &after).collect::<Vec<_>>(),
             [&1, &2, &4]

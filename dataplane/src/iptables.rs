@@ -19,7 +19,7 @@
 pub mod chain_names;
 mod cleanup;
 mod dual_stack;
-pub mod partial;
+mod partial;
 pub mod render;
 pub mod save;
 #[cfg(test)]
@@ -36,7 +36,7 @@ pub use render::{
 use crate::conntrack::{self, Conntrack, IpFamily};
 use crate::tool::RunError;
 use crate::{Dataplane, FailedStep, ProxyState, SyncReport};
-use partial::WrittenChains;
+use partial::Rendered;
 use render::{
     FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_POSTROUTING,
     KUBE_PROXY_FIREWALL, KUBE_SERVICES,
@@ -342,9 +342,12 @@ pub struct Iptables {
     /// The state of the last successful sync; `None` before the first one, which deletes no
     /// flows (kube-proxy does not flush conntrack on startup either).
     applied: Option<ProxyState>,
-    /// The per-Service chains the last successful sync left in the kernel; empty before the
-    /// first sync and after a failed one, which makes the next sync full.
-    written: WrittenChains,
+    /// The rules rendered for the last state synced, per Service, so a sync renders again only
+    /// the Services that changed.
+    rendered: Rendered,
+    /// Whether the kernel holds `rendered`: false before the first sync and after a failed one,
+    /// which makes the next sync full.
+    in_kernel: bool,
     /// When the last full sync finished.
     last_full_sync: Option<Instant>,
 }
@@ -400,10 +403,10 @@ impl Iptables {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
-    /// Why this sync must be full, or `None` when a partial one is enough. Each table's canary
-    /// is probed.
-    async fn full_sync_reason(&self) -> Result<Option<&'static str>> {
-        if self.written == WrittenChains::default() {
+    /// Why this sync must be full, or `None` when a partial one is enough: `in_kernel` says
+    /// whether the kernel holds the rules rendered last. Each table's canary is probed.
+    async fn full_sync_reason(&self, in_kernel: bool) -> Result<Option<&'static str>> {
+        if !in_kernel {
             return Ok(Some("first sync or previous failure"));
         }
         if self
@@ -619,32 +622,22 @@ impl Iptables {
     /// One sync of this family: the kernel transaction and its bookkeeping.
     async fn sync_rules(&mut self, state: &ProxyState) -> Result<SyncReport> {
         let family = self.config.family;
-        let full_reason = self.full_sync_reason().await?;
-        // Taken, so that a sync failing from here on leaves it empty and the next one is full.
-        let previous = std::mem::take(&mut self.written);
+        // Cleared, so that a sync failing from here on makes the next one full.
+        let in_kernel = std::mem::replace(&mut self.in_kernel, false);
+        let full_reason = self.full_sync_reason(in_kernel).await?;
+        let options = render::FamilyOptions::new(family, &self.config.render);
+        let (rendered, changed) = self.rendered.update(state, &options);
         // Only a full sync reads the kernel's chains: `iptables-save` takes seconds at tens of
         // thousands of rules, so a partial sync, as kube-proxy's, trusts the chains it wrote
         // (the canaries tell when they may be gone, and every full sync looks again).
-        let (previous, existing) = if full_reason.is_some() {
-            (WrittenChains::default(), self.existing_chains().await?)
-        } else {
-            let existing = previous.chains_in("nat");
-            (previous, existing)
+        let payload = match full_reason {
+            Some(_) => partial::full(&rendered, &self.existing_chains().await?, &options),
+            None => partial::partial(&self.rendered, &rendered, &changed, &options),
         };
-        let filter = render_filter_for(family, state);
-        let nat = render_nat_for(family, state, &self.config.render, &existing);
-        let existing_nat = existing
-            .into_iter()
-            .map(|chain| ("nat".to_owned(), chain))
-            .collect();
-        let trimmed = partial::trim(
-            &format!("{}{}", filter.payload, nat.payload),
-            &previous,
-            &existing_nat,
-        );
+        self.rendered = rendered;
         // Both tables and the canaries in one transaction.
         self.restore(
-            &format!("{}{}", trimmed.payload, canaries()),
+            &format!("{}{}", payload.text, canaries()),
             full_reason.is_none(),
         )
         .await?;
@@ -660,19 +653,19 @@ impl Iptables {
         tracing::debug!(
             ip_family = family.name(),
             full = full_reason.is_some(),
-            rules_written = ?trimmed.rules_written,
-            rules_total = ?trimmed.rules_total,
+            rules_written = ?payload.rules_written,
+            rules_total = ?payload.rules_total,
             "synced iptables rules"
         );
         if let Some(previous) = &self.applied {
             self.delete_stale_flows(previous, state).await;
         }
         self.applied = Some(state.clone());
-        self.written = trimmed.chains;
+        self.in_kernel = true;
         Ok(SyncReport::for_family(
             family,
-            trimmed.rules_written,
-            trimmed.rules_total,
+            payload.rules_written,
+            payload.rules_total,
             full_reason.is_some(),
         ))
     }

@@ -31,7 +31,7 @@ pub struct SyncReport {
     /// incremental sync left in place.
     pub family_totals: Vec<(IpFamily, String, u32)>,
     /// Every rule was written, not only the changed Services' (kube-proxy's full sync); with
-    /// several families, in every one of them.
+    /// several families, in at least one of them, whose sync then takes a full sync's time.
     pub full: bool,
 }
 
@@ -58,12 +58,13 @@ impl SyncReport {
         }
     }
 
-    /// Adds `other`'s rules (another family's sync) to this report. The sync is full only if
-    /// both were.
+    /// Adds `other`'s rules (another family's sync) to this report. The sync is full when
+    /// either was: as upstream's per-family proxiers, a family rewritten whole (its canary gone,
+    /// say) counts as a full sync even while the other family's sync was partial.
     pub fn merge(&mut self, other: Self) {
         self.family_rules.extend(other.family_rules);
         self.family_totals.extend(other.family_totals);
-        self.full = self.full && other.full;
+        self.full = self.full || other.full;
     }
 
     /// Rules written per table, e.g. `("nat", 12)`, summed over the IP families.

@@ -37,9 +37,11 @@ mod filter;
 mod nat;
 mod plan;
 
-pub(crate) use filter::ServiceFilter;
 pub use filter::{FilterRules, render_filter, render_filter_for};
-pub(crate) use nat::{Chain, ServiceNat};
+pub(crate) use filter::{ServiceFilter, assemble as assemble_filter};
+pub(crate) use nat::{
+    AssembledNat, Chain, ServiceNat, assemble as assemble_nat, assemble_full as assemble_nat_full,
+};
 pub use nat::{NatRules, render_nat, render_nat_for};
 
 use plan::PortPlan;
@@ -200,12 +202,54 @@ pub(crate) fn render_service(service: &crate::Service, options: &FamilyOptions) 
     rules
 }
 
-/// Joins a table's lines with `COMMIT` into a payload; returns it with the rule count.
-fn finish(mut lines: Vec<String>, rule_count: usize) -> (String, u32) {
-    lines.push("COMMIT".to_owned());
-    let mut payload = lines.join("\n");
-    payload.push('\n');
-    (payload, u32::try_from(rule_count).unwrap_or(u32::MAX))
+/// One table's `iptables-restore` input as it is written, from `*table` to `COMMIT`, and how
+/// many rules it holds. Lines go straight into the text: a sync at tens of thousands of rules
+/// copies each line once.
+struct TableText {
+    text: String,
+    rules: usize,
+}
+
+impl TableText {
+    fn new(table: &str) -> Self {
+        Self {
+            text: format!("*{table}\n"),
+            rules: 0,
+        }
+    }
+
+    /// Declares `chain`, which creates or flushes it.
+    fn declare(&mut self, chain: &str) {
+        self.text.push(':');
+        self.text.push_str(chain);
+        self.text.push_str(" - [0:0]\n");
+    }
+
+    /// Appends a `-A …` line.
+    fn rule(&mut self, rule: &str) {
+        self.text.push_str(rule);
+        self.text.push('\n');
+        self.rules += 1;
+    }
+
+    fn rules<'a>(&mut self, rules: impl IntoIterator<Item = &'a String>) {
+        for rule in rules {
+            self.rule(rule);
+        }
+    }
+
+    /// Deletes `chain`, declared before.
+    fn delete(&mut self, chain: &str) {
+        self.text.push_str("-X ");
+        self.text.push_str(chain);
+        self.text.push('\n');
+    }
+
+    /// The payload, closed with `COMMIT`, and its rule count.
+    fn finish(mut self) -> (String, u32) {
+        self.text.push_str("COMMIT\n");
+        (self.text, u32::try_from(self.rules).unwrap_or(u32::MAX))
+    }
 }
 
 /// The REJECT target: the ICMP error each family's tool defaults to, written out for IPv6 so the

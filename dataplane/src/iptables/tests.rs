@@ -1882,3 +1882,19 @@ async fn a_failed_sync_makes_the_next_one_full() {
     assert!(next.full);
     assert!(scratch.read("payload").contains("-A KUBE-SEP-"));
 }
+
+#[tokio::test]
+async fn a_family_without_services_still_syncs_partially_after_its_first_sync() {
+    // A dual-stack node's IPv6 family often has no Service at all: nothing per-Service was
+    // written, yet the kernel holds what the first sync wrote.
+    let scratch = Scratch::new("partial-empty");
+    let mut iptables = fake_tools(&scratch, SAVED, 0, 0);
+    assert!(iptables.sync(&ProxyState::default()).await.unwrap().full);
+    std::fs::write(scratch.0.join("saved"), scratch.read("payload")).unwrap();
+
+    let next = iptables.sync(&ProxyState::default()).await.unwrap();
+
+    assert!(!next.full);
+    // Only the first sync read the kernel's chains.
+    assert_eq!(scratch.read("calls").matches("iptables-save").count(), 1);
+}

@@ -4,7 +4,7 @@
 use super::plan::PortPlan;
 use super::{
     FILTER_KUBE_SERVICES, FamilyOptions, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_PROXY_FIREWALL,
-    MASQUERADE_MARK, RenderOptions, comment, finish, render_service,
+    MASQUERADE_MARK, RenderOptions, TableText, comment, render_service,
 };
 use crate::ProxyState;
 use crate::conntrack::IpFamily;
@@ -128,7 +128,7 @@ impl ServiceFilter {
 pub(crate) fn assemble<'a>(
     services: impl Iterator<Item = &'a ServiceFilter> + Clone,
 ) -> FilterRules {
-    let mut lines = vec!["*filter".to_owned()];
+    let mut table = TableText::new("filter");
     for chain in [
         FILTER_KUBE_SERVICES,
         KUBE_EXTERNAL_SERVICES,
@@ -136,26 +136,24 @@ pub(crate) fn assemble<'a>(
         FILTER_KUBE_NODEPORTS,
         KUBE_PROXY_FIREWALL,
     ] {
-        lines.push(format!(":{chain} - [0:0]"));
+        table.declare(chain);
     }
-    let first_rule = lines.len();
-    lines.extend(services.clone().flat_map(|s| s.services.iter().cloned()));
-    lines.extend(services.clone().flat_map(|s| s.external.iter().cloned()));
-    lines.extend(services.clone().flat_map(|s| s.node_ports.iter().cloned()));
-    lines.push(format!(
+    table.rules(services.clone().flat_map(|s| &s.services));
+    table.rules(services.clone().flat_map(|s| &s.external));
+    table.rules(services.clone().flat_map(|s| &s.node_ports));
+    table.rule(&format!(
         "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"
     ));
-    lines.push(format!(
+    table.rule(&format!(
         "-A {KUBE_FORWARD} -m comment --comment {} -m mark --mark {MASQUERADE_MARK}/{MASQUERADE_MARK} -j ACCEPT",
         comment("kubernetes forwarding rules"),
     ));
-    lines.push(format!(
+    table.rule(&format!(
         "-A {KUBE_FORWARD} -m comment --comment {} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
         comment("kubernetes forwarding conntrack rule"),
     ));
-    lines.extend(services.flat_map(|s| s.firewall.iter().cloned()));
-    let rule_count = lines.len() - first_rule;
-    let (payload, rule_count) = finish(lines, rule_count);
+    table.rules(services.flat_map(|s| &s.firewall));
+    let (payload, rule_count) = table.finish();
     FilterRules {
         payload,
         rule_count,

@@ -5,7 +5,7 @@ use super::super::chain_names::{endpoint_chain, is_owned};
 use super::plan::PortPlan;
 use super::{
     FamilyOptions, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_SERVICES,
-    MASQUERADE_MARK, RenderOptions, comment, finish, probability, render_service,
+    MASQUERADE_MARK, RenderOptions, TableText, comment, probability, render_service,
 };
 use crate::conntrack::IpFamily;
 use crate::{Endpoint, ProxyState};
@@ -54,7 +54,7 @@ pub fn render_nat_for(
         .values()
         .map(|service| render_service(service, &options).nat)
         .collect();
-    let table = assemble_full(&services, existing_chains, &options);
+    let table = assemble_full(services.iter(), existing_chains, &options);
     NatRules {
         payload: table.payload,
         rule_count: table.written,
@@ -360,19 +360,19 @@ pub(crate) struct AssembledNat {
 
 /// The whole nat table for `services`: every chain written; owned chains in `existing` that no
 /// Service writes are deleted.
-pub(crate) fn assemble_full(
-    services: &[ServiceNat],
+pub(crate) fn assemble_full<'a>(
+    services: impl Iterator<Item = &'a ServiceNat> + Clone,
     existing: &BTreeSet<String>,
     options: &FamilyOptions,
 ) -> AssembledNat {
-    let written: Vec<&Chain> = services.iter().flat_map(|s| &s.chains).collect();
+    let written: Vec<&Chain> = services.clone().flat_map(|s| &s.chains).collect();
     let names: BTreeSet<&str> = written.iter().map(|c| c.name.as_str()).collect();
     let stale: Vec<&str> = existing
         .iter()
         .map(String::as_str)
         .filter(|chain| is_owned(chain) && !names.contains(chain))
         .collect();
-    assemble(services.iter(), &written, &stale, options)
+    assemble(services, &written, &stale, options)
 }
 
 /// The nat table for `services`, as `iptables-restore --noflush` input that writes the shared
@@ -384,7 +384,7 @@ pub(crate) fn assemble<'a>(
     stale: &[&str],
     options: &FamilyOptions,
 ) -> AssembledNat {
-    let mut lines = vec!["*nat".to_owned()];
+    let mut table = TableText::new("nat");
     for chain in [
         KUBE_SERVICES,
         KUBE_NODEPORTS,
@@ -395,48 +395,49 @@ pub(crate) fn assemble<'a>(
     .chain(written.iter().map(|chain| chain.name.as_str()))
     .chain(stale.iter().copied())
     {
-        lines.push(format!(":{chain} - [0:0]"));
+        table.declare(chain);
     }
-    let first_rule = lines.len();
 
-    lines.extend(services.clone().flat_map(|s| s.dispatch.iter().cloned()));
+    table.rules(services.clone().flat_map(|s| &s.dispatch));
     let last_rule =
         comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain");
     match &options.node_port_addresses {
-        None => lines.push(format!(
+        None => table.rule(&format!(
             "-A {KUBE_SERVICES} -m comment --comment {last_rule} -m addrtype --dst-type LOCAL -j {KUBE_NODEPORTS}",
         )),
         // One rule per selected address, as upstream with --nodeport-addresses.
-        Some(addresses) => lines.extend(addresses.iter().map(|address| {
-            format!(
-                "-A {KUBE_SERVICES} -m comment --comment {last_rule} -d {address} -j {KUBE_NODEPORTS}"
-            )
-        })),
+        Some(addresses) => {
+            for address in addresses {
+                table.rule(&format!(
+                    "-A {KUBE_SERVICES} -m comment --comment {last_rule} -d {address} -j {KUBE_NODEPORTS}"
+                ));
+            }
+        }
     }
-    lines.extend(services.clone().flat_map(|s| s.node_ports.iter().cloned()));
-    lines.push(format!(
+    table.rules(services.clone().flat_map(|s| &s.node_ports));
+    table.rule(&format!(
         "-A {KUBE_MARK_MASQ} -j MARK --or-mark {MASQUERADE_MARK}"
     ));
-    lines.push(format!(
+    table.rule(&format!(
         "-A {KUBE_POSTROUTING} -m mark ! --mark {MASQUERADE_MARK}/{MASQUERADE_MARK} -j RETURN"
     ));
-    lines.push(format!(
+    table.rule(&format!(
         "-A {KUBE_POSTROUTING} -j MARK --xor-mark {MASQUERADE_MARK}"
     ));
-    lines.push(format!(
+    table.rule(&format!(
         "-A {KUBE_POSTROUTING} -m comment --comment {} -j MASQUERADE --random-fully",
         comment("kubernetes service traffic requiring SNAT"),
     ));
-    let shared_rules = lines.len() - first_rule;
-    lines.extend(written.iter().flat_map(|chain| chain.rules.iter().cloned()));
-    let rule_count = lines.len() - first_rule;
+    let shared_rules = table.rules;
+    table.rules(written.iter().flat_map(|chain| &chain.rules));
     let own_rules: usize = services
         .flat_map(|s| &s.chains)
         .map(|chain| chain.rules.len())
         .sum();
-
-    lines.extend(stale.iter().map(|chain| format!("-X {chain}")));
-    let (payload, written) = finish(lines, rule_count);
+    for chain in stale {
+        table.delete(chain);
+    }
+    let (payload, written) = table.finish();
     AssembledNat {
         payload,
         written,
