@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 
 use crate::built_tool;
 use initramfs::Initramfs;
@@ -214,7 +214,8 @@ impl Vm {
                 details()
             );
         }
-        let finished = init::parse_console(&console_text).with_context(details)?;
+        let finished =
+            init::parse_console(&console_text).map_err(|e| anyhow!("{e:#}\n{}", details()))?;
         Ok(VmRun {
             output: finished.output,
             status: finished.status,

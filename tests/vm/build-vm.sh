@@ -9,8 +9,8 @@
 # module they depend on, and their modules.dep). The last line on stdout is that folder; progress
 # goes to stderr. When the folder is complete it only checks the host packages.
 #
-# Why the cloud flavour: it is the smallest Debian kernel (no hardware drivers a VM without disks
-# does not need) and still builds IPVS, ipset, nf_tables and the xt_* matches as modules.
+# Why the cloud flavour: it is Debian's smallest kernel (made for VMs, few hardware drivers) and
+# still builds IPVS, ipset, nf_tables and the xt_* matches as modules.
 set -euo pipefail
 
 # The pinned kernel: Debian 12 (bookworm) main's cloud kernel (main rather than bookworm-security,
