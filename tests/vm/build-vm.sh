@@ -25,6 +25,11 @@ dest="$SPLITPROXY_TOOLS/vm-$KERNEL_RELEASE-$KERNEL_PACKAGE_VERSION"
 
 log() { echo "build-vm.sh: $*" >&2; }
 
+# Tests run in parallel and each calls this script: one at a time, the others then find it done.
+mkdir -p "$SPLITPROXY_TOOLS"
+exec 9>"$SPLITPROXY_TOOLS/.build-vm.lock"
+flock 9
+
 # Host packages, by the file each one provides (dpkg -s alone would accept busybox's dynamic twin).
 declare -A needs=(
     [/usr/bin/qemu-system-x86_64]=qemu-system-x86
@@ -58,7 +63,6 @@ if [[ -f $dest/vmlinuz && -f $dest/lib/modules/$KERNEL_RELEASE/modules.dep ]]; t
 fi
 
 start=$SECONDS
-mkdir -p "$SPLITPROXY_TOOLS"
 work="$(mktemp -d -t splitproxy-vmbuild.XXXXXX)"
 tmp="$dest.tmp.$$"
 trap 'rm -rf "$work" "$tmp"' EXIT
