@@ -9,10 +9,10 @@
 //! Without qemu or the kernel package this test says so and stops, except under `CI=true`, where
 //! that is a failure.
 //!
-//! Addresses (`splitproxy_e2e::addresses`): the VM's root namespace is node 1 (198.18.0.11); its pods `client`
-//! (10.244.1.10) and `server` (10.244.1.20, `sp-testpod` on port 8080) are Calico-style veth
-//! pods; the virtual server is the ClusterIP 10.96.0.10:80 on the dummy `kube-ipvs0`, as
-//! kube-proxy's IPVS mode puts it.
+//! Addresses (`splitproxy_e2e::addresses`): the VM's root namespace is node 1 (198.18.0.11); its
+//! pods `client` (10.244.1.10) and `server` (10.244.1.20, `sp-testpod` on port 8080) are
+//! Calico-style veth pods; the virtual server is the ClusterIP 10.96.0.10:80 on the dummy
+//! `kube-ipvs0`, as kube-proxy's IPVS mode puts it.
 
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
@@ -58,8 +58,8 @@ pod server 10.244.1.20
 
 ip netns exec server sp-testpod serve --name server-pod --listen 0.0.0.0:8080 &
 tries=0
-until ip netns exec client sp-testpod hit --url http://10.244.1.20:8080/ --count 1 --timeout-ms 500 \
-        | grep -q '"server-pod"'; do
+until ip netns exec client sp-testpod hit --url http://10.244.1.20:8080/ --count 1 \
+        --timeout-ms 500 | grep -q '"server-pod"'; do
     tries=$((tries + 1))
     [ "$tries" -lt 50 ] || { echo "the server never answered its pod address"; exit 1; }
     sleep 0.1

@@ -70,7 +70,10 @@ trap 'rm -rf "$work" "$tmp"' EXIT
 package="linux-image-$KERNEL_RELEASE"
 log "downloading $package $KERNEL_PACKAGE_VERSION"
 # apt-get download writes into the current folder, which its sandbox user cannot write to.
-download() { (cd "$work" && apt-get download -q -o APT::Sandbox::User=root "$package=$KERNEL_PACKAGE_VERSION" >&2); }
+download() {
+    (cd "$work" &&
+        apt-get download -q -o APT::Sandbox::User=root "$package=$KERNEL_PACKAGE_VERSION" >&2)
+}
 download || { apt-get update -qq >&2 && download; }
 dpkg-deb -x "$work"/"${package}"_*.deb "$work/root"
 full="$work/root/lib/modules/$KERNEL_RELEASE"
@@ -80,7 +83,8 @@ depmod -b "$work/root" "$KERNEL_RELEASE"
 # its schedulers) and the virtual links the tests build namespaces with.
 mapfile -t wanted < <(
     cd "$full" &&
-        find kernel/net/netfilter kernel/net/ipv4/netfilter kernel/net/ipv6/netfilter -name '*.ko' &&
+        find kernel/net/netfilter kernel/net/ipv4/netfilter kernel/net/ipv6/netfilter \
+            -name '*.ko' &&
         echo kernel/drivers/net/veth.ko &&
         echo kernel/drivers/net/dummy.ko
 )

@@ -1,7 +1,8 @@
 //! `sp-vm`: runs a shell script in the IPVS-capable qemu VM of `splitproxy_e2e::vm`, by hand.
 //!
 //! ```text
-//! sp-vm --host-file /usr/sbin/ipvsadm --module ip_vs 'ipvsadm -A -t 10.96.0.10:80 -s rr; ipvsadm -Ln'
+//! sp-vm --host-file /usr/sbin/ipvsadm --module ip_vs \
+//!     'ipvsadm -A -t 10.96.0.10:80 -s rr; ipvsadm -Ln'
 //! sp-vm --file target/debug/sp-testpod=/usr/local/bin/sp-testpod 'sp-testpod --version'
 //! ```
 //!

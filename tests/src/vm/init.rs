@@ -21,8 +21,8 @@ const START: &str = "@@splitproxy-vm start uptime=";
 const EXIT: &str = "@@splitproxy-vm exit ";
 
 /// The `/init` script: mounts the kernel's file systems, loads `modules` (with their dependencies,
-/// from `modules.dep`), runs the caller's script with bash, its output on the console, prints the end
-/// marker and powers off (`reboot -f`, which ends qemu under `-no-reboot`). A failing step
+/// from `modules.dep`), runs the caller's script with bash, its output on the console, prints the
+/// end marker and powers off (`reboot -f`, which ends qemu under `-no-reboot`). A failing step
 /// before the script powers off without printing the start marker.
 pub(super) fn init_script(modules: &[String]) -> String {
     let modprobe = if modules.is_empty() {
@@ -48,7 +48,8 @@ mount -t tmpfs tmpfs /run
 mount -t tmpfs tmpfs /tmp
 # The kernel loads modules it asks for (netfilter extensions, for one) with this.
 echo {BUSYBOX_DIR}/modprobe >/proc/sys/kernel/modprobe
-{modprobe}# Only emergencies from the kernel from here on, so they do not interleave with the output.
+{modprobe}# Only emergencies from the kernel from here on, so they do not interleave with the
+# output.
 dmesg -n 1
 ip link set lo up
 read -r uptime _ </proc/uptime
@@ -115,7 +116,8 @@ mod tests {
 
     #[test]
     fn output_and_status_are_read_between_the_markers() {
-        let console = "[    0.5] boot noise\r\n@@splitproxy-vm start uptime=3.08\r\nhello\r\nworld\r\n\
+        let console = "[    0.5] boot noise\r\n@@splitproxy-vm start uptime=3.08\r\n\
+                       hello\r\nworld\r\n\
                        @@splitproxy-vm exit 3\r\n[    4.1] reboot: Restarting system\r\n";
         assert_eq!(
             parse_console(console).unwrap(),
