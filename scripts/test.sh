@@ -13,6 +13,8 @@ tests/controlplane/build-kubernetes.sh >/dev/null
 tests/controlplane/build-etcd.sh >/dev/null
 # The trace receiver for the tracing test: Jaeger v2 from its Go module, cached the same way.
 tests/tracing/build-jaeger.sh >/dev/null
+# The VM for the IPVS tests: qemu and a pinned Debian kernel with its IPVS modules, cached the same way.
+tests/vm/build-vm.sh >/dev/null
 scripts/lint.sh
 # Hostile input for the agent's conversion and the renderer: 60 s per cargo-fuzz target.
 scripts/fuzz.sh 60

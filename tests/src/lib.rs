@@ -14,6 +14,7 @@ pub mod pki;
 pub mod sctp;
 pub mod subscribe;
 pub mod testpod;
+pub mod vm;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
