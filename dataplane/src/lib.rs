@@ -8,6 +8,7 @@ pub mod conntrack;
 pub mod endpoints;
 pub mod flow_table;
 pub mod iptables;
+pub mod ipvs;
 pub mod leftovers;
 pub mod model;
 pub mod recording;
