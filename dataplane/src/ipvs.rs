@@ -8,6 +8,9 @@
 use crate::Protocol;
 use std::net::IpAddr;
 
+pub mod diff;
+pub mod plan;
+
 /// What identifies a virtual server in the kernel: protocol, address and port (`ipvsadm -t|-u|
 /// --sctp-service ADDR:PORT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
