@@ -442,20 +442,17 @@ impl Iptables {
         Ok(None)
     }
 
-    /// Applies `payload` in one `iptables-restore --noflush` transaction; `partial` says whether
-    /// it holds only the changed Services' chains, for the error.
-    async fn restore(&self, payload: &str, partial: bool) -> Result<()> {
+    /// Applies `payload`, the tables one after the other, in one `iptables-restore --noflush`
+    /// transaction; `partial` says whether it holds only the changed Services' chains, for the
+    /// error.
+    async fn restore(&self, payload: &[&str], partial: bool) -> Result<()> {
         let args = [
             "-w".to_owned(),
             self.config.lock_wait_seconds.to_string(),
             "--noflush".to_owned(),
         ];
         let output = self
-            .run(
-                &self.config.iptables_restore,
-                &args,
-                Some(payload.as_bytes()),
-            )
+            .run(&self.config.iptables_restore, &args, Some(payload))
             .await?;
         if !output.status.success() {
             return Err(Error::Restore {
@@ -537,12 +534,13 @@ impl Iptables {
         );
     }
 
-    /// Runs `binary args...` (no shell), feeding it `stdin` if given, and collects its output.
+    /// Runs `binary args...` (no shell), feeding it the parts of `stdin` one after the other if
+    /// given, and collects its output.
     async fn run(
         &self,
         binary: &str,
         args: &[String],
-        stdin: Option<&[u8]>,
+        stdin: Option<&[&str]>,
     ) -> Result<std::process::Output> {
         let (program, args) = self.config.command_line(binary, args);
         let run_error = |source| {
@@ -566,8 +564,10 @@ impl Iptables {
 
         let pipe = child.stdin.take();
         let write = async move {
-            if let (Some(mut pipe), Some(data)) = (pipe, stdin) {
-                pipe.write_all(data).await?;
+            if let (Some(mut pipe), Some(parts)) = (pipe, stdin) {
+                for part in parts {
+                    pipe.write_all(part.as_bytes()).await?;
+                }
                 // Dropping the pipe closes it, so the tool sees end of input.
             }
             Ok::<_, io::Error>(())
@@ -636,11 +636,9 @@ impl Iptables {
         };
         self.rendered = rendered;
         // Both tables and the canaries in one transaction.
-        self.restore(
-            &format!("{}{}", payload.text, canaries()),
-            full_reason.is_none(),
-        )
-        .await?;
+        let [filter, nat] = payload.tables();
+        self.restore(&[filter, nat, &canaries()], full_reason.is_none())
+            .await?;
         if let Some(reason) = full_reason {
             // After the restore, so the target chains exist when the jumps are checked. Partial
             // syncs trust them, as kube-proxy's: the canary tells when they may be gone.

@@ -100,7 +100,7 @@ impl Iptables {
         }
         for payload in [unhook, remove] {
             if !payload.is_empty() {
-                self.restore(&payload, false).await?;
+                self.restore(&[&payload], false).await?;
             }
         }
         Ok(cleaned)

@@ -77,8 +77,11 @@ impl Rendered {
 /// A payload ready for `iptables-restore`, and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Payload {
-    /// The filter table, then the nat table.
-    pub text: String,
+    /// The filter table's restore input.
+    pub filter: String,
+    /// The nat table's, restored after the filter table's. The two stay apart, so that writing
+    /// them copies neither: at tens of thousands of rules each copy is megabytes.
+    pub nat: String,
     /// Rules in the payload, per table, in payload order.
     pub rules_written: Vec<(String, u32)>,
     /// Rules the tables hold after the restore, per table: those written and those left in place.
@@ -95,7 +98,7 @@ pub(crate) fn full(
 ) -> Payload {
     payload(
         rendered,
-        &assemble_nat_full(rendered.nat().into_iter(), existing, options),
+        assemble_nat_full(rendered.nat().into_iter(), existing, options),
     )
 }
 
@@ -132,17 +135,18 @@ pub(crate) fn partial(
     let stale: Vec<&str> = stale.into_iter().collect();
     payload(
         after,
-        &assemble_nat(after.nat().into_iter(), &written, &stale, options),
+        assemble_nat(after.nat().into_iter(), &written, &stale, options),
     )
 }
 
 /// The filter table of `rendered` (always written whole) before `nat`.
-fn payload(rendered: &Rendered, nat: &AssembledNat) -> Payload {
+fn payload(rendered: &Rendered, nat: AssembledNat) -> Payload {
     let services: Vec<&ServiceFilter> =
         rendered.rules.values().map(|rules| &rules.filter).collect();
     let filter = assemble_filter(services.into_iter());
     Payload {
-        text: format!("{}{}", filter.payload, nat.payload),
+        filter: filter.payload,
+        nat: nat.payload,
         rules_written: vec![
             ("filter".to_owned(), filter.rule_count),
             ("nat".to_owned(), nat.written),
@@ -151,6 +155,14 @@ fn payload(rendered: &Rendered, nat: &AssembledNat) -> Payload {
             ("filter".to_owned(), filter.rule_count),
             ("nat".to_owned(), nat.total),
         ],
+    }
+}
+
+impl Payload {
+    /// Both tables, in restore order.
+    #[must_use]
+    pub fn tables(&self) -> [&str; 2] {
+        [&self.filter, &self.nat]
     }
 }
 

@@ -79,7 +79,11 @@ impl Kernel {
 fn first_sync(state: &ProxyState) -> (Rendered, Kernel) {
     let (rendered, _) = Rendered::default().update(state, &options());
     let mut kernel = Kernel::default();
-    kernel.restore(&full(&rendered, &BTreeSet::new(), &options()).text);
+    kernel.restore(
+        &full(&rendered, &BTreeSet::new(), &options())
+            .tables()
+            .concat(),
+    );
     (rendered, kernel)
 }
 
@@ -115,13 +119,21 @@ fn unchanged_services_are_neither_rendered_again_nor_written() {
     assert!(state.services.keys().all(same), "rendered again");
 
     let payload = partial(&before, &after, &changed, &options());
-    assert!(!payload.text.contains(":KUBE-SVC-"), "{}", payload.text);
-    assert!(!payload.text.contains("-A KUBE-SEP-"), "{}", payload.text);
+    assert!(
+        !payload.tables().concat().contains(":KUBE-SVC-"),
+        "{}",
+        payload.tables().concat()
+    );
+    assert!(
+        !payload.tables().concat().contains("-A KUBE-SEP-"),
+        "{}",
+        payload.tables().concat()
+    );
     // The shared chains still point at the chains left in place.
     assert!(
-        payload.text.contains("-A KUBE-SERVICES"),
+        payload.tables().concat().contains("-A KUBE-SERVICES"),
         "{}",
-        payload.text
+        payload.tables().concat()
     );
     let everything = full(&after, &BTreeSet::new(), &options());
     assert_eq!(payload.rules_total, everything.rules_total);
@@ -140,18 +152,30 @@ fn a_moved_endpoint_rewrites_only_its_services_changed_chains() {
     let payload = partial(&before, &after, &changed, &options());
 
     let declared: Vec<&str> = payload
-        .text
+        .nat
         .lines()
         .filter(|line| line.starts_with(":KUBE-SVC-") || line.starts_with(":KUBE-SEP-"))
         .collect();
     // The spreading chain and the new endpoint's chain; the old endpoint's chain is declared
     // only to be deleted.
-    assert_eq!(declared.len(), 3, "{}", payload.text);
-    assert!(payload.text.contains("--to-destination 10.180.0.3:8080"));
-    assert!(!payload.text.contains("10.180.0.1"), "{}", payload.text);
-    assert_eq!(payload.text.matches("\n-X KUBE-SEP-").count(), 1);
+    assert_eq!(declared.len(), 3, "{}", payload.tables().concat());
+    assert!(
+        payload
+            .tables()
+            .concat()
+            .contains("--to-destination 10.180.0.3:8080")
+    );
+    assert!(
+        !payload.tables().concat().contains("10.180.0.1"),
+        "{}",
+        payload.tables().concat()
+    );
+    assert_eq!(
+        payload.tables().concat().matches("\n-X KUBE-SEP-").count(),
+        1
+    );
 
-    kernel.restore(&payload.text);
+    kernel.restore(&payload.tables().concat());
     assert_eq!(kernel, synced_from_scratch(&moved));
 }
 
@@ -169,7 +193,7 @@ fn a_removed_service_loses_its_chains_and_a_chain_that_empties_is_flushed() {
 
     let (after, changed) = before.update(&next, &options());
     let payload = partial(&before, &after, &changed, &options());
-    kernel.restore(&payload.text);
+    kernel.restore(&payload.tables().concat());
 
     assert_eq!(kernel, synced_from_scratch(&next));
     assert_eq!(
@@ -222,9 +246,14 @@ fn partial_syncs_leave_the_kernel_as_a_full_sync_from_scratch_would() {
         }
         let (next, changed) = rendered.update(&state, &options());
         let payload = partial(&rendered, &next, &changed, &options());
-        kernel.restore(&payload.text);
+        kernel.restore(&payload.tables().concat());
         let expected = synced_from_scratch(&state);
-        assert_eq!(kernel, expected, "step {step}: {}", payload.text);
+        assert_eq!(
+            kernel,
+            expected,
+            "step {step}: {}",
+            payload.tables().concat()
+        );
         assert_eq!(
             count(&payload.rules_total, "nat"),
             expected.rule_count("nat")
@@ -243,8 +272,18 @@ fn a_full_sync_deletes_owned_chains_no_service_writes_and_leaves_foreign_ones() 
 
     let payload = full(&rendered, &existing, &options());
 
-    assert!(payload.text.contains(":KUBE-SVC-GONE1234 - [0:0]\n"));
-    assert!(payload.text.contains("\n-X KUBE-SVC-GONE1234\n"));
-    assert!(!payload.text.contains("MY-OWN-CHAIN"));
+    assert!(
+        payload
+            .tables()
+            .concat()
+            .contains(":KUBE-SVC-GONE1234 - [0:0]\n")
+    );
+    assert!(
+        payload
+            .tables()
+            .concat()
+            .contains("\n-X KUBE-SVC-GONE1234\n")
+    );
+    assert!(!payload.tables().concat().contains("MY-OWN-CHAIN"));
     assert_eq!(payload.rules_written, payload.rules_total);
 }
