@@ -8,6 +8,7 @@
 use crate::Protocol;
 use std::net::IpAddr;
 
+pub mod apply;
 pub mod diff;
 pub mod plan;
 
