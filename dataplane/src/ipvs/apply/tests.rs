@@ -5,11 +5,14 @@ use crate::ipvs::plan::{PlanOptions, plan};
 use crate::{Endpoint, IpFamily, Protocol, ProxyState, Service, ServiceKey, ServicePort};
 use std::net::IpAddr;
 
+/// A virtual server's real servers, by address and port.
+type RealServers = BTreeMap<(IpAddr, u16), RealServer>;
+
 /// An IPVS table in memory that refuses the scheduler `bogus`, as the kernel refuses one
 /// without a module.
 #[derive(Default)]
 struct FakeTable {
-    servers: BTreeMap<ServiceId, (VirtualServer, BTreeMap<(IpAddr, u16), RealServer>)>,
+    servers: BTreeMap<ServiceId, (VirtualServer, RealServers)>,
     calls: usize,
 }
 
