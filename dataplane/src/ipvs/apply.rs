@@ -17,30 +17,26 @@ pub trait IpvsTable {
     /// Every virtual server.
     fn services(&mut self) -> Result<Vec<VirtualServer>, Self::Error>;
     /// The real servers of `service`.
-    fn real_servers(&mut self, service: &ServiceId) -> Result<Vec<ListedRealServer>, Self::Error>;
+    fn real_servers(&mut self, service: ServiceId) -> Result<Vec<ListedRealServer>, Self::Error>;
     /// Adds a virtual server.
     fn add_service(&mut self, server: &VirtualServer) -> Result<(), Self::Error>;
     /// Changes the scheduler, flags and timeout of a virtual server.
     fn update_service(&mut self, server: &VirtualServer) -> Result<(), Self::Error>;
     /// Deletes a virtual server with its real servers.
-    fn delete_service(&mut self, service: &ServiceId) -> Result<(), Self::Error>;
+    fn delete_service(&mut self, service: ServiceId) -> Result<(), Self::Error>;
     /// Adds a real server to `service`.
-    fn add_real_server(
-        &mut self,
-        service: &ServiceId,
-        real: &RealServer,
-    ) -> Result<(), Self::Error>;
+    fn add_real_server(&mut self, service: ServiceId, real: RealServer) -> Result<(), Self::Error>;
     /// Changes the weight of a real server of `service`.
     fn update_real_server(
         &mut self,
-        service: &ServiceId,
-        real: &RealServer,
+        service: ServiceId,
+        real: RealServer,
     ) -> Result<(), Self::Error>;
     /// Deletes a real server of `service`.
     fn delete_real_server(
         &mut self,
-        service: &ServiceId,
-        real: &RealServer,
+        service: ServiceId,
+        real: RealServer,
     ) -> Result<(), Self::Error>;
 }
 
@@ -95,10 +91,10 @@ pub fn apply<T: IpvsTable>(
         let result = match &change {
             Change::AddServer(server) => table.add_service(server),
             Change::UpdateServer(server) => table.update_service(server),
-            Change::DeleteServer(id) => table.delete_service(id),
-            Change::AddRealServer(id, real) => table.add_real_server(id, real),
-            Change::UpdateRealServer(id, real) => table.update_real_server(id, real),
-            Change::DeleteRealServer(id, real) => table.delete_real_server(id, real),
+            Change::DeleteServer(id) => table.delete_service(*id),
+            Change::AddRealServer(id, real) => table.add_real_server(*id, *real),
+            Change::UpdateRealServer(id, real) => table.update_real_server(*id, *real),
+            Change::DeleteRealServer(id, real) => table.delete_real_server(*id, *real),
         };
         match result {
             Ok(()) => applied.made.push(change),
@@ -112,7 +108,7 @@ pub fn apply<T: IpvsTable>(
 fn read<T: IpvsTable>(table: &mut T) -> Result<BTreeMap<ServiceId, ListedServer>, T::Error> {
     let mut kernel = BTreeMap::new();
     for server in table.services()? {
-        let real_servers = table.real_servers(&server.id)?;
+        let real_servers = table.real_servers(server.id)?;
         kernel.insert(
             server.id,
             ListedServer {

@@ -27,8 +27,8 @@ impl IpvsTable for FakeTable {
         Ok(self.servers.values().map(|(s, _)| s.clone()).collect())
     }
 
-    fn real_servers(&mut self, id: &ServiceId) -> Result<Vec<ListedRealServer>, FakeError> {
-        let (_, reals) = self.servers.get(id).ok_or(FakeError("ENOENT"))?;
+    fn real_servers(&mut self, id: ServiceId) -> Result<Vec<ListedRealServer>, FakeError> {
+        let (_, reals) = self.servers.get(&id).ok_or(FakeError("ENOENT"))?;
         let listed = |real: &RealServer| ListedRealServer {
             server: *real,
             active_connections: 0,
@@ -56,25 +56,28 @@ impl IpvsTable for FakeTable {
         Ok(())
     }
 
-    fn delete_service(&mut self, id: &ServiceId) -> Result<(), FakeError> {
+    fn delete_service(&mut self, id: ServiceId) -> Result<(), FakeError> {
         self.calls += 1;
-        self.servers.remove(id).map(drop).ok_or(FakeError("ENOENT"))
+        self.servers
+            .remove(&id)
+            .map(drop)
+            .ok_or(FakeError("ENOENT"))
     }
 
-    fn add_real_server(&mut self, id: &ServiceId, real: &RealServer) -> Result<(), FakeError> {
+    fn add_real_server(&mut self, id: ServiceId, real: RealServer) -> Result<(), FakeError> {
         self.update_real_server(id, real)
     }
 
-    fn update_real_server(&mut self, id: &ServiceId, real: &RealServer) -> Result<(), FakeError> {
+    fn update_real_server(&mut self, id: ServiceId, real: RealServer) -> Result<(), FakeError> {
         self.calls += 1;
-        let (_, reals) = self.servers.get_mut(id).ok_or(FakeError("ENOENT"))?;
-        reals.insert((real.address, real.port), *real);
+        let (_, reals) = self.servers.get_mut(&id).ok_or(FakeError("ENOENT"))?;
+        reals.insert((real.address, real.port), real);
         Ok(())
     }
 
-    fn delete_real_server(&mut self, id: &ServiceId, real: &RealServer) -> Result<(), FakeError> {
+    fn delete_real_server(&mut self, id: ServiceId, real: RealServer) -> Result<(), FakeError> {
         self.calls += 1;
-        let (_, reals) = self.servers.get_mut(id).ok_or(FakeError("ENOENT"))?;
+        let (_, reals) = self.servers.get_mut(&id).ok_or(FakeError("ENOENT"))?;
         reals
             .remove(&(real.address, real.port))
             .map(drop)
