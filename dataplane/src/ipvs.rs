@@ -5,8 +5,15 @@
 //! The types here are what the kernel's IPVS tables hold, as its generic netlink family `IPVS`
 //! (`include/uapi/linux/ip_vs.h`) reads and writes them; they know nothing of Services.
 
+pub mod client;
+pub mod message;
+pub mod netlink;
+
+pub use client::Ipvs;
+
 use crate::Protocol;
-use std::net::IpAddr;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
 
 /// What identifies a virtual server in the kernel: protocol, address and port (`ipvsadm -t|-u|
 /// --sctp-service ADDR:PORT`).
@@ -18,6 +25,18 @@ pub struct ServiceId {
     pub address: IpAddr,
     /// The virtual port.
     pub port: u16,
+}
+
+impl fmt::Display for ServiceId {
+    /// `tcp 10.96.0.10:80`, `udp [fd00::10]:53`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}",
+            self.protocol,
+            SocketAddr::new(self.address, self.port)
+        )
+    }
 }
 
 /// A virtual server's flags (`IP_VS_SVC_F_*`).
