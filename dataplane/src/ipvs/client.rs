@@ -35,11 +35,13 @@ pub enum Error {
     #[error("the kernel has no IPVS generic netlink family: load the ip_vs module")]
     NoIpvs,
     /// The kernel refused the operation.
-    #[error("{operation}: {errno}")]
+    #[error("{operation}: {meaning} ({errno})")]
     Refused {
         /// What was asked, with the server it was about.
         operation: String,
-        /// The kernel's errno, with its name.
+        /// What IPVS means by the errno, as ipvsadm would say it.
+        meaning: String,
+        /// The kernel's errno.
         errno: Errno,
     },
     /// The kernel's reply could not be read.
@@ -56,12 +58,16 @@ pub enum Error {
 /// `pub type Result` of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// An errno from the kernel, shown with its name, what IPVS means by it, and its number.
+/// An errno from the kernel, shown with its name (`ENOENT`) and number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Errno(pub i32);
 
 impl Errno {
-    /// The errno's symbolic name (`ENOENT`), for those IPVS and netlink return.
+    const ENOENT: Self = Self(2);
+    const ESRCH: Self = Self(3);
+    const EEXIST: Self = Self(17);
+
+    /// The errno's symbolic name, for those IPVS and netlink return.
     #[must_use]
     pub fn name(self) -> Option<&'static str> {
         Some(match self.0 {
@@ -84,26 +90,44 @@ impl Errno {
         })
     }
 
-    /// What IPVS means by it, where that is not the errno's generic text (as ipvsadm says it).
-    fn ipvs_meaning(self) -> Option<&'static str> {
-        Some(match self.0 {
-            3 => "no such virtual server",
-            2 => "no such real server, scheduler or persistence engine",
-            17 => "already exists",
-            _ => return None,
-        })
+    /// What IPVS means by it in an operation on `subject`: it reuses a few errnos whose
+    /// generic text would mislead ("No such process" for a missing virtual server).
+    fn meaning(self, subject: Subject) -> String {
+        match (self, subject) {
+            (Self::ESRCH, _) => "no such virtual server".to_owned(),
+            (Self::ENOENT, Subject::RealServer) => "no such real server".to_owned(),
+            (Self::ENOENT, Subject::VirtualServer) => {
+                "unknown scheduler or persistence engine (is its module available?)".to_owned()
+            }
+            (Self::EEXIST, _) => "already exists".to_owned(),
+            // "Invalid argument (os error 22)": the number is shown with the name already.
+            _ => {
+                let text = io::Error::from_raw_os_error(self.0).to_string();
+                text.split(" (os error")
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned()
+            }
+        }
     }
 }
 
 impl fmt::Display for Errno {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = self.name().unwrap_or("errno");
-        let meaning = self.ipvs_meaning().map_or_else(
-            || io::Error::from_raw_os_error(self.0).to_string(),
-            String::from,
-        );
-        write!(f, "{name} {}: {meaning}", self.0)
+        match self.name() {
+            Some(name) => write!(f, "{name}, errno {}", self.0),
+            None => write!(f, "errno {}", self.0),
+        }
     }
+}
+
+/// What an operation is about, which decides what an errno means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Subject {
+    /// A virtual server, or the family lookup.
+    VirtualServer,
+    /// A real server of a virtual server.
+    RealServer,
 }
 
 /// A connection to the kernel's IPVS tables.
@@ -151,12 +175,14 @@ impl Ipvs {
             .exchange(
                 &message::family_request(seq),
                 seq,
+                Subject::VirtualServer,
                 || "resolving the IPVS family".to_owned(),
                 message::decode_family_id,
             )
             .map_err(|e| match e {
                 Error::Refused {
-                    errno: Errno(2), ..
+                    errno: Errno::ENOENT,
+                    ..
                 } => Error::NoIpvs,
                 other => other,
             })?;
@@ -175,6 +201,7 @@ impl Ipvs {
         let listed = self.exchange(
             &request,
             seq,
+            Subject::VirtualServer,
             || "listing virtual servers".to_owned(),
             message::decode_service,
         )?;
@@ -207,7 +234,9 @@ impl Ipvs {
     pub fn delete_service(&mut self, id: ServiceId) -> Result<()> {
         let seq = self.next_seq();
         let request = message::delete_service_request(self.family, seq, id);
-        self.acknowledged(&request, seq, || format!("deleting virtual server {id}"))
+        self.acknowledged(&request, seq, Subject::VirtualServer, || {
+            format!("deleting virtual server {id}")
+        })
     }
 
     /// The real servers of virtual server `service`, with their connection counts.
@@ -221,6 +250,7 @@ impl Ipvs {
         self.exchange(
             &request,
             seq,
+            Subject::RealServer,
             || format!("listing the real servers of {service}"),
             |attributes| message::decode_real_server(attributes, service),
         )
@@ -257,7 +287,7 @@ impl Ipvs {
     ) -> Result<()> {
         let seq = self.next_seq();
         let request = message::delete_real_server_request(self.family, seq, service, address, port);
-        self.acknowledged(&request, seq, || {
+        self.acknowledged(&request, seq, Subject::RealServer, || {
             format!(
                 "deleting real server {} of {service}",
                 SocketAddr::new(address, port)
@@ -273,7 +303,7 @@ impl Ipvs {
     ) -> Result<()> {
         let seq = self.next_seq();
         let request = message::service_request(self.family, seq, command, server);
-        self.acknowledged(&request, seq, || {
+        self.acknowledged(&request, seq, Subject::VirtualServer, || {
             format!(
                 "{verb} virtual server {} (scheduler {})",
                 server.id, server.scheduler
@@ -290,7 +320,7 @@ impl Ipvs {
     ) -> Result<()> {
         let seq = self.next_seq();
         let request = message::real_server_request(self.family, seq, command, service, server);
-        self.acknowledged(&request, seq, || {
+        self.acknowledged(&request, seq, Subject::RealServer, || {
             format!(
                 "{verb} real server {} (weight {}) of {service}",
                 SocketAddr::new(server.address, server.port),
@@ -304,9 +334,11 @@ impl Ipvs {
         &mut self,
         request: &[u8],
         seq: u32,
+        subject: Subject,
         operation: impl Fn() -> String,
     ) -> Result<()> {
-        self.exchange(request, seq, operation, |_| Ok(())).map(drop)
+        self.exchange(request, seq, subject, operation, |_| Ok(()))
+            .map(drop)
     }
 
     /// Sends `request` (sequence number `seq`) and reads the replies to it: every message
@@ -316,6 +348,7 @@ impl Ipvs {
         &mut self,
         request: &[u8],
         seq: u32,
+        subject: Subject,
         operation: impl Fn() -> String,
         mut decode: impl FnMut(Attributes<'_>) -> Result<T, DecodeError>,
     ) -> Result<Vec<T>> {
@@ -350,9 +383,11 @@ impl Ipvs {
                     }
                     Reply::Error { seq: s, code } | Reply::Done { seq: s, code } if s == seq => {
                         if code < 0 {
+                            let errno = Errno(-code);
                             return Err(Error::Refused {
                                 operation: operation(),
-                                errno: Errno(-code),
+                                meaning: errno.meaning(subject),
+                                errno,
                             });
                         }
                         finished = true;
@@ -369,5 +404,33 @@ impl Ipvs {
     fn next_seq(&mut self) -> u32 {
         self.seq = self.seq.wrapping_add(1);
         self.seq
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_say_what_ipvs_means_and_name_the_errno() {
+        let refused = |errno, subject| Error::Refused {
+            operation: "deleting virtual server tcp 10.96.0.10:80".into(),
+            meaning: Errno(errno).meaning(subject),
+            errno: Errno(errno),
+        };
+        assert_eq!(
+            refused(3, Subject::VirtualServer).to_string(),
+            "deleting virtual server tcp 10.96.0.10:80: no such virtual server (ESRCH, errno 3)"
+        );
+        assert!(
+            refused(2, Subject::VirtualServer)
+                .to_string()
+                .contains("unknown scheduler")
+        );
+        assert_eq!(
+            refused(22, Subject::RealServer).to_string(),
+            "deleting virtual server tcp 10.96.0.10:80: Invalid argument (EINVAL, errno 22)"
+        );
+        assert_eq!(Errno(4095).to_string(), "errno 4095");
     }
 }

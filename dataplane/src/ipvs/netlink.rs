@@ -200,26 +200,15 @@ pub enum Reply<'a> {
 /// headers.
 pub fn replies(datagram: &[u8]) -> Result<Vec<Reply<'_>>, DecodeError> {
     let mut replies = Vec::new();
-    let mut offset = 0;
-    while datagram.len() - offset >= NLMSG_HDRLEN {
-        let rest = &datagram[offset..];
-        let len = usize_at(rest, 0);
-        if len < NLMSG_HDRLEN || len > rest.len() {
-            return Err(DecodeError::BadLength {
-                what: "message",
-                offset,
-                claimed: len,
-                available: rest.len(),
-            });
-        }
-        let kind = u16_at(rest, 4);
-        let flags = u16_at(rest, 6);
-        let seq = u32_at(rest, 8);
-        let body = &rest[NLMSG_HDRLEN..len];
+    for (offset, message) in records(datagram, NLMSG_HDRLEN, "message", |m| usize_at(m, 0))? {
+        let kind = u16_at(message, 4);
+        let flags = u16_at(message, 6);
+        let seq = u32_at(message, 8);
+        let body = &message[NLMSG_HDRLEN..];
         let short = |needed: usize| DecodeError::BadLength {
             what: "message",
             offset,
-            claimed: len,
+            claimed: message.len(),
             available: NLMSG_HDRLEN + needed,
         };
         replies.push(match kind {
@@ -245,9 +234,36 @@ pub fn replies(datagram: &[u8]) -> Result<Vec<Reply<'_>>, DecodeError> {
                 }
             }
         });
-        offset += align(len).min(rest.len());
     }
     Ok(replies)
+}
+
+/// Splits `bytes` into the records that follow each other in it, each starting with a header of
+/// `header_len` bytes that holds its length (`len_at` reads it) and padded to 4 bytes: each
+/// record's offset and bytes, header included, padding left out.
+fn records<'a>(
+    bytes: &'a [u8],
+    header_len: usize,
+    what: &'static str,
+    len_at: fn(&[u8]) -> usize,
+) -> Result<Vec<(usize, &'a [u8])>, DecodeError> {
+    let mut records = Vec::new();
+    let mut offset = 0;
+    while bytes.len() - offset >= header_len {
+        let rest = &bytes[offset..];
+        let len = len_at(rest);
+        if len < header_len || len > rest.len() {
+            return Err(DecodeError::BadLength {
+                what,
+                offset,
+                claimed: len,
+                available: rest.len(),
+            });
+        }
+        records.push((offset, &rest[..len]));
+        offset += align(len).min(rest.len());
+    }
+    Ok(records)
 }
 
 /// A run of attributes, read lazily.
@@ -273,23 +289,13 @@ impl<'a> Attributes<'a> {
     ///
     /// If an attribute's length runs past the end or is shorter than its header.
     pub fn all(self) -> Result<Vec<(u16, &'a [u8])>, DecodeError> {
-        let mut all = Vec::new();
-        let mut offset = 0;
-        while self.0.len() - offset >= NLA_HDRLEN {
-            let rest = &self.0[offset..];
-            let len = usize::from(u16_at(rest, 0));
-            if len < NLA_HDRLEN || len > rest.len() {
-                return Err(DecodeError::BadLength {
-                    what: "attribute",
-                    offset,
-                    claimed: len,
-                    available: rest.len(),
-                });
-            }
-            all.push((u16_at(rest, 2) & NLA_TYPE_MASK, &rest[NLA_HDRLEN..len]));
-            offset += align(len).min(rest.len());
-        }
-        Ok(all)
+        let attributes = records(self.0, NLA_HDRLEN, "attribute", |a| {
+            usize::from(u16_at(a, 0))
+        })?;
+        Ok(attributes
+            .into_iter()
+            .map(|(_, a)| (u16_at(a, 2) & NLA_TYPE_MASK, &a[NLA_HDRLEN..]))
+            .collect())
     }
 
     /// The payload of the first attribute of type `kind`, if any.

@@ -1,6 +1,8 @@
 //! Expected bytes are spelled out from `include/uapi/linux/ip_vs.h`: attribute numbers, payload
 //! sizes and byte orders (ports big-endian, the rest host order).
 
+#![allow(clippy::unwrap_used)]
+
 use super::*;
 use crate::ipvs::netlink::{NLA_F_NESTED, NLM_F_MULTI, NLM_F_REQUEST, Reply, replies};
 

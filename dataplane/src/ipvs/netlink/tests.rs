@@ -1,3 +1,7 @@
+//! The framing: alignment, nesting, and replies that lie about their lengths.
+
+#![allow(clippy::unwrap_used)]
+
 use super::*;
 
 /// An `nlattr` header: length, then type, in host byte order.
