@@ -1,17 +1,18 @@
 //! The dataplane's IPVS generic netlink client (`splitproxy_dataplane::ipvs::Ipvs`) against a
 //! real IPVS kernel, in the qemu VM of `tests/vm/build-vm.sh`: every operation, driven through
 //! `sp-ipvs`, shows up in `ipvsadm -Ln`; the client's listing matches ipvsadm's, connection
-//! counts included, after real traffic from a client pod through the virtual server; IPv6
-//! virtual servers work; a real server at weight 0 takes no new connections; deleting what is not
-//! there fails naming the kernel's errno. Needs root; one VM boot.
+//! counts included, after real traffic from a client pod through the virtual servers, TCP over
+//! IPv4 and UDP over IPv6; a real server at weight 0 takes no new connections; deleting what is not
+//! there fails naming the kernel's errno; the client has the kernel load `ip_vs` when it can, and
+//! says to load it when it cannot. Needs root; one VM boot.
 //!
 //! Without qemu or the kernel package this test says so and stops, except under `CI=true`, where
 //! that is a failure.
 //!
-//! Addresses (`splitproxy_e2e::vm::ipvs_node`): node 1 with pods `client` (10.244.1.10) and
-//! `server` (10.244.1.20:8080); virtual servers are the ClusterIPs 10.96.0.10:80 (TCP, on
-//! `kube-ipvs0`) and [fd00:96::10]:53 (UDP, listed only), with real server
-//! [fd00:244::20]:5353 for the latter.
+//! Addresses (`splitproxy_e2e::vm::ipvs_node`): node 1 with pods `client` (10.244.1.10,
+//! fd00:244::10) and `server` (10.244.1.20 serving TCP on 8080, fd00:244::20 serving UDP on
+//! 5353); the virtual servers are the ClusterIPs 10.96.0.10:80 (TCP) and [fd00:96::10]:53 (UDP),
+//! both on `kube-ipvs0`.
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
@@ -22,8 +23,28 @@ use std::collections::BTreeMap;
 
 /// Runs after the node and its pods; each step prints a section the test reads.
 const SCRIPT: &str = r#"
+# IPv6 for the same pods: a /128 each, routed by the node, gateway the fixed link-local fe80::1.
+sysctl -qw net.ipv6.conf.all.forwarding=1
+pod6() {
+    ip addr add fe80::1/64 dev "cali-$1" nodad
+    ip route add "$2/128" dev "cali-$1"
+    ip -n "$1" addr add "$2/128" dev eth0 nodad
+    ip -n "$1" route add default via fe80::1 dev eth0
+}
+pod6 client fd00:244::10
+pod6 server fd00:244::20
+ip netns exec server sp-testpod serve --udp --name server-pod-v6 --listen [::]:5353 &
+tries=0
+until ip netns exec client sp-testpod hit --udp --url 'udp://[fd00:244::20]:5353' --count 1 \
+        --timeout-ms 500 | grep -q '"server-pod-v6"'; do
+    tries=$((tries + 1))
+    [ "$tries" -lt 50 ] || { echo "the UDP server never answered its pod address"; exit 1; }
+    sleep 0.1
+done
+
 ip link add kube-ipvs0 type dummy
 ip addr add 10.96.0.10/32 dev kube-ipvs0
+ip addr add fd00:96::10/128 dev kube-ipvs0 nodad
 
 sp-ipvs add-service tcp 10.96.0.10:80 rr --persistent 10800
 sp-ipvs add-real tcp 10.96.0.10:80 10.244.1.20:8080 1
@@ -34,6 +55,9 @@ ipvsadm -Ln
 echo "== added, listed"
 sp-ipvs list
 
+echo "== ipv6 traffic"
+ip netns exec client sp-testpod hit --udp --url 'udp://[fd00:96::10]:53' --count 3 \
+    --timeout-ms 5000
 echo "== traffic"
 ip netns exec client sp-testpod hit --url http://10.96.0.10:80/source --count 5 --timeout-ms 5000
 # Two connections the client holds open: the real server's active connections.
@@ -72,6 +96,20 @@ echo "== service deleted"
 ipvsadm -Ln
 echo "== missing service"
 sp-ipvs delete-service tcp 10.96.0.10:80 2>&1 || echo "exit $?"
+
+# The family lookup makes the kernel load ip_vs (its alias net-pf-16-proto-16-family-IPVS), unless
+# it cannot run modprobe.
+ip_vs_loaded() { grep -q '^ip_vs ' /proc/modules; }
+sp-ipvs delete-service udp [fd00:96::10]:53
+rmmod ip_vs_wlc ip_vs_wrr ip_vs_rr ip_vs
+if ip_vs_loaded; then echo "rmmod left ip_vs loaded"; exit 1; fi
+echo "== ip_vs removed, then listed"
+sp-ipvs list
+ip_vs_loaded && echo "ip_vs loaded"
+rmmod ip_vs
+echo /nonexistent >/proc/sys/kernel/modprobe
+echo "== without ip_vs"
+sp-ipvs list 2>&1 || echo "exit $?"
 "#;
 
 #[test]
@@ -123,6 +161,16 @@ fn the_netlink_client_programs_and_reads_ipvs_as_ipvsadm_sees_it_in_a_vm() -> Re
         "expected 2 active connections (held open) and 5 inactive (closed), ipvsadm shows \
          {server:?}"
     );
+    let ipv6 = hit_report(&sections, "ipv6 traffic")?;
+    ensure!(
+        ipv6.answers == BTreeMap::from([("server-pod-v6".to_owned(), 3)]),
+        "[fd00:96::10]:53 through its real server: {ipv6:?}"
+    );
+    let server = &counted["UDP [fd00:96::10]:53 wrr"][0];
+    ensure!(
+        server.3 == 3,
+        "expected 3 inactive connections (UDP flows) to {server:?}"
+    );
 
     // Weight 0: the service is updated too, and no new connection reaches the real server.
     let drained = ipvsadm(&sections, "weight 0")?;
@@ -156,6 +204,11 @@ fn the_netlink_client_programs_and_reads_ipvs_as_ipvsadm_sees_it_in_a_vm() -> Re
         deleted.keys().collect::<Vec<_>>() == ["UDP [fd00:96::10]:53 wrr"],
         "after delete-service, ipvsadm shows {deleted:#?}"
     );
+    let autoloaded = section(&sections, "ip_vs removed, then listed")?;
+    ensure!(
+        autoloaded.contains("[]\nip_vs loaded"),
+        "the client's family lookup must have the kernel load ip_vs:\n{autoloaded}"
+    );
     for (name, expected) in [
         (
             "missing real server",
@@ -165,6 +218,11 @@ fn the_netlink_client_programs_and_reads_ipvs_as_ipvsadm_sees_it_in_a_vm() -> Re
         (
             "missing service",
             "deleting virtual server tcp 10.96.0.10:80: no such virtual server (ESRCH, errno 3)",
+        ),
+        (
+            "without ip_vs",
+            "the kernel has no IPVS generic netlink family and could not load it: load the ip_vs \
+             module",
         ),
     ] {
         let text = section(&sections, name)?;

@@ -30,9 +30,13 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// The kernel has no `IPVS` generic netlink family: the `ip_vs` module is not loaded (the
-    /// kernel does not load it on lookup, and the agent does not run modprobe).
-    #[error("the kernel has no IPVS generic netlink family: load the ip_vs module")]
+    /// The kernel has no `IPVS` generic netlink family: the `ip_vs` module is not loaded and the
+    /// kernel could not load it. (The family lookup has the kernel run modprobe for the module's
+    /// alias `net-pf-16-proto-16-family-IPVS`; that fails when the module is not installed or
+    /// modprobe is missing, as in a container without `/lib/modules`.)
+    #[error(
+        "the kernel has no IPVS generic netlink family and could not load it: load the ip_vs module"
+    )]
     NoIpvs,
     /// The kernel refused the operation.
     #[error("{operation}: {meaning} ({errno})")]
