@@ -2,7 +2,7 @@
 //! generic netlink socket (no ipvsadm). Call it from `spawn_blocking` in async code.
 
 use super::message::{self, Command};
-use super::netlink::{self, Attributes, DecodeError, NLM_F_MULTI, Reply};
+use super::netlink::{self, Attributes, DecodeError, Progress};
 use super::{ListedRealServer, RealServer, ServiceId, VirtualServer};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::fmt;
@@ -369,38 +369,22 @@ impl Ipvs {
                     action: "receiving",
                     source,
                 })?;
-            let unreadable = |source| Error::Decode {
-                operation: operation(),
-                source,
-            };
-            let mut finished = false;
-            for reply in netlink::replies(&self.buffer[..len]).map_err(unreadable)? {
-                match reply {
-                    Reply::Message {
-                        flags,
-                        seq: s,
-                        attributes,
-                        ..
-                    } if s == seq => {
-                        decoded.push(decode(attributes).map_err(unreadable)?);
-                        finished |= flags & NLM_F_MULTI == 0;
-                    }
-                    Reply::Error { seq: s, code } | Reply::Done { seq: s, code } if s == seq => {
-                        if code < 0 {
-                            let errno = Errno(-code);
-                            return Err(Error::Refused {
-                                operation: operation(),
-                                meaning: errno.meaning(subject),
-                                errno,
-                            });
-                        }
-                        finished = true;
-                    }
-                    _ => {}
+            let progress = netlink::collect(&self.buffer[..len], seq, &mut decode, &mut decoded)
+                .map_err(|source| Error::Decode {
+                    operation: operation(),
+                    source,
+                })?;
+            match progress {
+                Progress::Pending => {}
+                Progress::Finished => return Ok(decoded),
+                Progress::Refused(errno) => {
+                    let errno = Errno(errno);
+                    return Err(Error::Refused {
+                        operation: operation(),
+                        meaning: errno.meaning(subject),
+                        errno,
+                    });
                 }
-            }
-            if finished {
-                return Ok(decoded);
             }
         }
     }

@@ -238,6 +238,56 @@ pub fn replies(datagram: &[u8]) -> Result<Vec<Reply<'_>>, DecodeError> {
     Ok(replies)
 }
 
+/// Where the replies to a request stand after one more datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// More is to come: the rest of a dump, or the acknowledgement.
+    Pending,
+    /// The acknowledgement, the end of the dump, or the single message of a plain request came.
+    Finished,
+    /// The kernel refused the request with this errno (positive).
+    Refused(i32),
+}
+
+/// Reads one datagram of replies to request `seq`: decodes its messages with `decode` into
+/// `decoded`, and says whether they are complete. Replies to other requests (an earlier one that
+/// timed out) are skipped.
+///
+/// # Errors
+///
+/// If the datagram or a message for `seq` cannot be read.
+pub fn collect<'a, T>(
+    datagram: &'a [u8],
+    seq: u32,
+    decode: &mut impl FnMut(Attributes<'a>) -> Result<T, DecodeError>,
+    decoded: &mut Vec<T>,
+) -> Result<Progress, DecodeError> {
+    let mut progress = Progress::Pending;
+    for reply in replies(datagram)? {
+        match reply {
+            Reply::Message {
+                flags,
+                seq: s,
+                attributes,
+                ..
+            } if s == seq => {
+                decoded.push(decode(attributes)?);
+                if flags & NLM_F_MULTI == 0 {
+                    progress = Progress::Finished;
+                }
+            }
+            Reply::Error { seq: s, code } | Reply::Done { seq: s, code } if s == seq => {
+                if code < 0 {
+                    return Ok(Progress::Refused(code.saturating_neg()));
+                }
+                progress = Progress::Finished;
+            }
+            _ => {}
+        }
+    }
+    Ok(progress)
+}
+
 /// Splits `bytes` into the records that follow each other in it, each starting with a header of
 /// `header_len` bytes that holds its length (`len_at` reads it) and padded to 4 bytes: each
 /// record's offset and bytes, header included, padding left out.

@@ -156,3 +156,80 @@ fn random_garbage_never_panics() {
         let _ = Attributes::new(&bytes).all();
     }
 }
+
+/// A dump part for request `seq` holding one `u32` attribute 1.
+fn dump_part(seq: u32, value: u32) -> Vec<u8> {
+    let attribute = [header(8, 1), value.to_ne_bytes().to_vec()].concat();
+    message(
+        0x1c,
+        NLM_F_MULTI,
+        seq,
+        &[&[4, 1, 0, 0][..], &attribute].concat(),
+    )
+}
+
+fn collect_values(datagrams: &[Vec<u8>], seq: u32) -> (Vec<u32>, Vec<Progress>) {
+    let mut decode =
+        |attributes: Attributes<'_>| read_u32(attributes.require(1, "value")?, "value");
+    let mut values = Vec::new();
+    let progress = datagrams
+        .iter()
+        .map(|datagram| collect(datagram, seq, &mut decode, &mut values).unwrap())
+        .collect();
+    (values, progress)
+}
+
+#[test]
+fn a_dump_is_collected_across_datagrams_until_done() {
+    let done = message(NLMSG_DONE, NLM_F_MULTI, 7, &0i32.to_ne_bytes());
+    let datagrams = [
+        [dump_part(7, 1), dump_part(7, 2)].concat(),
+        [dump_part(7, 3), done].concat(),
+    ];
+    let (values, progress) = collect_values(&datagrams, 7);
+    assert_eq!(values, [1, 2, 3]);
+    assert_eq!(progress, [Progress::Pending, Progress::Finished]);
+}
+
+#[test]
+fn replies_to_an_earlier_request_are_skipped() {
+    let stale_ack = message(NLMSG_ERROR, 0, 6, &0i32.to_ne_bytes());
+    let datagrams = [[dump_part(6, 9), stale_ack].concat(), dump_part(7, 1)];
+    let (values, progress) = collect_values(&datagrams, 7);
+    assert_eq!(values, [1]);
+    assert_eq!(progress, [Progress::Pending, Progress::Pending]);
+}
+
+#[test]
+fn acks_finish_and_errors_refuse_with_the_positive_errno() {
+    let ack = message(NLMSG_ERROR, 0, 7, &0i32.to_ne_bytes());
+    let refusal = message(NLMSG_ERROR, 0, 7, &(-3i32).to_ne_bytes());
+    let failed_dump = message(NLMSG_DONE, NLM_F_MULTI, 7, &(-22i32).to_ne_bytes());
+    let (_, progress) = collect_values(&[ack, refusal, failed_dump], 7);
+    assert_eq!(
+        progress,
+        [
+            Progress::Finished,
+            Progress::Refused(3),
+            Progress::Refused(22)
+        ]
+    );
+}
+
+#[test]
+fn a_plain_reply_finishes_at_its_only_message() {
+    let reply = message(
+        0x10,
+        0,
+        7,
+        &[
+            [1, 1, 0, 0].to_vec(),
+            header(8, 1),
+            5u32.to_ne_bytes().to_vec(),
+        ]
+        .concat(),
+    );
+    let (values, progress) = collect_values(&[reply], 7);
+    assert_eq!(values, [5]);
+    assert_eq!(progress, [Progress::Finished]);
+}
