@@ -4,6 +4,8 @@
 //!
 //! The types here are what the kernel's IPVS tables hold, as its generic netlink family `IPVS`
 //! (`include/uapi/linux/ip_vs.h`) reads and writes them; they know nothing of Services.
+//! [`Ipvs`] (`client`) reads and writes them in the kernel; `message` and `netlink` are its pure
+//! encoding and decoding.
 
 pub mod client;
 pub mod message;

@@ -30,6 +30,14 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// The kernel did not answer within the reply timeout.
+    #[error("{operation}: no reply from the kernel within {timeout:?}")]
+    NoReply {
+        /// What was asked.
+        operation: String,
+        /// How long the client waited.
+        timeout: Duration,
+    },
     /// The kernel has no `IPVS` generic netlink family: the `ip_vs` module is not loaded and the
     /// kernel could not load it. (The family lookup has the kernel run modprobe for the module's
     /// alias `net-pf-16-proto-16-family-IPVS`; that fails when the module is not installed or
@@ -135,7 +143,6 @@ enum Subject {
 }
 
 /// A connection to the kernel's IPVS tables.
-#[derive(Debug)]
 pub struct Ipvs {
     socket: Socket,
     /// The `IPVS` family's id, which the kernel assigns when the module loads.
@@ -143,6 +150,17 @@ pub struct Ipvs {
     /// The last sequence number used.
     seq: u32,
     buffer: Vec<u8>,
+}
+
+impl fmt::Debug for Ipvs {
+    /// Without the receive buffer's 64 KiB.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ipvs")
+            .field("socket", &self.socket)
+            .field("family", &self.family)
+            .field("seq", &self.seq)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Ipvs {
@@ -363,12 +381,27 @@ impl Ipvs {
         })?;
         let mut decoded = Vec::new();
         loop {
-            let len = (&self.socket)
-                .read(&mut self.buffer)
-                .map_err(|source| Error::Socket {
-                    action: "receiving",
-                    source,
-                })?;
+            let len = match (&self.socket).read(&mut self.buffer) {
+                Ok(len) => len,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(Error::NoReply {
+                        operation: operation(),
+                        timeout: REPLY_TIMEOUT,
+                    });
+                }
+                Err(source) => {
+                    return Err(Error::Socket {
+                        action: "receiving",
+                        source,
+                    });
+                }
+            };
             let progress = netlink::collect(&self.buffer[..len], seq, &mut decode, &mut decoded)
                 .map_err(|source| Error::Decode {
                     operation: operation(),
