@@ -168,8 +168,9 @@ impl Ipvs {
     ///
     /// # Errors
     ///
-    /// [`Error::NoIpvs`] when the `ip_vs` module is not loaded; [`Error::Socket`] when the socket
-    /// cannot be opened (no `CAP_NET_ADMIN` is needed for that, but it is for every change).
+    /// [`Error::NoIpvs`] when the `ip_vs` module is not loaded and the kernel cannot load it;
+    /// [`Error::Socket`] when the socket cannot be opened. (Every IPVS command afterwards, listing
+    /// included, needs `CAP_NET_ADMIN`: the kernel refuses with `EPERM` otherwise.)
     pub fn connect() -> Result<Self> {
         let socket = Socket::new(
             Domain::from(AF_NETLINK),
