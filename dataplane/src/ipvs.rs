@@ -4,9 +4,18 @@
 //!
 //! The types here are what the kernel's IPVS tables hold, as its generic netlink family `IPVS`
 //! (`include/uapi/linux/ip_vs.h`) reads and writes them; they know nothing of Services.
+//! [`Ipvs`] (`client`) reads and writes them in the kernel; `message` and `netlink` are its pure
+//! encoding and decoding.
+
+pub mod client;
+pub mod message;
+pub mod netlink;
+
+pub use client::Ipvs;
 
 use crate::Protocol;
-use std::net::IpAddr;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
 
 pub mod apply;
 pub mod diff;
@@ -22,6 +31,18 @@ pub struct ServiceId {
     pub address: IpAddr,
     /// The virtual port.
     pub port: u16,
+}
+
+impl fmt::Display for ServiceId {
+    /// `tcp 10.96.0.10:80`, `udp [fd00::10]:53`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}",
+            self.protocol,
+            SocketAddr::new(self.address, self.port)
+        )
+    }
 }
 
 /// A virtual server's flags (`IP_VS_SVC_F_*`).

@@ -8,6 +8,7 @@
 
 mod init;
 mod initramfs;
+pub mod ipvs_node;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -16,10 +16,8 @@
 
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
-    HitReport,
     addresses::node_ip,
-    vm::{Vm, VmImage},
-    workspace_binary,
+    vm::ipvs_node::{self, Sections, hit_report},
 };
 use std::collections::BTreeMap;
 
@@ -28,43 +26,8 @@ const SERVER: &str = "10.244.1.20:8080";
 /// The client's address, which the server sees unless the node masquerades.
 const CLIENT: &str = "10.244.1.10";
 
-/// The start of every script in the VM: node 1, its pods, the test server, and the virtual
-/// server `VIP` with no real server yet. The scripts print sections `== NAME` that the tests read.
+/// After the node and its pods: the virtual server `VIP` with no real server yet.
 const SETUP: &str = r#"
-set -eu
-sysctl -qw net.ipv4.ip_forward=1
-# The node's LAN (a dummy: nothing is out there). Its default route is what lets the pods' veths
-# answer ARP for the gateway by proxy, as the kernel proxies only for addresses it routes elsewhere.
-ip link add eth0 type dummy
-ip addr add 198.18.0.11/24 dev eth0
-ip link set eth0 up
-ip route add default via 198.18.0.1
-
-# A Calico-style pod: a /32 behind a veth, routed by the node, gateway 169.254.1.1 by proxy ARP.
-pod() {
-    ip netns add "$1"
-    ip link add "cali-$1" type veth peer name eth0 netns "$1"
-    ip link set "cali-$1" up
-    echo 1 >"/proc/sys/net/ipv4/conf/cali-$1/proxy_arp"
-    ip route add "$2/32" dev "cali-$1"
-    ip -n "$1" link set lo up
-    ip -n "$1" link set eth0 up
-    ip -n "$1" addr add "$2/32" dev eth0
-    ip -n "$1" route add 169.254.1.1 dev eth0 scope link
-    ip -n "$1" route add default via 169.254.1.1 dev eth0
-}
-pod client 10.244.1.10
-pod server 10.244.1.20
-
-ip netns exec server sp-testpod serve --name server-pod --listen 0.0.0.0:8080 &
-tries=0
-until ip netns exec client sp-testpod hit --url http://10.244.1.20:8080/ --count 1 \
-        --timeout-ms 500 | grep -q '"server-pod"'; do
-    tries=$((tries + 1))
-    [ "$tries" -lt 50 ] || { echo "the server never answered its pod address"; exit 1; }
-    sleep 0.1
-done
-
 ip link add kube-ipvs0 type dummy
 ip addr add 10.96.0.10/32 dev kube-ipvs0
 ipvsadm -A -t 10.96.0.10:80 -s rr
@@ -184,75 +147,9 @@ fn services_in_an_ipset_are_masqueraded_by_iptables_in_a_vm() -> Result<()> {
     Ok(())
 }
 
-/// Boots the VM on `SETUP` then `script`, with the tools the tests use; prints how long it took
-/// and what the script printed, and returns its sections. `None` when the VM tools cannot be set
-/// up outside CI (said on stderr).
-fn run_in_vm(script: &str) -> Result<Option<BTreeMap<String, String>>> {
-    let image = match VmImage::setup() {
-        Ok(image) => image,
-        Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
-            eprintln!("SKIPPED: the VM tools cannot be set up here: {e:#}");
-            return Ok(None);
-        }
-        Err(e) => return Err(e.context("the VM tools must be set up under CI=true")),
-    };
-    let vm = Vm::new(image)?
-        .with_host_files([
-            "/usr/bin/ip",
-            "/usr/sbin/ipvsadm",
-            "/usr/sbin/ipset",
-            "/usr/sbin/iptables",
-            "/usr/sbin/iptables-restore",
-            // iptables loads its matches and targets from here.
-            "/usr/lib/x86_64-linux-gnu/xtables",
-            // ipset looks protocol names (`tcp:80`) up here.
-            "/etc/protocols",
-        ])
-        .with_file(workspace_binary("sp-testpod")?, "/usr/local/bin/sp-testpod")
-        .with_modules(["veth", "dummy", "ip_vs", "ip_vs_rr"]);
-    let run = vm.run(&format!("{SETUP}{script}"))?;
-    println!(
-        "VM ({:?}): guest booted and loaded modules in {:.2} s; qemu ran {:.2} s in all",
-        run.accel,
-        run.guest_boot.as_secs_f64(),
-        run.wall.as_secs_f64()
-    );
-    println!("{}", run.output);
-    ensure!(
-        run.status == 0,
-        "the script in the VM exited {}",
-        run.status
-    );
-    Ok(Some(sections(&run.output)))
-}
-
-/// The output split at `== NAME` lines: each name with the text after it.
-fn sections(output: &str) -> BTreeMap<String, String> {
-    let mut sections = BTreeMap::new();
-    let mut current: Option<(String, String)> = None;
-    for line in output.lines() {
-        if let Some(name) = line.strip_prefix("== ") {
-            sections.extend(current.take());
-            current = Some((name.to_owned(), String::new()));
-        } else if let Some((_, text)) = current.as_mut() {
-            text.push_str(line);
-            text.push('\n');
-        }
-    }
-    sections.extend(current);
-    sections
-}
-
-/// The JSON line `sp-testpod hit` printed in section `name`.
-fn hit_report(sections: &BTreeMap<String, String>, name: &str) -> Result<HitReport> {
-    let text = sections
-        .get(name)
-        .with_context(|| format!("no section {name:?}"))?;
-    let line = text
-        .lines()
-        .find(|l| l.starts_with('{'))
-        .with_context(|| format!("no hit report in {name:?}:\n{text}"))?;
-    serde_json::from_str(line).with_context(|| format!("parsing the hit report {line:?}"))
+/// Boots the VM on the node with its pods, `SETUP`, then `script`.
+fn run_in_vm(script: &str) -> Result<Option<Sections>> {
+    ipvs_node::run(&format!("{SETUP}{script}"), |vm| vm)
 }
 
 /// The `Conns` column of the line `  -> ADDRESS …` in `ipvsadm -Ln --stats`.
