@@ -7,19 +7,18 @@
 //! [`Ipvs`] (`client`) reads and writes them in the kernel; `message` and `netlink` are its pure
 //! encoding and decoding.
 
+pub mod apply;
 pub mod client;
+pub mod diff;
 pub mod message;
 pub mod netlink;
+pub mod plan;
 
 pub use client::Ipvs;
 
 use crate::Protocol;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-
-pub mod apply;
-pub mod diff;
-pub mod plan;
 
 /// What identifies a virtual server in the kernel: protocol, address and port (`ipvsadm -t|-u|
 /// --sctp-service ADDR:PORT`).

@@ -429,6 +429,43 @@ impl Ipvs {
     }
 }
 
+/// The sync's view of the kernel table ([`super::apply`]) is this client's.
+impl super::apply::IpvsTable for Ipvs {
+    type Error = Error;
+
+    fn services(&mut self) -> Result<Vec<VirtualServer>> {
+        Self::services(self)
+    }
+
+    fn real_servers(&mut self, service: ServiceId) -> Result<Vec<ListedRealServer>> {
+        Self::real_servers(self, service)
+    }
+
+    fn add_service(&mut self, server: &VirtualServer) -> Result<()> {
+        Self::add_service(self, server)
+    }
+
+    fn update_service(&mut self, server: &VirtualServer) -> Result<()> {
+        Self::update_service(self, server)
+    }
+
+    fn delete_service(&mut self, service: ServiceId) -> Result<()> {
+        Self::delete_service(self, service)
+    }
+
+    fn add_real_server(&mut self, service: ServiceId, real: RealServer) -> Result<()> {
+        Self::add_real_server(self, service, real)
+    }
+
+    fn update_real_server(&mut self, service: ServiceId, real: RealServer) -> Result<()> {
+        Self::update_real_server(self, service, real)
+    }
+
+    fn delete_real_server(&mut self, service: ServiceId, real: RealServer) -> Result<()> {
+        Self::delete_real_server(self, service, real.address, real.port)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
