@@ -1618,15 +1618,7 @@ fn service(namespace: &str, name: &str, cluster_ip: IpAddr, ports: Vec<ServicePo
 
 /// A ready endpoint on another node.
 fn ready(address: SocketAddr) -> Endpoint {
-    Endpoint {
-        ip: address.ip(),
-        port: address.port(),
-        ready: true,
-        serving: true,
-        terminating: false,
-        is_local: false,
-        topology_excluded: false,
-    }
+    Endpoint::ready(address)
 }
 
 /// An endpoint on another node that is starting up: neither ready nor serving.

@@ -257,6 +257,21 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// A ready endpoint at `address` on another node: what a Service's healthy backend looks like
+    /// before topology or locality come into it.
+    #[must_use]
+    pub fn ready(address: std::net::SocketAddr) -> Self {
+        Self {
+            ip: address.ip(),
+            port: address.port(),
+            ready: true,
+            serving: true,
+            terminating: false,
+            is_local: false,
+            topology_excluded: false,
+        }
+    }
+
     /// The `ip:port` form kube-proxy uses in chain hashes and DNAT targets (`[v6]:port` for IPv6).
     #[must_use]
     pub fn socket_string(&self) -> String {

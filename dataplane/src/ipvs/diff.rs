@@ -39,6 +39,21 @@ pub enum Change {
     DeleteRealServer(ServiceId, RealServer),
 }
 
+impl std::fmt::Display for Change {
+    /// `add tcp 10.96.0.10:80 rr`, `weight tcp 10.96.0.10:80 10.244.1.20:8080 0`, …
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let real = |real: &RealServer| std::net::SocketAddr::new(real.address, real.port);
+        match self {
+            Self::AddServer(server) => write!(f, "add {} {}", server.id, server.scheduler),
+            Self::UpdateServer(server) => write!(f, "update {} {}", server.id, server.scheduler),
+            Self::DeleteServer(id) => write!(f, "delete {id}"),
+            Self::AddRealServer(id, r) => write!(f, "add real {id} {} {}", real(r), r.weight),
+            Self::UpdateRealServer(id, r) => write!(f, "weight {id} {} {}", real(r), r.weight),
+            Self::DeleteRealServer(id, r) => write!(f, "delete real {id} {}", real(r)),
+        }
+    }
+}
+
 /// The changes that turn `kernel` (every virtual server the kernel lists) into `plan`, in an
 /// order the kernel accepts: deletions of whole virtual servers first, then per virtual server
 /// in identity order its own change and its real servers'. Virtual servers not in the plan are

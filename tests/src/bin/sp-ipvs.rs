@@ -15,12 +15,17 @@
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
-use splitproxy_dataplane::Protocol;
 use splitproxy_dataplane::ipvs::{
-    Ipvs, ListedRealServer, RealServer, ServiceId, VirtualServer, service_flags,
+    Ipvs, ListedRealServer, RealServer, ServiceId, VirtualServer,
+    apply::apply,
+    plan::{PlanOptions, plan},
+    service_flags,
+};
+use splitproxy_dataplane::{
+    Cidr, Endpoint, IpFamily, Protocol, ProxyState, Service, ServiceKey, ServicePort,
 };
 
 /// Reads and changes the kernel's IPVS virtual and real servers over generic netlink.
@@ -55,6 +60,20 @@ enum Action {
     },
     /// Prints every virtual server with its real servers as JSON.
     List,
+    /// Programs IPv4 Services through the IPVS mode's planner and sync, as the agent does, and
+    /// prints the changes made and refused as JSON.
+    Sync {
+        /// One Service each: `PROTOCOL:VIP:PORT=ENDPOINT,ENDPOINT…` (ready endpoints), e.g.
+        /// `tcp:10.96.0.10:80=10.244.1.20:8080`; nothing after `=` for none.
+        services: Vec<String>,
+        /// The scheduler.
+        #[arg(long, default_value = "rr")]
+        scheduler: String,
+        /// Virtual servers at addresses in this CIDR are the sync's to delete; the others are
+        /// left alone.
+        #[arg(long)]
+        own: Cidr,
+    },
 }
 
 /// A virtual server's identity on the command line.
@@ -138,8 +157,64 @@ fn run(action: Action) -> Result<()> {
             ipvs.delete_real_server(service.id(), real.ip(), real.port())?;
         }
         Action::List => println!("{}", listing(&mut ipvs)?),
+        Action::Sync {
+            services,
+            scheduler,
+            own,
+        } => {
+            let state = services
+                .iter()
+                .enumerate()
+                .map(|(index, spec)| service(index, spec))
+                .collect::<Result<ProxyState>>()?;
+            let options = PlanOptions {
+                family: IpFamily::V4,
+                scheduler,
+                node_port_addresses: Vec::new(),
+            };
+            let applied = apply(&mut ipvs, &plan(&state, &options), |id| {
+                own.contains(id.address)
+            })?;
+            let text = |changes: Vec<String>| Value::from(changes);
+            println!(
+                "{}",
+                json!({
+                    "made": text(applied.made.iter().map(ToString::to_string).collect()),
+                    "refused": text(applied.refused.iter().map(|r| format!("{r}: {}", r.error)).collect()),
+                })
+            );
+        }
     }
     Ok(())
+}
+
+/// Service number `index` from `PROTOCOL:VIP:PORT=ENDPOINT,…`.
+fn service(index: usize, spec: &str) -> Result<Service> {
+    let (front, endpoints) = spec.split_once('=').context("no `=` in the Service")?;
+    let (protocol, vip) = front
+        .split_once(':')
+        .context("no protocol in the Service")?;
+    let vip: SocketAddr = vip.parse().context("the Service's VIP:PORT")?;
+    let protocol = match protocol {
+        "tcp" => Protocol::Tcp,
+        "udp" => Protocol::Udp,
+        "sctp" => Protocol::Sctp,
+        other => anyhow::bail!("unknown protocol {other:?}"),
+    };
+    let endpoints = endpoints
+        .split(',')
+        .filter(|text| !text.is_empty())
+        .map(|text| {
+            let address: SocketAddr = text.parse().context("an endpoint's ADDRESS:PORT")?;
+            Ok(Endpoint::ready(address))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let port = ServicePort::new("p", protocol, vip.port(), None, endpoints);
+    Ok(Service::new(
+        ServiceKey::new("sp-ipvs", format!("svc{index}")),
+        vec![vip.ip()],
+        vec![port],
+    ))
 }
 
 fn virtual_server(args: &ServiceArgs) -> VirtualServer {
