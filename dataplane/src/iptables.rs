@@ -10,8 +10,8 @@
 //! each of upstream's per-family proxiers does; [`DualStack`] runs one per family the node can
 //! program.
 //!
-//! Syncs are partial as in kube-proxy ([`partial`]): only the per-Service chains whose rules
-//! changed are written. A sync is full (every chain written, the jumps checked) the first time,
+//! Syncs are partial as in kube-proxy (module `partial`): only the Services that changed are
+//! rendered again, and of those only the chains whose rules changed are written. A sync is full (every chain written, the jumps checked) the first time,
 //! after a failure, once an hour, and when a `KUBE-PROXY-CANARY` chain is gone: someone (a
 //! firewall reload, an operator) deleted chains behind the agent's back, so nothing written
 //! before can be trusted to be there.
