@@ -7,7 +7,7 @@
 use super::diff::{Change, ListedServer, changes};
 use super::plan::Plan;
 use super::{ListedRealServer, RealServer, ServiceId, VirtualServer};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The kernel's IPVS table, as the sync reads and changes it.
 pub trait IpvsTable {
@@ -76,15 +76,11 @@ pub fn apply<T: IpvsTable>(
         made: Vec::new(),
         refused: Vec::new(),
     };
+    // Virtual servers the kernel would not add: their real servers would fail too.
+    let mut not_added = BTreeSet::new();
     for change in changes(&kernel, plan, owned) {
-        let server_refused = |id: &ServiceId| {
-            applied.refused.iter().any(
-                |refused| matches!(&refused.change, Change::AddServer(server) if server.id == *id),
-            )
-        };
-        // The real servers of a virtual server the kernel did not take would fail too.
         if let Change::AddRealServer(id, _) = &change
-            && server_refused(id)
+            && not_added.contains(id)
         {
             continue;
         }
@@ -98,7 +94,12 @@ pub fn apply<T: IpvsTable>(
         };
         match result {
             Ok(()) => applied.made.push(change),
-            Err(error) => applied.refused.push(Refused { change, error }),
+            Err(error) => {
+                if let Change::AddServer(server) = &change {
+                    not_added.insert(server.id);
+                }
+                applied.refused.push(Refused { change, error });
+            }
         }
     }
     Ok(applied)

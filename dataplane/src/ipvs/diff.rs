@@ -11,7 +11,10 @@
 use super::plan::Plan;
 use super::{ListedRealServer, RealServer, ServiceId, VirtualServer};
 use crate::Protocol;
-use std::collections::BTreeMap;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 /// A virtual server as the kernel lists it, with its real servers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +86,7 @@ pub fn changes(
         if listed.server != planned.server {
             changes.push(Change::UpdateServer(planned.server.clone()));
         }
-        let held: BTreeMap<(std::net::IpAddr, u16), &ListedRealServer> = listed
+        let held: BTreeMap<(IpAddr, u16), &ListedRealServer> = listed
             .real_servers
             .iter()
             .map(|real| ((real.server.address, real.server.port), real))
@@ -97,13 +100,15 @@ pub fn changes(
                 Some(_) => {}
             }
         }
-        let planned_addresses = |real: &ListedRealServer| {
-            planned
-                .real_servers
-                .iter()
-                .any(|p| (p.address, p.port) == (real.server.address, real.server.port))
+        let planned_endpoints: BTreeSet<(IpAddr, u16)> = planned
+            .real_servers
+            .iter()
+            .map(|real| (real.address, real.port))
+            .collect();
+        let gone = |real: &&ListedRealServer| {
+            !planned_endpoints.contains(&(real.server.address, real.server.port))
         };
-        for listed in listed.real_servers.iter().filter(|r| !planned_addresses(r)) {
+        for listed in listed.real_servers.iter().filter(gone) {
             changes.extend(retire(id, listed));
         }
     }

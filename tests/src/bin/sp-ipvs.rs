@@ -175,14 +175,13 @@ fn run(action: Action) -> Result<()> {
             let applied = apply(&mut ipvs, &plan(&state, &options), |id| {
                 own.contains(id.address)
             })?;
-            let text = |changes: Vec<String>| Value::from(changes);
-            println!(
-                "{}",
-                json!({
-                    "made": text(applied.made.iter().map(ToString::to_string).collect()),
-                    "refused": text(applied.refused.iter().map(|r| format!("{r}: {}", r.error)).collect()),
-                })
-            );
+            let made: Vec<String> = applied.made.iter().map(ToString::to_string).collect();
+            let refused: Vec<String> = applied
+                .refused
+                .iter()
+                .map(|refused| format!("{refused}: {}", refused.error))
+                .collect();
+            println!("{}", json!({ "made": made, "refused": refused }));
         }
     }
     Ok(())

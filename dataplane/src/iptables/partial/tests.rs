@@ -8,13 +8,8 @@ use std::collections::BTreeMap;
 
 fn endpoint(ip: &str, is_local: bool) -> Endpoint {
     Endpoint {
-        ip: ip.parse().unwrap(),
-        port: 8080,
-        ready: true,
-        serving: true,
-        terminating: false,
         is_local,
-        topology_excluded: false,
+        ..Endpoint::ready(std::net::SocketAddr::new(ip.parse().unwrap(), 8080))
     }
 }
 

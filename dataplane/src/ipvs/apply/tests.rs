@@ -88,15 +88,7 @@ impl IpvsTable for FakeTable {
 fn web(index: u8, endpoints: &[&str]) -> Service {
     let endpoints = endpoints
         .iter()
-        .map(|ip| Endpoint {
-            ip: ip.parse().unwrap(),
-            port: 8080,
-            ready: true,
-            serving: true,
-            terminating: false,
-            is_local: false,
-            topology_excluded: false,
-        })
+        .map(|ip| Endpoint::ready(std::net::SocketAddr::new(ip.parse().unwrap(), 8080)))
         .collect();
     let port = ServicePort::new("http", Protocol::Tcp, 80, None, endpoints);
     Service::new(

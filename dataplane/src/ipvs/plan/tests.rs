@@ -10,13 +10,8 @@ fn ip(text: &str) -> IpAddr {
 
 fn endpoint(address: &str, is_local: bool) -> Endpoint {
     Endpoint {
-        ip: ip(address),
-        port: 8080,
-        ready: true,
-        serving: true,
-        terminating: false,
         is_local,
-        topology_excluded: false,
+        ..Endpoint::ready(std::net::SocketAddr::new(ip(address), 8080))
     }
 }
 
