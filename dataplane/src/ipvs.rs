@@ -8,6 +8,7 @@
 //! encoding and decoding.
 
 pub mod apply;
+pub mod backend;
 pub mod client;
 pub mod diff;
 pub mod message;

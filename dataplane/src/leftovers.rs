@@ -100,6 +100,19 @@ impl Leftovers {
         Ok(removed)
     }
 
+    /// Removes what would change how an IPVS-mode node handles Service traffic: the nftables
+    /// tables. `kube-ipvs0` and the ipsets are the IPVS mode's own; the iptables mode's chains
+    /// are left as upstream leaves them, unreferenced once the IPVS mode rewrites `KUBE-SERVICES`.
+    ///
+    /// # Errors
+    ///
+    /// If a tool fails; what was removed before stays removed.
+    pub async fn remove_for_ipvs_mode(&self) -> Result<Removed> {
+        let mut removed = Removed::default();
+        self.remove_nft_tables(&mut removed).await?;
+        Ok(removed)
+    }
+
     /// Removes every leftover of the other modes: the nftables tables, `kube-ipvs0` and the
     /// `KUBE-*` ipsets; reports IPVS virtual servers. Run after the iptables rules are gone, as
     /// they may use the ipsets.

@@ -39,6 +39,19 @@ pub struct Cli {
     /// Which dataplane programs the kernel.
     #[arg(long, value_enum, default_value_t = ProxyMode::Iptables)]
     pub proxy_mode: ProxyMode,
+    /// The IPVS scheduler of every virtual server in IPVS mode (rr, wrr, lc, wlc, lblc, lblcr,
+    /// sh, dh, sed, nq, mh); its kernel module `ip_vs_<name>` must be available.
+    #[arg(long, env = "SPLITPROXY_IPVS_SCHEDULER", default_value = "rr")]
+    pub ipvs_scheduler: String,
+    /// In IPVS mode, answer ARP only for addresses on the interface asked
+    /// (`arp_ignore=1`, `arp_announce=2`), so the Service addresses bound to `kube-ipvs0` are
+    /// not announced on the node's network; needed by load balancers such as MetalLB.
+    #[arg(long, env = "SPLITPROXY_IPVS_STRICT_ARP")]
+    pub ipvs_strict_arp: bool,
+    /// In IPVS mode, CIDRs whose IPVS virtual servers the agent never deletes, comma-separated:
+    /// other programs' virtual servers on the node's own addresses.
+    #[arg(long, env = "SPLITPROXY_IPVS_EXCLUDE_CIDRS", value_delimiter = ',')]
+    pub ipvs_exclude_cidrs: Vec<Cidr>,
     /// Address of `/metrics` and `/proxyMode`.
     #[arg(
         long,
@@ -261,6 +274,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, InvalidDuration> {
 pub enum ProxyMode {
     /// iptables, programmed with iptables-restore.
     Iptables,
+    /// IPVS, programmed over netlink, with ipsets and iptables for masquerade and filtering.
+    Ipvs,
 }
 
 #[cfg(test)]

@@ -146,5 +146,6 @@ async fn inspection_server(
 pub fn wire_mode(mode: cli::ProxyMode) -> pb::ProxyMode {
     match mode {
         cli::ProxyMode::Iptables => pb::ProxyMode::Iptables,
+        cli::ProxyMode::Ipvs => pb::ProxyMode::Ipvs,
     }
 }

@@ -3,14 +3,16 @@
 use clap::Parser;
 use splitproxy_agent::{
     Config,
-    cli::Cli,
+    cli::{Cli, ProxyMode},
     client::ClientConfig,
     credentials::Credentials,
     node_port_addresses::{interface_addresses, needs_primary, select},
     wire_mode,
 };
 use splitproxy_dataplane::{
+    Dataplane,
     iptables::{self, DualStack},
+    ipvs::backend::{self as ipvs, IpvsBackend},
     leftovers::{Leftovers, Removed},
 };
 use splitproxy_telemetry::trace::{self, KeyValue};
@@ -94,8 +96,15 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    let ipvs = ipvs::Config {
+        families: Vec::new(),
+        scheduler: cli.ipvs_scheduler.clone(),
+        exclude_cidrs: cli.ipvs_exclude_cidrs.clone(),
+        node_port_addresses: node_port_addresses.clone(),
+    };
     let iptables = iptables::Config::default()
         .with_render_options(cli.render_options(node_port_addresses, primary_ip));
+    let proxy_mode = cli.proxy_mode;
     let config = Config {
         client: ClientConfig {
             controllers: cli.controllers,
@@ -114,7 +123,7 @@ fn main() -> ExitCode {
         inspection_bind_address: cli.inspection_bind_address,
     };
     let span = tracing::info_span!("agent", node = %config.client.node_name);
-    let code = match runtime.block_on(run(config, iptables).instrument(span)) {
+    let code = match runtime.block_on(run(config, proxy_mode, iptables, ipvs).instrument(span)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "agent stopped");
@@ -125,10 +134,19 @@ fn main() -> ExitCode {
     code
 }
 
-async fn run(config: Config, iptables: iptables::Config) -> anyhow::Result<()> {
+async fn run(
+    config: Config,
+    mode: ProxyMode,
+    iptables: iptables::Config,
+    ipvs: ipvs::Config,
+) -> anyhow::Result<()> {
     // As kube-proxy on a switch of proxy mode: another mode's tables or VIP interface would
     // handle Service traffic next to these rules. A failure is not fatal: the rules still work.
-    match Leftovers::default().remove_for_iptables_mode().await {
+    let leftovers = match mode {
+        ProxyMode::Iptables => Leftovers::default().remove_for_iptables_mode().await,
+        ProxyMode::Ipvs => Leftovers::default().remove_for_ipvs_mode().await,
+    };
+    match leftovers {
         Ok(removed) if removed.is_empty() => {}
         Ok(removed) => log_removed(&removed, "removed another proxy mode's leftovers"),
         Err(err) => tracing::warn!(
@@ -136,8 +154,19 @@ async fn run(config: Config, iptables: iptables::Config) -> anyhow::Result<()> {
             "could not remove another proxy mode's leftovers"
         ),
     }
-    // One proxier per IP family whose tools work here, as kube-proxy's dual-stack mode.
-    let dataplane = DualStack::detect(&iptables).await;
+    // One proxier per IP family whose tools work here, as kube-proxy's dual-stack mode; the
+    // IPVS mode needs the same tools for its masquerade and filter rules.
+    let dual_stack = DualStack::detect(&iptables).await;
+    match mode {
+        ProxyMode::Iptables => run_until_interrupted(config, dual_stack).await,
+        ProxyMode::Ipvs => {
+            let families = dual_stack.ip_families();
+            run_until_interrupted(config, IpvsBackend::new(ipvs::Config { families, ..ipvs })).await
+        }
+    }
+}
+
+async fn run_until_interrupted(config: Config, dataplane: impl Dataplane) -> anyhow::Result<()> {
     tokio::select! {
         result = splitproxy_agent::run(config, dataplane) => Ok(result?),
         _ = tokio::signal::ctrl_c() => {

@@ -1,0 +1,215 @@
+//! The agent in IPVS mode (`--proxy-mode ipvs`) on a real IPVS kernel, in the qemu VM
+//! (`tests/vm/build-vm.sh`), fed by a controller on the manifests source in the same VM: what a
+//! user of kube-proxy's IPVS mode sees, with real traffic. Needs root.
+//!
+//! Addresses (`splitproxy_e2e::vm::ipvs_node`): the VM is node 1 (198.18.0.11) with pods `client`
+//! (10.244.1.10), `server` (10.244.1.20, `server-pod`) and `server2` (10.244.1.21, `server-2`),
+//! each serving on 8080, and `ext` (203.0.113.7), a client outside the cluster routed like a pod.
+//! The Service `demo/web` has cluster IP 10.96.0.10, port 80 and node port 30080.
+
+use anyhow::{Context, Result, ensure};
+use splitproxy_e2e::{
+    pki::{ControllerTls, random_token},
+    vm::ipvs_node::{self, Sections, hit_report, section},
+    workspace_binary,
+};
+use std::{net::Ipv4Addr, path::Path, time::Duration};
+
+/// Where the test's files are in the VM.
+const GUEST_DIR: &str = "/cluster";
+
+/// The cluster before and after `server-2` goes: Node, Service, EndpointSlice.
+fn manifests(endpoints: &[&str]) -> String {
+    let mut yaml = String::from(
+        "apiVersion: v1
+kind: Node
+metadata:
+  name: node-1
+status:
+  addresses:
+  - type: InternalIP
+    address: 198.18.0.11
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: demo
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  clusterIPs: [10.96.0.10]
+  ports:
+  - name: http
+    protocol: TCP
+    port: 80
+    targetPort: 8080
+    nodePort: 30080
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-x7k2p
+  namespace: demo
+  labels:
+    kubernetes.io/service-name: web
+addressType: IPv4
+ports:
+- name: http
+  protocol: TCP
+  port: 8080
+endpoints:
+",
+    );
+    for address in endpoints {
+        yaml.push_str(&format!(
+            "- addresses: [{address}]\n  conditions: {{ready: true}}\n  nodeName: node-1\n"
+        ));
+    }
+    yaml
+}
+
+const SCRIPT: &str = r#"
+pod server2 10.244.1.21
+ip netns exec server2 sp-testpod serve --name server-2 --listen 0.0.0.0:8080 &
+pod ext 203.0.113.7
+# Until the agent binds Service addresses itself.
+ip link add kube-ipvs0 type dummy
+ip addr add 10.96.0.10/32 dev kube-ipvs0
+
+trap 'echo "== controller log"; cat /tmp/controller.log; echo "== agent log"; cat /tmp/agent.log' EXIT
+mkdir -p /tmp/manifests
+cp /cluster/both.yaml /tmp/manifests/cluster.yaml
+splitproxy-controller --manifests /tmp/manifests --listen 127.0.0.1:10660 \
+    --agent-tokens-file /cluster/tokens.csv \
+    --tls-cert-file /cluster/controller.crt --tls-private-key-file /cluster/controller.key \
+    >/tmp/controller.log 2>&1 &
+splitproxy-agent --controller https://127.0.0.1:10660 --hostname-override node-1 \
+    --proxy-mode ipvs --bind-address 198.18.0.11 \
+    --token-file /cluster/node-1.token --controller-ca-file /cluster/controller-ca.crt \
+    >/tmp/agent.log 2>&1 &
+
+# Waits until `ipvsadm -Ln` matches the extended regex $1.
+await_ipvs() {
+    tries=0
+    until ipvsadm -Ln | grep -Eq -- "$1"; do
+        tries=$((tries + 1))
+        [ "$tries" -lt 600 ] || { echo "IPVS never matched $1:"; ipvsadm -Ln; exit 1; }
+        sleep 0.2
+    done
+}
+await_ipvs '-> 10.244.1.21:8080 +Masq'
+
+echo "== programmed after $(cut -d. -f1 /proc/uptime) s of uptime"
+echo "== proxy mode"
+wget -qO- http://127.0.0.1:10249/proxyMode
+echo
+echo "== listed"
+ipvsadm -Ln
+echo "== cluster ip"
+ip netns exec client sp-testpod hit --url http://10.96.0.10:80/ --count 20 --timeout-ms 5000
+echo "== node port"
+ip netns exec ext sp-testpod hit --url http://198.18.0.11:30080/ --count 20 --timeout-ms 5000
+
+cp /cluster/one.yaml /tmp/manifests/cluster.yaml.tmp
+mv /tmp/manifests/cluster.yaml.tmp /tmp/manifests/cluster.yaml
+# The removed endpoint's closed connections stay in IPVS's table for 2 minutes (TIME_WAIT): until
+# then it drains at weight 0, taking no new connections.
+tries=0
+while ipvsadm -Ln | grep -Eq -- '-> 10.244.1.21:8080 +Masq +1 '; do
+    tries=$((tries + 1))
+    [ "$tries" -lt 600 ] || { echo "the removed endpoint stayed"; ipvsadm -Ln; exit 1; }
+    sleep 0.2
+done
+echo "== drained"
+ipvsadm -Ln
+echo "== one endpoint"
+ip netns exec client sp-testpod hit --url http://10.96.0.10:80/ --count 10 --timeout-ms 5000
+trap - EXIT
+"#;
+
+/// Writes the controller's TLS, the node's token and both manifests to `dir`.
+fn write_cluster_files(dir: &Path) -> Result<()> {
+    ControllerTls::generate(dir, Ipv4Addr::LOCALHOST)?;
+    let token = random_token()?;
+    std::fs::write(dir.join("node-1.token"), &token)?;
+    std::fs::write(dir.join("tokens.csv"), format!("{token},node-1\n"))?;
+    std::fs::write(
+        dir.join("both.yaml"),
+        manifests(&["10.244.1.20", "10.244.1.21"]),
+    )?;
+    std::fs::write(dir.join("one.yaml"), manifests(&["10.244.1.20"]))?;
+    Ok(())
+}
+
+fn run_cluster(script: &str) -> Result<Option<Sections>> {
+    let files = tempfile::tempdir().context("creating the cluster files' folder")?;
+    write_cluster_files(files.path())?;
+    let controller = workspace_binary("splitproxy-controller")?;
+    let agent = workspace_binary("splitproxy-agent")?;
+    ipvs_node::run(script, |mut vm| {
+        for entry in std::fs::read_dir(files.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            vm = vm.with_file(entry.path(), Path::new(GUEST_DIR).join(entry.file_name()));
+        }
+        vm.with_file(controller, "/usr/local/bin/splitproxy-controller")
+            .with_file(agent, "/usr/local/bin/splitproxy-agent")
+            .with_host_files([
+                "/usr/sbin/iptables-save",
+                "/usr/sbin/ip6tables",
+                "/usr/sbin/ip6tables-save",
+                "/usr/sbin/ip6tables-restore",
+            ])
+            .with_timeout(Duration::from_secs(300))
+    })
+}
+
+#[test]
+fn the_agent_in_ipvs_mode_serves_cluster_ips_and_node_ports_in_a_vm() -> Result<()> {
+    let Some(sections) = run_cluster(SCRIPT)? else {
+        return Ok(());
+    };
+    let mode = section(&sections, "proxy mode")?;
+    ensure!(mode.trim() == "ipvs", "/proxyMode said {mode:?}");
+    let listed = section(&sections, "listed")?;
+    ensure!(
+        listed.contains("TCP  10.96.0.10:80 rr") && listed.contains("TCP  198.18.0.11:30080 rr"),
+        "a virtual server for the cluster IP and one for the node port:\n{listed}"
+    );
+
+    let cluster_ip = hit_report(&sections, "cluster ip")?;
+    ensure!(
+        cluster_ip.answered() == 20
+            && cluster_ip
+                .answers
+                .keys()
+                .any(|who| who.starts_with("server-pod"))
+            && cluster_ip
+                .answers
+                .keys()
+                .any(|who| who.starts_with("server-2")),
+        "a pod reaches both endpoints through the cluster IP: {cluster_ip:?}"
+    );
+    let node_port = hit_report(&sections, "node port")?;
+    ensure!(
+        node_port.answered() == 20,
+        "a client outside the cluster reaches the node port: {node_port:?}"
+    );
+    let drained = section(&sections, "drained")?;
+    ensure!(
+        drained
+            .lines()
+            .filter(|line| line.contains("-> 10.244.1.21:8080"))
+            .all(|line| line.split_whitespace().nth(3) == Some("0")),
+        "the removed endpoint drains at weight 0 (graceful termination) or is gone:\n{drained}"
+    );
+    let one = hit_report(&sections, "one endpoint")?;
+    ensure!(
+        one.answered() == 10 && one.answers.keys().all(|who| who.starts_with("server-pod")),
+        "once server-2 leaves the EndpointSlice, only server-pod answers: {one:?}"
+    );
+    Ok(())
+}
