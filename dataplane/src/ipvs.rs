@@ -14,6 +14,7 @@ pub mod diff;
 pub mod message;
 pub mod netlink;
 pub mod plan;
+pub mod sysctl;
 
 pub use client::Ipvs;
 

@@ -101,6 +101,7 @@ fn main() -> ExitCode {
         scheduler: cli.ipvs_scheduler.clone(),
         exclude_cidrs: cli.ipvs_exclude_cidrs.clone(),
         node_port_addresses: node_port_addresses.clone(),
+        strict_arp: cli.ipvs_strict_arp,
     };
     let iptables = iptables::Config::default()
         .with_render_options(cli.render_options(node_port_addresses, primary_ip));

@@ -6,7 +6,7 @@
 
 use super::apply::{Applied, apply};
 use super::plan::{Plan, PlanOptions, plan};
-use super::{Ipvs, ServiceId, client};
+use super::{Ipvs, ServiceId, client, sysctl};
 use crate::conntrack::IpFamily;
 use crate::{Cidr, Dataplane, FailedStep, ProxyState, SyncError, SyncReport};
 use std::collections::BTreeSet;
@@ -29,16 +29,20 @@ pub struct Config {
     /// every address of the node's interfaces, read at each sync, except loopback, IPv6
     /// link-local and [`INTERFACE`]'s.
     pub node_port_addresses: Option<Vec<IpAddr>>,
+    /// Answer ARP only for the addresses of the interface asked (`--ipvs-strict-arp`).
+    pub strict_arp: bool,
 }
 
 impl Default for Config {
-    /// IPv4, the `rr` scheduler (kube-proxy's default), no exclusions, every node address.
+    /// IPv4, the `rr` scheduler (kube-proxy's default), no exclusions, every node address, no
+    /// strict ARP (kube-proxy's default).
     fn default() -> Self {
         Self {
             families: vec![IpFamily::V4],
             scheduler: "rr".to_owned(),
             exclude_cidrs: Vec::new(),
             node_port_addresses: None,
+            strict_arp: false,
         }
     }
 }
@@ -52,6 +56,9 @@ pub enum Error {
     /// The IPVS netlink client could not start or read the table; nothing was changed.
     #[error("IPVS")]
     Ipvs(#[source] client::Error),
+    /// A kernel setting the IPVS mode needs could not be written.
+    #[error("configuring the kernel for IPVS")]
+    Sysctl(#[source] sysctl::Error),
     /// The blocking part of the sync did not finish (it panicked).
     #[error("the IPVS sync did not finish: {0}")]
     Task(String),
@@ -145,9 +152,11 @@ impl Dataplane for IpvsBackend {
         };
         let full = self.ipvs.is_none();
         let ipvs = self.ipvs.take();
-        let (ipvs, outcome) = tokio::task::spawn_blocking(move || sync_ipvs(ipvs, &plans, &owned))
-            .await
-            .map_err(|e| Error::Task(e.to_string()))?;
+        let strict_arp = self.config.strict_arp;
+        let (ipvs, outcome) =
+            tokio::task::spawn_blocking(move || sync_ipvs(ipvs, strict_arp, &plans, &owned))
+                .await
+                .map_err(|e| Error::Task(e.to_string()))?;
         self.ipvs = ipvs;
         let applied = outcome?;
         for refused in &applied.refused {
@@ -200,16 +209,20 @@ impl Ownership {
     }
 }
 
-/// Connects when `ipvs` is `None`, then applies every plan; hands the client back unless it
-/// failed.
+/// Connects and writes the kernel settings when `ipvs` is `None`, then applies every plan; hands
+/// the client back unless it failed.
 fn sync_ipvs(
     ipvs: Option<Ipvs>,
+    strict_arp: bool,
     plans: &[(IpFamily, Plan)],
     owned: &Ownership,
 ) -> (Option<Ipvs>, Result<Applied<client::Error>, Error>) {
-    let mut ipvs = match ipvs.map_or_else(Ipvs::connect, Ok) {
-        Ok(ipvs) => ipvs,
-        Err(e) => return (None, Err(Error::Ipvs(e))),
+    let mut ipvs = match ipvs {
+        Some(ipvs) => ipvs,
+        None => match connect(strict_arp) {
+            Ok(ipvs) => ipvs,
+            Err(e) => return (None, Err(e)),
+        },
     };
     let planned: BTreeSet<IpAddr> = plans
         .iter()
@@ -231,4 +244,15 @@ fn sync_ipvs(
         }
     }
     (Some(ipvs), Ok(all))
+}
+
+/// Opens the IPVS client, which loads `ip_vs`, then writes the settings its sysctls need.
+fn connect(strict_arp: bool) -> Result<Ipvs, Error> {
+    let ipvs = Ipvs::connect().map_err(Error::Ipvs)?;
+    let written =
+        sysctl::apply(std::path::Path::new("/proc/sys"), strict_arp).map_err(Error::Sysctl)?;
+    for setting in written {
+        tracing::info!(key = setting.key, value = setting.value, "set sysctl");
+    }
+    Ok(ipvs)
 }
