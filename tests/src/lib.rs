@@ -7,6 +7,7 @@ pub mod addresses;
 pub mod control_plane;
 pub mod corpus;
 pub mod demo_cluster;
+pub mod flows;
 pub mod jaeger;
 pub mod lab;
 pub mod load;

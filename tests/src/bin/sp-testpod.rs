@@ -23,7 +23,9 @@
 //! one endpoint for as long as conntrack remembers it).
 //!
 //! The HTTP server answers the path `/source` with its name and the client address it saw
-//! (`pod-a 10.244.2.10`), so tests can tell whether a proxy masqueraded the client.
+//! (`pod-a 10.244.2.10`), so tests can tell whether a proxy masqueraded the client; the UDP
+//! server does the same for `hit --udp --url udp://IP:PORT/source`. `hit --source IP` sends from
+//! that local address.
 //!
 //! `sctp-serve` and `sctp-hit` do the same over SCTP with raw IP sockets (the test kernel has no
 //! SCTP sockets): an INIT per request from a fresh port, answered by an INIT-ACK whose state cookie
@@ -101,6 +103,9 @@ enum Cmd {
         /// ephemeral port per request).
         #[arg(long, env = "SP_TESTPOD_SOURCE_PORT", requires = "udp")]
         source_port: Option<u16>,
+        /// Send from this local address (default: the one the kernel picks for the route).
+        #[arg(long, env = "SP_TESTPOD_SOURCE")]
+        source: Option<IpAddr>,
     },
     /// Answer every SCTP INIT to PORT with an INIT-ACK whose state cookie is NAME.
     SctpServe {
@@ -171,16 +176,23 @@ fn main() -> ExitCode {
             interval_ms,
             udp,
             source_port,
+            source,
         } => {
             let pace = Pace {
                 timeout: Duration::from_millis(timeout_ms),
                 interval: Duration::from_millis(interval_ms),
             };
             if udp {
-                parse_udp_url(&url).and_then(|addr| hit_udp(addr, count, &pace, source_port))
+                parse_udp_url(&url).and_then(|(addr, payload)| {
+                    let from = source.unwrap_or_else(|| unspecified_like(addr));
+                    let local = SocketAddr::new(from, source_port.unwrap_or(0));
+                    hit_udp(addr, payload, count, &pace, local)
+                })
             } else {
                 parse_url(&url).map(|(addr, path)| {
-                    hit(count, &pace, |timeout| request(addr, &path, timeout));
+                    hit(count, &pace, |timeout| {
+                        request(addr, source, &path, timeout)
+                    });
                 })
             }
         }
@@ -248,9 +260,15 @@ fn serve_udp(name: &str, listen: SocketAddr) -> Result<()> {
     let mut buf = [0_u8; 2048];
     loop {
         match socket.recv_from(&mut buf) {
-            Ok((_, peer)) => {
+            Ok((len, peer)) => {
                 println!("{peer} datagram");
-                if let Err(e) = socket.send_to(name.as_bytes(), peer) {
+                // As HTTP's `/source`: a datagram saying `source` gets the client's address too.
+                let answer = if &buf[..len] == b"source" {
+                    format!("{name} {}", peer.ip().to_canonical())
+                } else {
+                    name.to_owned()
+                };
+                if let Err(e) = socket.send_to(answer.as_bytes(), peer) {
                     eprintln!("sp-testpod: cannot answer {peer}: {e}");
                 }
             }
@@ -297,15 +315,20 @@ fn read_head(stream: &mut TcpStream) -> Result<String> {
     Ok(String::from_utf8_lossy(&head).into_owned())
 }
 
-/// The address of `udp://IP:PORT`.
-fn parse_udp_url(url: &str) -> Result<SocketAddr> {
-    let authority = url
+/// The address of `udp://IP:PORT[/source]`, and the datagram to send: `source` (answered with
+/// the client address too) for the `/source` path, as over HTTP.
+fn parse_udp_url(url: &str) -> Result<(SocketAddr, &'static [u8])> {
+    let rest = url
         .strip_prefix("udp://")
         .ok_or_else(|| anyhow!("url {url:?} must start with udp:// (with --udp)"))?;
-    authority
-        .trim_end_matches('/')
+    let (authority, payload): (&str, &'static [u8]) = match rest.strip_suffix("/source") {
+        Some(authority) => (authority, b"source"),
+        None => (rest.trim_end_matches('/'), b"hit"),
+    };
+    let addr = authority
         .parse()
-        .map_err(|_| anyhow!("url {url:?} must name an IP address and a port"))
+        .map_err(|_| anyhow!("url {url:?} must name an IP address and a port"))?;
+    Ok((addr, payload))
 }
 
 /// Splits `http://IP:PORT/path` into a socket address and a path.
@@ -356,21 +379,20 @@ fn hit(count: u32, pace: &Pace, mut request: impl FnMut(Duration) -> Result<Stri
     );
 }
 
-/// Sends the datagrams, from one socket on `source_port` or a fresh one each, and prints the report.
-fn hit_udp(addr: SocketAddr, count: u32, pace: &Pace, source_port: Option<u16>) -> Result<()> {
-    let any = unspecified_like(addr);
-    let fixed = source_port
-        .map(|port| {
-            let local = SocketAddr::new(any, port);
-            UdpSocket::bind(local).with_context(|| format!("cannot bind {local}"))
-        })
-        .transpose()?;
+/// Sends the datagrams from `local`: all from one socket when it names a port, else each from a
+/// fresh one; prints the report.
+fn hit_udp(
+    addr: SocketAddr,
+    payload: &[u8],
+    count: u32,
+    pace: &Pace,
+    local: SocketAddr,
+) -> Result<()> {
+    let bind = || UdpSocket::bind(local).with_context(|| format!("cannot bind {local}"));
+    let fixed = (local.port() != 0).then(bind).transpose()?;
     hit(count, pace, |timeout| match &fixed {
-        Some(socket) => datagram(socket, addr, timeout),
-        None => {
-            let socket = UdpSocket::bind((any, 0)).context("bind")?;
-            datagram(&socket, addr, timeout)
-        }
+        Some(socket) => datagram(socket, addr, payload, timeout),
+        None => datagram(&bind()?, addr, payload, timeout),
     });
     Ok(())
 }
@@ -383,15 +405,20 @@ fn unspecified_like(addr: SocketAddr) -> IpAddr {
     }
 }
 
-/// One datagram to `addr` from `socket`; returns the answering server's name.
-fn datagram(socket: &UdpSocket, addr: SocketAddr, timeout: Duration) -> Result<String> {
+/// One datagram holding `payload` to `addr` from `socket`; returns the answer.
+fn datagram(
+    socket: &UdpSocket,
+    addr: SocketAddr,
+    payload: &[u8],
+    timeout: Duration,
+) -> Result<String> {
     // Connected, so only answers from `addr` count and an ICMP error fails the request at once.
     socket
         .connect(addr)
         .with_context(|| format!("connect {addr}"))?;
     socket.set_read_timeout(Some(timeout))?;
     socket
-        .send(b"hit")
+        .send(payload)
         .with_context(|| format!("send to {addr}"))?;
     let mut buf = [0_u8; 2048];
     let n = socket
@@ -400,11 +427,15 @@ fn datagram(socket: &UdpSocket, addr: SocketAddr, timeout: Duration) -> Result<S
     Ok(String::from_utf8_lossy(&buf[..n]).trim().to_owned())
 }
 
-/// One request on a new connection; returns the answering server's name.
-fn request(addr: SocketAddr, path: &str, timeout: Duration) -> Result<String> {
+/// One request on a new connection, from `source` if given; returns the answering server's name.
+fn request(
+    addr: SocketAddr,
+    source: Option<IpAddr>,
+    path: &str,
+    timeout: Duration,
+) -> Result<String> {
     let deadline = Instant::now() + timeout;
-    let mut stream =
-        TcpStream::connect_timeout(&addr, timeout).with_context(|| format!("connect {addr}"))?;
+    let mut stream = connect(addr, source, timeout).with_context(|| format!("connect {addr}"))?;
     let remaining = || {
         deadline
             .saturating_duration_since(Instant::now())
@@ -447,6 +478,23 @@ fn request(addr: SocketAddr, path: &str, timeout: Duration) -> Result<String> {
     Ok(body.trim().to_owned())
 }
 
+/// A TCP connection to `addr`, bound to `source` first when given.
+fn connect(addr: SocketAddr, source: Option<IpAddr>, timeout: Duration) -> Result<TcpStream> {
+    let Some(source) = source else {
+        return Ok(TcpStream::connect_timeout(&addr, timeout)?);
+    };
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket
+        .bind(&SocketAddr::new(source, 0).into())
+        .with_context(|| format!("bind {source}"))?;
+    socket.connect_timeout(&addr.into(), timeout)?;
+    Ok(socket.into())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -469,7 +517,7 @@ mod tests {
         assert_eq!(addr, "[fd00:10:96::10]:80".parse().unwrap());
         assert!(parse_url("http://fd00:10:96::10/").is_err());
         assert_eq!(
-            parse_udp_url("udp://[fd00:10:96::30]:53").unwrap(),
+            parse_udp_url("udp://[fd00:10:96::30]:53").unwrap().0,
             "[fd00:10:96::30]:53".parse().unwrap()
         );
         assert!(unspecified_like("[fd00::1]:53".parse().unwrap()).is_ipv6());
@@ -510,10 +558,15 @@ mod tests {
     }
 
     #[test]
-    fn udp_urls_name_an_address_and_a_port() {
+    fn udp_urls_name_an_address_a_port_and_whether_to_ask_for_the_source() {
+        let address: SocketAddr = "10.96.0.30:53".parse().unwrap();
         assert_eq!(
             parse_udp_url("udp://10.96.0.30:53").unwrap(),
-            "10.96.0.30:53".parse().unwrap()
+            (address, &b"hit"[..])
+        );
+        assert_eq!(
+            parse_udp_url("udp://10.96.0.30:53/source").unwrap(),
+            (address, &b"source"[..])
         );
         assert!(parse_udp_url("udp://10.96.0.30").is_err());
         assert!(parse_udp_url("http://10.96.0.30:53").is_err());

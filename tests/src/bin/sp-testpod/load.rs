@@ -81,7 +81,7 @@ fn load_one(
     while next < end {
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
         let at_ms = unix_ms(SystemTime::now());
-        let result = super::request(target.addr, &target.path, timeout);
+        let result = super::request(target.addr, None, &target.path, timeout);
         let outcome = Outcome {
             at_ms,
             target: target.name.clone(),

@@ -1,0 +1,215 @@
+//! `sp-flows`: runs the shared packet-flow table with real traffic against a dataplane backend on
+//! this machine's kernel (the IPVS VM's, for the IPVS mode), one scenario after the other.
+//!
+//! ```text
+//! sp-flows ipvs [--scenario PREFIX]
+//! ```
+//!
+//! For each scenario it builds the node's addresses, pods and outside clients
+//! (`splitproxy_e2e::flows`), programs the scenario's state with the backend, makes every row's
+//! connections, and prints one line per row: `ROW {json}` with what was expected and observed.
+//! Rows the runner cannot make (SCTP) print as `SKIPPED row: why`. It removes what it built
+//! before the next scenario, and exits 0 once every row ran: the caller judges the rows.
+
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::{Parser, Subcommand};
+use splitproxy_dataplane::{
+    Dataplane, IpFamily, Protocol,
+    flow_table::{self, Expected, Scenario},
+    ipvs::backend::{self, IpvsBackend},
+};
+use splitproxy_e2e::{
+    HitReport,
+    flows::{self, RowResult, Topology},
+};
+
+/// How long one connection of a row may take before it counts as dropped.
+const CONNECTION_TIMEOUT_MS: u64 = 3000;
+
+/// Runs the packet-flow table with real traffic.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand, Debug)]
+enum Mode {
+    /// The IPVS mode (needs a kernel with IPVS).
+    Ipvs {
+        /// Only the scenarios whose name starts with this.
+        #[arg(long)]
+        scenario: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Mode::Ipvs { scenario } = cli.mode;
+    let result = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")
+        .and_then(|runtime| {
+            for selected in flow_table::scenarios()
+                .iter()
+                .filter(|s| scenario.as_ref().is_none_or(|p| s.name.starts_with(p)))
+            {
+                runtime.block_on(run_ipvs(selected))?;
+            }
+            Ok(())
+        });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sp-flows: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One scenario against the IPVS mode, from a bare node back to one.
+async fn run_ipvs(scenario: &Scenario) -> Result<()> {
+    println!("SCENARIO {}", scenario.name);
+    let topology = Topology::of(scenario);
+    let built = Built::build(&topology)?;
+    let families = [IpFamily::V4, IpFamily::V6]
+        .into_iter()
+        .filter(|family| scenario.node_ips.iter().any(|ip| family.contains(ip)))
+        .collect();
+    let mut ipvs = IpvsBackend::new(backend::Config {
+        families,
+        node_port_addresses: scenario.node_port_addresses.clone(),
+        ..backend::Config::default()
+    });
+    ipvs.sync(&scenario.state)
+        .await
+        .with_context(|| format!("programming {}", scenario.name))?;
+    for case in &scenario.cases {
+        if case.flow.protocol == Protocol::Sctp {
+            println!(
+                "SKIPPED {}: the runner makes TCP and UDP connections only",
+                case.flow.name
+            );
+            continue;
+        }
+        let (mut expected, difference) = flows::ipvs_expected(scenario, case);
+        let pending = flows::ipvs_pending(scenario, case, &expected);
+        if expected == Expected::Pass && !topology.owns(case.flow.destination) {
+            // Nothing here holds the address: a connection left alone leaves the node and is
+            // never answered (the node's LAN is a dummy), where a rejected one is refused.
+            expected = Expected::Drop;
+        }
+        let words = flows::hit_command(case, flows::connections(&expected), CONNECTION_TIMEOUT_MS);
+        let report = run_hit(&words)?;
+        let observed = flows::observe(case, &report);
+        let ok = flows::fulfils(case, &expected, &observed, flows::sticky(scenario, case));
+        let row = RowResult {
+            scenario: scenario.name.to_owned(),
+            row: case.flow.name.to_owned(),
+            expected: format!("{expected:?}"),
+            difference: difference.map(str::to_owned),
+            observed,
+            ok,
+            pending: pending.map(str::to_owned),
+        };
+        println!("ROW {}", serde_json::to_string(&row)?);
+    }
+    built.remove(&topology)
+}
+
+/// The servers of a scenario's topology, running.
+struct Built {
+    servers: Vec<Child>,
+}
+
+impl Built {
+    /// Gives every address its home, starts every server and waits until each answers.
+    fn build(topology: &Topology) -> Result<Self> {
+        shell(&topology.setup_script()).context("building the scenario's hosts")?;
+        let mut built = Self {
+            servers: Vec::new(),
+        };
+        let servers: Vec<_> = topology
+            .servers
+            .iter()
+            .filter(|(_, protocol)| *protocol != Protocol::Sctp)
+            .collect();
+        for (address, protocol) in &servers {
+            let words = topology.server_command(*address, *protocol);
+            let child = Command::new(&words[0])
+                .args(&words[1..])
+                .stdout(Stdio::null())
+                .spawn()
+                .with_context(|| format!("starting the server at {address}"))?;
+            built.servers.push(child);
+        }
+        for (address, protocol) in servers {
+            let probe = topology.probe_command(*address, *protocol);
+            let mut tries = 0;
+            while run_hit(&probe)?.answered() == 0 {
+                tries += 1;
+                ensure!(tries < 50, "the server at {address} never answered");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(built)
+    }
+
+    /// Stops the servers and removes the hosts, the addresses and the IPVS state.
+    fn remove(mut self, topology: &Topology) -> Result<()> {
+        for server in &mut self.servers {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
+        self.servers.clear();
+        shell(&format!(
+            "{}ipvsadm -C\nip link del {} 2>/dev/null || true\n",
+            topology.teardown_script(),
+            backend::INTERFACE
+        ))
+    }
+}
+
+impl Drop for Built {
+    fn drop(&mut self) {
+        for server in &mut self.servers {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
+    }
+}
+
+/// Runs `script` with `bash -c` (busybox's `sh` would run its own `ip` before the real one).
+fn shell(script: &str) -> Result<()> {
+    let status = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .status()
+        .context("running bash")?;
+    if !status.success() {
+        bail!("the script exited {status}:\n{script}");
+    }
+    Ok(())
+}
+
+/// Runs an `sp-testpod hit` command line and reads its report.
+fn run_hit(words: &[String]) -> Result<HitReport> {
+    let output = Command::new(&words[0])
+        .args(&words[1..])
+        .output()
+        .with_context(|| format!("running {words:?}"))?;
+    ensure!(
+        output.status.success(),
+        "{words:?} exited {}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line).with_context(|| format!("{words:?} printed {stdout:?}"))
+}
