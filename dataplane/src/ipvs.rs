@@ -5,12 +5,15 @@
 //! The types here are what the kernel's IPVS tables hold, as its generic netlink family `IPVS`
 //! (`include/uapi/linux/ip_vs.h`) reads and writes them; they know nothing of Services.
 //! [`Ipvs`] (`client`) reads and writes them in the kernel; `message` and `netlink` are its pure
-//! encoding and decoding.
+//! encoding and decoding. `interface` binds the Service addresses to `kube-ipvs0` over rtnetlink,
+//! through the same framing; both speak through a `connection`.
 
 pub mod apply;
 pub mod backend;
 pub mod client;
+pub mod connection;
 pub mod diff;
+pub mod interface;
 pub mod message;
 pub mod netlink;
 pub mod plan;

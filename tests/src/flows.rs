@@ -468,9 +468,9 @@ pub fn ipvs_expected(scenario: &Scenario, case: &FlowCase) -> (Expected, Option<
 /// Why the IPVS mode cannot pass `case` yet, if it cannot: the runner makes its connections and
 /// prints what they did, but does not count the row. `expected` is [`ipvs_expected`]'s.
 ///
-/// The IPVS mode programs virtual servers and the kernel settings today; the addresses on
-/// `kube-ipvs0` and the ipsets and iptables rules (masquerade, node-port marks, the source-range
-/// firewall, `KUBE-IPVS-FILTER`) are the next slices of issue 8.
+/// The IPVS mode programs virtual servers, the kernel settings and the addresses on
+/// `kube-ipvs0` today; the ipsets and iptables rules (masquerade, node-port marks, the
+/// source-range firewall, `KUBE-IPVS-FILTER`) are the next slice of issue 8.
 #[must_use]
 pub fn ipvs_pending(
     scenario: &Scenario,
@@ -480,16 +480,9 @@ pub fn ipvs_pending(
     if let Some(reason) = case.pending {
         return Some(reason);
     }
-    let flow = &case.flow;
     let bound = plans(scenario)
         .iter()
-        .any(|plan| plan.bound_addresses.contains(&flow.destination));
-    if bound && flow.origin != Origin::Node {
-        return Some(
-            "Service addresses are not bound to kube-ipvs0 yet: traffic from other hosts to them \
-             is not taken as local",
-        );
-    }
+        .any(|plan| plan.bound_addresses.contains(&case.flow.destination));
     match expected {
         Expected::Endpoints { targets } if targets.values().any(|masqueraded| *masqueraded) => {
             Some("the masquerade rules (ipsets and iptables) are not programmed yet")

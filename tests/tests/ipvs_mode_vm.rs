@@ -5,7 +5,8 @@
 //! Addresses (`splitproxy_e2e::vm::ipvs_node`): the VM is node 1 (198.18.0.11) with pods `client`
 //! (10.244.1.10), `server` (10.244.1.20, `server-pod`) and `server2` (10.244.1.21, `server-2`),
 //! each serving on 8080, and `ext` (203.0.113.7), a client outside the cluster routed like a pod.
-//! The Service `demo/web` has cluster IP 10.96.0.10, port 80 and node port 30080.
+//! The Service `demo/web` has cluster IP 10.96.0.10, port 80 and node port 30080; the agent binds
+//! the cluster IP to `kube-ipvs0` itself.
 
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
@@ -73,9 +74,6 @@ const SCRIPT: &str = r#"
 pod server2 10.244.1.21
 ip netns exec server2 sp-testpod serve --name server-2 --listen 0.0.0.0:8080 &
 pod ext 203.0.113.7
-# Until the agent binds Service addresses itself.
-ip link add kube-ipvs0 type dummy
-ip addr add 10.96.0.10/32 dev kube-ipvs0
 
 trap 'echo "== controller log"; cat /tmp/controller.log; echo "== agent log"; cat /tmp/agent.log' EXIT
 mkdir -p /tmp/manifests
@@ -106,6 +104,8 @@ wget -qO- http://127.0.0.1:10249/proxyMode
 echo
 echo "== listed"
 ipvsadm -Ln
+echo "== bound"
+ip -o addr show dev kube-ipvs0
 echo "== cluster ip"
 ip netns exec client sp-testpod hit --url http://10.96.0.10:80/ --count 20 --timeout-ms 5000
 echo "== node port"
@@ -125,6 +125,18 @@ echo "== drained"
 ipvsadm -Ln
 echo "== one endpoint"
 ip netns exec client sp-testpod hit --url http://10.96.0.10:80/ --count 10 --timeout-ms 5000
+
+cp /cluster/none.yaml /tmp/manifests/cluster.yaml.tmp
+mv /tmp/manifests/cluster.yaml.tmp /tmp/manifests/cluster.yaml
+tries=0
+while ip -o addr show dev kube-ipvs0 | grep -q 10.96.0.10; do
+    tries=$((tries + 1))
+    [ "$tries" -lt 600 ] || { echo "the Service's address stayed bound"; exit 1; }
+    sleep 0.2
+done
+echo "== service deleted"
+ipvsadm -Ln
+ip -o addr show dev kube-ipvs0
 trap - EXIT
 "#;
 
@@ -139,6 +151,12 @@ fn write_cluster_files(dir: &Path) -> Result<()> {
         manifests(&["10.244.1.20", "10.244.1.21"]),
     )?;
     std::fs::write(dir.join("one.yaml"), manifests(&["10.244.1.20"]))?;
+    let node_only = manifests(&[]);
+    let node_only = node_only
+        .split("---\n")
+        .next()
+        .context("the manifests start with the Node")?;
+    std::fs::write(dir.join("none.yaml"), node_only)?;
     Ok(())
 }
 
@@ -174,6 +192,11 @@ fn the_agent_in_ipvs_mode_serves_cluster_ips_and_node_ports_in_a_vm() -> Result<
     };
     let mode = section(&sections, "proxy mode")?;
     ensure!(mode.trim() == "ipvs", "/proxyMode said {mode:?}");
+    let bound = section(&sections, "bound")?;
+    ensure!(
+        bound.contains("kube-ipvs0") && bound.contains("inet 10.96.0.10/32"),
+        "the agent binds the cluster IP to kube-ipvs0:\n{bound}"
+    );
     let listed = section(&sections, "listed")?;
     ensure!(
         listed.contains("TCP  10.96.0.10:80 rr") && listed.contains("TCP  198.18.0.11:30080 rr"),
@@ -210,6 +233,11 @@ fn the_agent_in_ipvs_mode_serves_cluster_ips_and_node_ports_in_a_vm() -> Result<
     ensure!(
         one.answered() == 10 && one.answers.keys().all(|who| who.starts_with("server-pod")),
         "once server-2 leaves the EndpointSlice, only server-pod answers: {one:?}"
+    );
+    let deleted = section(&sections, "service deleted")?;
+    ensure!(
+        !deleted.contains("10.96.0.10") && !deleted.contains(":30080"),
+        "once the Service is deleted, its virtual servers and address are gone:\n{deleted}"
     );
     Ok(())
 }

@@ -1,10 +1,12 @@
 //! The IPVS mode as a [`Dataplane`] (kube-proxy's `--proxy-mode ipvs`): each sync plans every
-//! IP family's virtual servers and makes the kernel's IPVS table match them.
+//! IP family's virtual servers, binds their addresses to [`INTERFACE`], makes the kernel's IPVS
+//! table match the plan, then unbinds the addresses no Service has any more.
 //!
 //! The IPVS table is one per network namespace for both families, so one backend serves a
 //! dual-stack node. Its netlink calls block; a sync runs them on tokio's blocking pool.
 
 use super::apply::{Applied, apply};
+use super::interface::{self, DummyInterface};
 use super::plan::{Plan, PlanOptions, plan};
 use super::{Ipvs, ServiceId, client, sysctl};
 use crate::conntrack::IpFamily;
@@ -56,6 +58,10 @@ pub enum Error {
     /// The IPVS netlink client could not start or read the table; nothing was changed.
     #[error("IPVS")]
     Ipvs(#[source] client::Error),
+    /// The dummy interface could not be found, created or read, or an address could not be
+    /// bound or unbound.
+    #[error("the {INTERFACE} interface")]
+    Interface(#[source] interface::Error),
     /// A kernel setting the IPVS mode needs could not be written.
     #[error("configuring the kernel for IPVS")]
     Sysctl(#[source] sysctl::Error),
@@ -73,36 +79,39 @@ impl SyncError for Error {
 /// The IPVS backend.
 pub struct IpvsBackend {
     config: Config,
-    /// The netlink client, opened by the first sync and kept; `None` again after a failure, so
-    /// the next sync starts from a fresh socket.
-    ipvs: Option<Ipvs>,
+    /// The netlink sockets, opened by the first sync and kept; `None` again after a failure, so
+    /// the next sync starts from fresh ones.
+    kernel: Option<Kernel>,
+}
+
+/// What a sync programs the kernel through.
+struct Kernel {
+    ipvs: Ipvs,
+    interface: DummyInterface,
 }
 
 impl IpvsBackend {
     /// A backend with `config`; it touches the kernel only when it syncs.
     #[must_use]
     pub fn new(config: Config) -> Self {
-        Self { config, ipvs: None }
+        Self {
+            config,
+            kernel: None,
+        }
     }
 
-    /// The node's addresses as this sync sees them.
-    fn node_addresses(&self) -> Result<NodeAddresses, Error> {
+    /// The node addresses that take node ports at this sync.
+    fn node_port_addresses(&self) -> Result<Vec<IpAddr>, Error> {
+        if let Some(addresses) = &self.config.node_port_addresses {
+            return Ok(addresses.clone());
+        }
         let interfaces = if_addrs::get_if_addrs().map_err(Error::NodeAddresses)?;
-        let bound = interfaces
+        Ok(interfaces
             .iter()
-            .filter(|interface| interface.name == INTERFACE)
+            .filter(|interface| interface.name != INTERFACE && !interface.is_loopback())
             .map(if_addrs::Interface::ip)
-            .collect();
-        let node_ports = match &self.config.node_port_addresses {
-            Some(addresses) => addresses.clone(),
-            None => interfaces
-                .iter()
-                .filter(|interface| interface.name != INTERFACE && !interface.is_loopback())
-                .map(if_addrs::Interface::ip)
-                .filter(|ip| !is_link_local_v6(ip))
-                .collect(),
-        };
-        Ok(NodeAddresses { node_ports, bound })
+            .filter(|ip| !is_link_local_v6(ip))
+            .collect())
     }
 
     /// Each family's plan for `state`.
@@ -143,21 +152,20 @@ impl Dataplane for IpvsBackend {
     }
 
     async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport, Error> {
-        let addresses = self.node_addresses()?;
-        let plans = self.plans(state, &addresses.node_ports);
+        let node_port_addresses = self.node_port_addresses()?;
+        let plans = self.plans(state, &node_port_addresses);
         let owned = Ownership {
-            node_port_addresses: addresses.node_ports.into_iter().collect(),
-            bound: addresses.bound,
+            node_port_addresses: node_port_addresses.into_iter().collect(),
             exclude_cidrs: self.config.exclude_cidrs.clone(),
         };
-        let full = self.ipvs.is_none();
-        let ipvs = self.ipvs.take();
+        let full = self.kernel.is_none();
+        let kernel = self.kernel.take();
         let strict_arp = self.config.strict_arp;
-        let (ipvs, outcome) =
-            tokio::task::spawn_blocking(move || sync_ipvs(ipvs, strict_arp, &plans, &owned))
+        let (kernel, outcome) =
+            tokio::task::spawn_blocking(move || sync_kernel(kernel, strict_arp, &plans, &owned))
                 .await
                 .map_err(|e| Error::Task(e.to_string()))?;
-        self.ipvs = ipvs;
+        self.kernel = kernel;
         let applied = outcome?;
         for refused in &applied.refused {
             // As upstream, one Service the kernel refuses (an unknown scheduler, say) does not
@@ -176,83 +184,100 @@ impl Dataplane for IpvsBackend {
     }
 }
 
-/// The node's addresses at a sync.
-struct NodeAddresses {
-    /// Those that take node ports.
-    node_ports: Vec<IpAddr>,
-    /// Those bound to [`INTERFACE`]: the Service addresses of the last sync.
-    bound: BTreeSet<IpAddr>,
-}
-
 /// Which virtual servers outside the plan a sync may delete.
 struct Ownership {
     /// The node-port addresses: their virtual servers are node ports.
     node_port_addresses: BTreeSet<IpAddr>,
-    /// The addresses bound to [`INTERFACE`] before the sync, the Services' of the last one.
-    bound: BTreeSet<IpAddr>,
     /// Addresses never touched.
     exclude_cidrs: Vec<Cidr>,
 }
 
 impl Ownership {
-    /// Whether the virtual server `id` is the agent's: on an address it binds, bound or takes
-    /// node ports on, and not excluded.
-    fn owns(&self, id: &ServiceId, planned: &BTreeSet<IpAddr>) -> bool {
+    /// Whether the virtual server `id` is the agent's: on an address it binds (`planned`), had
+    /// bound before the sync (`bound`, the Services' of the last one) or takes node ports on, and
+    /// not excluded.
+    fn owns(&self, id: &ServiceId, planned: &BTreeSet<IpAddr>, bound: &BTreeSet<IpAddr>) -> bool {
         let address = &id.address;
-        !self
-            .exclude_cidrs
-            .iter()
-            .any(|cidr| cidr.contains(*address))
+        !self.excluded(*address)
             && (planned.contains(address)
-                || self.bound.contains(address)
+                || bound.contains(address)
                 || self.node_port_addresses.contains(address))
+    }
+
+    /// Whether `address` is inside `--ipvs-exclude-cidrs`: never unbound, and its virtual
+    /// servers never deleted.
+    fn excluded(&self, address: IpAddr) -> bool {
+        self.exclude_cidrs.iter().any(|cidr| cidr.contains(address))
     }
 }
 
-/// Connects and writes the kernel settings when `ipvs` is `None`, then applies every plan; hands
-/// the client back unless it failed.
-fn sync_ipvs(
-    ipvs: Option<Ipvs>,
+/// Connects and writes the kernel settings when `kernel` is `None`; binds the planned addresses,
+/// applies every plan, and unbinds the addresses no plan has. Hands the sockets back unless a
+/// step failed.
+fn sync_kernel(
+    kernel: Option<Kernel>,
     strict_arp: bool,
     plans: &[(IpFamily, Plan)],
     owned: &Ownership,
-) -> (Option<Ipvs>, Result<Applied<client::Error>, Error>) {
-    let mut ipvs = match ipvs {
-        Some(ipvs) => ipvs,
+) -> (Option<Kernel>, Result<Applied<client::Error>, Error>) {
+    let mut kernel = match kernel {
+        Some(kernel) => kernel,
         None => match connect(strict_arp) {
-            Ok(ipvs) => ipvs,
+            Ok(kernel) => kernel,
             Err(e) => return (None, Err(e)),
         },
     };
+    match program(&mut kernel, plans, owned) {
+        Ok(applied) => (Some(kernel), Ok(applied)),
+        Err(e) => (None, Err(e)),
+    }
+}
+
+/// One sync's kernel changes, in the order that keeps traffic flowing: addresses first (a
+/// virtual server takes packets only to a local address), stale addresses last (after their
+/// virtual servers are gone).
+fn program(
+    kernel: &mut Kernel,
+    plans: &[(IpFamily, Plan)],
+    owned: &Ownership,
+) -> Result<Applied<client::Error>, Error> {
     let planned: BTreeSet<IpAddr> = plans
         .iter()
         .flat_map(|(_, plan)| plan.bound_addresses.iter().copied())
         .collect();
+    let bound = kernel.interface.addresses().map_err(Error::Interface)?;
+    for &address in planned.difference(&bound) {
+        kernel.interface.bind(address).map_err(Error::Interface)?;
+    }
     let mut all = Applied {
         made: Vec::new(),
         refused: Vec::new(),
     };
     for (family, plan) in plans {
         // Each family's plan leaves the other family's virtual servers alone.
-        let ours = |id: &ServiceId| family.contains(&id.address) && owned.owns(id, &planned);
-        match apply(&mut ipvs, plan, ours) {
-            Ok(applied) => {
-                all.made.extend(applied.made);
-                all.refused.extend(applied.refused);
-            }
-            Err(e) => return (None, Err(Error::Ipvs(e))),
+        let ours =
+            |id: &ServiceId| family.contains(&id.address) && owned.owns(id, &planned, &bound);
+        let applied = apply(&mut kernel.ipvs, plan, ours).map_err(Error::Ipvs)?;
+        all.made.extend(applied.made);
+        all.refused.extend(applied.refused);
+    }
+    for &address in bound.difference(&planned) {
+        if !owned.excluded(address) {
+            kernel.interface.unbind(address).map_err(Error::Interface)?;
         }
     }
-    (Some(ipvs), Ok(all))
+    Ok(all)
 }
 
-/// Opens the IPVS client, which loads `ip_vs`, then writes the settings its sysctls need.
-fn connect(strict_arp: bool) -> Result<Ipvs, Error> {
+/// Opens the IPVS client, which loads `ip_vs`, writes the settings its sysctls need, and finds
+/// or creates [`INTERFACE`].
+fn connect(strict_arp: bool) -> Result<Kernel, Error> {
     let ipvs = Ipvs::connect().map_err(Error::Ipvs)?;
     let written =
         sysctl::apply(std::path::Path::new("/proc/sys"), strict_arp).map_err(Error::Sysctl)?;
     for setting in written {
         tracing::info!(key = setting.key, value = setting.value, "set sysctl");
     }
-    Ok(ipvs)
+    let interface = DummyInterface::ensure(INTERFACE).map_err(Error::Interface)?;
+    Ok(Kernel { ipvs, interface })
 }

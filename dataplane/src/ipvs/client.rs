@@ -1,22 +1,16 @@
 //! The IPVS client: reads and writes the kernel's virtual and real servers over a blocking
 //! generic netlink socket (no ipvsadm). Call it from `spawn_blocking` in async code.
 
+use super::connection::{Connection, Errno, ExchangeError, REPLY_TIMEOUT};
 use super::message::{self, Command};
-use super::netlink::{self, Attributes, DecodeError, Progress};
+use super::netlink::{Attributes, DecodeError, GENL_HDRLEN};
 use super::{ListedRealServer, RealServer, ServiceId, VirtualServer};
-use socket2::{Domain, Protocol, Socket, Type};
-use std::fmt;
-use std::io::{self, Read};
+use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-/// `AF_NETLINK` and its `NETLINK_GENERIC` protocol (`linux/netlink.h`).
-const AF_NETLINK: i32 = 16;
+/// The `NETLINK_GENERIC` protocol (`linux/netlink.h`).
 const NETLINK_GENERIC: i32 = 16;
-/// Large enough for any datagram the kernel sends: it sizes dump parts to at most 32 KiB.
-const RECEIVE_BUFFER: usize = 64 * 1024;
-/// How long a reply may take; the kernel answers at once, so hitting this means it never will.
-const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why an IPVS operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -70,40 +64,15 @@ pub enum Error {
 /// `pub type Result` of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// An errno from the kernel, shown with its name (`ENOENT`) and number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Errno(pub i32);
+/// What IPVS means by the errnos it answers with.
+trait IpvsMeaning {
+    /// What IPVS means by it in an operation on `subject`.
+    fn meaning(self, subject: Subject) -> String;
+}
 
-impl Errno {
-    const ENOENT: Self = Self(2);
-    const ESRCH: Self = Self(3);
-    const EEXIST: Self = Self(17);
-
-    /// The errno's symbolic name, for those IPVS and netlink return.
-    #[must_use]
-    pub fn name(self) -> Option<&'static str> {
-        Some(match self.0 {
-            1 => "EPERM",
-            2 => "ENOENT",
-            3 => "ESRCH",
-            12 => "ENOMEM",
-            13 => "EACCES",
-            14 => "EFAULT",
-            16 => "EBUSY",
-            17 => "EEXIST",
-            19 => "ENODEV",
-            22 => "EINVAL",
-            34 => "ERANGE",
-            90 => "EMSGSIZE",
-            93 => "EPROTONOSUPPORT",
-            95 => "EOPNOTSUPP",
-            97 => "EAFNOSUPPORT",
-            _ => return None,
-        })
-    }
-
-    /// What IPVS means by it in an operation on `subject`: it reuses a few errnos whose
-    /// generic text would mislead ("No such process" for a missing virtual server).
+impl IpvsMeaning for Errno {
+    /// IPVS reuses a few errnos whose generic text would mislead ("No such process" for a
+    /// missing virtual server).
     fn meaning(self, subject: Subject) -> String {
         match (self, subject) {
             (Self::ESRCH, _) => "no such virtual server".to_owned(),
@@ -112,23 +81,7 @@ impl Errno {
                 "unknown scheduler or persistence engine (is its module available?)".to_owned()
             }
             (Self::EEXIST, _) => "already exists".to_owned(),
-            // "Invalid argument (os error 22)": the number is shown with the name already.
-            _ => {
-                let text = io::Error::from_raw_os_error(self.0).to_string();
-                text.split(" (os error")
-                    .next()
-                    .unwrap_or_default()
-                    .to_owned()
-            }
-        }
-    }
-}
-
-impl fmt::Display for Errno {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.name() {
-            Some(name) => write!(f, "{name}, errno {}", self.0),
-            None => write!(f, "errno {}", self.0),
+            _ => self.text(),
         }
     }
 }
@@ -143,24 +96,11 @@ enum Subject {
 }
 
 /// A connection to the kernel's IPVS tables.
+#[derive(Debug)]
 pub struct Ipvs {
-    socket: Socket,
+    connection: Connection,
     /// The `IPVS` family's id, which the kernel assigns when the module loads.
     family: u16,
-    /// The last sequence number used.
-    seq: u32,
-    buffer: Vec<u8>,
-}
-
-impl fmt::Debug for Ipvs {
-    /// Without the receive buffer's 64 KiB.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ipvs")
-            .field("socket", &self.socket)
-            .field("family", &self.family)
-            .field("seq", &self.seq)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Ipvs {
@@ -172,26 +112,11 @@ impl Ipvs {
     /// [`Error::Socket`] when the socket cannot be opened. (Every IPVS command afterwards, listing
     /// included, needs `CAP_NET_ADMIN`: the kernel refuses with `EPERM` otherwise.)
     pub fn connect() -> Result<Self> {
-        let socket = Socket::new(
-            Domain::from(AF_NETLINK),
-            Type::RAW,
-            Some(Protocol::from(NETLINK_GENERIC)),
-        )
-        .map_err(|source| Error::Socket {
-            action: "opening",
-            source,
-        })?;
-        socket
-            .set_read_timeout(Some(REPLY_TIMEOUT))
-            .map_err(|source| Error::Socket {
-                action: "setting the reply timeout",
-                source,
-            })?;
+        let connection = Connection::open(NETLINK_GENERIC)
+            .map_err(|e| exchange_error(e, Subject::VirtualServer, || "opening".to_owned()))?;
         let mut ipvs = Self {
-            socket,
+            connection,
             family: 0,
-            seq: 0,
-            buffer: vec![0; RECEIVE_BUFFER],
         };
         let seq = ipvs.next_seq();
         let ids = ipvs
@@ -364,9 +289,8 @@ impl Ipvs {
             .map(drop)
     }
 
-    /// Sends `request` (sequence number `seq`) and reads the replies to it: every message
-    /// decoded with `decode`, until the acknowledgement, the end of a dump, or the single
-    /// message of a plain request. Replies to earlier requests (one that timed out) are skipped.
+    /// Sends `request` (sequence number `seq`) and reads the replies to it, each decoded from
+    /// its attributes with `decode`.
     fn exchange<T>(
         &mut self,
         request: &[u8],
@@ -375,57 +299,35 @@ impl Ipvs {
         operation: impl Fn() -> String,
         mut decode: impl FnMut(Attributes<'_>) -> Result<T, DecodeError>,
     ) -> Result<Vec<T>> {
-        // With no address, a netlink socket sends to the kernel, and binds itself on first use.
-        self.socket.send(request).map_err(|source| Error::Socket {
-            action: "sending",
-            source,
-        })?;
-        let mut decoded = Vec::new();
-        loop {
-            let len = match (&self.socket).read(&mut self.buffer) {
-                Ok(len) => len,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(Error::NoReply {
-                        operation: operation(),
-                        timeout: REPLY_TIMEOUT,
-                    });
-                }
-                Err(source) => {
-                    return Err(Error::Socket {
-                        action: "receiving",
-                        source,
-                    });
-                }
-            };
-            let progress = netlink::collect(&self.buffer[..len], seq, &mut decode, &mut decoded)
-                .map_err(|source| Error::Decode {
-                    operation: operation(),
-                    source,
-                })?;
-            match progress {
-                Progress::Pending => {}
-                Progress::Finished => return Ok(decoded),
-                Progress::Refused(errno) => {
-                    let errno = Errno(errno);
-                    return Err(Error::Refused {
-                        operation: operation(),
-                        meaning: errno.meaning(subject),
-                        errno,
-                    });
-                }
-            }
-        }
+        self.connection
+            .exchange(request, seq, GENL_HDRLEN, |_, attributes| {
+                decode(attributes)
+            })
+            .map_err(|e| exchange_error(e, subject, operation))
     }
 
     fn next_seq(&mut self) -> u32 {
-        self.seq = self.seq.wrapping_add(1);
-        self.seq
+        self.connection.next_seq()
+    }
+}
+
+/// The client's error for a failed exchange about `subject`, naming the `operation`.
+fn exchange_error(e: ExchangeError, subject: Subject, operation: impl Fn() -> String) -> Error {
+    match e {
+        ExchangeError::Socket { action, source } => Error::Socket { action, source },
+        ExchangeError::NoReply => Error::NoReply {
+            operation: operation(),
+            timeout: REPLY_TIMEOUT,
+        },
+        ExchangeError::Refused(errno) => Error::Refused {
+            operation: operation(),
+            meaning: errno.meaning(subject),
+            errno,
+        },
+        ExchangeError::Decode(source) => Error::Decode {
+            operation: operation(),
+            source,
+        },
     }
 }
 

@@ -1,8 +1,11 @@
-//! Generic netlink framing, pure: requests written as `nlmsghdr` + `genlmsghdr` + attributes, and
-//! kernel replies split into messages and attributes without trusting a single length in them.
+//! Netlink framing, pure: requests written as `nlmsghdr` + the protocol's fixed header +
+//! attributes, and kernel replies split into messages and attributes without trusting a single
+//! length in them.
 //!
-//! Layouts per `include/uapi/linux/netlink.h` and `genetlink.h`: headers in host byte order,
-//! every message and attribute padded to 4 bytes.
+//! The fixed header is the protocol's: `genlmsghdr` for generic netlink (IPVS), `ifinfomsg` or
+//! `ifaddrmsg` for rtnetlink (links and addresses). Layouts per `include/uapi/linux/netlink.h`,
+//! `genetlink.h` and `rtnetlink.h`: headers in host byte order, every message and attribute padded
+//! to 4 bytes.
 
 use std::fmt;
 
@@ -25,7 +28,8 @@ const NLMSG_MIN_TYPE: u16 = 0x10;
 const NLA_TYPE_MASK: u16 = 0x3fff;
 
 const NLMSG_HDRLEN: usize = 16;
-const GENL_HDRLEN: usize = 4;
+/// The length of `genlmsghdr`, generic netlink's fixed header (command, version, reserved).
+pub const GENL_HDRLEN: usize = 4;
 const NLA_HDRLEN: usize = 4;
 
 /// Rounds `len` up to netlink's 4-byte alignment.
@@ -64,7 +68,7 @@ pub enum DecodeError {
     },
 }
 
-/// A request being written: `nlmsghdr`, `genlmsghdr`, then attributes.
+/// A request being written: `nlmsghdr`, the protocol's fixed header, then attributes.
 #[derive(Debug, Clone)]
 pub struct Request {
     bytes: Vec<u8>,
@@ -73,21 +77,31 @@ pub struct Request {
 }
 
 impl Request {
-    /// A request to `family` running `command` (of `version`), with `flags` besides
-    /// `NLM_F_REQUEST` and sequence number `seq`. The port id is left 0: the kernel fills it in.
+    /// A generic netlink request to `family` running `command` (of `version`), with `flags`
+    /// besides `NLM_F_REQUEST` and sequence number `seq`.
     #[must_use]
     pub fn new(family: u16, flags: u16, seq: u32, command: u8, version: u8) -> Self {
+        Self::with_header(family, flags, seq, &[command, version, 0, 0])
+    }
+
+    /// A request of message type `kind` with `flags` besides `NLM_F_REQUEST`, sequence number
+    /// `seq` and the protocol's fixed `header` (padded to 4 bytes). The port id is left 0: the
+    /// kernel fills it in.
+    #[must_use]
+    pub fn with_header(kind: u16, flags: u16, seq: u32, header: &[u8]) -> Self {
         let mut bytes = Vec::with_capacity(128);
         bytes.extend_from_slice(&0u32.to_ne_bytes()); // length, set by `finish`
-        bytes.extend_from_slice(&family.to_ne_bytes());
+        bytes.extend_from_slice(&kind.to_ne_bytes());
         bytes.extend_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
         bytes.extend_from_slice(&seq.to_ne_bytes());
         bytes.extend_from_slice(&0u32.to_ne_bytes());
-        bytes.extend_from_slice(&[command, version, 0, 0]);
-        Self {
+        bytes.extend_from_slice(header);
+        let mut request = Self {
             bytes,
             open: Vec::new(),
-        }
+        };
+        request.pad();
+        request
     }
 
     /// Appends attribute `kind` holding `payload`, padded to 4 bytes.
@@ -163,14 +177,14 @@ fn attribute_len(len: usize) -> u16 {
 /// One message of a kernel reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply<'a> {
-    /// A generic netlink message: its command and attributes.
+    /// A message of the protocol: its fixed header and attributes.
     Message {
         /// The header's flags (`NLM_F_MULTI` in dumps).
         flags: u16,
         /// The sequence number of the request it answers.
         seq: u32,
-        /// The generic netlink command (`genlmsghdr.cmd`).
-        command: u8,
+        /// The protocol's fixed header (`genlmsghdr`, `ifaddrmsg`, …), as long as asked for.
+        header: &'a [u8],
         /// The attributes after the headers.
         attributes: Attributes<'a>,
     },
@@ -192,13 +206,14 @@ pub enum Reply<'a> {
     Other,
 }
 
-/// Splits one datagram from the kernel into its messages.
+/// Splits one datagram from the kernel into its messages, whose fixed headers are `header_len`
+/// bytes long ([`GENL_HDRLEN`] for generic netlink).
 ///
 /// # Errors
 ///
 /// If a header claims more bytes than the datagram has, or a message is too short for its
 /// headers.
-pub fn replies(datagram: &[u8]) -> Result<Vec<Reply<'_>>, DecodeError> {
+pub fn replies(datagram: &[u8], header_len: usize) -> Result<Vec<Reply<'_>>, DecodeError> {
     let mut replies = Vec::new();
     for (offset, message) in records(datagram, NLMSG_HDRLEN, "message", |m| usize_at(m, 0))? {
         let kind = u16_at(message, 4);
@@ -223,14 +238,15 @@ pub fn replies(datagram: &[u8]) -> Result<Vec<Reply<'_>>, DecodeError> {
             }
             kind if kind < NLMSG_MIN_TYPE => Reply::Other,
             _ => {
-                if body.len() < GENL_HDRLEN {
-                    return Err(short(GENL_HDRLEN));
+                if body.len() < header_len {
+                    return Err(short(header_len));
                 }
+                let (header, attributes) = body.split_at(align(header_len).min(body.len()));
                 Reply::Message {
                     flags,
                     seq,
-                    command: body[0],
-                    attributes: Attributes(&body[GENL_HDRLEN..]),
+                    header: &header[..header_len],
+                    attributes: Attributes(attributes),
                 }
             }
         });
@@ -249,7 +265,8 @@ pub enum Progress {
     Refused(i32),
 }
 
-/// Reads one datagram of replies to request `seq`: decodes its messages with `decode` into
+/// Reads one datagram of replies to request `seq`, whose fixed headers are `header_len` bytes
+/// long: decodes its messages with `decode` (given each one's fixed header and attributes) into
 /// `decoded`, and says whether they are complete. Replies to other requests (an earlier one that
 /// timed out) are skipped.
 ///
@@ -259,19 +276,20 @@ pub enum Progress {
 pub fn collect<'a, T>(
     datagram: &'a [u8],
     seq: u32,
-    decode: &mut impl FnMut(Attributes<'a>) -> Result<T, DecodeError>,
+    header_len: usize,
+    decode: &mut impl FnMut(&'a [u8], Attributes<'a>) -> Result<T, DecodeError>,
     decoded: &mut Vec<T>,
 ) -> Result<Progress, DecodeError> {
     let mut progress = Progress::Pending;
-    for reply in replies(datagram)? {
+    for reply in replies(datagram, header_len)? {
         match reply {
             Reply::Message {
                 flags,
                 seq: s,
+                header,
                 attributes,
-                ..
             } if s == seq => {
-                decoded.push(decode(attributes)?);
+                decoded.push(decode(header, attributes)?);
                 if flags & NLM_F_MULTI == 0 {
                     progress = Progress::Finished;
                 }
@@ -427,4 +445,4 @@ fn usize_at(bytes: &[u8], at: usize) -> usize {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::ipvs::netlink::{NLA_F_NESTED, NLM_F_MULTI, NLM_F_REQUEST, Reply, replies};
+use crate::ipvs::netlink::{GENL_HDRLEN, NLA_F_NESTED, NLM_F_MULTI, NLM_F_REQUEST, Reply, replies};
 
 const FAMILY: u16 = 0x24;
 
@@ -45,7 +45,7 @@ fn persistent_service() -> VirtualServer {
 
 /// The attributes of the only message in `bytes`.
 fn only_message(bytes: &[u8]) -> Attributes<'_> {
-    match replies(bytes).unwrap().as_slice() {
+    match replies(bytes, GENL_HDRLEN).unwrap().as_slice() {
         [Reply::Message { attributes, .. }] => *attributes,
         other => panic!("expected one message, got {other:?}"),
     }
@@ -250,7 +250,7 @@ fn firewall_mark_services_are_skipped() {
 fn every_truncation_of_a_listing_is_an_error_or_a_shorter_listing_never_a_panic() {
     let bytes = service_request(FAMILY, 1, Command::NewService, &persistent_service());
     for len in 0..bytes.len() {
-        let Ok(replies) = replies(&bytes[..len]) else {
+        let Ok(replies) = replies(&bytes[..len], GENL_HDRLEN) else {
             continue;
         };
         for reply in replies {

@@ -5,12 +5,12 @@
 use super::*;
 
 /// An `nlattr` header: length, then type, in host byte order.
-fn header(len: u16, kind: u16) -> Vec<u8> {
+pub(crate) fn header(len: u16, kind: u16) -> Vec<u8> {
     [len.to_ne_bytes(), kind.to_ne_bytes()].concat()
 }
 
-/// A whole message of type `kind` around `body` (genlmsghdr and attributes).
-fn message(kind: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
+/// A whole message of type `kind` around `body` (the protocol's fixed header and attributes).
+pub(crate) fn message(kind: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
     let len = u32::try_from(NLMSG_HDRLEN + body.len()).unwrap();
     [
         &len.to_ne_bytes()[..],
@@ -51,18 +51,19 @@ fn replies_reads_acks_errors_dump_parts_and_done() {
     let done = message(NLMSG_DONE, NLM_F_MULTI, 3, &0i32.to_ne_bytes());
     let datagram = [part, error, done].concat();
 
-    let replies = replies(&datagram).unwrap();
+    let replies = replies(&datagram, GENL_HDRLEN).unwrap();
     assert_eq!(replies.len(), 3);
     let Reply::Message {
         flags,
         seq: 3,
-        command: 4,
+        header,
         attributes,
     } = replies[0]
     else {
         panic!("not the dump part: {:?}", replies[0]);
     };
     assert_eq!(flags, NLM_F_MULTI);
+    assert_eq!(header, [4, 1, 0, 0], "the genlmsghdr: command 4, version 1");
     assert_eq!(
         attributes.all().unwrap(),
         vec![(2, &9u32.to_ne_bytes()[..])]
@@ -76,7 +77,7 @@ fn message_longer_than_the_datagram_is_an_error() {
     let mut datagram = message(0x1c, 0, 1, &[4, 1, 0, 0]);
     datagram.truncate(datagram.len() - 1);
     assert_eq!(
-        replies(&datagram).unwrap_err(),
+        replies(&datagram, GENL_HDRLEN).unwrap_err(),
         DecodeError::BadLength {
             what: "message",
             offset: 0,
@@ -90,16 +91,16 @@ fn message_longer_than_the_datagram_is_an_error() {
 fn message_shorter_than_its_headers_is_an_error() {
     let too_short = message(0x1c, 0, 1, &[4, 1]);
     assert!(matches!(
-        replies(&too_short),
+        replies(&too_short, GENL_HDRLEN),
         Err(DecodeError::BadLength {
             what: "message",
             ..
         })
     ));
     let error_without_code = message(NLMSG_ERROR, 0, 1, &[]);
-    assert!(replies(&error_without_code).is_err());
+    assert!(replies(&error_without_code, GENL_HDRLEN).is_err());
     let claims_less_than_a_header = [&3u32.to_ne_bytes()[..], &[0; 12]].concat();
-    assert!(replies(&claims_less_than_a_header).is_err());
+    assert!(replies(&claims_less_than_a_header, GENL_HDRLEN).is_err());
 }
 
 #[test]
@@ -152,7 +153,7 @@ fn random_garbage_never_panics() {
                 state.to_le_bytes()[0]
             })
             .collect();
-        let _ = replies(&bytes);
+        let _ = replies(&bytes, GENL_HDRLEN);
         let _ = Attributes::new(&bytes).all();
     }
 }
@@ -170,11 +171,11 @@ fn dump_part(seq: u32, value: u32) -> Vec<u8> {
 
 fn collect_values(datagrams: &[Vec<u8>], seq: u32) -> (Vec<u32>, Vec<Progress>) {
     let mut decode =
-        |attributes: Attributes<'_>| read_u32(attributes.require(1, "value")?, "value");
+        |_: &[u8], attributes: Attributes<'_>| read_u32(attributes.require(1, "value")?, "value");
     let mut values = Vec::new();
     let progress = datagrams
         .iter()
-        .map(|datagram| collect(datagram, seq, &mut decode, &mut values).unwrap())
+        .map(|datagram| collect(datagram, seq, GENL_HDRLEN, &mut decode, &mut values).unwrap())
         .collect();
     (values, progress)
 }

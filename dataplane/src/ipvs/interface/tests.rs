@@ -1,0 +1,160 @@
+//! Expected bytes are spelled out from `include/uapi/linux/rtnetlink.h`, `if_link.h` and
+//! `if_addr.h`: message types, header layouts and attribute numbers, all in host byte order.
+
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+use crate::ipvs::netlink::tests::{header as nla, message};
+use crate::ipvs::netlink::{NLA_F_NESTED, NLM_F_MULTI, NLM_F_REQUEST, Reply, replies};
+
+/// An `ifaddrmsg` for a host address of `family` on link `index`.
+fn ifaddrmsg(family: u8, prefix: u8, flags: u8, index: u32) -> Vec<u8> {
+    [&[family, prefix, flags, 0][..], &index.to_ne_bytes()].concat()
+}
+
+#[test]
+fn the_link_lookup_names_the_interface() {
+    let body = [vec![0; 16], nla(15, 3), b"kube-ipvs0\0\0".to_vec()].concat();
+    assert_eq!(
+        link_request(4, "kube-ipvs0"),
+        message(18, NLM_F_REQUEST, 4, &body)
+    );
+}
+
+#[test]
+fn creating_the_dummy_asks_for_a_new_link_of_kind_dummy() {
+    let body = [
+        vec![0; 16],
+        nla(15, 3),
+        b"kube-ipvs0\0\0".to_vec(),
+        // The nest spans its padded contents, as `nla_nest_end` sizes it.
+        nla(4 + 12, 18 | NLA_F_NESTED),
+        nla(10, 1),
+        b"dummy\0\0\0".to_vec(),
+    ]
+    .concat();
+    let create_exclusive_ack = 0x400 | 0x200 | 0x4;
+    assert_eq!(
+        create_dummy_request(5, "kube-ipvs0"),
+        message(16, NLM_F_REQUEST | create_exclusive_ack, 5, &body)
+    );
+}
+
+#[test]
+fn an_ipv4_address_is_bound_as_a_host_address() {
+    let body = [
+        ifaddrmsg(2, 32, 0, 7),
+        nla(8, 2),
+        vec![10, 96, 0, 10],
+        nla(8, 1),
+        vec![10, 96, 0, 10],
+    ]
+    .concat();
+    assert_eq!(
+        address_request(9, AddressChange::Add, 7, "10.96.0.10".parse().unwrap()),
+        message(20, NLM_F_REQUEST | 0x400 | 0x200 | 0x4, 9, &body)
+    );
+}
+
+#[test]
+fn an_ipv6_address_is_bound_without_duplicate_address_detection_and_unbound() {
+    let octets: Ipv6Addr = "fd00::10".parse().unwrap();
+    let body = [
+        ifaddrmsg(10, 128, 0x02, 7),
+        nla(20, 2),
+        octets.octets().to_vec(),
+        nla(20, 1),
+        octets.octets().to_vec(),
+    ]
+    .concat();
+    assert_eq!(
+        address_request(3, AddressChange::Add, 7, octets.into()),
+        message(20, NLM_F_REQUEST | 0x400 | 0x200 | 0x4, 3, &body)
+    );
+    assert_eq!(
+        address_request(4, AddressChange::Delete, 7, octets.into()),
+        message(21, NLM_F_REQUEST | 0x4, 4, &body)
+    );
+}
+
+#[test]
+fn the_address_dump_asks_for_both_families() {
+    assert_eq!(
+        list_addresses_request(2),
+        message(22, NLM_F_REQUEST | 0x300, 2, &[0; 8])
+    );
+}
+
+/// Decodes the only message of `datagram` with [`decode_address`].
+fn decode_only(datagram: &[u8]) -> Result<Option<(u32, IpAddr)>, DecodeError> {
+    match replies(datagram, IFADDRMSG_LEN).unwrap().as_slice() {
+        [
+            Reply::Message {
+                header, attributes, ..
+            },
+        ] => decode_address(header, *attributes),
+        other => panic!("expected one message, got {other:?}"),
+    }
+}
+
+#[test]
+fn listed_addresses_are_read_with_their_link() {
+    // An IPv4 point-to-point address: IFA_ADDRESS is the peer, IFA_LOCAL the own one.
+    let v4 = [
+        ifaddrmsg(2, 32, 0x80, 7),
+        nla(8, 1),
+        vec![192, 0, 2, 1],
+        nla(8, 2),
+        vec![10, 96, 0, 10],
+        nla(15, 3),
+        b"kube-ipvs0\0\0".to_vec(),
+    ]
+    .concat();
+    assert_eq!(
+        decode_only(&message(20, NLM_F_MULTI, 1, &v4)).unwrap(),
+        Some((7, "10.96.0.10".parse().unwrap()))
+    );
+    let v6_address: Ipv6Addr = "fd00::10".parse().unwrap();
+    let v6 = [
+        ifaddrmsg(10, 128, 0x80, 3),
+        nla(20, 1),
+        v6_address.octets().to_vec(),
+    ]
+    .concat();
+    assert_eq!(
+        decode_only(&message(20, NLM_F_MULTI, 1, &v6)).unwrap(),
+        Some((3, v6_address.into()))
+    );
+}
+
+#[test]
+fn addresses_of_other_families_are_skipped_and_malformed_ones_refused() {
+    let other_family = [ifaddrmsg(17, 0, 0, 1), nla(10, 1), vec![0; 8]].concat();
+    assert_eq!(
+        decode_only(&message(20, NLM_F_MULTI, 1, &other_family)).unwrap(),
+        None
+    );
+    let short_address = [ifaddrmsg(2, 32, 0, 1), nla(7, 2), vec![10, 96, 0, 0]].concat();
+    assert!(matches!(
+        decode_only(&message(20, NLM_F_MULTI, 1, &short_address)),
+        Err(DecodeError::Invalid {
+            name: "IFA_LOCAL",
+            ..
+        })
+    ));
+    let without_address = ifaddrmsg(10, 128, 0, 1);
+    assert_eq!(
+        decode_only(&message(20, NLM_F_MULTI, 1, &without_address)),
+        Err(DecodeError::Missing {
+            name: "IFA_ADDRESS"
+        })
+    );
+}
+
+#[test]
+fn the_link_index_comes_from_the_ifinfomsg() {
+    let mut header = vec![0; 16];
+    header[4..8].copy_from_slice(&42u32.to_ne_bytes());
+    assert_eq!(decode_link_index(&header).unwrap(), 42);
+    assert!(decode_link_index(&header[..8]).is_err());
+}
