@@ -24,6 +24,7 @@ pub mod render;
 pub mod save;
 #[cfg(test)]
 mod tests;
+mod tools;
 pub mod trace;
 
 pub use cleanup::Cleaned;
@@ -32,6 +33,7 @@ pub use render::{
     FilterRules, NatRules, RenderOptions, render_filter, render_filter_for, render_nat,
     render_nat_for,
 };
+pub(crate) use tools::{Jump, Tools, canaries};
 
 use crate::conntrack::{self, Conntrack, IpFamily};
 use crate::tool::RunError;
@@ -44,10 +46,9 @@ use render::{
 use std::{
     collections::BTreeSet,
     io,
-    process::{ExitStatus, Stdio},
+    process::ExitStatus,
     time::{Duration, Instant},
 };
-use tokio::{io::AsyncWriteExt, process::Command};
 use tracing::Instrument;
 
 /// What can go wrong while syncing the iptables backend.
@@ -198,47 +199,10 @@ impl Config {
     }
 }
 
-/// A jump from a built-in chain to one of ours, kept as the first rule of that chain.
-struct Jump {
-    table: &'static str,
-    chain: &'static str,
-    /// Only for the first packet of a connection (`-m conntrack --ctstate NEW`).
-    new_only: bool,
-    comment: &'static str,
-    target: &'static str,
-}
-
-impl Jump {
-    const fn nat(chain: &'static str, comment: &'static str, target: &'static str) -> Self {
-        Self {
-            table: "nat",
-            chain,
-            new_only: false,
-            comment,
-            target,
-        }
-    }
-
-    const fn filter(
-        chain: &'static str,
-        new_only: bool,
-        comment: &'static str,
-        target: &'static str,
-    ) -> Self {
-        Self {
-            table: "filter",
-            chain,
-            new_only,
-            comment,
-            target,
-        }
-    }
-}
-
 /// The empty chain whose absence shows that the tables were flushed behind the agent's back.
 pub const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
 /// The tables holding a canary, as kube-proxy's.
-const CANARY_TABLES: [&str; 3] = ["mangle", "nat", "filter"];
+pub(crate) const CANARY_TABLES: [&str; 3] = ["mangle", "nat", "filter"];
 /// How often a sync is full even when nothing forces it (kube-proxy's `FullSyncPeriod`).
 pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(60 * 60);
 
@@ -286,59 +250,11 @@ const JUMPS: [Jump; 12] = [
     Jump::filter("FORWARD", true, LOAD_BALANCER_FIREWALL, KUBE_PROXY_FIREWALL),
 ];
 
-impl Jump {
-    /// The `iptables` arguments that check (`-C`) this jump.
-    fn check_args(&self, wait_seconds: u32) -> Vec<String> {
-        self.args(wait_seconds, &["-C", self.chain])
-    }
-
-    /// The `iptables` arguments that insert this jump as the chain's first rule.
-    fn insert_args(&self, wait_seconds: u32) -> Vec<String> {
-        self.args(wait_seconds, &["-I", self.chain, "1"])
-    }
-
-    /// The rule as `iptables-save` writes it after `-A <chain>`, for the tracer.
-    fn rule_text(&self) -> String {
-        let new_only = if self.new_only {
-            "-m conntrack --ctstate NEW "
-        } else {
-            ""
-        };
-        format!(
-            "{new_only}-m comment --comment \"{}\" -j {}",
-            self.comment, self.target
-        )
-    }
-
-    fn args(&self, wait_seconds: u32, operation: &[&str]) -> Vec<String> {
-        let wait = wait_seconds.to_string();
-        let new_only: &[&str] = if self.new_only {
-            &["-m", "conntrack", "--ctstate", "NEW"]
-        } else {
-            &[]
-        };
-        ["-w", &wait, "-t", self.table]
-            .into_iter()
-            .chain(operation.iter().copied())
-            .chain(new_only.iter().copied())
-            .chain([
-                "-m",
-                "comment",
-                "--comment",
-                self.comment,
-                "-j",
-                self.target,
-            ])
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
 /// The iptables dataplane for one IP family: programs its nat and filter tables through that
 /// family's iptables tools.
 #[derive(Debug, Clone, Default)]
 pub struct Iptables {
-    config: Config,
+    tools: Tools,
     /// The state of the last successful sync; `None` before the first one, which deletes no
     /// flows (kube-proxy does not flush conntrack on startup either).
     applied: Option<ProxyState>,
@@ -363,7 +279,7 @@ impl Iptables {
     #[must_use]
     pub fn with_config(config: Config) -> Self {
         Self {
-            config,
+            tools: Tools::new(config),
             ..Self::default()
         }
     }
@@ -371,7 +287,7 @@ impl Iptables {
     /// The configuration in use.
     #[must_use]
     pub fn config(&self) -> &Config {
-        &self.config
+        self.tools.config()
     }
 
     /// Whether this family's tools run and can read the nat table (kube-proxy runs single-stack
@@ -387,20 +303,7 @@ impl Iptables {
 
     /// The chains `table` holds now.
     async fn chains_of(&self, table: &str) -> Result<BTreeSet<String>> {
-        Ok(save::chains(&self.saved(table).await?, table))
-    }
-
-    /// `iptables-save` of `table`.
-    async fn saved(&self, table: &str) -> Result<String> {
-        let args = ["-t".to_owned(), table.to_owned()];
-        let output = self.run(&self.config.iptables_save, &args, None).await?;
-        if !output.status.success() {
-            return Err(Error::Save {
-                status: output.status,
-                stderr: stderr_text(&output.stderr),
-            });
-        }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        Ok(save::chains(&self.tools.saved(table).await?, table))
     }
 
     /// Why this sync must be full, or `None` when a partial one is enough: `in_kernel` says
@@ -415,104 +318,22 @@ impl Iptables {
         {
             return Ok(Some("periodic full sync"));
         }
-        for table in CANARY_TABLES {
-            let args = [
-                "-w".to_owned(),
-                self.config.lock_wait_seconds.to_string(),
-                "-t".to_owned(),
-                table.to_owned(),
-                "-S".to_owned(),
-                KUBE_PROXY_CANARY.to_owned(),
-            ];
-            // Any failure (missing chain or table, or worse) counts as gone: a full sync is
-            // always safe.
-            let present = self
-                .run(&self.config.iptables, &args, None)
-                .await?
-                .status
-                .success();
-            if !present {
-                tracing::warn!(
-                    table,
-                    "canary chain is gone, the rules were flushed; syncing all of them"
-                );
-                return Ok(Some("canary chain gone"));
-            }
+        if !self.tools.canaries_present().await? {
+            return Ok(Some("canary chain gone"));
         }
         Ok(None)
-    }
-
-    /// Applies `payload`, the tables one after the other, in one `iptables-restore --noflush`
-    /// transaction; `partial` says whether it holds only the changed Services' chains, for the
-    /// error.
-    async fn restore(&self, payload: &[&str], partial: bool) -> Result<()> {
-        let args = [
-            "-w".to_owned(),
-            self.config.lock_wait_seconds.to_string(),
-            "--noflush".to_owned(),
-        ];
-        let output = self
-            .run(&self.config.iptables_restore, &args, Some(payload))
-            .await?;
-        if !output.status.success() {
-            return Err(Error::Restore {
-                status: output.status,
-                stderr: stderr_text(&output.stderr),
-                partial,
-            });
-        }
-        Ok(())
-    }
-
-    /// Inserts `jump` as the first rule of its chain unless it is already there.
-    async fn ensure_jump(&self, jump: &Jump) -> Result<()> {
-        let wait = self.config.lock_wait_seconds;
-        let check = self
-            .run(&self.config.iptables, &jump.check_args(wait), None)
-            .await?;
-        match check.status.code() {
-            Some(0) => return Ok(()),
-            // `-C` exits 1 when the rule is missing; anything else is a real failure.
-            Some(1) => {}
-            _ => {
-                return Err(Error::Jump {
-                    table: jump.table,
-                    chain: jump.chain,
-                    status: check.status,
-                    stderr: stderr_text(&check.stderr),
-                });
-            }
-        }
-        let insert = self
-            .run(&self.config.iptables, &jump.insert_args(wait), None)
-            .await?;
-        if !insert.status.success() {
-            return Err(Error::Jump {
-                table: jump.table,
-                chain: jump.chain,
-                status: insert.status,
-                stderr: stderr_text(&insert.stderr),
-            });
-        }
-        tracing::info!(
-            ip_family = self.config.family.name(),
-            table = jump.table,
-            chain = jump.chain,
-            target = jump.target,
-            "installed jump"
-        );
-        Ok(())
     }
 
     /// Deletes the conntrack entries the change from `previous` to `current` left stale. Failures
     /// are logged, never returned: the rules are in place, and a stale flow is less harm than a
     /// failed sync.
     async fn delete_stale_flows(&self, previous: &ProxyState, current: &ProxyState) {
-        let deletions = conntrack::stale_flows(previous, current, self.config.family);
+        let config = self.config();
+        let deletions = conntrack::stale_flows(previous, current, config.family);
         if deletions.is_empty() {
             return;
         }
-        let executor = Conntrack::new(&self.config.command_prefix, &self.config.conntrack);
+        let executor = Conntrack::new(&config.command_prefix, &config.conntrack);
         let (mut deleted, mut failed) = (0_u32, 0_u32);
         for deletion in &deletions {
             match executor.delete(deletion).await {
@@ -533,53 +354,6 @@ impl Iptables {
             "deleted stale conntrack entries"
         );
     }
-
-    /// Runs `binary args...` (no shell), feeding it the parts of `stdin` one after the other if
-    /// given, and collects its output.
-    async fn run(
-        &self,
-        binary: &str,
-        args: &[String],
-        stdin: Option<&[&str]>,
-    ) -> Result<std::process::Output> {
-        let (program, args) = self.config.command_line(binary, args);
-        let run_error = |source| {
-            Error::Run(RunError {
-                program: program.clone(),
-                source,
-            })
-        };
-        let mut child = Command::new(&program)
-            .args(&args)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(run_error)?;
-
-        let pipe = child.stdin.take();
-        let write = async move {
-            if let (Some(mut pipe), Some(parts)) = (pipe, stdin) {
-                for part in parts {
-                    pipe.write_all(part.as_bytes()).await?;
-                }
-                // Dropping the pipe closes it, so the tool sees end of input.
-            }
-            Ok::<_, io::Error>(())
-        };
-        let (written, output) = tokio::join!(write, child.wait_with_output());
-        let output = output.map_err(run_error)?;
-        // A tool that failed may stop reading early: its status and stderr say more than EPIPE.
-        if output.status.success() {
-            written.map_err(Error::WriteInput)?;
-        }
-        Ok(output)
-    }
 }
 
 impl Dataplane for Iptables {
@@ -595,7 +369,7 @@ impl Dataplane for Iptables {
     async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport> {
         let span = tracing::info_span!(
             "iptables sync",
-            ip_family = self.config.family.name(),
+            ip_family = self.config().family.name(),
             rules_written = tracing::field::Empty,
             sync = tracing::field::Empty,
             result = tracing::field::Empty,
@@ -621,11 +395,11 @@ impl Dataplane for Iptables {
 impl Iptables {
     /// One sync of this family: the kernel transaction and its bookkeeping.
     async fn sync_rules(&mut self, state: &ProxyState) -> Result<SyncReport> {
-        let family = self.config.family;
+        let family = self.config().family;
         // Cleared, so that a sync failing from here on makes the next one full.
         let in_kernel = std::mem::replace(&mut self.in_kernel, false);
         let full_reason = self.full_sync_reason(in_kernel).await?;
-        let options = render::FamilyOptions::new(family, &self.config.render);
+        let options = render::FamilyOptions::new(family, &self.config().render);
         let (rendered, changed) = self.rendered.update(state, &options);
         // Only a full sync reads the kernel's chains: `iptables-save` takes seconds at tens of
         // thousands of rules, so a partial sync, as kube-proxy's, trusts the chains it wrote
@@ -637,13 +411,14 @@ impl Iptables {
         self.rendered = rendered;
         // Both tables and the canaries in one transaction.
         let [filter, nat] = payload.tables();
-        self.restore(&[filter, nat, &canaries()], full_reason.is_none())
+        self.tools
+            .restore(&[filter, nat, &canaries()], full_reason.is_none())
             .await?;
         if let Some(reason) = full_reason {
             // After the restore, so the target chains exist when the jumps are checked. Partial
             // syncs trust them, as kube-proxy's: the canary tells when they may be gone.
             for jump in &JUMPS {
-                self.ensure_jump(jump).await?;
+                self.tools.ensure_jump(jump).await?;
             }
             self.last_full_sync = Some(Instant::now());
             tracing::debug!(reason, "full sync");
@@ -667,17 +442,4 @@ impl Iptables {
             full_reason.is_some(),
         ))
     }
-}
-
-/// The restore input that (re)creates the empty canary chains.
-fn canaries() -> String {
-    CANARY_TABLES
-        .iter()
-        .map(|table| format!("*{table}\n:{KUBE_PROXY_CANARY} - [0:0]\nCOMMIT\n"))
-        .collect()
-}
-
-/// A tool's stderr as one trimmed line of text for an error message.
-fn stderr_text(stderr: &[u8]) -> String {
-    String::from_utf8_lossy(stderr).trim().to_owned()
 }

@@ -89,7 +89,7 @@ impl Iptables {
         let mut unhook = String::new();
         let mut remove = String::new();
         for table in TABLES {
-            let saved = self.saved(table).await?;
+            let saved = self.tools.saved(table).await?;
             let jumps = save::jumps(&saved, table, |chain| !is_ours(chain), is_ours);
             cleaned.jumps += jumps.len();
             unhook.push_str(&deletions(table, &jumps));
@@ -100,7 +100,7 @@ impl Iptables {
         }
         for payload in [unhook, remove] {
             if !payload.is_empty() {
-                self.restore(&[&payload], false).await?;
+                self.tools.restore(&[&payload], false).await?;
             }
         }
         Ok(cleaned)

@@ -1794,7 +1794,7 @@ async fn failed_sync_keeps_the_last_applied_state_for_the_cleanup() {
 
     // A sync whose jump check fails applied nothing as far as the cleanup is concerned.
     let mut failing = Iptables {
-        config: fake_tools(&scratch, SAVED, 0, 4).config,
+        tools: fake_tools(&scratch, SAVED, 0, 4).tools,
         applied: iptables.applied.clone(),
         ..Iptables::default()
     };
@@ -1873,11 +1873,11 @@ async fn a_failed_sync_makes_the_next_one_full() {
     std::fs::write(scratch.0.join("saved"), scratch.read("payload")).unwrap();
 
     // The jump check fails after the restore: the sync fails.
-    iptables.config = fake_tools(&scratch, &scratch.read("saved"), 0, 4).config;
+    iptables.tools = fake_tools(&scratch, &scratch.read("saved"), 0, 4).tools;
     iptables.last_full_sync = None;
     iptables.sync(&state).await.unwrap_err();
 
-    iptables.config = fake_tools(&scratch, &scratch.read("saved"), 0, 0).config;
+    iptables.tools = fake_tools(&scratch, &scratch.read("saved"), 0, 0).tools;
     let next = iptables.sync(&state).await.unwrap();
     assert!(next.full);
     assert!(scratch.read("payload").contains("-A KUBE-SEP-"));

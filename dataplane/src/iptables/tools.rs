@@ -1,0 +1,286 @@
+//! The iptables tools of one IP family, run as processes without a shell: `iptables-save` to
+//! read a table, one `iptables-restore --noflush` per transaction, and `iptables` for the jumps
+//! from built-in chains and the canary probes. The iptables mode and the IPVS mode's masquerade
+//! and filter rules both write through it.
+
+use super::{CANARY_TABLES, Config, Error, KUBE_PROXY_CANARY, Result};
+use crate::tool::RunError;
+use std::{io, process::Stdio};
+use tokio::{io::AsyncWriteExt, process::Command};
+
+/// A jump from a built-in chain to one of ours, kept as the first rule of that chain.
+pub(crate) struct Jump {
+    /// The table (`nat`, `filter`).
+    pub(crate) table: &'static str,
+    /// The built-in chain jumped from.
+    pub(crate) chain: &'static str,
+    /// Only for the first packet of a connection (`-m conntrack --ctstate NEW`).
+    pub(crate) new_only: bool,
+    /// The rule's comment, which tools and operators match on.
+    pub(crate) comment: &'static str,
+    /// Our chain.
+    pub(crate) target: &'static str,
+}
+
+impl Jump {
+    /// A jump in the nat table, for every packet.
+    pub(crate) const fn nat(
+        chain: &'static str,
+        comment: &'static str,
+        target: &'static str,
+    ) -> Self {
+        Self {
+            table: "nat",
+            chain,
+            new_only: false,
+            comment,
+            target,
+        }
+    }
+
+    /// A jump in the filter table, for new connections only when `new_only`.
+    pub(crate) const fn filter(
+        chain: &'static str,
+        new_only: bool,
+        comment: &'static str,
+        target: &'static str,
+    ) -> Self {
+        Self {
+            table: "filter",
+            chain,
+            new_only,
+            comment,
+            target,
+        }
+    }
+}
+
+impl Jump {
+    /// The `iptables` arguments that check (`-C`) this jump.
+    pub(crate) fn check_args(&self, wait_seconds: u32) -> Vec<String> {
+        self.args(wait_seconds, &["-C", self.chain])
+    }
+
+    /// The `iptables` arguments that insert this jump as the chain's first rule.
+    pub(crate) fn insert_args(&self, wait_seconds: u32) -> Vec<String> {
+        self.args(wait_seconds, &["-I", self.chain, "1"])
+    }
+
+    /// The rule as `iptables-save` writes it after `-A <chain>`, for the tracer.
+    pub(crate) fn rule_text(&self) -> String {
+        let new_only = if self.new_only {
+            "-m conntrack --ctstate NEW "
+        } else {
+            ""
+        };
+        format!(
+            "{new_only}-m comment --comment \"{}\" -j {}",
+            self.comment, self.target
+        )
+    }
+
+    fn args(&self, wait_seconds: u32, operation: &[&str]) -> Vec<String> {
+        let wait = wait_seconds.to_string();
+        let new_only: &[&str] = if self.new_only {
+            &["-m", "conntrack", "--ctstate", "NEW"]
+        } else {
+            &[]
+        };
+        ["-w", &wait, "-t", self.table]
+            .into_iter()
+            .chain(operation.iter().copied())
+            .chain(new_only.iter().copied())
+            .chain([
+                "-m",
+                "comment",
+                "--comment",
+                self.comment,
+                "-j",
+                self.target,
+            ])
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// Runs one family's iptables tools as [`Config`] says.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tools {
+    config: Config,
+}
+
+impl Tools {
+    /// Tools run as `config` says.
+    pub(crate) fn new(config: Config) -> Self {
+        Self { config }
+    }
+
+    /// The configuration in use.
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// `iptables-save` of `table`.
+    pub(crate) async fn saved(&self, table: &str) -> Result<String> {
+        let args = ["-t".to_owned(), table.to_owned()];
+        let output = self.run(&self.config.iptables_save, &args, None).await?;
+        if !output.status.success() {
+            return Err(Error::Save {
+                status: output.status,
+                stderr: stderr_text(&output.stderr),
+            });
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// Applies `payload`, the tables one after the other, in one `iptables-restore --noflush`
+    /// transaction; `partial` says whether it holds only the changed Services' chains, for the
+    /// error.
+    pub(crate) async fn restore(&self, payload: &[&str], partial: bool) -> Result<()> {
+        let args = [
+            "-w".to_owned(),
+            self.config.lock_wait_seconds.to_string(),
+            "--noflush".to_owned(),
+        ];
+        let output = self
+            .run(&self.config.iptables_restore, &args, Some(payload))
+            .await?;
+        if !output.status.success() {
+            return Err(Error::Restore {
+                status: output.status,
+                stderr: stderr_text(&output.stderr),
+                partial,
+            });
+        }
+        Ok(())
+    }
+
+    /// Inserts `jump` as the first rule of its chain unless it is already there.
+    pub(crate) async fn ensure_jump(&self, jump: &Jump) -> Result<()> {
+        let wait = self.config.lock_wait_seconds;
+        let check = self
+            .run(&self.config.iptables, &jump.check_args(wait), None)
+            .await?;
+        match check.status.code() {
+            Some(0) => return Ok(()),
+            // `-C` exits 1 when the rule is missing; anything else is a real failure.
+            Some(1) => {}
+            _ => {
+                return Err(Error::Jump {
+                    table: jump.table,
+                    chain: jump.chain,
+                    status: check.status,
+                    stderr: stderr_text(&check.stderr),
+                });
+            }
+        }
+        let insert = self
+            .run(&self.config.iptables, &jump.insert_args(wait), None)
+            .await?;
+        if !insert.status.success() {
+            return Err(Error::Jump {
+                table: jump.table,
+                chain: jump.chain,
+                status: insert.status,
+                stderr: stderr_text(&insert.stderr),
+            });
+        }
+        tracing::info!(
+            ip_family = self.config.family.name(),
+            table = jump.table,
+            chain = jump.chain,
+            target = jump.target,
+            "installed jump"
+        );
+        Ok(())
+    }
+
+    /// Runs `binary args...` (no shell), feeding it the parts of `stdin` one after the other if
+    /// given, and collects its output.
+    async fn run(
+        &self,
+        binary: &str,
+        args: &[String],
+        stdin: Option<&[&str]>,
+    ) -> Result<std::process::Output> {
+        let (program, args) = self.config.command_line(binary, args);
+        let run_error = |source| {
+            Error::Run(RunError {
+                program: program.clone(),
+                source,
+            })
+        };
+        let mut child = Command::new(&program)
+            .args(&args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(run_error)?;
+
+        let pipe = child.stdin.take();
+        let write = async move {
+            if let (Some(mut pipe), Some(parts)) = (pipe, stdin) {
+                for part in parts {
+                    pipe.write_all(part.as_bytes()).await?;
+                }
+                // Dropping the pipe closes it, so the tool sees end of input.
+            }
+            Ok::<_, io::Error>(())
+        };
+        let (written, output) = tokio::join!(write, child.wait_with_output());
+        let output = output.map_err(run_error)?;
+        // A tool that failed may stop reading early: its status and stderr say more than EPIPE.
+        if output.status.success() {
+            written.map_err(Error::WriteInput)?;
+        }
+        Ok(output)
+    }
+
+    /// Whether every table's canary chain is still there; any failure to tell (a missing table,
+    /// or worse) counts as gone, since a full sync is always safe.
+    pub(crate) async fn canaries_present(&self) -> Result<bool> {
+        for table in CANARY_TABLES {
+            let args = [
+                "-w".to_owned(),
+                self.config.lock_wait_seconds.to_string(),
+                "-t".to_owned(),
+                table.to_owned(),
+                "-S".to_owned(),
+                KUBE_PROXY_CANARY.to_owned(),
+            ];
+            if !self
+                .run(&self.config.iptables, &args, None)
+                .await?
+                .status
+                .success()
+            {
+                tracing::warn!(
+                    ip_family = self.config.family.name(),
+                    table,
+                    "canary chain is gone, the rules were flushed; syncing all of them"
+                );
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// The restore input that (re)creates the empty canary chains.
+pub(crate) fn canaries() -> String {
+    CANARY_TABLES
+        .iter()
+        .map(|table| format!("*{table}\n:{KUBE_PROXY_CANARY} - [0:0]\nCOMMIT\n"))
+        .collect()
+}
+
+/// A tool's stderr as one trimmed line of text for an error message.
+fn stderr_text(stderr: &[u8]) -> String {
+    String::from_utf8_lossy(stderr).trim().to_owned()
+}
