@@ -4,9 +4,7 @@
 //! and filter rules both write through it.
 
 use super::{CANARY_TABLES, Config, Error, KUBE_PROXY_CANARY, Result};
-use crate::tool::RunError;
-use std::{io, process::Stdio};
-use tokio::{io::AsyncWriteExt, process::Command};
+use crate::tool::{self, stderr_text};
 
 /// A jump from a built-in chain to one of ours, kept as the first rule of that chain.
 pub(crate) struct Jump {
@@ -204,42 +202,12 @@ impl Tools {
         stdin: Option<&[&str]>,
     ) -> Result<std::process::Output> {
         let (program, args) = self.config.command_line(binary, args);
-        let run_error = |source| {
-            Error::Run(RunError {
-                program: program.clone(),
-                source,
-            })
-        };
-        let mut child = Command::new(&program)
-            .args(&args)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(run_error)?;
-
-        let pipe = child.stdin.take();
-        let write = async move {
-            if let (Some(mut pipe), Some(parts)) = (pipe, stdin) {
-                for part in parts {
-                    pipe.write_all(part.as_bytes()).await?;
-                }
-                // Dropping the pipe closes it, so the tool sees end of input.
-            }
-            Ok::<_, io::Error>(())
-        };
-        let (written, output) = tokio::join!(write, child.wait_with_output());
-        let output = output.map_err(run_error)?;
+        let ran = tool::run(&program, &args, stdin).await?;
         // A tool that failed may stop reading early: its status and stderr say more than EPIPE.
-        if output.status.success() {
-            written.map_err(Error::WriteInput)?;
+        if ran.output.status.success() {
+            ran.written.map_err(Error::WriteInput)?;
         }
-        Ok(output)
+        Ok(ran.output)
     }
 
     /// Whether every table's canary chain is still there; any failure to tell (a missing table,
@@ -278,9 +246,4 @@ pub(crate) fn canaries() -> String {
         .iter()
         .map(|table| format!("*{table}\n:{KUBE_PROXY_CANARY} - [0:0]\nCOMMIT\n"))
         .collect()
-}
-
-/// A tool's stderr as one trimmed line of text for an error message.
-fn stderr_text(stderr: &[u8]) -> String {
-    String::from_utf8_lossy(stderr).trim().to_owned()
 }
