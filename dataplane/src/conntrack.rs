@@ -82,6 +82,12 @@ impl IpFamily {
             Self::V6 => ip.is_ipv6(),
         }
     }
+
+    /// The addresses of `ips` in this family, in their order.
+    #[must_use]
+    pub fn select(self, ips: &[IpAddr]) -> Vec<IpAddr> {
+        ips.iter().copied().filter(|ip| self.contains(ip)).collect()
+    }
 }
 
 /// Where the flows to delete were sent.

@@ -23,7 +23,7 @@ mod partial;
 pub mod render;
 pub mod save;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 mod tools;
 pub mod trace;
 

@@ -15,8 +15,11 @@ pub mod connection;
 pub mod diff;
 pub mod interface;
 pub mod message;
+pub mod netfilter;
 pub mod netlink;
 pub mod plan;
+pub mod rules;
+pub mod sets;
 pub mod sysctl;
 
 pub use client::Ipvs;

@@ -96,15 +96,17 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    let iptables = iptables::Config::default()
+        .with_render_options(cli.render_options(node_port_addresses.clone(), primary_ip));
     let ipvs = ipvs::Config {
         families: Vec::new(),
         scheduler: cli.ipvs_scheduler.clone(),
         exclude_cidrs: cli.ipvs_exclude_cidrs.clone(),
-        node_port_addresses: node_port_addresses.clone(),
+        node_port_addresses,
         strict_arp: cli.ipvs_strict_arp,
+        iptables: iptables.clone(),
+        ipset: "ipset".to_owned(),
     };
-    let iptables = iptables::Config::default()
-        .with_render_options(cli.render_options(node_port_addresses, primary_ip));
     let proxy_mode = cli.proxy_mode;
     let config = Config {
         client: ClientConfig {

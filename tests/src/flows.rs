@@ -383,6 +383,7 @@ fn plans(scenario: &Scenario) -> Vec<Plan> {
                         .node_port_addresses
                         .clone()
                         .unwrap_or_else(|| scenario.node_ips.clone()),
+                    local_addresses: scenario.node_ips.iter().copied().collect(),
                 },
             )
         })
@@ -421,30 +422,38 @@ pub fn ipvs_expected(scenario: &Scenario, case: &FlowCase) -> (Expected, Option<
                 })
         })
     });
-    if flow.origin == Origin::Pod
-        && !scenario.cluster_cidrs.is_empty()
-        && external_local
+    // iptables mode sends the node's own connections, and pods' when it can tell them (a cluster
+    // CIDR), to every endpoint of an externalTrafficPolicy Local destination, as if they had come
+    // back through a load balancer.
+    let short_circuited = match flow.origin {
+        Origin::Node => Some(
+            "IPVS mode has one virtual server per address and port, whoever sends: the node's own \
+             connection to an externalTrafficPolicy Local destination gets the local endpoints, \
+             unmasqueraded (the Local sets RETURN before the mark), where iptables mode sends it \
+             to every endpoint masqueraded",
+        ),
+        Origin::Pod if !scenario.cluster_cidrs.is_empty() => Some(
+            "IPVS mode has one virtual server per address and port, whoever sends: a pod \
+             reaching an externalTrafficPolicy Local destination gets the local endpoints, \
+             where iptables mode short-circuits pod traffic to every endpoint",
+        ),
+        _ => None,
+    };
+    if external_local
+        && let Some(reason) = short_circuited
         && let Some(server) = server
     {
-        let local = Expected::endpoints(
-            server
-                .real_servers
-                .iter()
-                .map(|real| (SocketAddr::new(real.address, real.port), false)),
-        );
         let expected = if server.real_servers.is_empty() {
             Expected::Reject
         } else {
-            local
+            Expected::endpoints(
+                server
+                    .real_servers
+                    .iter()
+                    .map(|real| (SocketAddr::new(real.address, real.port), false)),
+            )
         };
-        return (
-            expected,
-            Some(
-                "IPVS mode has one virtual server per address and port, whoever sends: a pod \
-                 reaching an externalTrafficPolicy Local destination gets the local endpoints, \
-                 where iptables mode short-circuits pod traffic to every endpoint",
-            ),
-        );
+        return (expected, Some(reason));
     }
     match (&case.expected, server) {
         (Expected::Drop, Some(server)) if server.real_servers.is_empty() => (
@@ -452,6 +461,14 @@ pub fn ipvs_expected(scenario: &Scenario, case: &FlowCase) -> (Expected, Option<
             Some(
                 "a virtual server without real servers answers ICMP port unreachable: IPVS \
                  mode has no DROP for a Local traffic policy without local endpoints",
+            ),
+        ),
+        (Expected::Pass, None) if marked_as_node_port(scenario, case) => (
+            Expected::endpoints([(SocketAddr::new(flow.destination, flow.port), true)]),
+            Some(
+                "the node-port sets hold ports, not addresses: the node's own connection to a \
+                 local address on a node port number is marked and masqueraded, though no \
+                 virtual server takes it",
             ),
         ),
         (Expected::Pass, None) if bound => (
@@ -465,36 +482,50 @@ pub fn ipvs_expected(scenario: &Scenario, case: &FlowCase) -> (Expected, Option<
     }
 }
 
-/// Why the IPVS mode cannot pass `case` yet, if it cannot: the runner makes its connections and
-/// prints what they did, but does not count the row. `expected` is [`ipvs_expected`]'s.
+/// Whether IPVS mode marks `case` for masquerading as node-port traffic: a connection from the
+/// node (not from loopback, which KUBE-SERVICES returns first) to one of its own addresses, on
+/// a TCP or UDP node port number of a Service of the destination's family (`bitmap:port` sets
+/// match the port alone; only the node's own traffic reaches POSTROUTING, where the mark acts).
+fn marked_as_node_port(scenario: &Scenario, case: &FlowCase) -> bool {
+    let flow = &case.flow;
+    let same_family = |ip: &IpAddr| ip.is_ipv4() == flow.destination.is_ipv4();
+    flow.origin == Origin::Node
+        && !flow.source.is_loopback()
+        && (flow.destination.is_loopback() || scenario.node_ips.contains(&flow.destination))
+        && flow.protocol != Protocol::Sctp
+        && scenario.state.services.values().any(|service| {
+            service.cluster_ips.iter().any(same_family)
+                && service
+                    .ports
+                    .iter()
+                    .any(|port| port.protocol == flow.protocol && port.node_port == Some(flow.port))
+        })
+}
+
+/// Why `case` does not apply to the IPVS mode, if it does not: the runner skips it.
 ///
-/// The IPVS mode programs virtual servers, the kernel settings and the addresses on
-/// `kube-ipvs0` today; the ipsets and iptables rules (masquerade, node-port marks, the
-/// source-range firewall, `KUBE-IPVS-FILTER`) are the next slice of issue 8.
+/// A pod on another node reaching its own Service goes through its own node's proxy, never
+/// this one's; the table still has iptables mode masquerade it when it lands on itself (every
+/// endpoint's chain marks its own traffic), but IPVS mode masquerades such hairpin traffic only
+/// for this node's endpoints (`KUBE-LOOP-BACK`), so here the connection to itself breaks.
 #[must_use]
-pub fn ipvs_pending(
-    scenario: &Scenario,
-    case: &FlowCase,
-    expected: &Expected,
-) -> Option<&'static str> {
-    if let Some(reason) = case.pending {
-        return Some(reason);
-    }
-    let bound = plans(scenario)
-        .iter()
-        .any(|plan| plan.bound_addresses.contains(&case.flow.destination));
-    match expected {
-        Expected::Endpoints { targets } if targets.values().any(|masqueraded| *masqueraded) => {
-            Some("the masquerade rules (ipsets and iptables) are not programmed yet")
-        }
-        Expected::Drop => {
-            Some("the source-range firewall (ipsets and iptables) is not programmed yet")
-        }
-        Expected::Reject if bound && case.expected == Expected::Pass => {
-            Some("KUBE-IPVS-FILTER is not programmed yet")
-        }
-        _ => None,
-    }
+pub fn ipvs_not_applicable(scenario: &Scenario, case: &FlowCase) -> Option<&'static str> {
+    let flow = &case.flow;
+    let remote_endpoint_to_own_service = flow.origin == Origin::Pod
+        && scenario.state.services.values().any(|service| {
+            service.ports.iter().any(|port| {
+                port.protocol == flow.protocol
+                    && port
+                        .endpoints
+                        .iter()
+                        .any(|e| e.ip == flow.source && !e.is_local)
+                    && (service.cluster_ips.contains(&flow.destination) && port.port == flow.port)
+            })
+        });
+    remote_endpoint_to_own_service.then_some(
+        "a remote endpoint reaching its own Service never passes this node's IPVS, which \
+         masquerades hairpin traffic for local endpoints only (KUBE-LOOP-BACK)",
+    )
 }
 
 /// Whether the Service behind `case`'s destination has session affinity.
@@ -524,7 +555,7 @@ pub struct RowResult {
     pub observed: Observed,
     /// Whether they did what was expected.
     pub ok: bool,
-    /// Why the row does not count yet, if it does not ([`ipvs_pending`]).
+    /// Why the row does not count yet, if it does not (the table's own pending reason).
     pub pending: Option<String>,
 }
 

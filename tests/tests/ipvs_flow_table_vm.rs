@@ -17,10 +17,15 @@ use splitproxy_e2e::{
 };
 
 /// The node's LAN (a dummy), where anything not local goes: `sp-flows` routes it there.
+///
+/// Its first address is one no row uses: MASQUERADE gives traffic leaving through a pod's veth
+/// (which has no address) the first address of the node's first interface, so with a scenario's
+/// node IP there, the node's own connections would look the same masqueraded or not.
 const NODE: &str = r#"
 set -eu
 ip link add eth0 type dummy
 ip link set eth0 up
+ip addr add 198.19.255.1/32 dev eth0
 "#;
 
 #[test]
@@ -85,7 +90,7 @@ fn every_row_of_the_packet_flow_table_holds_for_the_ipvs_mode_with_real_traffic(
         rows.len()
     );
     ensure!(
-        counted.len() >= 20,
+        counted.len() >= 90,
         "only {} rows counted: the runner or the table lost rows",
         counted.len()
     );

@@ -106,10 +106,16 @@ echo "== listed"
 ipvsadm -Ln
 echo "== bound"
 ip -o addr show dev kube-ipvs0
+echo "== sets"
+ipset list KUBE-CLUSTER-IP
+ipset list KUBE-NODE-PORT-TCP
+echo "== nat rules"
+iptables -t nat -S KUBE-SERVICES
+iptables -t nat -S KUBE-NODE-PORT
 echo "== cluster ip"
 ip netns exec client sp-testpod hit --url http://10.96.0.10:80/ --count 20 --timeout-ms 5000
 echo "== node port"
-ip netns exec ext sp-testpod hit --url http://198.18.0.11:30080/ --count 20 --timeout-ms 5000
+ip netns exec ext sp-testpod hit --url http://198.18.0.11:30080/source --count 20 --timeout-ms 5000
 
 cp /cluster/one.yaml /tmp/manifests/cluster.yaml.tmp
 mv /tmp/manifests/cluster.yaml.tmp /tmp/manifests/cluster.yaml
@@ -137,6 +143,7 @@ done
 echo "== service deleted"
 ipvsadm -Ln
 ip -o addr show dev kube-ipvs0
+ipset list KUBE-CLUSTER-IP
 trap - EXIT
 "#;
 
@@ -216,10 +223,26 @@ fn the_agent_in_ipvs_mode_serves_cluster_ips_and_node_ports_in_a_vm() -> Result<
                 .any(|who| who.starts_with("server-2")),
         "a pod reaches both endpoints through the cluster IP: {cluster_ip:?}"
     );
+    let sets = section(&sections, "sets")?;
+    ensure!(
+        sets.contains("10.96.0.10,tcp:80") && sets.contains("\n30080\n"),
+        "the cluster IP and the node port are in kube-proxy's ipsets:\n{sets}"
+    );
+    let nat = section(&sections, "nat rules")?;
+    ensure!(
+        nat.contains("--match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ")
+            && nat.contains("-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT"),
+        "node-port traffic is marked for masquerading through the set:\n{nat}"
+    );
     let node_port = hit_report(&sections, "node port")?;
     ensure!(
-        node_port.answered() == 20,
-        "a client outside the cluster reaches the node port: {node_port:?}"
+        node_port.answered() == 20
+            && node_port
+                .answers
+                .keys()
+                .all(|answer| answer.ends_with(" 198.18.0.11")),
+        "a client outside the cluster reaches the node port, masqueraded to the node's \
+         address: {node_port:?}"
     );
     let drained = section(&sections, "drained")?;
     ensure!(
@@ -237,7 +260,8 @@ fn the_agent_in_ipvs_mode_serves_cluster_ips_and_node_ports_in_a_vm() -> Result<
     let deleted = section(&sections, "service deleted")?;
     ensure!(
         !deleted.contains("10.96.0.10") && !deleted.contains(":30080"),
-        "once the Service is deleted, its virtual servers and address are gone:\n{deleted}"
+        "once the Service is deleted, its virtual servers, address and set entries are \
+         gone:\n{deleted}"
     );
     Ok(())
 }

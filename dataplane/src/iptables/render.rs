@@ -269,7 +269,7 @@ fn probability(remaining: usize) -> String {
 }
 
 /// A `--comment` argument as kube-proxy writes it: quoted only when it contains whitespace.
-fn comment(text: &str) -> String {
+pub(crate) fn comment(text: &str) -> String {
     if text.contains(char::is_whitespace) {
         format!("\"{text}\"")
     } else {

@@ -88,7 +88,7 @@ fn chains(names: &[&str]) -> BTreeSet<String> {
 
 /// Fails with a line diff (`-` expected, `+` actual) when the payloads differ.
 #[track_caller]
-fn assert_rules_eq(actual: &str, expected: &str) {
+pub(crate) fn assert_rules_eq(actual: &str, expected: &str) {
     if actual != expected {
         panic!(
             "rules differ (-expected +actual):\n{}",

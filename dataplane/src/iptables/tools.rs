@@ -7,6 +7,7 @@ use super::{CANARY_TABLES, Config, Error, KUBE_PROXY_CANARY, Result};
 use crate::tool::{self, stderr_text};
 
 /// A jump from a built-in chain to one of ours, kept as the first rule of that chain.
+#[derive(Debug)]
 pub(crate) struct Jump {
     /// The table (`nat`, `filter`).
     pub(crate) table: &'static str,

@@ -1,16 +1,23 @@
 //! The IPVS mode as a [`Dataplane`] (kube-proxy's `--proxy-mode ipvs`): each sync plans every
-//! IP family's virtual servers, binds their addresses to [`INTERFACE`], makes the kernel's IPVS
-//! table match the plan, then unbinds the addresses no Service has any more.
+//! IP family's virtual servers, writes the ipsets and iptables rules that masquerade and filter
+//! their traffic, binds their addresses to [`INTERFACE`], makes the kernel's IPVS table match the
+//! plan, then unbinds the addresses no Service has any more.
+//!
+//! The netfilter part comes first so that a new Service's address is in the sets
+//! `KUBE-IPVS-FILTER` lets through before it is bound and reachable.
 //!
 //! The IPVS table is one per network namespace for both families, so one backend serves a
 //! dual-stack node. Its netlink calls block; a sync runs them on tokio's blocking pool.
 
 use super::apply::{Applied, apply};
 use super::interface::{self, DummyInterface};
+use super::netfilter::{self, Netfilter};
 use super::plan::{Plan, PlanOptions, plan};
+use super::rules;
+use super::sets::{SetOptions, sets};
 use super::{Ipvs, ServiceId, client, sysctl};
 use crate::conntrack::IpFamily;
-use crate::{Cidr, Dataplane, FailedStep, ProxyState, SyncError, SyncReport};
+use crate::{Cidr, Dataplane, FailedStep, ProxyState, SyncError, SyncReport, iptables};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
@@ -33,11 +40,16 @@ pub struct Config {
     pub node_port_addresses: Option<Vec<IpAddr>>,
     /// Answer ARP only for the addresses of the interface asked (`--ipvs-strict-arp`).
     pub strict_arp: bool,
+    /// How the masquerade and filter rules are written and what they depend on: the iptables
+    /// tools (each family's are used), the cluster CIDR, masquerade-all and the node's IPs.
+    pub iptables: iptables::Config,
+    /// The `ipset` binary.
+    pub ipset: String,
 }
 
 impl Default for Config {
     /// IPv4, the `rr` scheduler (kube-proxy's default), no exclusions, every node address, no
-    /// strict ARP (kube-proxy's default).
+    /// strict ARP (kube-proxy's default), the iptables tools' defaults, `ipset` from PATH.
     fn default() -> Self {
         Self {
             families: vec![IpFamily::V4],
@@ -45,6 +57,8 @@ impl Default for Config {
             exclude_cidrs: Vec::new(),
             node_port_addresses: None,
             strict_arp: false,
+            iptables: iptables::Config::default(),
+            ipset: "ipset".to_owned(),
         }
     }
 }
@@ -62,6 +76,9 @@ pub enum Error {
     /// bound or unbound.
     #[error("the {INTERFACE} interface")]
     Interface(#[source] interface::Error),
+    /// The ipsets or the masquerade and filter rules could not be written.
+    #[error("the IPVS mode's ipsets and iptables rules")]
+    Netfilter(#[source] netfilter::Error),
     /// A kernel setting the IPVS mode needs could not be written.
     #[error("configuring the kernel for IPVS")]
     Sysctl(#[source] sysctl::Error),
@@ -72,13 +89,18 @@ pub enum Error {
 
 impl SyncError for Error {
     fn failed_step(&self) -> FailedStep {
-        FailedStep::Other
+        match self {
+            Self::Netfilter(netfilter::Error::Iptables { source, .. }) => source.failed_step(),
+            _ => FailedStep::Other,
+        }
     }
 }
 
 /// The IPVS backend.
 pub struct IpvsBackend {
     config: Config,
+    /// The ipsets and iptables rules as last written.
+    netfilter: Netfilter,
     /// The netlink sockets, opened by the first sync and kept; `None` again after a failure, so
     /// the next sync starts from fresh ones.
     kernel: Option<Kernel>,
@@ -95,27 +117,34 @@ impl IpvsBackend {
     #[must_use]
     pub fn new(config: Config) -> Self {
         Self {
+            netfilter: Netfilter::new(&config.ipset, &config.iptables, &config.families),
             config,
             kernel: None,
         }
     }
 
-    /// The node addresses that take node ports at this sync.
-    fn node_port_addresses(&self) -> Result<Vec<IpAddr>, Error> {
-        if let Some(addresses) = &self.config.node_port_addresses {
-            return Ok(addresses.clone());
-        }
+    /// The node's addresses at this sync, but [`INTERFACE`]'s.
+    fn node_addresses(&self) -> Result<NodeAddresses, Error> {
         let interfaces = if_addrs::get_if_addrs().map_err(Error::NodeAddresses)?;
-        Ok(interfaces
+        let local = interfaces
             .iter()
-            .filter(|interface| interface.name != INTERFACE && !interface.is_loopback())
+            .filter(|interface| interface.name != INTERFACE)
             .map(if_addrs::Interface::ip)
-            .filter(|ip| !is_link_local_v6(ip))
-            .collect())
+            .collect();
+        let node_ports = match &self.config.node_port_addresses {
+            Some(addresses) => addresses.clone(),
+            None => interfaces
+                .iter()
+                .filter(|interface| interface.name != INTERFACE && !interface.is_loopback())
+                .map(if_addrs::Interface::ip)
+                .filter(|ip| !is_link_local_v6(ip))
+                .collect(),
+        };
+        Ok(NodeAddresses { local, node_ports })
     }
 
     /// Each family's plan for `state`.
-    fn plans(&self, state: &ProxyState, node_port_addresses: &[IpAddr]) -> Vec<(IpFamily, Plan)> {
+    fn plans(&self, state: &ProxyState, addresses: &NodeAddresses) -> Vec<(IpFamily, Plan)> {
         self.config
             .families
             .iter()
@@ -125,12 +154,53 @@ impl IpvsBackend {
                     &PlanOptions {
                         family,
                         scheduler: self.config.scheduler.clone(),
-                        node_port_addresses: node_port_addresses.to_vec(),
+                        node_port_addresses: addresses.node_ports.clone(),
+                        local_addresses: addresses.local.clone(),
                     },
                 );
                 (family, plan)
             })
             .collect()
+    }
+}
+
+/// The node's addresses at a sync.
+struct NodeAddresses {
+    /// Every address but [`INTERFACE`]'s.
+    local: BTreeSet<IpAddr>,
+    /// Those that take node ports.
+    node_ports: Vec<IpAddr>,
+}
+
+impl IpvsBackend {
+    /// Each family's ipsets and iptables rules for `state` and its `plans`, written where they
+    /// changed.
+    async fn write_netfilter(
+        &mut self,
+        state: &ProxyState,
+        plans: &[(IpFamily, Plan)],
+        node_port_addresses: &[IpAddr],
+    ) -> Result<Vec<netfilter::Written>, Error> {
+        let render = &self.config.iptables.render;
+        let family_sets: Vec<_> = plans
+            .iter()
+            .map(|(family, plan)| {
+                let options = SetOptions {
+                    family: *family,
+                    node_port_addresses: node_port_addresses.to_vec(),
+                    node_ips: render.node_ips.clone(),
+                };
+                sets(state, plan, &options)
+            })
+            .collect();
+        let rules: Vec<_> = family_sets
+            .iter()
+            .map(|sets| rules::render(sets, render))
+            .collect();
+        self.netfilter
+            .sync(family_sets, &rules)
+            .await
+            .map_err(Error::Netfilter)
     }
 }
 
@@ -152,10 +222,13 @@ impl Dataplane for IpvsBackend {
     }
 
     async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport, Error> {
-        let node_port_addresses = self.node_port_addresses()?;
-        let plans = self.plans(state, &node_port_addresses);
+        let addresses = self.node_addresses()?;
+        let plans = self.plans(state, &addresses);
+        let written = self
+            .write_netfilter(state, &plans, &addresses.node_ports)
+            .await?;
         let owned = Ownership {
-            node_port_addresses: node_port_addresses.into_iter().collect(),
+            node_port_addresses: addresses.node_ports.into_iter().collect(),
             exclude_cidrs: self.config.exclude_cidrs.clone(),
         };
         let full = self.kernel.is_none();
@@ -177,10 +250,24 @@ impl Dataplane for IpvsBackend {
             );
         }
         tracing::debug!(changes = applied.made.len(), "IPVS synced");
-        Ok(SyncReport {
+        let mut report = SyncReport {
             full,
             ..SyncReport::default()
-        })
+        };
+        for family in written {
+            let rules = if family.written {
+                family.totals.clone()
+            } else {
+                Vec::new()
+            };
+            report.merge(SyncReport::for_family(
+                family.family,
+                rules,
+                family.totals,
+                family.full,
+            ));
+        }
+        Ok(report)
     }
 }
 
@@ -193,13 +280,13 @@ struct Ownership {
 }
 
 impl Ownership {
-    /// Whether the virtual server `id` is the agent's: on an address it binds (`planned`), had
+    /// Whether the virtual server `id` is the agent's: on an address it serves (`served`), had
     /// bound before the sync (`bound`, the Services' of the last one) or takes node ports on, and
     /// not excluded.
-    fn owns(&self, id: &ServiceId, planned: &BTreeSet<IpAddr>, bound: &BTreeSet<IpAddr>) -> bool {
+    fn owns(&self, id: &ServiceId, served: &BTreeSet<IpAddr>, bound: &BTreeSet<IpAddr>) -> bool {
         let address = &id.address;
         !self.excluded(*address)
-            && (planned.contains(address)
+            && (served.contains(address)
                 || bound.contains(address)
                 || self.node_port_addresses.contains(address))
     }
@@ -253,10 +340,13 @@ fn program(
         made: Vec::new(),
         refused: Vec::new(),
     };
+    let served: BTreeSet<IpAddr> = plans
+        .iter()
+        .flat_map(|(_, plan)| plan.servers.keys().map(|id| id.address))
+        .collect();
     for (family, plan) in plans {
         // Each family's plan leaves the other family's virtual servers alone.
-        let ours =
-            |id: &ServiceId| family.contains(&id.address) && owned.owns(id, &planned, &bound);
+        let ours = |id: &ServiceId| family.contains(&id.address) && owned.owns(id, &served, &bound);
         let applied = apply(&mut kernel.ipvs, plan, ours).map_err(Error::Ipvs)?;
         all.made.extend(applied.made);
         all.refused.extend(applied.refused);

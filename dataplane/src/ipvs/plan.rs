@@ -33,6 +33,10 @@ pub struct PlanOptions {
     /// The node's addresses that take node ports (its addresses, or those `--nodeport-addresses`
     /// selects); those of other families are skipped.
     pub node_port_addresses: Vec<IpAddr>,
+    /// Every address the node holds, but on `kube-ipvs0`. An external or load-balancer IP among
+    /// them is local already and is not bound, as upstream: bound, it would join
+    /// `KUBE-IPVS-IPS`, and `KUBE-IPVS-FILTER` would close the node's other ports on it.
+    pub local_addresses: BTreeSet<IpAddr>,
 }
 
 /// A virtual server and the real servers it should have.
@@ -50,7 +54,8 @@ pub struct Plan {
     /// The virtual servers, by identity.
     pub servers: BTreeMap<ServiceId, PlannedServer>,
     /// The addresses bound to `kube-ipvs0`: every cluster, external and load-balancer IP of a
-    /// Service port, so the kernel takes their traffic as local.
+    /// Service port that the node does not hold already, so the kernel takes their traffic as
+    /// local.
     pub bound_addresses: BTreeSet<IpAddr>,
 }
 
@@ -68,19 +73,13 @@ pub fn plan(state: &ProxyState, options: &PlanOptions) -> Plan {
 
 fn plan_port(plan: &mut Plan, service: &Service, port: &ServicePort, options: &PlanOptions) {
     let family = options.family;
-    let of_family = |ips: &[IpAddr]| -> Vec<IpAddr> {
-        ips.iter()
-            .copied()
-            .filter(|ip| family.contains(ip))
-            .collect()
-    };
-    let cluster_ips = of_family(&service.cluster_ips);
+    let cluster_ips = family.select(&service.cluster_ips);
     // As the iptables mode, the family's proxier programs only Services of its family.
     if cluster_ips.is_empty() {
         return;
     }
-    let external_ips = of_family(&service.external_ips);
-    let load_balancer_ips = of_family(&service.load_balancer_ips);
+    let external_ips = family.select(&service.external_ips);
+    let load_balancer_ips = family.select(&service.load_balancer_ips);
 
     let sets = categorize(port.endpoints.iter().filter(|e| family.contains(&e.ip)));
     let internal = match service.internal_traffic_policy {
@@ -101,18 +100,15 @@ fn plan_port(plan: &mut Plan, service: &Service, port: &ServicePort, options: &P
     for &ip in external_ips.iter().chain(&load_balancer_ips) {
         plan.add(server(ip, port.port), external);
     }
+    plan.bound_addresses.extend(&cluster_ips);
     plan.bound_addresses.extend(
-        cluster_ips
+        external_ips
             .iter()
-            .chain(&external_ips)
-            .chain(&load_balancer_ips),
+            .chain(&load_balancer_ips)
+            .filter(|ip| !options.local_addresses.contains(ip)),
     );
     if let Some(node_port) = port.node_port {
-        for &ip in options
-            .node_port_addresses
-            .iter()
-            .filter(|ip| family.contains(ip))
-        {
+        for ip in family.select(&options.node_port_addresses) {
             plan.add(server(ip, node_port), external);
         }
     }

@@ -8,7 +8,8 @@
 //! For each scenario it builds the node's addresses, pods and outside clients
 //! (`splitproxy_e2e::flows`), programs the scenario's state with the backend, makes every row's
 //! connections, and prints one line per row: `ROW {json}` with what was expected and observed.
-//! Rows the runner cannot make (SCTP) print as `SKIPPED row: why`. It removes what it built
+//! Rows the runner cannot make (SCTP), or that cannot happen to the backend, print as
+//! `SKIPPED row: why`. It removes what it built
 //! before the next scenario, and exits 0 once every row ran: the caller judges the rows.
 
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -19,6 +20,7 @@ use clap::{Parser, Subcommand};
 use splitproxy_dataplane::{
     Dataplane, IpFamily, Protocol,
     flow_table::{self, Expected, Scenario},
+    iptables,
     ipvs::backend::{self, IpvsBackend},
 };
 use splitproxy_e2e::{
@@ -84,6 +86,7 @@ async fn run_ipvs(scenario: &Scenario) -> Result<()> {
     let mut ipvs = IpvsBackend::new(backend::Config {
         families,
         node_port_addresses: scenario.node_port_addresses.clone(),
+        iptables: iptables::Config::default().with_render_options(scenario.render_options()),
         ..backend::Config::default()
     });
     ipvs.sync(&scenario.state)
@@ -97,8 +100,11 @@ async fn run_ipvs(scenario: &Scenario) -> Result<()> {
             );
             continue;
         }
+        if let Some(reason) = flows::ipvs_not_applicable(scenario, case) {
+            println!("SKIPPED {}: {reason}", case.flow.name);
+            continue;
+        }
         let (mut expected, difference) = flows::ipvs_expected(scenario, case);
-        let pending = flows::ipvs_pending(scenario, case, &expected);
         if expected == Expected::Pass && !topology.owns(case.flow.destination) {
             // Nothing here holds the address: a connection left alone leaves the node and is
             // never answered (the node's LAN is a dummy), where a rejected one is refused.
@@ -115,7 +121,7 @@ async fn run_ipvs(scenario: &Scenario) -> Result<()> {
             difference: difference.map(str::to_owned),
             observed,
             ok,
-            pending: pending.map(str::to_owned),
+            pending: case.pending.map(str::to_owned),
         };
         println!("ROW {}", serde_json::to_string(&row)?);
     }

@@ -171,6 +171,7 @@ fn run(action: Action) -> Result<()> {
                 family: IpFamily::V4,
                 scheduler,
                 node_port_addresses: Vec::new(),
+                local_addresses: std::collections::BTreeSet::new(),
             };
             let applied = apply(&mut ipvs, &plan(&state, &options), |id| {
                 own.contains(id.address)

@@ -970,11 +970,7 @@ fn rendered(family: IpFamily, state: &crate::ProxyState, options: &RenderOptions
 fn every_flow_table_row_traces_to_its_expected_outcome() {
     let mut failures = Vec::new();
     for scenario in flow_table::scenarios() {
-        let options = RenderOptions::default()
-            .with_cluster_cidrs(scenario.cluster_cidrs.iter().copied())
-            .with_masquerade_all(scenario.masquerade_all)
-            .with_node_port_addresses(scenario.node_port_addresses.clone())
-            .with_node_ips(scenario.node_ips.first().copied());
+        let options = scenario.render_options();
         // One ruleset per family, as the two executors program them; each flow goes through its
         // own family's tables, as a packet does.
         let mut rulesets = BTreeMap::new();

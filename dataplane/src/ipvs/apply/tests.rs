@@ -103,6 +103,7 @@ fn options(scheduler: &str) -> PlanOptions {
         family: IpFamily::V4,
         scheduler: scheduler.to_owned(),
         node_port_addresses: Vec::new(),
+        local_addresses: std::collections::BTreeSet::new(),
     }
 }
 

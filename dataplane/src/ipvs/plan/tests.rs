@@ -20,6 +20,7 @@ fn options(family: IpFamily) -> PlanOptions {
         family,
         scheduler: "rr".to_owned(),
         node_port_addresses: vec![ip("192.168.0.2"), ip("fd00::2")],
+        local_addresses: [ip("192.168.0.2"), ip("fd00::2")].into(),
     }
 }
 
@@ -116,6 +117,21 @@ fn local_traffic_policies_keep_their_traffic_on_local_endpoints() {
     let plan = plan_of(internal_local);
     assert_eq!(reals(&plan, "172.30.0.1", 80), ["10.180.0.1:8080/1"]);
     assert_eq!(reals(&plan, "192.168.0.2", 30_080).len(), 2);
+}
+
+#[test]
+fn an_external_ip_the_node_holds_gets_a_virtual_server_but_is_not_bound() {
+    let mut service = web();
+    service.external_ips = vec![ip("192.168.0.2"), ip("192.0.2.10")];
+
+    let plan = plan(&[service].into_iter().collect(), &options(IpFamily::V4));
+
+    assert_eq!(reals(&plan, "192.168.0.2", 80).len(), 2);
+    assert_eq!(reals(&plan, "192.0.2.10", 80).len(), 2);
+    assert_eq!(
+        plan.bound_addresses,
+        [ip("172.30.0.1"), ip("192.0.2.10")].into()
+    );
 }
 
 #[test]
