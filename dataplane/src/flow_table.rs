@@ -773,6 +773,12 @@ fn node_with_local_traffic_policies() -> Scenario {
             Expected::endpoints([(EDGE_HERE, false), (EDGE_THERE, false)]),
         ),
         case(
+            "local endpoint to its own service is masqueraded only when it reaches itself",
+            (Pod, EDGE_HERE.ip()),
+            (Tcp, EDGE_IP, 80),
+            Expected::endpoints([(EDGE_HERE, true), (EDGE_THERE, false)]),
+        ),
+        case(
             "external client to node port without a local endpoint is dropped",
             (External, EXTERNAL_CLIENT),
             (Tcp, NODE_IP, ELSEWHERE_NODE_PORT),

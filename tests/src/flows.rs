@@ -183,18 +183,25 @@ impl Topology {
     #[must_use]
     pub fn server_command(&self, address: SocketAddr, protocol: Protocol) -> Vec<String> {
         let mut words = self.in_namespace_of(address.ip());
-        words.extend(
-            [
-                "sp-testpod".to_owned(),
-                "serve".to_owned(),
-                "--name".to_owned(),
-                address.to_string(),
-                "--listen".to_owned(),
-                SocketAddr::new(address.ip(), address.port()).to_string(),
-            ]
-            .into_iter()
-            .chain((protocol == Protocol::Udp).then(|| "--udp".to_owned())),
-        );
+        let name = address.to_string();
+        let serve: Vec<String> = match protocol {
+            // Raw sockets: it answers INITs to the port on every address of its namespace.
+            Protocol::Sctp => vec![
+                "sctp-serve".into(),
+                "--with-client".into(),
+                "--name".into(),
+                name,
+                "--port".into(),
+                address.port().to_string(),
+            ],
+            Protocol::Tcp | Protocol::Udp => ["serve", "--name", &name, "--listen", &name]
+                .into_iter()
+                .map(str::to_owned)
+                .chain((protocol == Protocol::Udp).then(|| "--udp".to_owned()))
+                .collect(),
+        };
+        words.push("sp-testpod".to_owned());
+        words.extend(serve);
         words
     }
 
@@ -251,13 +258,27 @@ pub fn hit_command(case: &FlowCase, count: u32, timeout_ms: u64) -> Vec<String> 
     words
 }
 
-/// `sp-testpod hit` to `destination`, asking for the client address the server saw.
+/// `sp-testpod hit` (or `sctp-hit`) to `destination`, asking for the client address the server
+/// saw.
 fn hit_words(
     destination: SocketAddr,
     protocol: Protocol,
     count: u32,
     timeout_ms: u64,
 ) -> Vec<String> {
+    if protocol == Protocol::Sctp {
+        return [
+            "sp-testpod".to_owned(),
+            "sctp-hit".to_owned(),
+            "--address".to_owned(),
+            destination.to_string(),
+            "--count".to_owned(),
+            count.to_string(),
+            "--timeout-ms".to_owned(),
+            timeout_ms.to_string(),
+        ]
+        .into();
+    }
     let url = match protocol {
         Protocol::Udp => format!("udp://{destination}/source"),
         _ => format!("http://{destination}/source"),

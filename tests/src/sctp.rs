@@ -199,6 +199,35 @@ fn cookie(mut parameters: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
+/// The ICMP type and code of "port unreachable", which a proxy sends for a Service port without
+/// endpoints (iptables' REJECT, IPVS's empty virtual server).
+const ICMP_DEST_UNREACH: u8 = 3;
+const ICMP_PORT_UNREACH: u8 = 3;
+
+/// Whether `bytes`, an IPv4 datagram as a raw ICMP socket receives it, is a port unreachable
+/// about an SCTP packet sent from port `source_port` to `destination`: the ICMP message quotes
+/// the refused packet's IP header and first 8 bytes (here the SCTP ports and tag).
+#[must_use]
+pub fn refuses(bytes: &[u8], source_port: u16, destination: std::net::SocketAddrV4) -> bool {
+    let refused = || -> Option<bool> {
+        let ip_header = usize::from(bytes.first()? & 0x0f) * 4;
+        let icmp = bytes.get(ip_header..)?;
+        if (*icmp.first()?, *icmp.get(1)?) != (ICMP_DEST_UNREACH, ICMP_PORT_UNREACH) {
+            return Some(false);
+        }
+        let quoted = icmp.get(8..)?;
+        let quoted_header = usize::from(quoted.first()? & 0x0f) * 4;
+        let to: [u8; 4] = quoted.get(16..20)?.try_into().ok()?;
+        Some(
+            i32::from(*quoted.get(9)?) == IPPROTO_SCTP
+                && Ipv4Addr::from(to) == *destination.ip()
+                && be16(quoted, quoted_header)? == source_port
+                && be16(quoted, quoted_header + 2)? == destination.port(),
+        )
+    };
+    refused().unwrap_or(false)
+}
+
 /// A chunk or parameter length; everything here is far below 64 KiB.
 fn length(n: usize) -> u16 {
     u16::try_from(n).unwrap_or(u16::MAX)
@@ -295,5 +324,48 @@ mod tests {
         assert_eq!(datagram.packet, packet);
         ip[9] = 6;
         assert_eq!(Datagram::decode(&ip), None);
+    }
+
+    /// An ICMP datagram of `kind`/`code` from 10.96.0.41 quoting an INIT from port 40000 to
+    /// 10.96.0.41:7777.
+    fn icmp_about_init(kind: u8, code: u8) -> Vec<u8> {
+        let init = Packet {
+            source_port: 40_000,
+            destination_port: 7777,
+            verification_tag: 0,
+            chunk: Chunk::Init { initiate_tag: 1 },
+        }
+        .encode();
+        let mut quoted = vec![0x45, 0, 0, 52, 0, 0, 0, 0, 64, 132, 0, 0];
+        quoted.extend([10, 244, 0, 2, 10, 96, 0, 41]);
+        quoted.extend(&init[..8]);
+        let mut datagram = vec![0x45, 0, 0, 0, 0, 0, 0, 0, 64, 1, 0, 0];
+        datagram.extend([10, 96, 0, 41, 10, 244, 0, 2]);
+        datagram.extend([kind, code, 0, 0, 0, 0, 0, 0]);
+        datagram.extend(quoted);
+        datagram
+    }
+
+    #[test]
+    fn a_port_unreachable_quoting_the_init_refuses_it() {
+        let to = "10.96.0.41:7777".parse().unwrap();
+        assert!(refuses(&icmp_about_init(3, 3), 40_000, to));
+        assert!(
+            !refuses(&icmp_about_init(3, 3), 40_001, to),
+            "another INIT's"
+        );
+        assert!(
+            !refuses(&icmp_about_init(3, 1), 40_000, to),
+            "host unreachable"
+        );
+        assert!(!refuses(
+            &icmp_about_init(3, 3),
+            40_000,
+            "10.96.0.42:7777".parse().unwrap()
+        ));
+        assert!(
+            !refuses(&icmp_about_init(3, 3)[..30], 40_000, to),
+            "cut short"
+        );
     }
 }

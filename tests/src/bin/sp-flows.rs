@@ -8,8 +8,7 @@
 //! For each scenario it builds the node's addresses, pods and outside clients
 //! (`splitproxy_e2e::flows`), programs the scenario's state with the backend, makes every row's
 //! connections, and prints one line per row: `ROW {json}` with what was expected and observed.
-//! Rows the runner cannot make (SCTP), or that cannot happen to the backend, print as
-//! `SKIPPED row: why`. It removes what it built
+//! Rows that cannot happen to the backend print as `SKIPPED row: why`. It removes what it built
 //! before the next scenario, and exits 0 once every row ran: the caller judges the rows.
 
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -18,7 +17,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, Subcommand};
 use splitproxy_dataplane::{
-    Dataplane, IpFamily, Protocol,
+    Dataplane, IpFamily,
     flow_table::{self, Expected, Scenario},
     iptables,
     ipvs::backend::{self, IpvsBackend},
@@ -93,13 +92,6 @@ async fn run_ipvs(scenario: &Scenario) -> Result<()> {
         .await
         .with_context(|| format!("programming {}", scenario.name))?;
     for case in &scenario.cases {
-        if case.flow.protocol == Protocol::Sctp {
-            println!(
-                "SKIPPED {}: the runner makes TCP and UDP connections only",
-                case.flow.name
-            );
-            continue;
-        }
         if let Some(reason) = flows::ipvs_not_applicable(scenario, case) {
             println!("SKIPPED {}: {reason}", case.flow.name);
             continue;
@@ -140,12 +132,7 @@ impl Built {
         let mut built = Self {
             servers: Vec::new(),
         };
-        let servers: Vec<_> = topology
-            .servers
-            .iter()
-            .filter(|(_, protocol)| *protocol != Protocol::Sctp)
-            .collect();
-        for (address, protocol) in &servers {
+        for (address, protocol) in &topology.servers {
             let words = topology.server_command(*address, *protocol);
             let child = Command::new(&words[0])
                 .args(&words[1..])
@@ -154,7 +141,7 @@ impl Built {
                 .with_context(|| format!("starting the server at {address}"))?;
             built.servers.push(child);
         }
-        for (address, protocol) in servers {
+        for (address, protocol) in &topology.servers {
             let probe = topology.probe_command(*address, *protocol);
             let mut tries = 0;
             while run_hit(&probe)?.answered() == 0 {

@@ -29,7 +29,8 @@
 //!
 //! `sctp-serve` and `sctp-hit` do the same over SCTP with raw IP sockets (the test kernel has no
 //! SCTP sockets): an INIT per request from a fresh port, answered by an INIT-ACK whose state cookie
-//! is the server's name; see the `sctp` module.
+//! is the server's name (and the client address seen, with `--with-client`); an ICMP port
+//! unreachable about an INIT fails it as refused. See the `sctp` module.
 //!
 //! `load` sends `--rate` requests per second to each `--target NAME=URL` at once, each on a new
 //! connection, for `--duration-s`, and appends one JSON line per request (start time, target, ok,
@@ -115,6 +116,9 @@ enum Cmd {
         /// The SCTP port to answer on.
         #[arg(long, env = "SP_TESTPOD_PORT")]
         port: u16,
+        /// Answer with NAME and the client address seen (`pod-a 10.244.2.10`).
+        #[arg(long)]
+        with_client: bool,
     },
     /// Send COUNT SCTP INITs to ADDRESS, each from a fresh port, and print who answered as JSON.
     SctpHit {
@@ -196,7 +200,11 @@ fn main() -> ExitCode {
                 })
             }
         }
-        Cmd::SctpServe { name, port } => sctp::serve(&name, port),
+        Cmd::SctpServe {
+            name,
+            port,
+            with_client,
+        } => sctp::serve(&name, port, with_client),
         Cmd::SctpHit {
             address,
             count,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use rand::Rng;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-use splitproxy_e2e::sctp::{Chunk, Datagram, IPPROTO_SCTP, Packet};
+use splitproxy_e2e::sctp::{Chunk, Datagram, IPPROTO_SCTP, Packet, refuses};
 
 use super::Pace;
 
@@ -29,8 +29,21 @@ fn send(socket: &Socket, to: Ipv4Addr, packet: &Packet) -> Result<()> {
     Ok(())
 }
 
-/// Answers every INIT to `port` with an INIT-ACK whose state cookie is `name`, forever.
-pub fn serve(name: &str, port: u16) -> Result<()> {
+/// How long one read waits before the client looks at the other socket.
+const POLL: Duration = Duration::from_millis(20);
+
+/// A raw IPv4 socket receiving every ICMP message for this namespace, for refusals.
+fn icmp_socket() -> Result<Socket> {
+    let socket = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))
+        .context("cannot open a raw ICMP socket (needs root or CAP_NET_RAW)")?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
+}
+
+/// Answers every INIT to `port` with an INIT-ACK whose state cookie is `name`, forever; with
+/// `with_client`, `name` and the client address it saw (`pod-a 10.244.2.10`), as the HTTP
+/// server answers `/source`.
+pub fn serve(name: &str, port: u16, with_client: bool) -> Result<()> {
     let mut socket = raw_socket()?;
     println!("sp-testpod {name} answering SCTP INITs to port {port}");
     let mut buf = [0_u8; 2048];
@@ -60,7 +73,11 @@ pub fn serve(name: &str, port: u16) -> Result<()> {
             verification_tag: initiate_tag,
             chunk: Chunk::InitAck {
                 initiate_tag: rng.random_range(1..=u32::MAX),
-                cookie: name.as_bytes().to_vec(),
+                cookie: if with_client {
+                    format!("{name} {}", datagram.source).into_bytes()
+                } else {
+                    name.as_bytes().to_vec()
+                },
             },
         };
         if let Err(e) = send(&socket, datagram.source, &ack) {
@@ -73,15 +90,22 @@ pub fn serve(name: &str, port: u16) -> Result<()> {
 /// so a proxy balances every one), and prints who answered.
 pub fn hit(address: SocketAddrV4, count: u32, pace: &Pace) -> Result<()> {
     let mut socket = raw_socket()?;
+    let mut icmp = icmp_socket()?;
     super::hit(count, pace, |timeout| {
-        associate(&mut socket, address, timeout)
+        associate(&mut socket, &mut icmp, address, timeout)
     });
     Ok(())
 }
 
 /// One INIT to `address`; returns the name in the INIT-ACK's cookie. An answer from any other
-/// address or port than `address` (a reply the proxy did not translate back) is an error.
-fn associate(socket: &mut Socket, address: SocketAddrV4, timeout: Duration) -> Result<String> {
+/// address or port than `address` (a reply the proxy did not translate back) is an error, and so
+/// is an ICMP port unreachable about the INIT (a refusal, as a TCP client's RST).
+fn associate(
+    socket: &mut Socket,
+    icmp: &mut Socket,
+    address: SocketAddrV4,
+    timeout: Duration,
+) -> Result<String> {
     let mut rng = rand::rng();
     let source_port = rng.random_range(32_768..61_000);
     let tag = rng.random_range(1..=u32::MAX);
@@ -100,7 +124,13 @@ fn associate(socket: &mut Socket, address: SocketAddrV4, timeout: Duration) -> R
             !remaining.is_zero(),
             "no INIT-ACK from {address}: timed out after {timeout:?}"
         );
-        socket.set_read_timeout(Some(remaining))?;
+        while let Ok(n) = icmp.read(&mut buf) {
+            ensure!(
+                !refuses(&buf[..n], source_port, address),
+                "connection refused: ICMP port unreachable for the INIT to {address}"
+            );
+        }
+        socket.set_read_timeout(Some(remaining.min(POLL)))?;
         let n = match socket.read(&mut buf) {
             Ok(n) => n,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
