@@ -260,6 +260,41 @@ pub fn deleted_count(output: &str) -> Option<u32> {
         .and_then(|digits| digits.parse().ok())
 }
 
+/// Deletes the flows of `family` that the change from `previous` to `current` left stale
+/// ([`stale_flows`]) with `executor`. Failures are logged, never returned: the rules are in
+/// place, and a stale flow is less harm than a failed sync.
+pub async fn delete_stale_flows(
+    executor: &Conntrack,
+    previous: &ProxyState,
+    current: &ProxyState,
+    family: IpFamily,
+) {
+    let deletions = stale_flows(previous, current, family);
+    if deletions.is_empty() {
+        return;
+    }
+    let (mut deleted, mut failed) = (0_u32, 0_u32);
+    for deletion in &deletions {
+        match executor.delete(deletion).await {
+            Ok(count) => deleted = deleted.saturating_add(count),
+            Err(error) => {
+                failed += 1;
+                tracing::warn!(
+                    error = &error as &dyn std::error::Error,
+                    "could not delete stale conntrack entries"
+                );
+            }
+        }
+    }
+    tracing::debug!(
+        ip_family = family.name(),
+        deletions = deletions.len(),
+        deleted,
+        failed,
+        "deleted stale conntrack entries"
+    );
+}
+
 /// The thin executor: runs `conntrack -D` (under a command prefix such as `ip netns exec`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conntrack {

@@ -324,35 +324,11 @@ impl Iptables {
         Ok(None)
     }
 
-    /// Deletes the conntrack entries the change from `previous` to `current` left stale. Failures
-    /// are logged, never returned: the rules are in place, and a stale flow is less harm than a
-    /// failed sync.
+    /// Deletes the conntrack entries the change from `previous` to `current` left stale.
     async fn delete_stale_flows(&self, previous: &ProxyState, current: &ProxyState) {
         let config = self.config();
-        let deletions = conntrack::stale_flows(previous, current, config.family);
-        if deletions.is_empty() {
-            return;
-        }
         let executor = Conntrack::new(&config.command_prefix, &config.conntrack);
-        let (mut deleted, mut failed) = (0_u32, 0_u32);
-        for deletion in &deletions {
-            match executor.delete(deletion).await {
-                Ok(count) => deleted = deleted.saturating_add(count),
-                Err(error) => {
-                    failed += 1;
-                    tracing::warn!(
-                        error = &error as &dyn std::error::Error,
-                        "could not delete stale conntrack entries"
-                    );
-                }
-            }
-        }
-        tracing::debug!(
-            deletions = deletions.len(),
-            deleted,
-            failed,
-            "deleted stale conntrack entries"
-        );
+        conntrack::delete_stale_flows(&executor, previous, current, config.family).await;
     }
 }
 

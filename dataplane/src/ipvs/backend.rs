@@ -4,7 +4,10 @@
 //! plan, then unbinds the addresses no Service has any more.
 //!
 //! The netfilter part comes first so that a new Service's address is in the sets
-//! `KUBE-IPVS-FILTER` lets through before it is bound and reachable.
+//! `KUBE-IPVS-FILTER` lets through before it is bound and reachable. Last, as upstream, the
+//! conntrack entries of UDP and SCTP flows to endpoints that went are deleted, so the flow's next
+//! packet is scheduled anew. (Since Linux 5.9 IPVS expires a removed real server's connections
+//! itself under `expire_nodest_conn`, which the sysctls set; the deletion covers older kernels.)
 //!
 //! The IPVS table is one per network namespace for both families, so one backend serves a
 //! dual-stack node. Its netlink calls block; a sync runs them on tokio's blocking pool.
@@ -16,7 +19,7 @@ use super::plan::{Plan, PlanOptions, plan};
 use super::rules;
 use super::sets::{SetOptions, sets};
 use super::{Ipvs, ServiceId, client, sysctl};
-use crate::conntrack::IpFamily;
+use crate::conntrack::{self, Conntrack, IpFamily};
 use crate::{Cidr, Dataplane, FailedStep, ProxyState, SyncError, SyncReport, iptables};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -101,6 +104,8 @@ pub struct IpvsBackend {
     config: Config,
     /// The ipsets and iptables rules as last written.
     netfilter: Netfilter,
+    /// The state of the last successful sync; `None` before the first, which deletes no flows.
+    applied: Option<ProxyState>,
     /// The netlink sockets, opened by the first sync and kept; `None` again after a failure, so
     /// the next sync starts from fresh ones.
     kernel: Option<Kernel>,
@@ -120,6 +125,7 @@ impl IpvsBackend {
             netfilter: Netfilter::new(&config.ipset, &config.iptables, &config.families),
             config,
             kernel: None,
+            applied: None,
         }
     }
 
@@ -250,6 +256,13 @@ impl Dataplane for IpvsBackend {
             );
         }
         tracing::debug!(changes = applied.made.len(), "IPVS synced");
+        if let Some(previous) = self.applied.replace(state.clone()) {
+            let iptables = &self.config.iptables;
+            let conntrack = Conntrack::new(&iptables.command_prefix, &iptables.conntrack);
+            for &family in &self.config.families {
+                conntrack::delete_stale_flows(&conntrack, &previous, state, family).await;
+            }
+        }
         let mut report = SyncReport {
             full,
             ..SyncReport::default()
