@@ -121,7 +121,7 @@ splitproxy-controller --manifests /tmp/manifests --listen 127.0.0.1:10660 \
     --tls-cert-file /cluster/controller.crt --tls-private-key-file /cluster/controller.key \
     >/tmp/controller.log 2>&1 &
 splitproxy-agent --controller https://127.0.0.1:10660 --hostname-override node-1 \
-    --proxy-mode ipvs --bind-address 198.18.0.11 \
+    --proxy-mode ipvs --bind-address 198.18.0.11 --iptables-sync-period 2s \
     --token-file /cluster/node-1.token --controller-ca-file /cluster/controller-ca.crt \
     >/tmp/agent.log 2>&1 &
 
@@ -191,6 +191,21 @@ while conntrack -L -p udp --orig-src 10.244.1.10 --sport "$port" 2>/dev/null | g
 done
 echo "== udp after"
 ip netns exec client sp-testpod hit --udp --url udp://10.96.0.30:53 --source-port "$port" --count 5
+
+# Someone flushes the nat table and deletes its chains (a firewall reload): the next periodic
+# sync finds the canary gone and writes the rules and jumps again.
+iptables -t nat -F
+iptables -t nat -X
+tries=0
+until iptables -t nat -S PREROUTING | grep -q 'KUBE-SERVICES'; do
+    tries=$((tries + 1))
+    [ "$tries" -lt 600 ] || { echo "the nat rules never came back"; exit 1; }
+    sleep 0.2
+done
+echo "== after a flush"
+iptables -t nat -S PREROUTING
+iptables -t nat -S KUBE-NODE-PORT
+ip netns exec ext sp-testpod hit --url http://198.18.0.11:30080/source --count 4 --timeout-ms 5000
 
 cp /cluster/none.yaml /tmp/manifests/cluster.yaml.tmp
 mv /tmp/manifests/cluster.yaml.tmp /tmp/manifests/cluster.yaml
@@ -328,6 +343,18 @@ fn the_agent_in_ipvs_mode_serves_cluster_ips_and_node_ports_in_a_vm() -> Result<
         after.answered_by("server-pod") == 5 && after.failures == 0,
         "once server-2 goes, the same flow moves to server-pod without losing a request: \
          {after:?}"
+    );
+    let flushed = section(&sections, "after a flush")?;
+    let masqueraded = hit_report(&sections, "after a flush")?;
+    ensure!(
+        flushed.contains("--match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ")
+            && masqueraded.answered() == 4
+            && masqueraded
+                .answers
+                .keys()
+                .all(|answer| answer.ends_with(" 198.18.0.11")),
+        "after the nat table was flushed behind its back the agent restores the rules, and \
+         node-port traffic is masqueraded again:\n{flushed}"
     );
     let deleted = section(&sections, "service deleted")?;
     ensure!(
