@@ -124,6 +124,7 @@ splitproxy-agent --controller https://127.0.0.1:10660 --hostname-override node-1
     --proxy-mode ipvs --bind-address 198.18.0.11 --iptables-sync-period 2s \
     --token-file /cluster/node-1.token --controller-ca-file /cluster/controller-ca.crt \
     >/tmp/agent.log 2>&1 &
+agent=$!
 
 # Waits until `ipvsadm -Ln` matches the extended regex $1.
 await_ipvs() {
@@ -192,10 +193,19 @@ done
 echo "== udp after"
 ip netns exec client sp-testpod hit --udp --url udp://10.96.0.30:53 --source-port "$port" --count 5
 
-# Someone flushes the nat table and deletes its chains (a firewall reload): the next periodic
-# sync finds the canary gone and writes the rules and jumps again.
-iptables -t nat -F
-iptables -t nat -X
+# Someone flushes the tables and deletes their chains (a firewall reload), then the ipsets no
+# rule uses any more: the next periodic sync finds the canary gone and writes the rules and
+# jumps again, and the sets once the rules fail without them. The agent is paused meanwhile, so
+# no sync of its comes in between.
+kill -STOP "$agent"
+for tool in iptables ip6tables; do
+    "$tool" -t nat -F
+    "$tool" -t nat -X
+    "$tool" -F
+    "$tool" -X
+done
+ipset destroy
+kill -CONT "$agent"
 tries=0
 until iptables -t nat -S PREROUTING | grep -q 'KUBE-SERVICES'; do
     tries=$((tries + 1))
@@ -353,8 +363,8 @@ fn the_agent_in_ipvs_mode_serves_cluster_ips_and_node_ports_in_a_vm() -> Result<
                 .answers
                 .keys()
                 .all(|answer| answer.ends_with(" 198.18.0.11")),
-        "after the nat table was flushed behind its back the agent restores the rules, and \
-         node-port traffic is masqueraded again:\n{flushed}"
+        "after the tables were flushed and the sets destroyed behind its back the agent \
+         restores them, and node-port traffic is masqueraded again:\n{flushed}"
     );
     let deleted = section(&sections, "service deleted")?;
     ensure!(

@@ -107,10 +107,18 @@ impl Netfilter {
         self.write_sets(sets).await?;
         let mut written = Vec::new();
         for (family, rules) in self.families.iter_mut().zip(rules) {
-            written.push(family.sync(rules).await.map_err(|source| Error::Iptables {
-                family: family.tools.config().family,
-                source,
-            })?);
+            match family.sync(rules).await {
+                Ok(family) => written.push(family),
+                Err(source) => {
+                    // The rules may have failed for a set someone destroyed (possible once
+                    // they flushed the rules using it): the next sync writes every set again.
+                    self.sets = None;
+                    return Err(Error::Iptables {
+                        family: family.tools.config().family,
+                        source,
+                    });
+                }
+            }
         }
         Ok(written)
     }
