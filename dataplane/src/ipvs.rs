@@ -93,6 +93,26 @@ pub struct RealServer {
     pub weight: u32,
 }
 
+/// IPVS's idle timeouts for the connections it tracks, in seconds (`ipvsadm --set TCP TCPFIN
+/// UDP`); `None` leaves the kernel's value as it is (its defaults are 900, 120 and 300).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Established TCP connections.
+    pub tcp: Option<u32>,
+    /// TCP connections after a FIN.
+    pub tcp_fin: Option<u32>,
+    /// UDP flows.
+    pub udp: Option<u32>,
+}
+
+impl Timeouts {
+    /// Whether every timeout is left as it is.
+    #[must_use]
+    pub fn is_unset(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
 /// A real server as the kernel lists it, with the connections it still holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListedRealServer {

@@ -3,7 +3,7 @@
 use crate::node_port_addresses::NodePortAddress;
 use crate::runner::{InvalidPeriods, SyncPeriods};
 use clap::{CommandFactory, Parser, ValueEnum, error::ErrorKind};
-use splitproxy_dataplane::{Cidr, iptables::RenderOptions};
+use splitproxy_dataplane::{Cidr, iptables::RenderOptions, ipvs::Timeouts};
 use std::{
     net::{IpAddr, SocketAddr},
     time::Duration,
@@ -52,6 +52,33 @@ pub struct Cli {
     /// other programs' virtual servers on the node's own addresses.
     #[arg(long, env = "SPLITPROXY_IPVS_EXCLUDE_CIDRS", value_delimiter = ',')]
     pub ipvs_exclude_cidrs: Vec<Cidr>,
+    /// In IPVS mode, how long an idle established TCP connection stays in IPVS's table; `0`
+    /// (the default) leaves the kernel's value. Go duration syntax, whole seconds (`15m`).
+    #[arg(
+        long,
+        env = "SPLITPROXY_IPVS_TCP_TIMEOUT",
+        default_value = "0",
+        value_parser = parse_duration
+    )]
+    pub ipvs_tcp_timeout: Duration,
+    /// In IPVS mode, how long a TCP connection stays in IPVS's table after a FIN; `0` (the
+    /// default) leaves the kernel's value.
+    #[arg(
+        long,
+        env = "SPLITPROXY_IPVS_TCPFIN_TIMEOUT",
+        default_value = "0",
+        value_parser = parse_duration
+    )]
+    pub ipvs_tcpfin_timeout: Duration,
+    /// In IPVS mode, how long an idle UDP flow stays in IPVS's table; `0` (the default) leaves
+    /// the kernel's value.
+    #[arg(
+        long,
+        env = "SPLITPROXY_IPVS_UDP_TIMEOUT",
+        default_value = "0",
+        value_parser = parse_duration
+    )]
+    pub ipvs_udp_timeout: Duration,
     /// Address of `/metrics` and `/proxyMode`.
     #[arg(
         long,
@@ -135,6 +162,21 @@ impl Cli {
             .with_masquerade_all(self.masquerade_all)
             .with_node_port_addresses(node_port_addresses)
             .with_node_ips(primary_ip)
+    }
+
+    /// The IPVS connection timeouts the flags set, in seconds (rounded down, as kube-proxy
+    /// passes them); `0` sets none.
+    #[must_use]
+    pub fn ipvs_timeouts(&self) -> Timeouts {
+        let seconds = |duration: Duration| {
+            let seconds = u32::try_from(duration.as_secs()).unwrap_or(u32::MAX);
+            (seconds > 0).then_some(seconds)
+        };
+        Timeouts {
+            tcp: seconds(self.ipvs_tcp_timeout),
+            tcp_fin: seconds(self.ipvs_tcpfin_timeout),
+            udp: seconds(self.ipvs_udp_timeout),
+        }
     }
 
     /// The node's primary IP: `--bind-address` when it names one, else the address the node
@@ -314,6 +356,21 @@ mod tests {
                 .iter()
                 .chain(flags),
         )
+    }
+
+    #[test]
+    fn ipvs_timeouts_are_left_alone_unless_set() {
+        assert!(parse(&[]).expect("valid flags").ipvs_timeouts().is_unset());
+        let cli = parse(&["--ipvs-tcp-timeout", "15m", "--ipvs-udp-timeout", "90.5s"])
+            .expect("valid flags");
+        assert_eq!(
+            cli.ipvs_timeouts(),
+            Timeouts {
+                tcp: Some(900),
+                tcp_fin: None,
+                udp: Some(90),
+            }
+        );
     }
 
     #[test]

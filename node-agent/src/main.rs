@@ -104,6 +104,7 @@ fn main() -> ExitCode {
         exclude_cidrs: cli.ipvs_exclude_cidrs.clone(),
         node_port_addresses,
         strict_arp: cli.ipvs_strict_arp,
+        timeouts: cli.ipvs_timeouts(),
         iptables: iptables.clone(),
         ipset: "ipset".to_owned(),
     };

@@ -122,6 +122,7 @@ splitproxy-controller --manifests /tmp/manifests --listen 127.0.0.1:10660 \
     >/tmp/controller.log 2>&1 &
 splitproxy-agent --controller https://127.0.0.1:10660 --hostname-override node-1 \
     --proxy-mode ipvs --bind-address 198.18.0.11 --iptables-sync-period 2s \
+    --ipvs-tcp-timeout 10m --ipvs-udp-timeout 90s \
     --token-file /cluster/node-1.token --controller-ca-file /cluster/controller-ca.crt \
     >/tmp/agent.log 2>&1 &
 agent=$!
@@ -144,6 +145,8 @@ wget -qO- http://127.0.0.1:10249/proxyMode
 echo
 echo "== listed"
 ipvsadm -Ln
+echo "== timeouts"
+ipvsadm -L --timeout
 echo "== bound"
 ip -o addr show dev kube-ipvs0
 echo "== sets"
@@ -285,6 +288,11 @@ fn the_agent_in_ipvs_mode_serves_cluster_ips_and_node_ports_in_a_vm() -> Result<
     };
     let mode = section(&sections, "proxy mode")?;
     ensure!(mode.trim() == "ipvs", "/proxyMode said {mode:?}");
+    let timeouts = section(&sections, "timeouts")?;
+    ensure!(
+        timeouts.contains("Timeout (tcp tcpfin udp): 600 120 90"),
+        "--ipvs-tcp-timeout and --ipvs-udp-timeout set, the FIN timeout left: {timeouts}"
+    );
     let bound = section(&sections, "bound")?;
     ensure!(
         bound.contains("kube-ipvs0") && bound.contains("inet 10.96.0.10/32"),

@@ -18,7 +18,7 @@ use super::netfilter::{self, Netfilter};
 use super::plan::{Plan, PlanOptions, plan};
 use super::rules;
 use super::sets::{SetOptions, sets};
-use super::{Ipvs, ServiceId, client, sysctl};
+use super::{Ipvs, ServiceId, Timeouts, client, sysctl};
 use crate::conntrack::{self, Conntrack, IpFamily};
 use crate::{Cidr, Dataplane, FailedStep, ProxyState, SyncError, SyncReport, iptables};
 use std::collections::BTreeSet;
@@ -43,6 +43,9 @@ pub struct Config {
     pub node_port_addresses: Option<Vec<IpAddr>>,
     /// Answer ARP only for the addresses of the interface asked (`--ipvs-strict-arp`).
     pub strict_arp: bool,
+    /// IPVS's connection timeouts (`--ipvs-tcp-timeout`, `--ipvs-tcpfin-timeout`,
+    /// `--ipvs-udp-timeout`), set once the client connects.
+    pub timeouts: Timeouts,
     /// How the masquerade and filter rules are written and what they depend on: the iptables
     /// tools (each family's are used), the cluster CIDR, masquerade-all and the node's IPs.
     pub iptables: iptables::Config,
@@ -52,7 +55,8 @@ pub struct Config {
 
 impl Default for Config {
     /// IPv4, the `rr` scheduler (kube-proxy's default), no exclusions, every node address, no
-    /// strict ARP (kube-proxy's default), the iptables tools' defaults, `ipset` from PATH.
+    /// strict ARP and the kernel's timeouts (kube-proxy's defaults), the iptables tools'
+    /// defaults, `ipset` from PATH.
     fn default() -> Self {
         Self {
             families: vec![IpFamily::V4],
@@ -60,6 +64,7 @@ impl Default for Config {
             exclude_cidrs: Vec::new(),
             node_port_addresses: None,
             strict_arp: false,
+            timeouts: Timeouts::default(),
             iptables: iptables::Config::default(),
             ipset: "ipset".to_owned(),
         }
@@ -239,9 +244,9 @@ impl Dataplane for IpvsBackend {
         };
         let full = self.kernel.is_none();
         let kernel = self.kernel.take();
-        let strict_arp = self.config.strict_arp;
+        let settings = (self.config.strict_arp, self.config.timeouts);
         let (kernel, outcome) =
-            tokio::task::spawn_blocking(move || sync_kernel(kernel, strict_arp, &plans, &owned))
+            tokio::task::spawn_blocking(move || sync_kernel(kernel, settings, &plans, &owned))
                 .await
                 .map_err(|e| Error::Task(e.to_string()))?;
         self.kernel = kernel;
@@ -316,13 +321,13 @@ impl Ownership {
 /// step failed.
 fn sync_kernel(
     kernel: Option<Kernel>,
-    strict_arp: bool,
+    (strict_arp, timeouts): (bool, Timeouts),
     plans: &[(IpFamily, Plan)],
     owned: &Ownership,
 ) -> (Option<Kernel>, Result<Applied<client::Error>, Error>) {
     let mut kernel = match kernel {
         Some(kernel) => kernel,
-        None => match connect(strict_arp) {
+        None => match connect(strict_arp, &timeouts) {
             Ok(kernel) => kernel,
             Err(e) => return (None, Err(e)),
         },
@@ -372,10 +377,14 @@ fn program(
     Ok(all)
 }
 
-/// Opens the IPVS client, which loads `ip_vs`, writes the settings its sysctls need, and finds
-/// or creates [`INTERFACE`].
-fn connect(strict_arp: bool) -> Result<Kernel, Error> {
-    let ipvs = Ipvs::connect().map_err(Error::Ipvs)?;
+/// Opens the IPVS client, which loads `ip_vs`, writes the settings its sysctls need and the
+/// timeouts, and finds or creates [`INTERFACE`].
+fn connect(strict_arp: bool, timeouts: &Timeouts) -> Result<Kernel, Error> {
+    let mut ipvs = Ipvs::connect().map_err(Error::Ipvs)?;
+    if !timeouts.is_unset() {
+        ipvs.set_timeouts(timeouts).map_err(Error::Ipvs)?;
+        tracing::info!(?timeouts, "set IPVS connection timeouts");
+    }
     let written =
         sysctl::apply(std::path::Path::new("/proc/sys"), strict_arp).map_err(Error::Sysctl)?;
     for setting in written {

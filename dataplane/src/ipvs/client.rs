@@ -4,7 +4,7 @@
 use super::connection::{Connection, Errno, ExchangeError, REPLY_TIMEOUT};
 use super::message::{self, Command};
 use super::netlink::{Attributes, DecodeError, GENL_HDRLEN};
-use super::{ListedRealServer, RealServer, ServiceId, VirtualServer};
+use super::{ListedRealServer, RealServer, ServiceId, Timeouts, VirtualServer};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -172,6 +172,19 @@ impl Ipvs {
     /// If the kernel refuses: `ESRCH` when there is no such virtual server.
     pub fn update_service(&mut self, server: &VirtualServer) -> Result<()> {
         self.change_service(Command::SetService, server, "updating")
+    }
+
+    /// Sets the connection timeouts that `timeouts` sets.
+    ///
+    /// # Errors
+    ///
+    /// If the kernel refuses.
+    pub fn set_timeouts(&mut self, timeouts: &Timeouts) -> Result<()> {
+        let seq = self.next_seq();
+        let request = message::timeouts_request(self.family, seq, timeouts);
+        self.acknowledged(&request, seq, Subject::VirtualServer, || {
+            format!("setting the connection timeouts {timeouts:?}")
+        })
     }
 
     /// Deletes virtual server `id` with its real servers.

@@ -5,7 +5,7 @@
 use super::netlink::{
     Attributes, DecodeError, NLM_F_ACK, NLM_F_DUMP, Request, fixed, read_str, read_u16, read_u32,
 };
-use super::{ListedRealServer, RealServer, ServiceId, VirtualServer, service_flags};
+use super::{ListedRealServer, RealServer, ServiceId, Timeouts, VirtualServer, service_flags};
 use crate::Protocol;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -42,11 +42,16 @@ pub enum Command {
     DeleteDest = 7,
     /// Lists one virtual server's real servers (dump).
     GetDest = 8,
+    /// Sets the connection timeouts.
+    SetConfig = 12,
 }
 
-// IPVS_CMD_ATTR_*: the top-level attributes, each holding nested ones.
+// IPVS_CMD_ATTR_*: the top-level attributes, the first two holding nested ones.
 const CMD_ATTR_SERVICE: u16 = 1;
 const CMD_ATTR_DEST: u16 = 2;
+const CMD_ATTR_TIMEOUT_TCP: u16 = 4;
+const CMD_ATTR_TIMEOUT_TCP_FIN: u16 = 5;
+const CMD_ATTR_TIMEOUT_UDP: u16 = 6;
 
 // IPVS_SVC_ATTR_*.
 const SVC_AF: u16 = 1;
@@ -123,6 +128,23 @@ pub fn delete_service_request(family: u16, seq: u32, id: ServiceId) -> Vec<u8> {
     );
     request.begin_nested(CMD_ATTR_SERVICE);
     put_service_id(&mut request, id);
+    request.finish()
+}
+
+/// `SetConfig` with the timeouts that are set (the kernel keeps the others), asking for an
+/// acknowledgement.
+#[must_use]
+pub fn timeouts_request(family: u16, seq: u32, timeouts: &Timeouts) -> Vec<u8> {
+    let mut request = Request::new(family, NLM_F_ACK, seq, Command::SetConfig as u8, VERSION);
+    for (kind, seconds) in [
+        (CMD_ATTR_TIMEOUT_TCP, timeouts.tcp),
+        (CMD_ATTR_TIMEOUT_TCP_FIN, timeouts.tcp_fin),
+        (CMD_ATTR_TIMEOUT_UDP, timeouts.udp),
+    ] {
+        if let Some(seconds) = seconds {
+            request.put_u32(kind, seconds);
+        }
+    }
     request.finish()
 }
 

@@ -262,6 +262,24 @@ fn every_truncation_of_a_listing_is_an_error_or_a_shorter_listing_never_a_panic(
 }
 
 #[test]
+fn timeouts_carry_only_those_set_in_seconds() {
+    let timeouts = Timeouts {
+        tcp: Some(600),
+        tcp_fin: None,
+        udp: Some(90),
+    };
+    let expected = [
+        headers(36, NLM_F_REQUEST | NLM_F_ACK, 3, 12),
+        nla(8, 4),
+        600u32.to_ne_bytes().to_vec(),
+        nla(8, 6),
+        90u32.to_ne_bytes().to_vec(),
+    ]
+    .concat();
+    assert_eq!(timeouts_request(FAMILY, 3, &timeouts), expected);
+}
+
+#[test]
 fn family_lookup_asks_nlctrl_for_ipvs_by_name() {
     let bytes = family_request(5);
     let expected = [
