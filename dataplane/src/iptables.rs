@@ -186,7 +186,7 @@ impl Config {
     }
 
     /// The program and arguments that run `binary args...` under [`command_prefix`](Self::command_prefix).
-    fn command_line(&self, binary: &str, args: &[String]) -> (String, Vec<String>) {
+    pub(crate) fn command_line(&self, binary: &str, args: &[String]) -> (String, Vec<String>) {
         let mut words = self
             .command_prefix
             .iter()

@@ -1267,16 +1267,17 @@ fn mode_is_iptables() {
 }
 
 /// A scratch directory for the fake tools, removed when dropped.
-struct Scratch(PathBuf);
+/// A scratch folder for fake tools, removed on drop.
+pub(crate) struct Scratch(pub(crate) PathBuf);
 
 impl Scratch {
-    fn new(test: &str) -> Self {
+    pub(crate) fn new(test: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("sp-dp-{test}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         Self(dir)
     }
 
-    fn read(&self, name: &str) -> String {
+    pub(crate) fn read(&self, name: &str) -> String {
         std::fs::read_to_string(self.0.join(name)).unwrap_or_default()
     }
 }

@@ -134,15 +134,14 @@ impl Netfilter {
                 restore_script(previous, desired)
             })
             .collect();
-        if !script.is_empty() {
-            let prefix = self.families.first().map_or(&[][..], |family| {
-                family.tools.config().command_prefix.as_slice()
-            });
-            let mut words = prefix.iter().chain([&self.ipset]);
-            // `words` holds at least the binary.
-            let program = words.next().cloned().unwrap_or_default();
-            let mut args: Vec<String> = words.cloned().collect();
-            args.push("restore".to_owned());
+        if let Some(family) = self.families.first()
+            && !script.is_empty()
+        {
+            // Under the iptables tools' command prefix (`ip netns exec …`), as they run.
+            let (program, args) = family
+                .tools
+                .config()
+                .command_line(&self.ipset, &["restore".to_owned()]);
             let ran = tool::run(&program, &args, Some(&[&script])).await?;
             if !ran.output.status.success() {
                 return Err(Error::Ipset {
@@ -160,6 +159,9 @@ impl Netfilter {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;
 
 impl FamilyRules {
     /// Writes `rules` when they changed or a full sync is due, with the jumps on a full one.
