@@ -31,16 +31,12 @@ use crate::HitReport;
 /// The node's interface carrying its addresses.
 pub const NODE_INTERFACE: &str = "eth0";
 
-/// The network namespace of the pod or outside client holding `ip`.
-#[must_use]
-pub fn namespace(ip: IpAddr) -> String {
-    // Namespace names are file names: no `:` or `.`.
-    format!("h-{}", ip.to_string().replace([':', '.'], "-"))
-}
-
 /// Who holds which address in a scenario, and who must answer on which port.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Topology {
+    /// The start of every namespace name the topology makes (`h-` in the VM, a lab's prefix on
+    /// a shared machine).
+    pub prefix: String,
     /// The node's addresses.
     pub node_ips: Vec<IpAddr>,
     /// Every address that is a pod or an outside client: a namespace each.
@@ -50,11 +46,12 @@ pub struct Topology {
 }
 
 impl Topology {
-    /// The topology `scenario` needs.
+    /// The topology `scenario` needs, its namespaces named `prefix` and the address.
     #[must_use]
-    pub fn of(scenario: &Scenario) -> Self {
+    pub fn of(scenario: &Scenario, prefix: &str) -> Self {
         let node_ips = scenario.node_ips.clone();
         let mut topology = Self {
+            prefix: prefix.to_owned(),
             node_ips,
             ..Self::default()
         };
@@ -89,6 +86,13 @@ impl Topology {
         self.is_node(ip) || self.hosts.contains(&ip)
     }
 
+    /// The network namespace of the pod or outside client holding `ip`.
+    #[must_use]
+    pub fn namespace(&self, ip: IpAddr) -> String {
+        // Namespace names are file names: no `:` or `.`.
+        format!("{}{}", self.prefix, ip.to_string().replace([':', '.'], "-"))
+    }
+
     /// Whether `ip` is one of the node's addresses or loopback.
     fn is_node(&self, ip: IpAddr) -> bool {
         ip.is_loopback() || self.node_ips.contains(&ip)
@@ -118,7 +122,7 @@ impl Topology {
              ip -6 route replace default dev {NODE_INTERFACE}"
         );
         for (index, ip) in self.hosts.iter().enumerate() {
-            let ns = namespace(*ip);
+            let ns = self.namespace(*ip);
             let veth = format!("veth{index}");
             let _ = writeln!(
                 script,
@@ -165,7 +169,7 @@ impl Topology {
                 script,
                 "ip link del veth{index} 2>/dev/null || true\n\
                  ip netns del {} 2>/dev/null || true",
-                namespace(*ip)
+                self.namespace(*ip)
             );
         }
         for ip in &self.node_ips {
@@ -219,8 +223,35 @@ impl Topology {
         if self.is_node(ip) {
             Vec::new()
         } else {
-            netns_exec(ip)
+            self.netns_exec(ip)
         }
+    }
+
+    /// The command that makes `case`'s connections from where they come from, `count` of them,
+    /// each given `timeout_ms`: `sp-testpod hit` asking every server for the client address it
+    /// saw.
+    #[must_use]
+    pub fn hit_command(&self, case: &FlowCase, count: u32, timeout_ms: u64) -> Vec<String> {
+        let flow = &case.flow;
+        let mut words = match flow.origin {
+            Origin::Node => Vec::new(),
+            Origin::Pod | Origin::External => self.netns_exec(flow.source),
+        };
+        let destination = SocketAddr::new(flow.destination, flow.port);
+        words.extend(hit_words(destination, flow.protocol, count, timeout_ms));
+        if flow.origin == Origin::Node {
+            words.extend(["--source".to_owned(), flow.source.to_string()]);
+        }
+        words
+    }
+
+    /// `ip netns exec NS` for the host holding `ip`.
+    fn netns_exec(&self, ip: IpAddr) -> Vec<String> {
+        ["ip", "netns", "exec"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain([self.namespace(ip)])
+            .collect()
     }
 }
 
@@ -229,33 +260,18 @@ fn host_prefix(ip: IpAddr) -> u8 {
     if ip.is_ipv4() { 32 } else { 128 }
 }
 
-/// How many connections a row makes: enough for round robin to reach every expected endpoint
-/// twice, and two for a row that expects none.
+/// How many connections a row makes: `per_target` for each expected endpoint (2 reach each
+/// twice under round robin; a random choice needs more for every endpoint to answer: with 12 per
+/// target, some endpoint of three stays silent once in about 700,000 rows), and two for a row
+/// that expects none.
 #[must_use]
-pub fn connections(expected: &Expected) -> u32 {
+pub fn connections(expected: &Expected, per_target: u32) -> u32 {
     match expected {
-        Expected::Endpoints { targets } => {
-            u32::try_from(targets.len().saturating_mul(2)).unwrap_or(u32::MAX)
-        }
+        Expected::Endpoints { targets } => u32::try_from(targets.len())
+            .unwrap_or(u32::MAX)
+            .saturating_mul(per_target),
         _ => 2,
     }
-}
-
-/// The command that makes `case`'s connections from where they come from, `count` of them, each
-/// given `timeout_ms`: `sp-testpod hit` asking every server for the client address it saw.
-#[must_use]
-pub fn hit_command(case: &FlowCase, count: u32, timeout_ms: u64) -> Vec<String> {
-    let flow = &case.flow;
-    let mut words = match flow.origin {
-        Origin::Node => Vec::new(),
-        Origin::Pod | Origin::External => netns_exec(flow.source),
-    };
-    let destination = SocketAddr::new(flow.destination, flow.port);
-    words.extend(hit_words(destination, flow.protocol, count, timeout_ms));
-    if flow.origin == Origin::Node {
-        words.extend(["--source".to_owned(), flow.source.to_string()]);
-    }
-    words
 }
 
 /// `sp-testpod hit` (or `sctp-hit`) to `destination`, asking for the client address the server
@@ -296,15 +312,6 @@ fn hit_words(
             "--timeout-ms".to_owned(),
             timeout_ms.to_string(),
         ])
-        .collect()
-}
-
-/// `ip netns exec NS` for the host holding `ip`.
-fn netns_exec(ip: IpAddr) -> Vec<String> {
-    ["ip", "netns", "exec"]
-        .into_iter()
-        .map(str::to_owned)
-        .chain([namespace(ip)])
         .collect()
 }
 
@@ -578,6 +585,95 @@ pub struct RowResult {
     pub ok: bool,
     /// Why the row does not count yet, if it does not (the table's own pending reason).
     pub pending: Option<String>,
+}
+
+/// A run of `sp-flows`, judged from what it printed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// Rows run.
+    pub rows: usize,
+    /// Rows that count (not pending).
+    pub counted: usize,
+    /// Counted rows where the backend differs from the table, with a reason.
+    pub differing: usize,
+    /// Counted rows that did not do what was expected, as printed.
+    pub failed: Vec<String>,
+    /// Rows pending in the table.
+    pub pending: usize,
+    /// Pending rows that already do what is expected.
+    pub pending_right: usize,
+    /// Rows skipped as not applicable to the backend.
+    pub skipped: usize,
+}
+
+impl Verdict {
+    /// Reads the `ROW` and `SKIPPED` lines of `output`.
+    ///
+    /// # Errors
+    ///
+    /// If a `ROW` line is not the JSON the runner prints.
+    pub fn of(output: &str) -> anyhow::Result<Self> {
+        let mut verdict = Self::default();
+        for line in output.lines() {
+            if line.starts_with("SKIPPED ") {
+                verdict.skipped += 1;
+            }
+            let Some(json) = line.strip_prefix("ROW ") else {
+                continue;
+            };
+            let row: serde_json::Value =
+                serde_json::from_str(json).map_err(|e| anyhow::anyhow!("reading {line:?}: {e}"))?;
+            verdict.rows += 1;
+            let ok = row["ok"] == true;
+            if !row["pending"].is_null() {
+                verdict.pending += 1;
+                verdict.pending_right += usize::from(ok);
+                continue;
+            }
+            verdict.counted += 1;
+            verdict.differing += usize::from(!row["difference"].is_null());
+            if !ok {
+                verdict.failed.push(json.to_owned());
+            }
+        }
+        Ok(verdict)
+    }
+
+    /// Fails unless at least `min_counted` rows counted and none of them failed.
+    ///
+    /// # Errors
+    ///
+    /// Naming the failed rows, or saying rows were lost.
+    pub fn ensure_held(&self, min_counted: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.counted >= min_counted,
+            "only {} rows counted: the runner or the table lost rows",
+            self.counted
+        );
+        anyhow::ensure!(
+            self.failed.is_empty(),
+            "rows the backend got wrong:\n{}",
+            self.failed.join("\n")
+        );
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} rows: {} counted ({} where the backend differs from the table, {} failed), {} \
+             pending ({} of them already right), {} skipped as not applicable",
+            self.rows,
+            self.counted,
+            self.differing,
+            self.failed.len(),
+            self.pending,
+            self.pending_right,
+            self.skipped
+        )
+    }
 }
 
 #[cfg(test)]

@@ -308,6 +308,13 @@ impl Lab {
         Ok(lab)
     }
 
+    /// `sp<pid><tag>-`: the start of every namespace name this lab makes, which
+    /// [`Lab::new`] also removes when their process is gone.
+    #[must_use]
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// The namespace holding the LAN bridge `br0` (for packet captures).
     #[must_use]
     pub fn lan_ns(&self) -> &str {
@@ -695,8 +702,13 @@ impl Lab {
         Ok(name)
     }
 
-    /// Creates namespace `<prefix><name>` with loopback up, and records it for removal.
-    fn add_namespace(&mut self, name: &str) -> Result<String> {
+    /// Adds an empty namespace `<prefix><name>` with loopback up and duplicate address detection
+    /// off, deleted with the lab; returns its full name.
+    ///
+    /// # Errors
+    ///
+    /// If the name is taken or invalid, or if `ip` fails.
+    pub fn add_namespace(&mut self, name: &str) -> Result<String> {
         ensure!(
             !name.is_empty()
                 && name.len() <= 24

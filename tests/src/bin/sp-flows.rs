@@ -2,7 +2,7 @@
 //! this machine's kernel (the IPVS VM's, for the IPVS mode), one scenario after the other.
 //!
 //! ```text
-//! sp-flows ipvs [--scenario PREFIX]
+//! sp-flows ipvs|iptables [--scenario PREFIX] [--prefix NAMESPACE-PREFIX]
 //! ```
 //!
 //! For each scenario it builds the node's addresses, pods and outside clients
@@ -19,7 +19,7 @@ use clap::{Parser, Subcommand};
 use splitproxy_dataplane::{
     Dataplane, IpFamily,
     flow_table::{self, Expected, Scenario},
-    iptables,
+    iptables::{self, Iptables},
     ipvs::backend::{self, IpvsBackend},
 };
 use splitproxy_e2e::{
@@ -38,29 +38,48 @@ struct Cli {
     mode: Mode,
 }
 
-#[derive(Subcommand, Debug)]
+#[derive(Subcommand, Debug, Clone)]
 enum Mode {
     /// The IPVS mode (needs a kernel with IPVS).
-    Ipvs {
-        /// Only the scenarios whose name starts with this.
-        #[arg(long)]
-        scenario: Option<String>,
-    },
+    Ipvs(Selection),
+    /// The iptables mode, one ruleset per IP family of the scenario.
+    Iptables(Selection),
+}
+
+/// Which scenarios run, and how their namespaces are named.
+#[derive(clap::Args, Debug, Clone)]
+struct Selection {
+    /// Only the scenarios whose name starts with this.
+    #[arg(long)]
+    scenario: Option<String>,
+    /// The start of every namespace name made: on a shared machine, one its owner cleans up.
+    #[arg(long, default_value = "h-")]
+    prefix: String,
+}
+
+impl Mode {
+    fn selection(&self) -> &Selection {
+        match self {
+            Self::Ipvs(selection) | Self::Iptables(selection) => selection,
+        }
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let Mode::Ipvs { scenario } = cli.mode;
+    let selection = cli.mode.selection().clone();
     let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")
         .and_then(|runtime| {
-            for selected in flow_table::scenarios()
-                .iter()
-                .filter(|s| scenario.as_ref().is_none_or(|p| s.name.starts_with(p)))
-            {
-                runtime.block_on(run_ipvs(selected))?;
+            for selected in flow_table::scenarios().iter().filter(|s| {
+                selection
+                    .scenario
+                    .as_ref()
+                    .is_none_or(|p| s.name.starts_with(p))
+            }) {
+                runtime.block_on(run(&cli.mode, selected))?;
             }
             Ok(())
         });
@@ -73,36 +92,38 @@ fn main() -> ExitCode {
     }
 }
 
-/// One scenario against the IPVS mode, from a bare node back to one.
-async fn run_ipvs(scenario: &Scenario) -> Result<()> {
+/// One scenario against `mode`'s backend, from a bare node back to one.
+async fn run(mode: &Mode, scenario: &Scenario) -> Result<()> {
     println!("SCENARIO {}", scenario.name);
-    let topology = Topology::of(scenario);
+    let topology = Topology::of(scenario, &mode.selection().prefix);
     let built = Built::build(&topology)?;
-    let families = [IpFamily::V4, IpFamily::V6]
-        .into_iter()
-        .filter(|family| scenario.node_ips.iter().any(|ip| family.contains(ip)))
-        .collect();
-    let mut ipvs = IpvsBackend::new(backend::Config {
-        families,
-        node_port_addresses: scenario.node_port_addresses.clone(),
-        iptables: iptables::Config::default().with_render_options(scenario.render_options()),
-        ..backend::Config::default()
-    });
-    ipvs.sync(&scenario.state)
+    program(mode, scenario)
         .await
         .with_context(|| format!("programming {}", scenario.name))?;
     for case in &scenario.cases {
-        if let Some(reason) = flows::ipvs_not_applicable(scenario, case) {
-            println!("SKIPPED {}: {reason}", case.flow.name);
-            continue;
-        }
-        let (mut expected, difference) = flows::ipvs_expected(scenario, case);
+        let (mut expected, difference) = match mode {
+            Mode::Ipvs(_) => {
+                if let Some(reason) = flows::ipvs_not_applicable(scenario, case) {
+                    println!("SKIPPED {}: {reason}", case.flow.name);
+                    continue;
+                }
+                flows::ipvs_expected(scenario, case)
+            }
+            // The table is written after kube-proxy's iptables mode.
+            Mode::Iptables(_) => (case.expected.clone(), None),
+        };
         if expected == Expected::Pass && !topology.owns(case.flow.destination) {
             // Nothing here holds the address: a connection left alone leaves the node and is
-            // never answered (the node's LAN is a dummy), where a rejected one is refused.
+            // never answered (the node's LAN leads nowhere), where a rejected one is refused.
             expected = Expected::Drop;
         }
-        let words = flows::hit_command(case, flows::connections(&expected), CONNECTION_TIMEOUT_MS);
+        // IPVS's round robin reaches every endpoint in turn; iptables picks at random.
+        let per_target = match mode {
+            Mode::Ipvs(_) => 2,
+            Mode::Iptables(_) => 12,
+        };
+        let count = flows::connections(&expected, per_target);
+        let words = topology.hit_command(case, count, CONNECTION_TIMEOUT_MS);
         let report = run_hit(&words)?;
         let observed = flows::observe(case, &report);
         let ok = flows::fulfils(case, &expected, &observed, flows::sticky(scenario, case));
@@ -117,7 +138,56 @@ async fn run_ipvs(scenario: &Scenario) -> Result<()> {
         };
         println!("ROW {}", serde_json::to_string(&row)?);
     }
-    built.remove(&topology)
+    built.remove(&topology)?;
+    clean(mode, scenario).await
+}
+
+/// Removes the rules `mode`'s backend left that the next scenario's would not replace: the
+/// iptables mode's node ports would catch the next scenario's servers on the node's addresses
+/// before its own sync. (The IPVS mode's go with `kube-ipvs0` and the IPVS table.)
+async fn clean(mode: &Mode, scenario: &Scenario) -> Result<()> {
+    if let Mode::Iptables(_) = mode {
+        for family in families(scenario) {
+            Iptables::with_config(iptables::Config::default().with_family(family))
+                .cleanup()
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// The IP families of the node's addresses.
+fn families(scenario: &Scenario) -> Vec<IpFamily> {
+    IpFamily::ALL
+        .into_iter()
+        .filter(|family| scenario.node_ips.iter().any(|ip| family.contains(ip)))
+        .collect()
+}
+
+/// Programs `scenario` with `mode`'s backend, for each IP family of the node's addresses.
+async fn program(mode: &Mode, scenario: &Scenario) -> Result<()> {
+    let families = families(scenario);
+    let iptables = iptables::Config::default().with_render_options(scenario.render_options());
+    match mode {
+        Mode::Ipvs(_) => {
+            IpvsBackend::new(backend::Config {
+                families,
+                node_port_addresses: scenario.node_port_addresses.clone(),
+                iptables,
+                ..backend::Config::default()
+            })
+            .sync(&scenario.state)
+            .await?;
+        }
+        Mode::Iptables(_) => {
+            for family in families {
+                Iptables::with_config(iptables.clone().with_family(family))
+                    .sync(&scenario.state)
+                    .await?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The servers of a scenario's topology, running.
@@ -153,7 +223,8 @@ impl Built {
         Ok(built)
     }
 
-    /// Stops the servers and removes the hosts, the addresses and the IPVS state.
+    /// Stops the servers and removes the hosts, the addresses, the IPVS state and the
+    /// connections tracked, so the next scenario starts from a bare node (the rules it replaces).
     fn remove(mut self, topology: &Topology) -> Result<()> {
         for server in &mut self.servers {
             let _ = server.kill();
@@ -161,7 +232,8 @@ impl Built {
         }
         self.servers.clear();
         shell(&format!(
-            "{}ipvsadm -C\nip link del {} 2>/dev/null || true\n",
+            "{}ipvsadm -C 2>/dev/null || true\nip link del {} 2>/dev/null || true\n\
+             conntrack -F 2>/dev/null || true\n",
             topology.teardown_script(),
             backend::INTERFACE
         ))

@@ -160,7 +160,7 @@ fn ipvs_rejects_unknown_ports_of_its_service_addresses_and_passes_the_rest() {
 #[test]
 fn every_endpoint_and_passed_destination_has_a_server_and_every_source_a_home() {
     let scenario = scenario("node with web (NodePort), idle");
-    let topology = Topology::of(&scenario);
+    let topology = Topology::of(&scenario, "h-");
     let client: IpAddr = "10.244.0.5".parse().unwrap();
     assert!(topology.hosts.contains(&client));
     assert!(
@@ -180,7 +180,7 @@ fn every_endpoint_and_passed_destination_has_a_server_and_every_source_a_home() 
             .contains(&("198.18.0.11:22".parse().unwrap(), Protocol::Tcp))
     );
     let script = topology.setup_script();
-    assert!(script.contains(&format!("ip netns add {}", namespace(client))));
+    assert!(script.contains("ip netns add h-10-244-0-5\n"));
     assert!(script.contains("ip route add 10.244.0.5/32 dev veth"));
 }
 
@@ -191,11 +191,12 @@ fn node_rows_send_from_the_node_address_and_pod_rows_from_their_namespace() {
         &scenario,
         "node to cluster IP reaches the ready endpoints unmasqueraded",
     );
-    let words = hit_command(&node, 4, 3000);
+    let topology = Topology::of(&scenario, "h-");
+    let words = topology.hit_command(&node, 4, 3000);
     assert_eq!(words[0], "sp-testpod");
     assert!(words.ends_with(&["--source".to_owned(), "198.18.0.11".to_owned()]));
     let udp = row(&scenario, "pod to UDP cluster IP reaches the DNS endpoints");
-    let words = hit_command(&udp, 4, 3000);
+    let words = topology.hit_command(&udp, 4, 3000);
     assert_eq!(words[..4], ["ip", "netns", "exec", "h-10-244-0-5"]);
     assert!(words.contains(&"udp://10.96.0.53:53/source".to_owned()));
 }
