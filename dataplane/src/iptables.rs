@@ -19,7 +19,7 @@
 pub mod chain_names;
 mod cleanup;
 mod dual_stack;
-mod partial;
+pub(crate) mod partial;
 pub mod render;
 pub mod save;
 #[cfg(test)]

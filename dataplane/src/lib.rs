@@ -11,6 +11,7 @@ pub mod iptables;
 pub mod ipvs;
 pub mod leftovers;
 pub mod model;
+pub mod nftables;
 pub mod recording;
 pub mod tool;
 

@@ -167,4 +167,4 @@ impl Payload {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -44,7 +44,7 @@ pub(crate) use nat::{
 };
 pub use nat::{NatRules, render_nat, render_nat_for};
 
-use plan::PortPlan;
+pub(crate) use plan::PortPlan;
 
 use crate::Cidr;
 use crate::conntrack::IpFamily;

@@ -15,7 +15,7 @@ use crate::{Cidr, Endpoint, Service, ServicePort, TrafficPolicy};
 use std::net::IpAddr;
 
 /// One Service port, decided for one IP family.
-pub(super) struct PortPlan<'a> {
+pub(crate) struct PortPlan<'a> {
     /// The port.
     pub port: &'a ServicePort,
     /// `ns/name:port`.

@@ -1,0 +1,443 @@
+//! The pure render: a [`ProxyState`] and one IP family's [`Options`] in, the family's
+//! `kube-proxy` table out, kept per Service ([`Rendered`]) so that the next sync renders again
+//! only the Services that changed.
+//!
+//! The table has a fixed part (base chains, dispatch chains, the sets and verdict maps Services
+//! fill, module `skeleton`) and, per Service, its own chains, its affinity sets and its
+//! elements of the shared sets and maps ([`ServiceRules`], module `service`). The layout is
+//! kube-proxy's v1.36 nftables mode:
+//!
+//! ```text
+//! nat-prerouting/nat-output → services ─┬─ @cluster-ips from outside the pod CIDR: mark for masquerade
+//!                                       ├─ daddr . proto . port vmap @service-ips ─→ service-… / local-… / external-…
+//!                                       └─ node address: proto . port vmap @service-nodeports → external-…
+//! external-… → masquerade, then service-… (eTP Cluster) or local-… (eTP Local, after the short-circuits)
+//! service-…/local-… → numgen vmap over endpoints (DNAT; endpoint-… chains with session affinity)
+//! filter-prerouting-pre-dnat/filter-output-pre-dnat → firewall-check: vmap @firewall-ips → firewall-… (drop)
+//! filter-input/forward/output → service-endpoints-check / nodeport-endpoints-check: drop or reject
+//!                               (vmap @no-endpoint-services, @no-endpoint-nodeports)
+//! filter-forward/output → cluster-ips-check: reject other ports of cluster IPs, drop unallocated ones
+//! nat-postrouting → masquerading: marked packets, and hairpin connections (@hairpin-connections)
+//! ```
+//!
+//! Which endpoints a port uses, whether it has any, and which traffic policies apply are decided
+//! by the iptables render's `PortPlan` (from [`crate::endpoints`]), so both modes always agree on
+//! endpoints, `Local` policies and drop versus reject.
+//!
+//! Where the output can differ from upstream's for the same state:
+//!
+//! * an element two Services claim (one external IP and port for both, say) holds the first
+//!   Service's verdict in key order, where upstream's is whichever it wrote last in its map's
+//!   random order;
+//! * endpoints are numbered in the model's order (address, then port), where upstream sorts
+//!   their `ip:port` text (`10.0.0.10` before `10.0.0.9`); the choice is as random either way;
+//! * with node-port addresses given but none of the family, the family takes no node ports
+//!   (as this project's iptables mode), where upstream takes them on every local address of a
+//!   family its `--nodeport-addresses` has no CIDR of.
+
+mod service;
+pub(crate) mod skeleton;
+#[cfg(test)]
+mod tests;
+
+use crate::conntrack::IpFamily;
+use crate::iptables::render::{FamilyOptions, RenderOptions};
+use crate::{Cidr, ProxyState, Service, ServiceKey};
+use imbl::OrdMap;
+use std::sync::Arc;
+
+pub(crate) use skeleton::Skeleton;
+
+/// How one family's table is rendered: the node's configuration that is not in its state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    common: FamilyOptions,
+    service_cidrs: Vec<Cidr>,
+}
+
+impl Options {
+    /// `options` as the `family` render uses them: that family's cluster CIDR (the local-traffic
+    /// detector), node-port addresses and node IPs, and masquerade-all. No service CIDRs.
+    #[must_use]
+    pub fn new(family: IpFamily, options: &RenderOptions) -> Self {
+        Self {
+            common: FamilyOptions::new(family, options),
+            service_cidrs: Vec::new(),
+        }
+    }
+
+    /// Sets the service CIDRs (kube-proxy's `ServiceCIDR`s); those of the family go into the
+    /// rule that drops traffic to unallocated cluster IPs, with their host bits cleared. Without
+    /// any (the default), that rule is left out, as upstream without the `ServiceCIDR` API.
+    #[must_use]
+    pub fn with_service_cidrs(mut self, cidrs: impl IntoIterator<Item = Cidr>) -> Self {
+        let family = self.common.family;
+        self.service_cidrs = cidrs
+            .into_iter()
+            .filter(|cidr| family.contains(&cidr.address))
+            .map(|cidr| cidr.network())
+            .collect();
+        self
+    }
+
+    /// The family rendered.
+    #[must_use]
+    pub fn family(&self) -> IpFamily {
+        self.common.family
+    }
+
+    pub(crate) fn common(&self) -> &FamilyOptions {
+        &self.common
+    }
+
+    pub(crate) fn service_cidrs(&self) -> &[Cidr] {
+        &self.service_cidrs
+    }
+}
+
+/// One of the fixed sets and verdict maps Services put elements in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Container {
+    /// `cluster-ips`: every cluster IP of the family, for masquerading and the checks on ports no
+    /// Service defines.
+    ClusterIps,
+    /// `nodeport-ips`: the node addresses that take node ports, with `--nodeport-addresses`.
+    NodePortIps,
+    /// `hairpin-connections`: `ip . ip . protocol . port` of each endpoint on this node, whose
+    /// connections to itself through a Service are masqueraded.
+    HairpinConnections,
+    /// `service-ips`: cluster, external and load-balancer IP, protocol and port → the chain that
+    /// handles them.
+    ServiceIps,
+    /// `service-nodeports`: protocol and node port → the port's `external-…` chain.
+    ServiceNodePorts,
+    /// `no-endpoint-services`: an IP, protocol and port no endpoint takes → drop or reject.
+    NoEndpointServices,
+    /// `no-endpoint-nodeports`: a node port no endpoint takes → drop or reject.
+    NoEndpointNodePorts,
+    /// `firewall-ips`: a load-balancer IP, protocol and port with source ranges → its
+    /// `firewall-…` chain.
+    FirewallIps,
+}
+
+impl Container {
+    /// Every container, in the order the table declares them.
+    pub const ALL: [Self; 8] = [
+        Self::ClusterIps,
+        Self::NodePortIps,
+        Self::HairpinConnections,
+        Self::FirewallIps,
+        Self::NoEndpointNodePorts,
+        Self::NoEndpointServices,
+        Self::ServiceIps,
+        Self::ServiceNodePorts,
+    ];
+
+    /// The set's or map's name in the table.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ClusterIps => "cluster-ips",
+            Self::NodePortIps => "nodeport-ips",
+            Self::HairpinConnections => "hairpin-connections",
+            Self::ServiceIps => "service-ips",
+            Self::ServiceNodePorts => "service-nodeports",
+            Self::NoEndpointServices => "no-endpoint-services",
+            Self::NoEndpointNodePorts => "no-endpoint-nodeports",
+            Self::FirewallIps => "firewall-ips",
+        }
+    }
+
+    /// `map` for a verdict map, `set` for a set: the keyword nft commands name it with.
+    #[must_use]
+    pub fn kind(self) -> &'static str {
+        match self {
+            Self::ClusterIps | Self::NodePortIps | Self::HairpinConnections => "set",
+            Self::ServiceIps
+            | Self::ServiceNodePorts
+            | Self::NoEndpointServices
+            | Self::NoEndpointNodePorts
+            | Self::FirewallIps => "map",
+        }
+    }
+}
+
+/// One of a Service's own chains and its rules, each rule as nft writes it after
+/// `add rule <family> kube-proxy <chain>` (with its `comment "…"`, if any).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Chain {
+    /// The chain's name (`service-…`, `endpoint-…`, …).
+    pub name: String,
+    /// Its rules, in order.
+    pub rules: Vec<String>,
+}
+
+/// A set remembering which clients stick to one endpoint (`sessionAffinity: ClientIP`): source
+/// addresses, each forgotten `timeout_seconds` after its last new connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AffinitySet {
+    /// The set's name (`affinity-…`).
+    pub name: String,
+    /// How long a client stays stuck after its last new connection.
+    pub timeout_seconds: u64,
+}
+
+/// One element of a fixed set or map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Element {
+    /// The set or map it belongs to.
+    pub container: Container,
+    /// The key, as nft writes it (`172.30.0.41 . tcp . 80`): the element's identity.
+    pub key: Arc<str>,
+    /// The element's comment (the `ns/name:port` of no-endpoint entries).
+    pub comment: Option<String>,
+    /// The verdict of a map element (`goto service-…`, `drop`); `None` in a set.
+    pub value: Option<String>,
+}
+
+impl Element {
+    /// Whether `other` has the same comment and value: the kernel keeps an element's comment
+    /// and refuses a new value, so an element whose data changes is deleted and added again.
+    pub(crate) fn same_data(&self, other: &Self) -> bool {
+        self.comment == other.comment && self.value == other.value
+    }
+}
+
+/// What one Service adds to a family's table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceRules {
+    /// Its own chains, each named once.
+    pub chains: Vec<Chain>,
+    /// Its affinity sets, each named once.
+    pub sets: Vec<AffinitySet>,
+    /// Its elements of the fixed sets and maps, each key once per container.
+    pub elements: Vec<Element>,
+}
+
+impl ServiceRules {
+    /// The rules of all its chains.
+    #[must_use]
+    pub fn rule_count(&self) -> usize {
+        self.chains.iter().map(|chain| chain.rules.len()).sum()
+    }
+}
+
+/// Which element: its container and key.
+pub(crate) type ElementId = (Container, Arc<str>);
+
+/// The Services holding one element, in key order: the first one's comment and value win when
+/// Services disagree (two Services claiming one external IP and port, say), as the kernel can hold
+/// only one. Shared elements (two Services over one local endpoint) are common in the hairpin
+/// set.
+type Holders = Arc<Vec<ServiceKey>>;
+
+/// One family's table for a state, kept per Service and tied to the Services' `Arc`s, so that
+/// [`Rendered::update`] renders again only the Services that changed and the transaction builder
+/// compares only those.
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    options: Arc<Options>,
+    skeleton: Arc<Skeleton>,
+    /// The Services rendered, as the state held them.
+    services: OrdMap<ServiceKey, Arc<Service>>,
+    /// What each of them renders to.
+    rules: OrdMap<ServiceKey, Arc<ServiceRules>>,
+    /// Who holds each element.
+    holders: imbl::HashMap<ElementId, Holders>,
+    /// Rules in the Services' chains.
+    service_rules: usize,
+    /// The Services' chains.
+    service_chains: usize,
+}
+
+impl Rendered {
+    /// Renders `state` for `options`' family.
+    ///
+    /// As upstream's per-family proxiers, only Services with a cluster IP of the family are
+    /// rendered, and of each only its addresses, source ranges and endpoints of the family.
+    #[must_use]
+    pub fn new(state: &ProxyState, options: &Options) -> Self {
+        let empty = Self {
+            options: Arc::new(options.clone()),
+            skeleton: Arc::new(Skeleton::new(options)),
+            services: OrdMap::new(),
+            rules: OrdMap::new(),
+            holders: imbl::HashMap::new(),
+            service_rules: 0,
+            service_chains: 0,
+        };
+        empty.update(state, options)
+    }
+
+    /// The table for `state`, rendering again only the Services that differ from those rendered
+    /// here (every one of them when `options` differ from those rendered with).
+    #[must_use]
+    pub fn update(&self, state: &ProxyState, options: &Options) -> Self {
+        if *self.options != *options {
+            return Self::new(state, options);
+        }
+        let mut next = self.clone();
+        for key in crate::changed_keys(&self.services, &state.services) {
+            if let Some(old) = self.rules.get(key) {
+                next.forget(key, old);
+            }
+            match state.services.get(key) {
+                Some(service) => {
+                    let rules = Arc::new(service::render(service, options));
+                    next.remember(key, &rules);
+                    next.rules.insert(key.clone(), rules);
+                }
+                None => {
+                    next.rules.remove(key);
+                }
+            }
+        }
+        next.services = state.services.clone();
+        next
+    }
+
+    /// Takes the elements, chains and rules of `key`'s `rules` out of the totals and holders.
+    fn forget(&mut self, key: &ServiceKey, rules: &ServiceRules) {
+        self.service_rules -= rules.rule_count();
+        self.service_chains -= rules.chains.len();
+        for element in &rules.elements {
+            let id = (element.container, Arc::clone(&element.key));
+            let Some(holders) = self.holders.get_mut(&id) else {
+                continue;
+            };
+            if holders.len() == 1 {
+                self.holders.remove(&id);
+            } else {
+                Arc::make_mut(holders).retain(|holder| holder != key);
+            }
+        }
+    }
+
+    /// Adds `key`'s `rules` to the totals and holders.
+    fn remember(&mut self, key: &ServiceKey, rules: &ServiceRules) {
+        self.service_rules += rules.rule_count();
+        self.service_chains += rules.chains.len();
+        for element in &rules.elements {
+            let id = (element.container, Arc::clone(&element.key));
+            match self.holders.get_mut(&id) {
+                Some(holders) => {
+                    let holders = Arc::make_mut(holders);
+                    let at = holders.partition_point(|holder| holder < key);
+                    holders.insert(at, key.clone());
+                }
+                None => {
+                    self.holders.insert(id, Arc::new(vec![key.clone()]));
+                }
+            }
+        }
+    }
+
+    /// The options rendered with.
+    #[must_use]
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// The family rendered.
+    #[must_use]
+    pub fn family(&self) -> IpFamily {
+        self.options.family()
+    }
+
+    pub(crate) fn skeleton(&self) -> &Arc<Skeleton> {
+        &self.skeleton
+    }
+
+    /// The Services rendered, as the state held them.
+    pub(crate) fn services(&self) -> &OrdMap<ServiceKey, Arc<Service>> {
+        &self.services
+    }
+
+    /// What the Service of `key` renders to; `None` when the state has no such Service.
+    #[must_use]
+    pub fn service(&self, key: &ServiceKey) -> Option<&ServiceRules> {
+        self.rules.get(key).map(AsRef::as_ref)
+    }
+
+    /// Every Service's rules, in key order.
+    pub fn service_rules(&self) -> impl Iterator<Item = (&ServiceKey, &ServiceRules)> {
+        self.rules.iter().map(|(key, rules)| (key, rules.as_ref()))
+    }
+
+    /// The element of `id` as the table holds it: the first holder's.
+    pub(crate) fn element(&self, id: &ElementId) -> Option<&Element> {
+        let first = self.holders.get(id)?.first()?;
+        self.rules
+            .get(first)?
+            .elements
+            .iter()
+            .find(|element| element.container == id.0 && element.key == id.1)
+    }
+
+    /// Whether the Service of `key` is the one whose copy of `element` the table holds.
+    pub(crate) fn holds(&self, key: &ServiceKey, element: &Element) -> bool {
+        self.holders
+            .get(&(element.container, Arc::clone(&element.key)))
+            .and_then(|holders| holders.first())
+            .is_some_and(|first| first == key)
+    }
+
+    /// Whether a Service of this render owns chain `name`.
+    #[must_use]
+    pub fn has_chain(&self, name: &str) -> bool {
+        self.owner_of(name)
+            .is_some_and(|rules| rules.chains.iter().any(|chain| chain.name == name))
+    }
+
+    /// Whether a Service of this render owns affinity set `name`.
+    #[must_use]
+    pub fn has_set(&self, name: &str) -> bool {
+        self.owner_of(name)
+            .is_some_and(|rules| rules.sets.iter().any(|set| set.name == name))
+    }
+
+    /// The rules of the Service whose port a per-Service object `name` belongs to, found from
+    /// the `namespace/name` the object's name carries after its hash.
+    fn owner_of(&self, name: &str) -> Option<&ServiceRules> {
+        // `prefix-HASH-namespace/name/…`: the namespace runs from after the second dash to the
+        // first slash (namespaces hold dashes, so count from the slash back to the hash).
+        let (head, rest) = name.split_once('/')?;
+        let service = rest.split('/').next()?;
+        let namespace = head.splitn(3, '-').nth(2)?;
+        self.rules
+            .get(&ServiceKey::new(namespace, service))
+            .map(AsRef::as_ref)
+    }
+
+    /// Every chain of the Services, in key order.
+    pub fn chain_names(&self) -> impl Iterator<Item = &str> {
+        self.rules
+            .values()
+            .flat_map(|rules| rules.chains.iter().map(|chain| chain.name.as_str()))
+    }
+
+    /// Every affinity set of the Services, in key order.
+    pub fn set_names(&self) -> impl Iterator<Item = &str> {
+        self.rules
+            .values()
+            .flat_map(|rules| rules.sets.iter().map(|set| set.name.as_str()))
+    }
+
+    /// Rules the table holds: the fixed chains' and the Services'.
+    #[must_use]
+    pub fn rule_count(&self) -> usize {
+        self.skeleton.rules + self.service_rules
+    }
+
+    /// Chains the table holds, fixed and the Services'.
+    #[must_use]
+    pub fn chain_count(&self) -> usize {
+        self.skeleton.chains + self.service_chains
+    }
+
+    /// Elements the table's fixed sets and maps hold.
+    #[must_use]
+    pub fn element_count(&self) -> usize {
+        self.skeleton.elements + self.holders.len()
+    }
+}
