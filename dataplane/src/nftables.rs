@@ -17,6 +17,7 @@
 //! whether or not the port has endpoints. Which endpoints a port uses, and drop versus reject,
 //! come from the iptables render's port plan, so both modes always agree on them.
 
+pub mod backend;
 pub mod names;
 pub mod render;
 mod script;
@@ -24,6 +25,7 @@ mod script;
 mod testing;
 pub mod transaction;
 
+pub use backend::NftablesBackend;
 pub use render::{AffinitySet, Chain, Container, Element, Options, Rendered, ServiceRules};
 pub use script::TABLE;
 pub use transaction::{Counts, Leftovers, Transaction, delete_table, transaction};

@@ -530,14 +530,16 @@ fn marked_as_node_port(scenario: &Scenario, case: &FlowCase) -> bool {
         })
 }
 
-/// Why `case` does not apply to the IPVS mode, if it does not: the runner skips it.
+/// Why `case` does not apply to the IPVS and nftables modes, if it does not: the runner skips
+/// it.
 ///
 /// A pod on another node reaching its own Service goes through its own node's proxy, never
 /// this one's; the table still has iptables mode masquerade it when it lands on itself (every
-/// endpoint's chain marks its own traffic), but IPVS mode masquerades such hairpin traffic only
-/// for this node's endpoints (`KUBE-LOOP-BACK`), so here the connection to itself breaks.
+/// endpoint's chain marks its own traffic), but the IPVS and nftables modes masquerade such
+/// hairpin traffic only for this node's endpoints (`KUBE-LOOP-BACK`, `hairpin-connections`), so
+/// here the connection to itself breaks.
 #[must_use]
-pub fn ipvs_not_applicable(scenario: &Scenario, case: &FlowCase) -> Option<&'static str> {
+pub fn remote_hairpin(scenario: &Scenario, case: &FlowCase) -> Option<&'static str> {
     let flow = &case.flow;
     let remote_endpoint_to_own_service = flow.origin == Origin::Pod
         && scenario.state.services.values().any(|service| {
@@ -551,9 +553,31 @@ pub fn ipvs_not_applicable(scenario: &Scenario, case: &FlowCase) -> Option<&'sta
             })
         });
     remote_endpoint_to_own_service.then_some(
-        "a remote endpoint reaching its own Service never passes this node's IPVS, which \
-         masquerades hairpin traffic for local endpoints only (KUBE-LOOP-BACK)",
+        "a remote endpoint reaching its own Service never passes this node's proxy, which \
+         masquerades hairpin traffic for local endpoints only",
     )
+}
+
+/// What kube-proxy's nftables mode does with `case`, where it differs from the table's
+/// expectation (written after its iptables mode), and why; the table's expectation otherwise.
+#[must_use]
+pub fn nftables_expected(scenario: &Scenario, case: &FlowCase) -> (Expected, Option<&'static str>) {
+    let flow = &case.flow;
+    let cluster_ip = scenario
+        .state
+        .services
+        .values()
+        .any(|service| service.cluster_ips.contains(&flow.destination));
+    match &case.expected {
+        Expected::Pass if cluster_ip => (
+            Expected::Reject,
+            Some(
+                "nftables mode rejects traffic to a cluster IP on a port or protocol its Service \
+                 does not define (cluster-ips-check)",
+            ),
+        ),
+        expected => (expected.clone(), None),
+    }
 }
 
 /// Whether the Service behind `case`'s destination has session affinity.

@@ -18,7 +18,7 @@ use splitproxy_e2e::{flows::Verdict, lab::Lab, workspace_binary};
 
 /// Runs `sp-flows MODE` in a lab node and judges what it printed.
 fn run_flows(mode: &str) -> Result<Verdict> {
-    let mut lab = Lab::new("flows")?;
+    let mut lab = Lab::new(mode)?;
     let node = lab.add_namespace("node")?;
     let lan = lab.lan_ns().to_owned();
     let ip = |args: &[&str]| -> Result<()> {
@@ -83,6 +83,14 @@ fn run_flows(mode: &str) -> Result<Verdict> {
 fn every_row_of_the_packet_flow_table_holds_for_the_iptables_mode_with_real_traffic() -> Result<()>
 {
     let verdict = run_flows("iptables")?;
+    println!("{verdict}");
+    verdict.ensure_held(95)
+}
+
+#[test]
+fn every_row_of_the_packet_flow_table_holds_for_the_nftables_mode_with_real_traffic() -> Result<()>
+{
+    let verdict = run_flows("nftables")?;
     println!("{verdict}");
     verdict.ensure_held(95)
 }

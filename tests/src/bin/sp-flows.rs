@@ -2,7 +2,7 @@
 //! this machine's kernel (the IPVS VM's, for the IPVS mode), one scenario after the other.
 //!
 //! ```text
-//! sp-flows ipvs|iptables [--scenario PREFIX] [--prefix NAMESPACE-PREFIX]
+//! sp-flows ipvs|iptables|nftables [--scenario PREFIX] [--prefix NAMESPACE-PREFIX]
 //! ```
 //!
 //! For each scenario it builds the node's addresses, pods and outside clients
@@ -11,6 +11,7 @@
 //! Rows that cannot happen to the backend print as `SKIPPED row: why`. It removes what it built
 //! before the next scenario, and exits 0 once every row ran: the caller judges the rows.
 
+use std::io::Write as _;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ use splitproxy_dataplane::{
     flow_table::{self, Expected, Scenario},
     iptables::{self, Iptables},
     ipvs::backend::{self, IpvsBackend},
+    nftables::{self, NftablesBackend},
 };
 use splitproxy_e2e::{
     HitReport,
@@ -44,6 +46,8 @@ enum Mode {
     Ipvs(Selection),
     /// The iptables mode, one ruleset per IP family of the scenario.
     Iptables(Selection),
+    /// The nftables mode, one table per IP family of the scenario.
+    Nftables(Selection),
 }
 
 /// Which scenarios run, and how their namespaces are named.
@@ -60,7 +64,9 @@ struct Selection {
 impl Mode {
     fn selection(&self) -> &Selection {
         match self {
-            Self::Ipvs(selection) | Self::Iptables(selection) => selection,
+            Self::Ipvs(selection) | Self::Iptables(selection) | Self::Nftables(selection) => {
+                selection
+            }
         }
     }
 }
@@ -103,11 +109,18 @@ async fn run(mode: &Mode, scenario: &Scenario) -> Result<()> {
     for case in &scenario.cases {
         let (mut expected, difference) = match mode {
             Mode::Ipvs(_) => {
-                if let Some(reason) = flows::ipvs_not_applicable(scenario, case) {
+                if let Some(reason) = flows::remote_hairpin(scenario, case) {
                     println!("SKIPPED {}: {reason}", case.flow.name);
                     continue;
                 }
                 flows::ipvs_expected(scenario, case)
+            }
+            Mode::Nftables(_) => {
+                if let Some(reason) = flows::remote_hairpin(scenario, case) {
+                    println!("SKIPPED {}: {reason}", case.flow.name);
+                    continue;
+                }
+                flows::nftables_expected(scenario, case)
             }
             // The table is written after kube-proxy's iptables mode.
             Mode::Iptables(_) => (case.expected.clone(), None),
@@ -120,7 +133,7 @@ async fn run(mode: &Mode, scenario: &Scenario) -> Result<()> {
         // IPVS's round robin reaches every endpoint in turn; iptables picks at random.
         let per_target = match mode {
             Mode::Ipvs(_) => 2,
-            Mode::Iptables(_) => 12,
+            Mode::Iptables(_) | Mode::Nftables(_) => 12,
         };
         let count = flows::connections(&expected, per_target);
         let words = topology.hit_command(case, count, CONNECTION_TIMEOUT_MS);
@@ -143,15 +156,35 @@ async fn run(mode: &Mode, scenario: &Scenario) -> Result<()> {
 }
 
 /// Removes the rules `mode`'s backend left that the next scenario's would not replace: the
-/// iptables mode's node ports would catch the next scenario's servers on the node's addresses
-/// before its own sync. (The IPVS mode's go with `kube-ipvs0` and the IPVS table.)
+/// iptables and nftables modes' node ports would catch the next scenario's servers on the
+/// node's addresses before its own sync. (The IPVS mode's go with `kube-ipvs0` and the IPVS
+/// table.)
 async fn clean(mode: &Mode, scenario: &Scenario) -> Result<()> {
-    if let Mode::Iptables(_) = mode {
-        for family in families(scenario) {
-            Iptables::with_config(iptables::Config::default().with_family(family))
-                .cleanup()
-                .await?;
+    match mode {
+        Mode::Iptables(_) => {
+            for family in families(scenario) {
+                Iptables::with_config(iptables::Config::default().with_family(family))
+                    .cleanup()
+                    .await?;
+            }
         }
+        Mode::Nftables(_) => {
+            let script: String = IpFamily::ALL
+                .into_iter()
+                .map(nftables::delete_table)
+                .collect();
+            let mut nft = Command::new("nft")
+                .args(["-f", "-"])
+                .stdin(Stdio::piped())
+                .spawn()
+                .context("running nft")?;
+            nft.stdin
+                .take()
+                .context("nft's stdin")?
+                .write_all(script.as_bytes())?;
+            ensure!(nft.wait()?.success(), "nft could not delete the tables");
+        }
+        Mode::Ipvs(_) => {}
     }
     Ok(())
 }
@@ -185,6 +218,15 @@ async fn program(mode: &Mode, scenario: &Scenario) -> Result<()> {
                     .sync(&scenario.state)
                     .await?;
             }
+        }
+        Mode::Nftables(_) => {
+            NftablesBackend::new(nftables::backend::Config {
+                families,
+                render: scenario.render_options(),
+                ..nftables::backend::Config::default()
+            })
+            .sync(&scenario.state)
+            .await?;
         }
     }
     Ok(())
