@@ -113,6 +113,22 @@ impl Leftovers {
         Ok(removed)
     }
 
+    /// Removes what the IPVS mode leaves that an nftables-mode node must not keep: `kube-ipvs0`
+    /// and the `KUBE-*` ipsets; reports IPVS virtual servers. Run after the iptables rules are
+    /// gone (kube-proxy's nftables mode removes both iptables-based modes' rules on start), as
+    /// they may use the ipsets.
+    ///
+    /// # Errors
+    ///
+    /// If a tool fails; what was removed before stays removed.
+    pub async fn remove_for_nftables_mode(&self) -> Result<Removed> {
+        let mut removed = Removed::default();
+        self.remove_ipvs_interface(&mut removed).await?;
+        self.remove_ipsets(&mut removed).await?;
+        self.report_ipvs_services(&mut removed).await?;
+        Ok(removed)
+    }
+
     /// Removes every leftover of the other modes: the nftables tables, `kube-ipvs0` and the
     /// `KUBE-*` ipsets; reports IPVS virtual servers. Run after the iptables rules are gone, as
     /// they may use the ipsets.

@@ -131,7 +131,8 @@ pub struct Cli {
     pub masquerade_all: bool,
     /// Which node addresses accept node-port traffic, comma-separated: CIDRs (the node's
     /// addresses inside them, e.g. `198.18.0.0/24`) or `primary` (the node's primary IP).
-    /// Unset: every local address. Read when the agent starts.
+    /// Unset: every local address (the primary IP in nftables mode, as upstream). Read when the
+    /// agent starts.
     #[arg(
         long = "nodeport-addresses",
         env = "SPLITPROXY_NODEPORT_ADDRESSES",
@@ -318,6 +319,8 @@ pub enum ProxyMode {
     Iptables,
     /// IPVS, programmed over netlink, with ipsets and iptables for masquerade and filtering.
     Ipvs,
+    /// nftables, one `kube-proxy` table per IP family, one `nft -f -` transaction per sync.
+    Nftables,
 }
 
 #[cfg(test)]

@@ -147,5 +147,6 @@ pub fn wire_mode(mode: cli::ProxyMode) -> pb::ProxyMode {
     match mode {
         cli::ProxyMode::Iptables => pb::ProxyMode::Iptables,
         cli::ProxyMode::Ipvs => pb::ProxyMode::Ipvs,
+        cli::ProxyMode::Nftables => pb::ProxyMode::Nftables,
     }
 }

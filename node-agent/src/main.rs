@@ -6,14 +6,15 @@ use splitproxy_agent::{
     cli::{Cli, ProxyMode},
     client::ClientConfig,
     credentials::Credentials,
-    node_port_addresses::{interface_addresses, needs_primary, select},
+    node_port_addresses::{NodePortAddress, interface_addresses, needs_primary, select},
     wire_mode,
 };
 use splitproxy_dataplane::{
-    Dataplane,
+    Dataplane, IpFamily,
     iptables::{self, DualStack},
     ipvs::backend::{self as ipvs, IpvsBackend},
     leftovers::{Leftovers, Removed},
+    nftables::{NftablesBackend, backend as nftables},
 };
 use splitproxy_telemetry::trace::{self, KeyValue};
 use std::{net::IpAddr, process::ExitCode, time::Duration};
@@ -146,9 +147,14 @@ async fn run(
 ) -> anyhow::Result<()> {
     // As kube-proxy on a switch of proxy mode: another mode's tables or VIP interface would
     // handle Service traffic next to these rules. A failure is not fatal: the rules still work.
+    let dual_stack = DualStack::detect(&iptables).await;
     let leftovers = match mode {
         ProxyMode::Iptables => Leftovers::default().remove_for_iptables_mode().await,
         ProxyMode::Ipvs => Leftovers::default().remove_for_ipvs_mode().await,
+        ProxyMode::Nftables => {
+            remove_iptables_rules(&dual_stack).await;
+            Leftovers::default().remove_for_nftables_mode().await
+        }
     };
     match leftovers {
         Ok(removed) if removed.is_empty() => {}
@@ -159,13 +165,47 @@ async fn run(
         ),
     }
     // One proxier per IP family whose tools work here, as kube-proxy's dual-stack mode; the
-    // IPVS mode needs the same tools for its masquerade and filter rules.
-    let dual_stack = DualStack::detect(&iptables).await;
+    // IPVS mode needs the same tools for its masquerade and filter rules. nft serves both
+    // families wherever the kernel has IPv6.
     match mode {
         ProxyMode::Iptables => run_until_interrupted(config, dual_stack).await,
         ProxyMode::Ipvs => {
             let families = dual_stack.ip_families();
             run_until_interrupted(config, IpvsBackend::new(ipvs::Config { families, ..ipvs })).await
+        }
+        ProxyMode::Nftables => {
+            let mut families = vec![IpFamily::V4];
+            if std::path::Path::new("/proc/sys/net/ipv6").exists() {
+                families.push(IpFamily::V6);
+            }
+            let config_nft = nftables::Config {
+                families,
+                render: iptables.render.clone(),
+                ..nftables::Config::default()
+            };
+            run_until_interrupted(config, NftablesBackend::new(config_nft)).await
+        }
+    }
+}
+
+/// Removes the iptables-based modes' rules in every family whose tools work, as kube-proxy's
+/// nftables mode does on start: they would handle Service traffic before the nftables table.
+/// A failure is logged, not fatal.
+async fn remove_iptables_rules(dual_stack: &DualStack) {
+    for (family, outcome) in dual_stack.cleanup().await {
+        match outcome {
+            Ok(cleaned) if cleaned.jumps + cleaned.chains == 0 => {}
+            Ok(cleaned) => tracing::info!(
+                ip_family = family.name(),
+                jumps = cleaned.jumps,
+                chains = cleaned.chains,
+                "removed the iptables rules of another proxy mode"
+            ),
+            Err(err) => tracing::warn!(
+                ip_family = family.name(),
+                error = format!("{:#}", anyhow::Error::from(err)),
+                "could not remove the iptables rules of another proxy mode"
+            ),
         }
     }
 }
@@ -233,15 +273,23 @@ fn node_port_addresses(
     cli: &Cli,
     primary_ip: Option<IpAddr>,
 ) -> std::io::Result<Option<Vec<IpAddr>>> {
-    if cli.nodeport_addresses.is_empty() {
-        return Ok(None);
-    }
-    if needs_primary(&cli.nodeport_addresses) && primary_ip.is_none() {
+    let selection = match (
+        cli.nodeport_addresses.as_slice(),
+        cli.proxy_mode,
+        primary_ip,
+    ) {
+        // As upstream, the nftables mode takes node ports on the primary IP by default (the
+        // others on every local address).
+        ([], ProxyMode::Nftables, Some(_)) => vec![NodePortAddress::Primary],
+        ([], _, _) => return Ok(None),
+        (selection, _, _) => selection.to_vec(),
+    };
+    if needs_primary(&selection) && primary_ip.is_none() {
         return Err(std::io::Error::other(
             "`primary` needs the node's primary IP: set --bind-address",
         ));
     }
-    let selected = select(&cli.nodeport_addresses, &interface_addresses()?, primary_ip);
+    let selected = select(&selection, &interface_addresses()?, primary_ip);
     tracing::info!(addresses = ?selected, "node ports accepted on");
     Ok(selected)
 }

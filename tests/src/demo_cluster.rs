@@ -201,7 +201,8 @@ impl DemoCluster {
         Ok(cluster)
     }
 
-    /// Starts an agent on the node at `index`, with `extra` flags after the usual ones.
+    /// Starts an agent on the node at `index`, with `extra` flags after the usual ones (which
+    /// may name another `--proxy-mode`).
     ///
     /// # Errors
     ///
@@ -216,11 +217,13 @@ impl DemoCluster {
             &url,
             "--hostname-override",
             node.name(),
-            "--proxy-mode",
-            "iptables",
             "--token-file",
             &token,
         ];
+        // iptables mode unless `extra` names one.
+        if !extra.contains(&"--proxy-mode") {
+            args.extend(["--proxy-mode", "iptables"]);
+        }
         args.extend(tls.iter().map(String::as_str));
         args.extend_from_slice(extra);
         self.lab.spawn_with_env(
