@@ -65,6 +65,8 @@ pub struct Args {
 pub enum ProxyMode {
     /// iptables, programmed with iptables-restore.
     Iptables,
+    /// nftables, programmed with `nft -f -`.
+    Nftables,
 }
 
 impl ProxyMode {
@@ -72,6 +74,15 @@ impl ProxyMode {
     fn flag(self) -> &'static str {
         match self {
             Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
+        }
+    }
+
+    /// The command listing a proxy's rules in this mode, in its node.
+    fn listing(self) -> (&'static str, &'static [&'static str]) {
+        match self {
+            Self::Iptables => ("iptables-save", &[]),
+            Self::Nftables => ("nft", &["list", "table", "ip", "kube-proxy"]),
         }
     }
 }
@@ -189,7 +200,8 @@ pub struct Proxied {
     pub partial_sync_max_s: Option<f64>,
     /// Syncs seen during the changes (one per change, plus any periodic ones).
     pub partial_syncs: f64,
-    /// Rules in the proxy's namespace at the end (`-A` lines of `iptables-save`).
+    /// Rules in the proxy's namespace at the end (`-A` lines of `iptables-save`; rules in the
+    /// `kube-proxy` table's chains in nftables mode).
     pub rules: usize,
     /// The state programmed at the end, checked against the cluster.
     pub programmed: Programmed,
@@ -231,18 +243,39 @@ struct Wanted {
 }
 
 impl Programmed {
-    /// The Service chains and their jumps to endpoints in `save` (an `iptables-save`), next to
-    /// `wanted`.
-    fn count(save: &str, wanted: Wanted) -> Self {
-        let service = |chain: &str| chain.starts_with("KUBE-SVC-");
-        let endpoint = |chain: &str| chain.starts_with("KUBE-SEP-");
+    /// The Service chains and their endpoints in `listing` (what [`ProxyMode::listing`]
+    /// prints), next to `wanted`: in iptables mode the jumps from `KUBE-SVC-` to `KUBE-SEP-`
+    /// chains, in nftables mode the `service-` chains and the endpoints of their
+    /// `numgen random mod N` choices.
+    fn count(listing: &str, wanted: Wanted, mode: ProxyMode) -> Self {
+        let (service_chains, endpoint_jumps) = match mode {
+            ProxyMode::Iptables => {
+                let service = |chain: &str| chain.starts_with("KUBE-SVC-");
+                let endpoint = |chain: &str| chain.starts_with("KUBE-SEP-");
+                (
+                    save::chains(listing, "nat")
+                        .iter()
+                        .filter(|c| service(c))
+                        .count(),
+                    save::jumps(listing, "nat", service, endpoint).len(),
+                )
+            }
+            ProxyMode::Nftables => (
+                listing
+                    .lines()
+                    .filter(|line| line.trim_start().starts_with("chain service-"))
+                    .count(),
+                listing
+                    .split("numgen random mod ")
+                    .skip(1)
+                    .filter_map(|rest| rest.split_whitespace().next()?.parse::<usize>().ok())
+                    .sum(),
+            ),
+        };
         Self {
-            service_chains: save::chains(save, "nat")
-                .iter()
-                .filter(|c| service(c))
-                .count(),
+            service_chains,
             expected_service_chains: wanted.service_chains,
-            endpoint_jumps: save::jumps(save, "nat", service, endpoint).len(),
+            endpoint_jumps,
             expected_endpoint_jumps: wanted.endpoint_jumps,
         }
     }
@@ -282,11 +315,12 @@ pub fn run(args: &Args, params: Params) -> Result<()> {
     Ok(())
 }
 
-/// One proxy under measurement: which, where and its process.
+/// One proxy under measurement: which, where, its process and its mode.
 struct Proxy {
     name: &'static str,
     node: Node,
     process: Process,
+    mode: ProxyMode,
 }
 
 impl Proxy {
@@ -310,15 +344,25 @@ impl Proxy {
         eventually(&what, timeout, || {
             let full = self.syncs(lab)?;
             ensure!(full.count > 0.0, "no sync yet");
-            let found = Programmed::count(&self.save(lab)?, wanted);
+            let found = Programmed::count(&self.save(lab)?, wanted, self.mode);
             ensure!(found.matches(), "found {found:?}");
             Ok(full)
         })
         .with_context(|| self.process.log_tail(20))
     }
 
+    /// The proxy's rules, as its mode lists them.
     fn save(&self, lab: &Lab) -> Result<String> {
-        lab.exec_ok(&self.node, "iptables-save", &[])
+        let (program, args) = self.mode.listing();
+        lab.exec_ok(&self.node, program, args)
+    }
+
+    /// How many rules `listing` holds.
+    fn rules(&self, listing: &str) -> usize {
+        match self.mode {
+            ProxyMode::Iptables => listing.lines().filter(|l| l.starts_with("-A ")).count(),
+            ProxyMode::Nftables => nft_rules(listing),
+        }
     }
 }
 
@@ -362,6 +406,7 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
         name: "splitproxy",
         node: nodes[0].clone(),
         process: agent,
+        mode,
     };
     let splitproxy_full = splitproxy.await_full_sync(&lab, wanted, timeout)?;
     let kube_proxy_process = control_plane.start_kube_proxy(&mut lab, &nodes[1], mode.flag())?;
@@ -369,6 +414,7 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
         name: "kube-proxy",
         node: nodes[1].clone(),
         process: kube_proxy_process,
+        mode,
     };
     let kube_proxy_full = kube_proxy.await_full_sync(&lab, wanted, timeout)?;
     eprintln!(
@@ -395,7 +441,7 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
         let what = format!("{} removes the changed endpoints", proxy.name);
         let last = eventually(&what, timeout, || {
             let save = proxy.save(&lab)?;
-            let found = Programmed::count(&save, wanted);
+            let found = Programmed::count(&save, wanted, mode);
             ensure!(found.matches(), "found {found:?}");
             Ok(save)
         });
@@ -414,8 +460,8 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
             partial_sync_mean_s: changes.mean(),
             partial_sync_max_s: changes.max(),
             partial_syncs: changes.syncs,
-            rules: save.lines().filter(|l| l.starts_with("-A ")).count(),
-            programmed: Programmed::count(&save, wanted),
+            rules: proxy.rules(&save),
+            programmed: Programmed::count(&save, wanted, mode),
             memory: Memory::of(proxy.process.pid()),
         });
     }
@@ -429,6 +475,28 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
         proxies: proxied,
         ratios,
     })
+}
+
+/// The rules in the chains of an `nft list table` listing: every line inside a `chain … {`
+/// block but the chain's own `type …`, `policy …` and `comment …` lines.
+fn nft_rules(listing: &str) -> usize {
+    let mut in_chain = false;
+    let mut rules = 0;
+    for line in listing.lines().map(str::trim) {
+        if line.starts_with("chain ") && line.ends_with('{') {
+            in_chain = true;
+        } else if line == "}" {
+            in_chain = false;
+        } else if in_chain
+            && !line.is_empty()
+            && !["type ", "policy ", "comment "]
+                .iter()
+                .any(|start| line.starts_with(start))
+        {
+            rules += 1;
+        }
+    }
+    rules
 }
 
 /// Creates namespace `bench`, then every Service and EndpointSlice with a few `kubectl create`
@@ -618,13 +686,47 @@ COMMIT
             service_chains: 1,
             endpoint_jumps: 2,
         };
-        let found = Programmed::count(SAVED, wanted);
+        let found = Programmed::count(SAVED, wanted, ProxyMode::Iptables);
         assert_eq!((found.service_chains, found.endpoint_jumps), (1, 2));
         assert!(found.matches());
         let more = Wanted {
             endpoint_jumps: 3,
             ..wanted
         };
-        assert!(!Programmed::count(SAVED, more).matches());
+        assert!(!Programmed::count(SAVED, more, ProxyMode::Iptables).matches());
+    }
+
+    /// A trimmed `nft list table ip kube-proxy` of one Service with two endpoints.
+    const LISTED: &str = "\
+table ip kube-proxy {
+\tcomment \"rules for kube-proxy\"
+\tmap service-ips {
+\t\ttype ipv4_addr . inet_proto . inet_service : verdict
+\t\telements = { 10.96.1.0 . tcp . 80 : goto service-AAAAAAAA-bench/s0/tcp/http }
+\t}
+\tchain nat-prerouting {
+\t\ttype nat hook prerouting priority dstnat; policy accept;
+\t\tjump services
+\t}
+\tchain services {
+\t\tip daddr . meta l4proto . th dport vmap @service-ips
+\t}
+\tchain service-AAAAAAAA-bench/s0/tcp/http {
+\t\tip daddr 10.96.1.0 tcp dport 80 ip saddr != 10.244.0.0/16 mark set mark or 0x4000
+\t\tmeta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.244.1.2 . 8080, 1 : 10.244.2.2 . 8080 }
+\t}
+}
+";
+
+    #[test]
+    fn in_nftables_mode_endpoints_are_the_numgen_choices_of_service_chains() {
+        let wanted = Wanted {
+            service_chains: 1,
+            endpoint_jumps: 2,
+        };
+        let found = Programmed::count(LISTED, wanted, ProxyMode::Nftables);
+        assert_eq!((found.service_chains, found.endpoint_jumps), (1, 2));
+        assert!(found.matches());
+        assert_eq!(nft_rules(LISTED), 4, "the chains' rules, not their type lines");
     }
 }
