@@ -28,7 +28,10 @@ fn converge(cluster: &DemoCluster, what: &str) -> Result<()> {
 #[test]
 fn the_agent_in_nftables_mode_serves_the_cluster_and_keeps_serving_without_the_controller()
 -> Result<()> {
-    let mut cluster = DemoCluster::start_with("nft", &["--proxy-mode", "nftables"])?;
+    let mut cluster = DemoCluster::start_with(
+        "nft",
+        &["--proxy-mode", "nftables", "--iptables-sync-period", "2s"],
+    )?;
     converge(
         &cluster,
         "traffic reaches exactly the ready endpoints (web-a, web-c)",
@@ -60,8 +63,15 @@ fn the_agent_in_nftables_mode_serves_the_cluster_and_keeps_serving_without_the_c
     ensure!(mode == "nftables", "/proxyMode said {mode:?}");
 
     // An edit converges through an incremental transaction.
+    let node1 = node1.clone();
     cluster.set_web(&[("web-b", true), ("web-c", true)])?;
     converge(&cluster, "traffic moves to web-b and web-c after the edit")
+        .with_context(|| cluster.logs())?;
+
+    // A table deleted behind the agent's back (a firewall reload) is written again by the next
+    // periodic sync, though nothing changed.
+    cluster.run(&node1, "nft", &["delete", "table", "ip", "kube-proxy"])?;
+    converge(&cluster, "traffic flows again once the table is back")
         .with_context(|| cluster.logs())?;
 
     // Fail static: with the controller gone, the table stays and traffic keeps flowing.

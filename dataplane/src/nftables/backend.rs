@@ -5,14 +5,18 @@
 //!
 //! What the kernel holds is known from the last successful transaction. The first sync reads
 //! the tables once (`nft --terse list table`) to take over what an earlier run left; after a
-//! failure, the next sync is full and removes whatever the failed one may have left.
+//! failure, the next sync is full and removes whatever the failed one may have left. A sync
+//! with nothing to change probes one small chain per table (`nft list chain … services`): a
+//! table deleted behind the agent's back (a firewall reload) is then written whole again, as
+//! it is once an hour anyway.
 
 use super::{Leftovers, Options, Rendered, TABLE, transaction};
 use crate::conntrack::{self, Conntrack, IpFamily};
-use crate::iptables::RenderOptions;
+use crate::iptables::{FULL_SYNC_PERIOD, RenderOptions};
 use crate::tool::{self, RunError, stderr_text};
 use crate::{Dataplane, FailedStep, ProxyState, SyncError, SyncReport};
 use std::process::ExitStatus;
+use std::time::Instant;
 
 /// How the nftables mode is configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +90,8 @@ struct Table {
     /// Chains and sets the table may hold besides `in_kernel`'s; `None` until the first sync
     /// has read the kernel's table.
     leftovers: Option<Leftovers>,
+    /// When the last full transaction of this table succeeded.
+    last_full_sync: Option<Instant>,
 }
 
 /// The nftables backend.
@@ -109,6 +115,7 @@ impl NftablesBackend {
                 rendered: None,
                 in_kernel: None,
                 leftovers: None,
+                last_full_sync: None,
             })
             .collect();
         Self {
@@ -173,6 +180,16 @@ impl Dataplane for NftablesBackend {
                 let family = self.tables[index].options.family();
                 self.tables[index].leftovers = Some(self.listed(family).await?);
             }
+            let due = self.tables[index]
+                .last_full_sync
+                .is_none_or(|at| at.elapsed() >= FULL_SYNC_PERIOD);
+            if due {
+                self.tables[index].in_kernel = None;
+            }
+        }
+        if self.unchanged(state) && !self.tables_present().await? {
+            tracing::warn!("the kube-proxy table is gone; writing it again");
+            self.forget();
         }
         let mut script = String::new();
         let mut next = Vec::with_capacity(self.tables.len());
@@ -206,6 +223,9 @@ impl Dataplane for NftablesBackend {
             }
         }
         for (table, (rendered, stale_chains)) in self.tables.iter_mut().zip(next) {
+            if table.in_kernel.is_none() {
+                table.last_full_sync = Some(Instant::now());
+            }
             table.rendered = Some(rendered.clone());
             table.in_kernel = Some(rendered);
             table.leftovers = Some(Leftovers {
@@ -222,6 +242,29 @@ impl Dataplane for NftablesBackend {
 }
 
 impl NftablesBackend {
+    /// Whether `state` is what the kernel holds, in every table.
+    fn unchanged(&self, state: &ProxyState) -> bool {
+        // Services both states share are skipped without a look inside.
+        self.applied
+            .as_ref()
+            .is_some_and(|applied| applied.changed_services(state).next().is_none())
+            && self.tables.iter().all(|table| table.in_kernel.is_some())
+    }
+
+    /// Whether every table is still there, probed through its small `services` chain.
+    async fn tables_present(&self) -> Result<bool, Error> {
+        for table in &self.tables {
+            let family = family_name(table.options.family());
+            let ran = self
+                .nft(&["list", "chain", family, TABLE, "services"], None)
+                .await?;
+            if !ran.output.status.success() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// After a failed transaction: the kernel holds what it held before, which the next
     /// (full) transaction cleans up along with anything else in the table.
     fn forget(&mut self) {
