@@ -261,9 +261,12 @@ impl Programmed {
                 )
             }
             ProxyMode::Nftables => (
+                // A Service port's chain names it (`service-HASH-ns/name/proto/port`); the fixed
+                // `service-endpoints-check` does not.
                 listing
                     .lines()
-                    .filter(|line| line.trim_start().starts_with("chain service-"))
+                    .map(str::trim_start)
+                    .filter(|line| line.starts_with("chain service-") && line.contains('/'))
                     .count(),
                 listing
                     .split("numgen random mod ")
@@ -711,6 +714,9 @@ table ip kube-proxy {
 \tchain services {
 \t\tip daddr . meta l4proto . th dport vmap @service-ips
 \t}
+\tchain service-endpoints-check {
+\t\tip daddr . meta l4proto . th dport vmap @no-endpoint-services
+\t}
 \tchain service-AAAAAAAA-bench/s0/tcp/http {
 \t\tip daddr 10.96.1.0 tcp dport 80 ip saddr != 10.244.0.0/16 mark set mark or 0x4000
 \t\tmeta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.244.1.2 . 8080, 1 : 10.244.2.2 . 8080 }
@@ -727,6 +733,10 @@ table ip kube-proxy {
         let found = Programmed::count(LISTED, wanted, ProxyMode::Nftables);
         assert_eq!((found.service_chains, found.endpoint_jumps), (1, 2));
         assert!(found.matches());
-        assert_eq!(nft_rules(LISTED), 4, "the chains' rules, not their type lines");
+        assert_eq!(
+            nft_rules(LISTED),
+            5,
+            "the chains' rules, not their type lines"
+        );
     }
 }
