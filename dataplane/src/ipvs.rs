@@ -10,6 +10,7 @@
 
 pub mod apply;
 pub mod backend;
+pub mod cleanup;
 pub mod client;
 pub mod connection;
 pub mod diff;

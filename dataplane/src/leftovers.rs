@@ -7,8 +7,8 @@
 //! KEP-3866) and `kube-ipvs0`, whose addresses make every cluster IP local to the node (so it
 //! accepts, and answers ARP for, traffic to them itself). The ipsets are inert without the IPVS
 //! mode's iptables rules, which may still use them, and are only removed by `--cleanup`
-//! ([`Leftovers::remove_all`]). IPVS virtual servers are only reported: removing them needs the
-//! IPVS netlink client, and a kernel without IPVS has none.
+//! ([`Leftovers::remove_all`]). IPVS virtual servers are not tools' business: the IPVS client
+//! removes them (`ipvs::cleanup`).
 
 use crate::tool::RunError;
 use std::{io, process::Output};
@@ -24,8 +24,6 @@ const NFT_TABLES: [&str; 2] = ["ip kube-proxy", "ip6 kube-proxy"];
 const IPVS_INTERFACE: &str = "kube-ipvs0";
 /// The prefix of every ipset kube-proxy's IPVS mode creates (`KUBE-6-` for IPv6 included).
 const IPSET_PREFIX: &str = "KUBE-";
-/// Where the kernel lists IPVS virtual servers; absent without IPVS.
-const IPVS_TABLE: &str = "/proc/net/ip_vs";
 
 /// What can go wrong while removing leftovers.
 #[derive(Debug, thiserror::Error)]
@@ -57,8 +55,7 @@ pub struct Removed {
     pub interfaces: Vec<String>,
     /// ipsets.
     pub ipsets: Vec<String>,
-    /// Why a kind of leftover was not looked at or not removed (a tool not installed, IPVS
-    /// virtual servers found).
+    /// Why a kind of leftover was not looked at (a tool not installed, no ipset support).
     pub skipped: Vec<String>,
 }
 
@@ -114,9 +111,8 @@ impl Leftovers {
     }
 
     /// Removes what the IPVS mode leaves that an nftables-mode node must not keep: `kube-ipvs0`
-    /// and the `KUBE-*` ipsets; reports IPVS virtual servers. Run after the iptables rules are
-    /// gone (kube-proxy's nftables mode removes both iptables-based modes' rules on start), as
-    /// they may use the ipsets.
+    /// and the `KUBE-*` ipsets. Run after the iptables rules are gone (kube-proxy's nftables
+    /// mode removes both iptables-based modes' rules on start), as they may use the ipsets.
     ///
     /// # Errors
     ///
@@ -125,13 +121,11 @@ impl Leftovers {
         let mut removed = Removed::default();
         self.remove_ipvs_interface(&mut removed).await?;
         self.remove_ipsets(&mut removed).await?;
-        self.report_ipvs_services(&mut removed).await?;
         Ok(removed)
     }
 
     /// Removes every leftover of the other modes: the nftables tables, `kube-ipvs0` and the
-    /// `KUBE-*` ipsets; reports IPVS virtual servers. Run after the iptables rules are gone, as
-    /// they may use the ipsets.
+    /// `KUBE-*` ipsets. Run after the iptables rules are gone, as they may use the ipsets.
     ///
     /// # Errors
     ///
@@ -140,7 +134,6 @@ impl Leftovers {
     pub async fn remove_all(&self) -> Result<Removed> {
         let mut removed = self.remove_for_iptables_mode().await?;
         self.remove_ipsets(&mut removed).await?;
-        self.report_ipvs_services(&mut removed).await?;
         Ok(removed)
     }
 
@@ -192,21 +185,6 @@ impl Leftovers {
         {
             self.succeed(IPSET, &["destroy", set]).await?;
             removed.ipsets.push(set.to_owned());
-        }
-        Ok(())
-    }
-
-    async fn report_ipvs_services(&self, removed: &mut Removed) -> Result<()> {
-        // `cat` runs behind the prefix, so the table read is the target namespace's.
-        let output = self.output("cat", &[IPVS_TABLE]).await?;
-        let services = output
-            .as_ref()
-            .filter(|o| o.status.success())
-            .map_or(0, |o| ipvs_services(&String::from_utf8_lossy(&o.stdout)));
-        if services > 0 {
-            removed.skipped.push(format!(
-                "{services} IPVS virtual servers: left in place (remove them with `ipvsadm --clear`)"
-            ));
         }
         Ok(())
     }
@@ -294,19 +272,6 @@ fn interfaces(listing: &str) -> impl Iterator<Item = &str> {
     })
 }
 
-/// The number of virtual servers in `/proc/net/ip_vs` (lines starting with the protocol; real
-/// servers start with `->`).
-fn ipvs_services(table: &str) -> usize {
-    table
-        .lines()
-        .filter(|line| {
-            ["TCP ", "UDP ", "SCTP ", "FWM "]
-                .iter()
-                .any(|p| line.starts_with(p))
-        })
-        .count()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,17 +291,5 @@ mod tests {
                        3: eth0@if7: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500\n";
         let names: Vec<&str> = interfaces(listing).collect();
         assert_eq!(names, ["lo", "kube-ipvs0", "eth0"]);
-    }
-
-    #[test]
-    fn ipvs_virtual_servers_are_counted_without_their_real_servers() {
-        let table = "IP Virtual Server version 1.2.1 (size=4096)\n\
-                     Prot LocalAddress:Port Scheduler Flags\n\
-                     \x20 -> RemoteAddress:Port Forward Weight ActiveConn InActConn\n\
-                     TCP  0A60000A:0050 rr\n\
-                     \x20 -> 0AF40102:1F90      Masq    1      0          0\n\
-                     UDP  0A60000A:0035 rr\n";
-        assert_eq!(ipvs_services(table), 2);
-        assert_eq!(ipvs_services(""), 0);
     }
 }

@@ -10,9 +10,10 @@ use splitproxy_agent::{
     wire_mode,
 };
 use splitproxy_dataplane::{
-    Dataplane, IpFamily,
+    Cidr, Dataplane, IpFamily,
     iptables::{self, DualStack},
     ipvs::backend::{self as ipvs, IpvsBackend},
+    ipvs::cleanup as ipvs_cleanup,
     leftovers::{Leftovers, Removed},
     nftables::{NftablesBackend, backend as nftables},
 };
@@ -67,7 +68,7 @@ fn main() -> ExitCode {
         }
     };
     if cli.cleanup {
-        let code = runtime.block_on(cleanup());
+        let code = runtime.block_on(cleanup(cli.ipvs_exclude_cidrs));
         telemetry.shutdown();
         return code;
     }
@@ -153,6 +154,12 @@ async fn run(
         ProxyMode::Ipvs => Leftovers::default().remove_for_ipvs_mode().await,
         ProxyMode::Nftables => {
             remove_iptables_rules(&dual_stack).await;
+            if let Err(err) = remove_ipvs_virtual_servers(ipvs.exclude_cidrs.clone()).await {
+                tracing::warn!(
+                    error = format!("{err:#}"),
+                    "could not remove the IPVS mode's virtual servers"
+                );
+            }
             Leftovers::default().remove_for_nftables_mode().await
         }
     };
@@ -221,10 +228,24 @@ async fn run_until_interrupted(config: Config, dataplane: impl Dataplane) -> any
     }
 }
 
+/// Deletes IPVS virtual servers outside `exclude`, as kube-proxy flushes IPVS on `--cleanup` and
+/// on a switch to the nftables mode (where they would take Service traffic before the table).
+async fn remove_ipvs_virtual_servers(exclude: Vec<Cidr>) -> anyhow::Result<()> {
+    let removed =
+        tokio::task::spawn_blocking(move || ipvs_cleanup::remove_virtual_servers(&exclude))
+            .await??;
+    if !removed.is_empty() {
+        let removed: Vec<String> = removed.iter().map(ToString::to_string).collect();
+        tracing::info!(virtual_servers = ?removed, "removed the IPVS virtual servers");
+    }
+    Ok(())
+}
+
 /// `--cleanup`: removes kube-proxy's iptables layout (splitproxy's, or kube-proxy's own leftovers)
-/// in every IP family whose tools work, then the other proxy modes' leftovers (after the rules,
-/// which may use their ipsets), then exits; failure if anything could not be cleaned.
-async fn cleanup() -> ExitCode {
+/// in every IP family whose tools work, then the IPVS virtual servers outside `ipvs_exclude`,
+/// then the other proxy modes' leftovers (after the rules, which may use their ipsets), then
+/// exits; failure if anything could not be cleaned.
+async fn cleanup(ipvs_exclude: Vec<Cidr>) -> ExitCode {
     let dataplane = DualStack::detect(&iptables::Config::default()).await;
     let mut code = ExitCode::SUCCESS;
     for (family, outcome) in dataplane.cleanup().await {
@@ -244,6 +265,13 @@ async fn cleanup() -> ExitCode {
                 code = ExitCode::FAILURE;
             }
         }
+    }
+    if let Err(err) = remove_ipvs_virtual_servers(ipvs_exclude).await {
+        tracing::error!(
+            error = format!("{err:#}"),
+            "could not remove the IPVS virtual servers"
+        );
+        code = ExitCode::FAILURE;
     }
     match Leftovers::default().remove_all().await {
         Ok(removed) => log_removed(&removed, "removed the other proxy modes' leftovers"),

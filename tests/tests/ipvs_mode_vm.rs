@@ -232,6 +232,24 @@ echo "== service deleted"
 ipvsadm -Ln
 ip -o addr show dev kube-ipvs0
 ipset list KUBE-CLUSTER-IP
+
+# The Service back, then `--cleanup` with the agent stopped: every IPVS virtual server goes but
+# another program's inside --ipvs-exclude-cidrs, with kube-ipvs0, the ipsets and the rules.
+cp /cluster/one.yaml /tmp/manifests/cluster.yaml.tmp
+mv /tmp/manifests/cluster.yaml.tmp /tmp/manifests/cluster.yaml
+await_ipvs '-> 10.244.1.20:8080 +Masq'
+kill "$agent"
+wait "$agent" || true
+ipvsadm -A -t 192.0.2.1:443 -s rr
+echo "== before cleanup"
+ipvsadm -Ln
+splitproxy-agent --cleanup --ipvs-exclude-cidrs 192.0.2.0/24 >/tmp/cleanup.log 2>&1 \
+    || { echo "cleanup failed"; cat /tmp/cleanup.log; exit 1; }
+echo "== cleaned"
+ipvsadm -Ln
+ip -o link show
+ipset list -n
+iptables -t nat -S
 trap - EXIT
 "#;
 
@@ -381,6 +399,21 @@ fn the_agent_in_ipvs_mode_serves_cluster_ips_and_node_ports_in_a_vm() -> Result<
             && !deleted.contains("10.96.0.30"),
         "once the Service is deleted, its virtual servers, address and set entries are \
          gone:\n{deleted}"
+    );
+    let before = section(&sections, "before cleanup")?;
+    ensure!(
+        before.contains("TCP  10.96.0.10:80 rr") && before.contains("TCP  192.0.2.1:443 rr"),
+        "the Service's virtual servers and another program's before the cleanup:\n{before}"
+    );
+    let cleaned = section(&sections, "cleaned")?;
+    ensure!(
+        cleaned.contains("TCP  192.0.2.1:443 rr")
+            && !cleaned.contains("10.96.0.")
+            && !cleaned.contains(":30080")
+            && !cleaned.contains("kube-ipvs0")
+            && !cleaned.contains("KUBE-"),
+        "--cleanup removes the virtual servers but the excluded one, kube-ipvs0, the ipsets and \
+         the rules:\n{cleaned}"
     );
     Ok(())
 }
