@@ -26,6 +26,6 @@ mod testing;
 pub mod transaction;
 
 pub use backend::NftablesBackend;
-pub use render::{AffinitySet, Chain, Container, Element, Options, Rendered, ServiceRules};
+pub use render::{AffinitySet, Chain, Container, Element, Options, Rendered, ServiceRules, Slot};
 pub use script::TABLE;
 pub use transaction::{Counts, Leftovers, Transaction, delete_table, transaction};

@@ -9,7 +9,7 @@
 use anyhow::{Context, Result, ensure};
 use splitproxy_dataplane::{
     Protocol, ServiceKey,
-    nftables::names::{SERVICE_PREFIX, port_base},
+    nftables::names::{SERVICE_PREFIX, endpoint_map, port_base},
 };
 use splitproxy_e2e::demo_cluster::DemoCluster;
 use splitproxy_e2e::eventually;
@@ -38,17 +38,19 @@ fn the_agent_in_nftables_mode_serves_the_cluster_and_keeps_serving_without_the_c
     )
     .with_context(|| cluster.logs())?;
 
-    // kube-proxy's table, chain names and hashes, so `nft list` reads as upstream's.
+    // kube-proxy's table, chain names and hashes, so `nft list` reads as upstream's; the chain
+    // picks its two endpoints from the endpoint map named after its hash.
     let node1 = &cluster.nodes[0];
     let table = cluster.run(node1, "nft", &["list", "table", "ip", "kube-proxy"])?;
-    let service_chain = format!(
-        "{SERVICE_PREFIX}{}",
-        port_base(&ServiceKey::new("demo", "web"), Protocol::Tcp, "http")
-    );
+    let base = port_base(&ServiceKey::new("demo", "web"), Protocol::Tcp, "http");
+    let service_chain = format!("{SERVICE_PREFIX}{base}");
+    let endpoint_map = endpoint_map(Protocol::Tcp, &base);
     for expected in [
         format!("10.96.0.10 . tcp . 80 : goto {service_chain}"),
-        "dnat ip to numgen random mod 2 map".to_owned(),
-        "10.244.1.2 . 8080".to_owned(),
+        "dnat ip to numgen random mod 2 ".to_owned(),
+        format!("map @{endpoint_map}"),
+        format!("map {endpoint_map} {{"),
+        ": 10.244.1.2 . 8080".to_owned(),
     ] {
         ensure!(
             table.contains(&expected),

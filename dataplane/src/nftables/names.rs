@@ -11,6 +11,11 @@
 //! apart.
 //!
 //! Every per-Service name holds a `/`, which no fixed chain, set or map name does.
+//!
+//! One kind of name is splitproxy's own: the maps a port's endpoints are picked from are shared
+//! by every port of one protocol whose hash starts with the same two characters, and named after
+//! them (`endpoints-tcp-UL` for `service-ULMVA6XW-ns1/svc1/tcp/p80`), so the map a chain picks
+//! from is read off its name.
 
 use crate::{Protocol, ServiceKey};
 use data_encoding::BASE32;
@@ -31,6 +36,10 @@ pub const FIREWALL_PREFIX: &str = "firewall-";
 pub const ENDPOINT_PREFIX: &str = "endpoint-";
 /// Prefix of the set remembering the clients stuck to one endpoint (session affinity).
 pub const AFFINITY_PREFIX: &str = "affinity-";
+
+/// Prefix of the maps Service ports pick their endpoints from, shared by the ports of one
+/// protocol whose hash starts with the same two characters.
+pub const ENDPOINTS_PREFIX: &str = "endpoints-";
 
 /// The longest base a name may have: nftables names hold 256 bytes, less room for the longest
 /// prefix upstream allows for.
@@ -69,6 +78,73 @@ pub fn endpoint_base(
     }
     let _ = write!(name, "/{port}");
     hash_and_truncate(&name)
+}
+
+/// The endpoint map of the `protocol` port whose name base is `base`: the one named after the
+/// protocol and the base's first two characters, the start of its hash.
+#[must_use]
+pub fn endpoint_map(protocol: Protocol, base: &str) -> EndpointMap {
+    let mut hash = [b'A'; 2];
+    for (to, from) in hash.iter_mut().zip(base.bytes()) {
+        *to = from;
+    }
+    EndpointMap { protocol, hash }
+}
+
+/// One of the maps Service ports pick their endpoints from (`endpoints-tcp-UL`): a port picks
+/// `numgen random mod N offset K` and finds its endpoint under that number, in the range of
+/// numbers it was given in the map.
+///
+/// A map serves one protocol because its type names the port's header (`tcp dport`): nft (1.0.6
+/// at least) refuses a rule matching `meta l4proto tcp` against a map it reads back from the
+/// kernel typed with the protocol-neutral `th dport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EndpointMap {
+    protocol: Protocol,
+    hash: [u8; 2],
+}
+
+impl EndpointMap {
+    /// The map's name in the table.
+    #[must_use]
+    pub fn name(self) -> String {
+        self.to_string()
+    }
+
+    /// The protocol of the ports picking from it.
+    #[must_use]
+    pub fn protocol(self) -> Protocol {
+        self.protocol
+    }
+
+    /// The map `name` names (`endpoints-tcp-UL`), if it is one.
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Self> {
+        let (protocol, hash) = name.strip_prefix(ENDPOINTS_PREFIX)?.split_once('-')?;
+        let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+            .into_iter()
+            .find(|known| known.as_str() == protocol)?;
+        match *hash.as_bytes() {
+            [first, second] if hash.bytes().all(|byte| byte.is_ascii_alphanumeric()) => {
+                Some(Self {
+                    protocol,
+                    hash: [first, second],
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for EndpointMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{ENDPOINTS_PREFIX}{}-", self.protocol)?;
+        // Both bytes come from a base32 hash, or from `from_name`'s alphanumeric check.
+        for &byte in &self.hash {
+            std::fmt::Write::write_char(f, char::from(byte))?;
+        }
+        Ok(())
+    }
 }
 
 /// Whether `name` is one of a Service's own chains or sets rather than a fixed one.
@@ -212,6 +288,29 @@ mod tests {
         assert_eq!(first, format!("CI6C53Q3-{cut}"));
         assert_eq!(second, format!("2FLXFK6X-{cut}"));
         assert_eq!(first.len(), BASE_MAX);
+    }
+
+    #[test]
+    fn a_port_picks_from_the_endpoint_map_named_after_its_hash() {
+        let base = port_base(&key("ns1", "svc1"), Protocol::Tcp, "p80");
+        let map = endpoint_map(Protocol::Tcp, &base);
+        assert_eq!(map.name(), "endpoints-tcp-UL");
+        assert_eq!(EndpointMap::from_name("endpoints-tcp-UL"), Some(map));
+        let udp = EndpointMap::from_name("endpoints-udp-UL").unwrap();
+        assert_eq!(
+            (udp.protocol(), udp.name().as_str()),
+            (Protocol::Udp, "endpoints-udp-UL")
+        );
+        for other in [
+            "endpoints-tcp-U",
+            "endpoints-tcp-ULM",
+            "endpoints-tcp-U/",
+            "endpoints-icmp-UL",
+            "endpoints-UL",
+            "service-ips",
+        ] {
+            assert_eq!(EndpointMap::from_name(other), None, "{other}");
+        }
     }
 
     #[test]

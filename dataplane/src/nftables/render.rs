@@ -12,13 +12,27 @@
 //!                                       ├─ daddr . proto . port vmap @service-ips ─→ service-… / local-… / external-…
 //!                                       └─ node address: proto . port vmap @service-nodeports → external-…
 //! external-… → masquerade, then service-… (eTP Cluster) or local-… (eTP Local, after the short-circuits)
-//! service-…/local-… → numgen vmap over endpoints (DNAT; endpoint-… chains with session affinity)
+//! service-…/local-… → DNAT to numgen random mod N offset K in @endpoints-tcp-XX (endpoint-… chains with affinity)
 //! filter-prerouting-pre-dnat/filter-output-pre-dnat → firewall-check: vmap @firewall-ips → firewall-… (drop)
 //! filter-input/forward/output → service-endpoints-check / nodeport-endpoints-check: drop or reject
 //!                               (vmap @no-endpoint-services, @no-endpoint-nodeports)
 //! filter-forward/output → cluster-ips-check: reject other ports of cluster IPs, drop unallocated ones
 //! nat-postrouting → masquerading: marked packets, and hairpin connections (@hairpin-connections)
 //! ```
+//!
+//! **Endpoint choice** is where this layout leaves upstream's. Upstream gives every `service-…`
+//! and `local-…` chain an anonymous map of its own (`numgen random mod N map { 0 : …, 1 : … }`),
+//! and the kernel's cost of adding a set grows with the sets the table already holds: a full
+//! sync of 10k Services spends seconds to minutes in the kernel naming and binding 10k anonymous
+//! maps. Here the chains pick from shared named maps, one per protocol and first two characters
+//! of the port's hash (`endpoints-tcp-UL` for `service-ULMVA6XW-…/tcp/…`, at most 1,024 per
+//! protocol): a chain owns the numbers
+//! `K … K+N-1` of its map and picks `numgen random mod N offset K`. Adding a Service then costs
+//! the same however many the table holds, the choice stays one lookup, and a port whose
+//! endpoints change but not their number changes map elements only, not its chain. [`Rendered`]
+//! hands out the ranges ([`Slot`]): a chain keeps its range while its number of endpoints stays,
+//! and otherwise gets fresh numbers at the end of its map's, so a number never points at two
+//! endpoints within one transaction.
 //!
 //! Which endpoints a port uses, whether it has any, and which traffic policies apply are decided
 //! by the iptables render's `PortPlan` (from [`crate::endpoints`]), so both modes always agree on
@@ -40,10 +54,12 @@ pub(crate) mod skeleton;
 #[cfg(test)]
 mod tests;
 
+use super::names::EndpointMap;
 use crate::conntrack::IpFamily;
 use crate::iptables::render::{FamilyOptions, RenderOptions};
 use crate::{Cidr, ProxyState, Service, ServiceKey};
 use imbl::OrdMap;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 pub(crate) use skeleton::Skeleton;
@@ -118,10 +134,13 @@ pub enum Container {
     /// `firewall-ips`: a load-balancer IP, protocol and port with source ranges → its
     /// `firewall-…` chain.
     FirewallIps,
+    /// `endpoints-tcp-XX`: the numbers Service ports pick at random → endpoint address and port.
+    /// Created while some port picks from it, unlike the fixed ones.
+    Endpoints(EndpointMap),
 }
 
 impl Container {
-    /// Every container, in the order the table declares them.
+    /// Every fixed container, in the order the table declares them.
     pub const ALL: [Self; 8] = [
         Self::ClusterIps,
         Self::NodePortIps,
@@ -135,8 +154,8 @@ impl Container {
 
     /// The set's or map's name in the table.
     #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
+    pub fn name(self) -> Cow<'static, str> {
+        Cow::Borrowed(match self {
             Self::ClusterIps => "cluster-ips",
             Self::NodePortIps => "nodeport-ips",
             Self::HairpinConnections => "hairpin-connections",
@@ -145,7 +164,8 @@ impl Container {
             Self::NoEndpointServices => "no-endpoint-services",
             Self::NoEndpointNodePorts => "no-endpoint-nodeports",
             Self::FirewallIps => "firewall-ips",
-        }
+            Self::Endpoints(map) => return Cow::Owned(map.name()),
+        })
     }
 
     /// `map` for a verdict map, `set` for a set: the keyword nft commands name it with.
@@ -157,7 +177,8 @@ impl Container {
             | Self::ServiceNodePorts
             | Self::NoEndpointServices
             | Self::NoEndpointNodePorts
-            | Self::FirewallIps => "map",
+            | Self::FirewallIps
+            | Self::Endpoints(_) => "map",
         }
     }
 }
@@ -182,7 +203,7 @@ pub struct AffinitySet {
     pub timeout_seconds: u64,
 }
 
-/// One element of a fixed set or map.
+/// One element of a set or map Services share.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Element {
     /// The set or map it belongs to.
@@ -191,7 +212,8 @@ pub struct Element {
     pub key: Arc<str>,
     /// The element's comment (the `ns/name:port` of no-endpoint entries).
     pub comment: Option<String>,
-    /// The verdict of a map element (`goto service-…`, `drop`); `None` in a set.
+    /// The data of a map element: a verdict (`goto service-…`, `drop`) or an endpoint
+    /// (`10.180.0.1 . 80`); `None` in a set.
     pub value: Option<String>,
 }
 
@@ -203,6 +225,20 @@ impl Element {
     }
 }
 
+/// The numbers one `service-…` or `local-…` chain picks from in its endpoint map:
+/// `offset … offset + len - 1`, one per endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    /// The chain picking.
+    pub chain: String,
+    /// The map it picks from.
+    pub map: EndpointMap,
+    /// Its first number.
+    pub offset: u32,
+    /// How many numbers: its endpoints.
+    pub len: u32,
+}
+
 /// What one Service adds to a family's table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServiceRules {
@@ -210,8 +246,10 @@ pub struct ServiceRules {
     pub chains: Vec<Chain>,
     /// Its affinity sets, each named once.
     pub sets: Vec<AffinitySet>,
-    /// Its elements of the fixed sets and maps, each key once per container.
+    /// Its elements of the shared sets and maps, each key once per container.
     pub elements: Vec<Element>,
+    /// Its chains' ranges in the endpoint maps.
+    pub slots: Vec<Slot>,
 }
 
 impl ServiceRules {
@@ -248,6 +286,49 @@ pub struct Rendered {
     service_rules: usize,
     /// The Services' chains.
     service_chains: usize,
+    /// Each endpoint map in use, with the number of chains picking from it.
+    endpoint_maps: OrdMap<EndpointMap, usize>,
+    /// The first number of each endpoint map no chain has had since the numbering began.
+    next_numbers: imbl::HashMap<EndpointMap, u32>,
+    /// How many times the endpoint maps were numbered again from 0: a table numbered otherwise
+    /// than the kernel's is written whole, as every chain's numbers may have moved.
+    numbering: u64,
+}
+
+/// The numbers an endpoint map hands out stay below this, so `offset + N` never overflows; a
+/// map reaching it has everything numbered again from 0 (after some two billion changes).
+/// Small under test, so the random transaction tests number maps again many times.
+const NUMBER_LIMIT: u32 = if cfg!(test) { 24 } else { 1 << 31 };
+
+/// Hands the chains of one Service being rendered their ranges in the endpoint maps.
+pub(super) struct Numbering<'a> {
+    /// The Service's ranges before this render.
+    previous: &'a [Slot],
+    /// The next free number of each map.
+    next: &'a mut imbl::HashMap<EndpointMap, u32>,
+    /// Some map ran out of numbers; the whole table is numbered again.
+    exhausted: bool,
+}
+
+impl Numbering<'_> {
+    /// The first of `len` numbers in `map` for `chain`: the ones it had if it had as many,
+    /// otherwise fresh ones.
+    pub(super) fn offset(&mut self, chain: &str, map: EndpointMap, len: u32) -> u32 {
+        let kept = self
+            .previous
+            .iter()
+            .find(|slot| slot.chain == chain && slot.map == map && slot.len == len);
+        if let Some(slot) = kept {
+            return slot.offset;
+        }
+        let next = self.next.entry(map).or_insert(0);
+        let offset = *next;
+        match offset.checked_add(len).filter(|end| *end <= NUMBER_LIMIT) {
+            Some(end) => *next = end,
+            None => self.exhausted = true,
+        }
+        offset
+    }
 }
 
 impl Rendered {
@@ -265,8 +346,12 @@ impl Rendered {
             holders: imbl::HashMap::new(),
             service_rules: 0,
             service_chains: 0,
+            endpoint_maps: OrdMap::new(),
+            next_numbers: imbl::HashMap::new(),
+            numbering: 0,
         };
-        empty.update(state, options)
+        // Numbering from 0 cannot run out: no map holds two billion endpoints.
+        empty.render_changed(state).0
     }
 
     /// The table for `state`, rendering again only the Services that differ from those rendered
@@ -276,14 +361,34 @@ impl Rendered {
         if *self.options != *options {
             return Self::new(state, options);
         }
+        match self.render_changed(state) {
+            (next, false) => next,
+            (_, true) => Self {
+                numbering: self.numbering + 1,
+                ..Self::new(state, options)
+            },
+        }
+    }
+
+    /// This table with the Services that differ in `state` rendered again, and whether an
+    /// endpoint map ran out of numbers (the table is then unusable).
+    fn render_changed(&self, state: &ProxyState) -> (Self, bool) {
         let mut next = self.clone();
+        let mut exhausted = false;
         for key in crate::changed_keys(&self.services, &state.services) {
-            if let Some(old) = self.rules.get(key) {
+            let old = self.rules.get(key);
+            if let Some(old) = old {
                 next.forget(key, old);
             }
             match state.services.get(key) {
                 Some(service) => {
-                    let rules = Arc::new(service::render(service, options));
+                    let mut numbering = Numbering {
+                        previous: old.map_or(&[], |old| old.slots.as_slice()),
+                        next: &mut next.next_numbers,
+                        exhausted: false,
+                    };
+                    let rules = Arc::new(service::render(service, &self.options, &mut numbering));
+                    exhausted |= numbering.exhausted;
                     next.remember(key, &rules);
                     next.rules.insert(key.clone(), rules);
                 }
@@ -293,13 +398,21 @@ impl Rendered {
             }
         }
         next.services = state.services.clone();
-        next
+        (next, exhausted)
     }
 
     /// Takes the elements, chains and rules of `key`'s `rules` out of the totals and holders.
     fn forget(&mut self, key: &ServiceKey, rules: &ServiceRules) {
         self.service_rules -= rules.rule_count();
         self.service_chains -= rules.chains.len();
+        for slot in &rules.slots {
+            match self.endpoint_maps.get_mut(&slot.map) {
+                Some(users) if *users > 1 => *users -= 1,
+                _ => {
+                    self.endpoint_maps.remove(&slot.map);
+                }
+            }
+        }
         for element in &rules.elements {
             let id = (element.container, Arc::clone(&element.key));
             let Some(holders) = self.holders.get_mut(&id) else {
@@ -317,6 +430,9 @@ impl Rendered {
     fn remember(&mut self, key: &ServiceKey, rules: &ServiceRules) {
         self.service_rules += rules.rule_count();
         self.service_chains += rules.chains.len();
+        for slot in &rules.slots {
+            *self.endpoint_maps.entry(slot.map).or_insert(0) += 1;
+        }
         for element in &rules.elements {
             let id = (element.container, Arc::clone(&element.key));
             match self.holders.get_mut(&id) {
@@ -336,6 +452,13 @@ impl Rendered {
     #[must_use]
     pub fn options(&self) -> &Options {
         &self.options
+    }
+
+    /// Whether `other` was rendered with the same options and numbers its endpoint maps the
+    /// same way, so a transaction between the two need only look at the Services that changed.
+    #[must_use]
+    pub fn comparable(&self, other: &Self) -> bool {
+        self.options == other.options && self.numbering == other.numbering
     }
 
     /// The family rendered.
@@ -423,6 +546,17 @@ impl Rendered {
             .flat_map(|rules| rules.sets.iter().map(|set| set.name.as_str()))
     }
 
+    /// The endpoint maps some chain picks from, in name order.
+    pub fn endpoint_maps(&self) -> impl Iterator<Item = EndpointMap> + '_ {
+        self.endpoint_maps.keys().copied()
+    }
+
+    /// Whether some chain picks from endpoint map `map`.
+    #[must_use]
+    pub fn has_endpoint_map(&self, map: EndpointMap) -> bool {
+        self.endpoint_maps.contains_key(&map)
+    }
+
     /// Rules the table holds: the fixed chains' and the Services'.
     #[must_use]
     pub fn rule_count(&self) -> usize {
@@ -435,7 +569,7 @@ impl Rendered {
         self.skeleton.chains + self.service_chains
     }
 
-    /// Elements the table's fixed sets and maps hold.
+    /// Elements the table's shared sets and maps hold (the endpoint maps' included).
     #[must_use]
     pub fn element_count(&self) -> usize {
         self.skeleton.elements + self.holders.len()

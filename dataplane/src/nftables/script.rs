@@ -109,7 +109,7 @@ impl Script {
     pub(crate) fn add_element(&mut self, element: &Element) {
         self.start("add", "element");
         self.text.push(' ');
-        self.text.push_str(element.container.name());
+        self.text.push_str(&element.container.name());
         self.text.push_str(" { ");
         self.text.push_str(&element.key);
         if let Some(comment) = &element.comment {
@@ -128,7 +128,7 @@ impl Script {
     pub(crate) fn delete_element(&mut self, container: Container, key: &str) {
         self.start("delete", "element");
         self.text.push(' ');
-        self.text.push_str(container.name());
+        self.text.push_str(&container.name());
         self.text.push_str(" { ");
         self.text.push_str(key);
         self.text.push_str(" }\n");

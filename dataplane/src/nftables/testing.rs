@@ -14,6 +14,7 @@
 //! | external clients | `203.0.113.0/24`; IPv6 `2001:db8:203::/48`                           |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use super::names::ENDPOINTS_PREFIX;
 use super::render::Options;
 use crate::conntrack::IpFamily;
 use crate::iptables::RenderOptions;
@@ -488,6 +489,114 @@ pub(crate) fn normalize(listing: &str, skip: &BTreeSet<String>) -> BTreeMap<Stri
             continue;
         }
         body.push(line.to_owned());
+    }
+    objects
+}
+
+/// Endpoint maps' elements: map name → number → the endpoint as written (`10.180.0.3 . 8080`).
+type EndpointNumbers = BTreeMap<String, BTreeMap<u32, String>>;
+
+/// `rule` with its pick from an endpoint map (`… numgen random mod N offset K map @endpoints-XX`)
+/// written as the endpoints it reaches (`… numgen random mod N → [a, b]`), taken out of
+/// `numbers`; a number no element holds reads `missing`. `None` for a rule that picks nothing.
+fn resolve_pick(rule: &str, numbers: &mut EndpointNumbers) -> Option<String> {
+    let (pick, map) = rule.split_once(" map @")?;
+    if !map.starts_with(ENDPOINTS_PREFIX) {
+        return None;
+    }
+    // nft lists `offset 0` as no offset at all.
+    let (head, offset) = pick.split_once(" offset ").unwrap_or((pick, "0"));
+    let count: u32 = head.rsplit(' ').next()?.parse().ok()?;
+    let offset: u32 = offset.parse().ok()?;
+    let elements = numbers.entry(map.to_owned()).or_default();
+    let picked: Vec<String> = (offset..offset + count)
+        .map(|number| elements.remove(&number).unwrap_or_else(|| "missing".into()))
+        .collect();
+    Some(format!("{head} → [{}]", picked.join(", ")))
+}
+
+/// `model` with each pick from an endpoint map written as the endpoints it reaches and those
+/// taken out of the map: tables that pick the same endpoints compare equal however their
+/// numbers were handed out, and an endpoint map keeps only what no chain picks (a leak).
+pub(crate) fn resolved(model: &Model) -> Model {
+    let mut model = model.clone();
+    let Some(table) = &mut model.table else {
+        return model;
+    };
+    let mut numbers: EndpointNumbers = BTreeMap::new();
+    for (name, (_, _, elements)) in &table.sets {
+        if name.starts_with(ENDPOINTS_PREFIX) {
+            let parsed = elements.iter().map(|(number, data)| {
+                let data = data.trim_start().trim_start_matches(": ");
+                (number.parse().unwrap(), data.to_owned())
+            });
+            numbers.insert(name.clone(), parsed.collect());
+        }
+    }
+    for (_, rules) in table.chains.values_mut() {
+        for rule in rules {
+            if let Some(resolved) = resolve_pick(rule, &mut numbers) {
+                *rule = resolved;
+            }
+        }
+    }
+    for (name, left) in numbers {
+        if let Some((_, _, elements)) = table.sets.get_mut(&name) {
+            *elements = left
+                .into_iter()
+                .map(|(number, data)| (number.to_string(), format!(" : {data}")))
+                .collect();
+        }
+    }
+    model
+}
+
+/// [`normalize`]d listing objects resolved as [`resolved`] resolves a model.
+pub(crate) fn resolve_listing(
+    objects: BTreeMap<String, Vec<String>>,
+) -> BTreeMap<String, Vec<String>> {
+    let mut objects = objects;
+    let mut numbers: EndpointNumbers = BTreeMap::new();
+    for (header, body) in &objects {
+        let Some(name) = header
+            .strip_prefix("map ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .filter(|name| name.starts_with(ENDPOINTS_PREFIX))
+        else {
+            continue;
+        };
+        let elements = numbers.entry(name.to_owned()).or_default();
+        for line in body {
+            let Some(listed) = line.strip_prefix("elements = ") else {
+                continue;
+            };
+            for element in listed.split(", ") {
+                let (number, data) = element.split_once(" : ").unwrap();
+                elements.insert(number.parse().unwrap(), data.to_owned());
+            }
+        }
+    }
+    for (header, body) in &mut objects {
+        if header.starts_with("chain ") {
+            for line in body.iter_mut() {
+                if let Some(resolved) = resolve_pick(line, &mut numbers) {
+                    *line = resolved;
+                }
+            }
+        }
+    }
+    for (header, body) in &mut objects {
+        let name = header.split_whitespace().nth(1).unwrap_or("");
+        if let Some(left) = numbers.get(name).filter(|_| header.starts_with("map ")) {
+            body.retain(|line| !line.starts_with("elements = "));
+            if !left.is_empty() {
+                let listed: Vec<String> = left
+                    .iter()
+                    .map(|(number, data)| format!("{number} : {data}"))
+                    .collect();
+                body.push(format!("elements = {}", listed.join(", ")));
+            }
+        }
     }
     objects
 }

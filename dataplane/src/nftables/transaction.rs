@@ -6,12 +6,13 @@
 //! the Services' included, so no chain refers to another chain or to a set any more. The fixed
 //! part is then written again (base chains deleted and created again, so a changed hook or
 //! priority applies; every fixed set and map flushed and refilled), then every Service's affinity
-//! sets, chains, rules and elements. Affinity sets keep the clients they hold.
+//! sets, endpoint maps, chains, rules and elements. Affinity sets keep the clients they hold.
 //!
 //! **Incremental** (the kernel holds `previous`, applied by a successful transaction): only the
 //! Services that differ are looked at. A chain whose rules changed is flushed and written again,
 //! a new one created, one no longer wanted flushed; elements are added and deleted one by one,
-//! where the table's copy of them changed; affinity sets follow their endpoints.
+//! where the table's copy of them changed; affinity sets follow their endpoints, and endpoint
+//! maps the chains that pick from them.
 //!
 //! **Stale chains.** A chain is never deleted in the transaction that drops the last reference
 //! to it: kernels before 6.2 notice only a little later that a verdict map element no longer
@@ -20,7 +21,8 @@
 //! back in [`Leftovers::chains`] to a later transaction, which deletes it (`add chain` first, so a
 //! chain someone else deleted meanwhile does not fail the transaction). Affinity sets are only
 //! referenced by rules, which the kernel forgets at once, so they are deleted in the same
-//! transaction, after the chains using them are flushed.
+//! transaction, after the chains using them are flushed. So are endpoint maps no chain picks from
+//! any more.
 //!
 //! Order inside a script: sets before the rules using them; chains created before the rules and
 //! elements that jump to them; chains flushed before the sets they used are deleted; elements
@@ -45,9 +47,9 @@
 #[cfg(test)]
 mod tests;
 
-use super::names::AFFINITY_PREFIX;
-use super::render::skeleton::is_fixed_chain;
-use super::render::{AffinitySet, Chain, ElementId, Rendered, ServiceRules};
+use super::names::{AFFINITY_PREFIX, EndpointMap};
+use super::render::skeleton::{definition, is_fixed_chain};
+use super::render::{AffinitySet, Chain, Container, ElementId, Rendered, ServiceRules};
 use super::script::{Script, TABLE, address_type, family_keyword};
 use crate::conntrack::IpFamily;
 use std::collections::{BTreeMap, BTreeSet};
@@ -62,19 +64,25 @@ pub struct Leftovers {
     /// Chain names. In an incremental transaction each must be empty and unreferenced (it was
     /// flushed and its references removed by an earlier, successful transaction).
     pub chains: BTreeSet<String>,
-    /// Set names; only affinity sets (`affinity-…`) are deleted, the fixed sets and maps are
-    /// the table's own.
+    /// Set and map names; only affinity sets (`affinity-…`) and endpoint maps (`endpoints-…`)
+    /// are deleted, the fixed sets and maps are the table's own.
     pub sets: BTreeSet<String>,
 }
 
 impl Leftovers {
-    /// Every chain and affinity set of `rendered`: what the kernel holds after the transaction
-    /// that applied it, to pass to a full transaction once that state is no longer trusted.
+    /// Every chain, affinity set and endpoint map of `rendered`: what the kernel holds after the
+    /// transaction that applied it, to pass to a full transaction once that state is no longer
+    /// trusted.
     #[must_use]
     pub fn of(rendered: &Rendered) -> Self {
+        let maps = rendered.endpoint_maps().map(EndpointMap::name);
         Self {
             chains: rendered.chain_names().map(str::to_owned).collect(),
-            sets: rendered.set_names().map(str::to_owned).collect(),
+            sets: rendered
+                .set_names()
+                .map(str::to_owned)
+                .chain(maps)
+                .collect(),
         }
     }
 
@@ -138,11 +146,11 @@ pub struct Counts {
     pub chains_flushed: usize,
     /// Stale chains deleted.
     pub chains_deleted: usize,
-    /// Affinity sets created or created again.
+    /// Affinity sets and endpoint maps created or created again.
     pub sets_written: usize,
-    /// Affinity sets deleted.
+    /// Affinity sets and endpoint maps deleted.
     pub sets_deleted: usize,
-    /// Elements added to the fixed sets and maps.
+    /// Elements added to the shared sets and maps.
     pub elements_added: usize,
     /// Elements deleted from them (one whose value changed counts as deleted and added).
     pub elements_deleted: usize,
@@ -174,7 +182,7 @@ impl Transaction {
 ///
 /// `previous` is what the kernel holds, applied by the last successful transaction; `None` when
 /// that is unknown (the first sync, or after a failure), which makes the transaction full, as
-/// does a change of options between `previous` and `next`. `leftovers` are the chains and sets
+/// does a change of options or of the endpoint maps' numbering between `previous` and `next`. `leftovers` are the chains and sets
 /// the table may hold besides (see [`Leftovers`]).
 #[must_use]
 pub fn transaction(
@@ -183,9 +191,7 @@ pub fn transaction(
     leftovers: &Leftovers,
 ) -> Transaction {
     match previous {
-        Some(previous) if previous.options() == next.options() => {
-            incremental(previous, next, leftovers)
-        }
+        Some(previous) if previous.comparable(next) => incremental(previous, next, leftovers),
         _ => full(previous, next, leftovers),
     }
 }
@@ -229,6 +235,24 @@ fn full(previous: Option<&Rendered>, next: &Rendered, leftovers: &Leftovers) -> 
     for set in stale_sets {
         delete_affinity_set(&mut script, family, set);
         counts.sets_deleted += 1;
+    }
+    let previous_maps = previous.into_iter().flat_map(Rendered::endpoint_maps);
+    let stale_maps: BTreeSet<EndpointMap> = leftovers
+        .sets
+        .iter()
+        .filter_map(|name| EndpointMap::from_name(name))
+        .chain(previous_maps)
+        .filter(|map| !next.has_endpoint_map(*map))
+        .collect();
+    for map in stale_maps {
+        delete_endpoint_map(&mut script, family, map);
+        counts.sets_deleted += 1;
+    }
+    // Emptied, as the fixed maps: a number may now belong to another chain.
+    for map in next.endpoint_maps() {
+        add_endpoint_map(&mut script, family, map);
+        script.flush_set("map", &map.name());
+        counts.sets_written += 1;
     }
 
     for (key, rules) in next.service_rules() {
@@ -276,6 +300,14 @@ fn incremental(previous: &Rendered, next: &Rendered, leftovers: &Leftovers) -> T
     let mut written: Vec<&Chain> = Vec::new();
     let mut touched: BTreeSet<ElementId> = BTreeSet::new();
     let empty = ServiceRules::default();
+
+    // Before the rules that pick from them.
+    for map in next.endpoint_maps() {
+        if !previous.has_endpoint_map(map) {
+            add_endpoint_map(&mut script, family, map);
+            counts.sets_written += 1;
+        }
+    }
 
     for key in crate::changed_keys(previous.services(), next.services()) {
         let old = previous.service(key).unwrap_or(&empty);
@@ -351,11 +383,13 @@ fn incremental(previous: &Rendered, next: &Rendered, leftovers: &Leftovers) -> T
     // The table holds each element's first holder's copy; only where that copy changed does
     // the kernel's element change.
     let mut additions = Vec::new();
+    let goes_with_its_map = |element: &super::Element| matches!(element.container, Container::Endpoints(map) if !next.has_endpoint_map(map));
     for id in &touched {
         let before = previous.element(id);
         let after = next.element(id);
         match (before, after) {
             (Some(before), Some(after)) if before.same_data(after) => {}
+            (Some(before), None) if goes_with_its_map(before) => {}
             (Some(before), after) => {
                 script.delete_element(before.container, &before.key);
                 counts.elements_deleted += 1;
@@ -369,9 +403,22 @@ fn incremental(previous: &Rendered, next: &Rendered, leftovers: &Leftovers) -> T
         counts.elements_added += 1;
     }
 
+    // After the chains that picked from them were flushed or written again.
+    for map in previous.endpoint_maps() {
+        if !next.has_endpoint_map(map) {
+            script.delete_set("map", &map.name());
+            counts.sets_deleted += 1;
+        }
+    }
     for set in &leftovers.sets {
         if set.starts_with(AFFINITY_PREFIX) && !previous.has_set(set) && !next.has_set(set) {
             delete_affinity_set(&mut script, family, set);
+            counts.sets_deleted += 1;
+        }
+        let stale_map = EndpointMap::from_name(set)
+            .filter(|map| !previous.has_endpoint_map(*map) && !next.has_endpoint_map(*map));
+        if let Some(map) = stale_map {
+            delete_endpoint_map(&mut script, family, map);
             counts.sets_deleted += 1;
         }
     }
@@ -414,6 +461,18 @@ fn add_affinity_set(script: &mut Script, family: IpFamily, set: &AffinitySet) {
             set.timeout_seconds
         ),
     );
+}
+
+/// Creates endpoint map `map` if it is missing.
+fn add_endpoint_map(script: &mut Script, family: IpFamily, map: EndpointMap) {
+    let container = Container::Endpoints(map);
+    script.add_set("map", &map.name(), &definition(container, family));
+}
+
+/// Deletes endpoint map `map` whether or not it exists.
+fn delete_endpoint_map(script: &mut Script, family: IpFamily, map: EndpointMap) {
+    add_endpoint_map(script, family, map);
+    script.delete_set("map", &map.name());
 }
 
 /// Deletes affinity set `name` whether or not it exists.

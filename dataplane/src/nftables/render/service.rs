@@ -4,10 +4,12 @@
 //! Per port, from its `PortPlan`:
 //!
 //! * `service-…` (cluster policy) and `local-…` (local policy) pick an endpoint at random with one
-//!   `numgen random mod N` lookup: a DNAT map without session affinity; with it, a rule per
-//!   endpoint sending clients found in its `affinity-…` set to its `endpoint-…` chain, then a
-//!   verdict map over those chains. An `endpoint-…` chain records the client in the set (which
-//!   forgets it after the timeout) and DNATs.
+//!   `numgen random mod N` lookup: without session affinity, a DNAT to the endpoint under
+//!   `numgen random mod N offset K` in the port's shared endpoint map (its numbers `K … K+N-1`
+//!   from [`Numbering`]); with it, a rule per endpoint sending clients found in its `affinity-…`
+//!   set to its `endpoint-…` chain, then upstream's verdict map over those chains. An
+//!   `endpoint-…` chain records the client in the set (which forgets it after the timeout) and
+//!   DNATs.
 //! * `external-…` handles node ports, external IPs and load-balancer IPs: masquerade and go on to
 //!   `service-…`; under `externalTrafficPolicy: Local`, pod traffic (from the cluster CIDR) goes
 //!   to `service-…` as if it had come back from a load balancer, the node's own traffic is
@@ -16,21 +18,21 @@
 //! * `firewall-…` drops load-balancer traffic from outside `loadBalancerSourceRanges` (and, when
 //!   a range holds the node's IP, also accepts the load-balancer IPs themselves as sources).
 //!   Unlike the iptables mode, it applies whether or not the port has endpoints, as upstream.
-//! * Elements: the cluster IP in `cluster-ips`; each destination in `service-ips` or
-//!   `service-nodeports` when some endpoint can take it, and in `no-endpoint-services` or
-//!   `no-endpoint-nodeports` (reject when the port has no endpoint at all, drop when only a
-//!   `Local` policy finds none) when not; the load-balancer IPs with source ranges in
-//!   `firewall-ips`; each endpoint on this node in `hairpin-connections`.
+//! * Elements: the endpoints in the port's endpoint map; the cluster IP in `cluster-ips`; each
+//!   destination in `service-ips` or `service-nodeports` when some endpoint can take it, and in
+//!   `no-endpoint-services` or `no-endpoint-nodeports` (reject when the port has no endpoint at
+//!   all, drop when only a `Local` policy finds none) when not; the load-balancer IPs with source
+//!   ranges in `firewall-ips`; each endpoint on this node in `hairpin-connections`.
 //!
 //! Cluster-IP masquerading happens for every Service at once in the fixed `services` chain, and
 //! hairpin masquerading in `masquerading`, so the per-port chains hold no masquerade rule but the
 //! external one.
 
-use super::{AffinitySet, Chain, Container, Element, Options, ServiceRules};
+use super::{AffinitySet, Chain, Container, Element, Numbering, Options, ServiceRules, Slot};
 use crate::iptables::render::{MASQUERADE_MARK, PortPlan};
 use crate::nftables::names::{
     AFFINITY_PREFIX, ENDPOINT_PREFIX, EXTERNAL_PREFIX, FIREWALL_PREFIX, LOCAL_PREFIX,
-    SERVICE_PREFIX, endpoint_base, port_base,
+    SERVICE_PREFIX, endpoint_base, endpoint_map, port_base,
 };
 use crate::nftables::render::skeleton::REJECT_CHAIN;
 use crate::nftables::script::family_keyword;
@@ -38,8 +40,13 @@ use crate::{Endpoint, Service, TrafficPolicy};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-/// Renders `service` for `options`' family; nothing without a cluster IP of the family.
-pub(super) fn render(service: &Service, options: &Options) -> ServiceRules {
+/// Renders `service` for `options`' family, its chains' endpoint ranges from `numbering`;
+/// nothing without a cluster IP of the family.
+pub(super) fn render(
+    service: &Service,
+    options: &Options,
+    numbering: &mut Numbering<'_>,
+) -> ServiceRules {
     let family = options.family();
     let mut rules = ServiceRules::default();
     if !service.cluster_ips.iter().any(|ip| family.contains(ip)) {
@@ -47,7 +54,7 @@ pub(super) fn render(service: &Service, options: &Options) -> ServiceRules {
     }
     for port in &service.ports {
         let plan = PortPlan::new(service, port, family);
-        Port::new(service, &plan, options).render(&mut rules);
+        Port::new(service, &plan, options).render(&mut rules, numbering);
     }
     rules
 }
@@ -96,7 +103,7 @@ impl<'p, 'a> Port<'p, 'a> {
         format!("{address} . {} . {}", self.plan.proto, self.plan.port.port).into()
     }
 
-    fn render(&self, out: &mut ServiceRules) {
+    fn render(&self, out: &mut ServiceRules, numbering: &mut Numbering<'_>) {
         let plan = self.plan;
         // Names within one port never repeat; only an earlier port of the same name can clash.
         let earlier_chains = out.chains.len();
@@ -121,13 +128,22 @@ impl<'p, 'a> Port<'p, 'a> {
         let comment = Some(plan.port_name.clone());
 
         // Chains, in a fixed order: service, local, external, firewall, then the endpoints'.
-        if plan.uses_cluster_chain {
-            let rules = self.spread(&plan.cluster_endpoints);
-            push_chain(out, earlier_chains, cluster_chain.clone(), rules);
-        }
-        if plan.uses_local_chain {
-            let rules = self.spread(&plan.local_endpoints);
-            push_chain(out, earlier_chains, local_chain.clone(), rules);
+        let spreads = [
+            (
+                plan.uses_cluster_chain,
+                &cluster_chain,
+                &plan.cluster_endpoints,
+            ),
+            (plan.uses_local_chain, &local_chain, &plan.local_endpoints),
+        ];
+        for (used, chain, endpoints) in spreads {
+            if used && !has_chain(out, earlier_chains, chain) {
+                let rules = self.spread(chain, endpoints, out, numbering);
+                out.chains.push(Chain {
+                    name: chain.clone(),
+                    rules,
+                });
+            }
         }
         if plan.uses_external_chain {
             let rules = self.external_rules(&cluster_chain, &local_chain);
@@ -259,22 +275,41 @@ impl<'p, 'a> Port<'p, 'a> {
         }
     }
 
-    /// The rules of a `service-…` or `local-…` chain spreading over `endpoints`.
-    fn spread(&self, endpoints: &[&Endpoint]) -> Vec<String> {
+    /// The rules of `chain` (a `service-…` or `local-…` one) spreading over `endpoints`; without
+    /// affinity, the endpoints go into the port's endpoint map, at numbers from `numbering`.
+    fn spread(
+        &self,
+        chain: &str,
+        endpoints: &[&Endpoint],
+        out: &mut ServiceRules,
+        numbering: &mut Numbering<'_>,
+    ) -> Vec<String> {
         let count = endpoints.len();
         let ip = self.ip;
         if self.plan.affinity_seconds.is_none() {
-            let mut rule = format!(
-                "meta l4proto {} dnat {ip} addr . port to numgen random mod {count} map {{ ",
-                self.plan.proto
-            );
-            for (i, endpoint) in endpoints.iter().enumerate() {
-                let separator = if i == 0 { "" } else { " , " };
-                // Writing to a String cannot fail.
-                let _ = write!(rule, "{separator}{i} : {} . {}", endpoint.ip, endpoint.port);
+            let map = endpoint_map(self.plan.port.protocol, &self.base);
+            // A port has at most a few thousand endpoints.
+            let len = u32::try_from(count).unwrap_or(u32::MAX);
+            let offset = numbering.offset(chain, map, len);
+            for (number, endpoint) in (offset..).zip(endpoints) {
+                // Distinct numbers: no other element of the Service has the key.
+                out.elements.push(Element {
+                    container: Container::Endpoints(map),
+                    key: number.to_string().into(),
+                    comment: None,
+                    value: Some(format!("{} . {}", endpoint.ip, endpoint.port)),
+                });
             }
-            rule.push_str(" }");
-            return vec![rule];
+            out.slots.push(Slot {
+                chain: chain.to_owned(),
+                map,
+                offset,
+                len,
+            });
+            return vec![format!(
+                "meta l4proto {} dnat {ip} addr . port to numgen random mod {count} offset {offset} map @{map}",
+                self.plan.proto
+            )];
         }
         let mut rules = Vec::with_capacity(count + 1);
         let mut vmap = format!("numgen random mod {count} vmap {{ ");
@@ -353,10 +388,15 @@ impl<'p, 'a> Port<'p, 'a> {
     }
 }
 
-/// Adds chain `name` unless one of the Service's first `earlier` chains has its name (ports
-/// sharing a name share chains).
+/// Whether one of the Service's first `earlier` chains is named `name` (ports sharing a name
+/// share chains).
+fn has_chain(out: &ServiceRules, earlier: usize, name: &str) -> bool {
+    out.chains[..earlier].iter().any(|chain| chain.name == name)
+}
+
+/// Adds chain `name` unless one of the Service's first `earlier` chains has its name.
 fn push_chain(out: &mut ServiceRules, earlier: usize, name: String, rules: Vec<String>) {
-    if !out.chains[..earlier].iter().any(|chain| chain.name == name) {
+    if !has_chain(out, earlier, &name) {
         out.chains.push(Chain { name, rules });
     }
 }

@@ -137,14 +137,14 @@ impl Skeleton {
         for container in Container::ALL {
             script.add_set(
                 container.kind(),
-                container.name(),
+                &container.name(),
                 &definition(container, family),
             );
             match (container, &node_port_ips) {
                 (Container::NodePortIps, None) => {
-                    script.delete_set(container.kind(), container.name());
+                    script.delete_set(container.kind(), &container.name());
                 }
-                _ => script.flush_set(container.kind(), container.name()),
+                _ => script.flush_set(container.kind(), &container.name()),
             }
         }
 
@@ -268,10 +268,18 @@ impl Skeleton {
     }
 }
 
-/// What follows a fixed set's or map's name when it is created: its type and comment.
-fn definition(container: Container, family: IpFamily) -> String {
+/// What follows a shared set's or map's name when it is created: its type and comment.
+pub(crate) fn definition(container: Container, family: IpFamily) -> String {
     let address = address_type(family);
     let (kind, comment) = match container {
+        // Typed after the expressions that use it: nft has no named type for numgen's numbers.
+        Container::Endpoints(map) => {
+            let ip = family_keyword(family);
+            let protocol = map.protocol();
+            return format!(
+                " {{ typeof numgen random mod 1 : {ip} daddr . {protocol} dport ; comment \"endpoints of the {protocol} Service ports picking from {map}\" ; }}"
+            );
+        }
         Container::ClusterIps => (address.to_owned(), "Active ClusterIPs"),
         Container::NodePortIps => (address.to_owned(), "IPs that accept NodePort traffic"),
         Container::HairpinConnections => (

@@ -234,22 +234,33 @@ fn upstreams_overall_example() -> ProxyState {
 
 #[test]
 fn upstreams_overall_example_renders_to_upstreams_rules() {
-    // Every line of upstream's expected table for this state is here; only the order differs
-    // (grouped per Service), and the endpoint 10.180.0.3 that svc3 and svc5 share is hairpinned
-    // once.
+    // Every line of upstream's expected table for this state is here but its endpoint choices,
+    // which pick from the endpoint maps (the maps' elements are upstream's inline ones); the
+    // order differs (grouped per Service), and the endpoint 10.180.0.3 that svc3 and svc5 share
+    // is hairpinned once.
     assert_rules_eq(
         &services_part(&upstreams_overall_example(), &options_v4()),
-        r#"add chain ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80
-add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.180.0.1 . 80 }
+        r#"add map ip kube-proxy endpoints-tcp-42 { typeof numgen random mod 1 : ip daddr . tcp dport ; comment "endpoints of the tcp Service ports picking from endpoints-tcp-42" ; }
+flush map ip kube-proxy endpoints-tcp-42
+add map ip kube-proxy endpoints-tcp-4A { typeof numgen random mod 1 : ip daddr . tcp dport ; comment "endpoints of the tcp Service ports picking from endpoints-tcp-4A" ; }
+flush map ip kube-proxy endpoints-tcp-4A
+add map ip kube-proxy endpoints-tcp-LA { typeof numgen random mod 1 : ip daddr . tcp dport ; comment "endpoints of the tcp Service ports picking from endpoints-tcp-LA" ; }
+flush map ip kube-proxy endpoints-tcp-LA
+add map ip kube-proxy endpoints-tcp-UL { typeof numgen random mod 1 : ip daddr . tcp dport ; comment "endpoints of the tcp Service ports picking from endpoints-tcp-UL" ; }
+flush map ip kube-proxy endpoints-tcp-UL
+add chain ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80
+add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 offset 0 map @endpoints-tcp-UL
+add element ip kube-proxy endpoints-tcp-UL { 0 : 10.180.0.1 . 80 }
 add element ip kube-proxy cluster-ips { 172.30.0.41 }
 add element ip kube-proxy service-ips { 172.30.0.41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80 }
 add element ip kube-proxy hairpin-connections { 10.180.0.1 . 10.180.0.1 . tcp . 80 }
 add chain ip kube-proxy service-42NFTM6N-ns2/svc2/tcp/p80
 add chain ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80
-add rule ip kube-proxy service-42NFTM6N-ns2/svc2/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.180.0.2 . 80 }
+add rule ip kube-proxy service-42NFTM6N-ns2/svc2/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 offset 0 map @endpoints-tcp-42
 add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 ip saddr 10.0.0.0/8 goto service-42NFTM6N-ns2/svc2/tcp/p80 comment "short-circuit pod traffic"
 add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 fib saddr type local mark set mark or 0x4000 comment "masquerade local traffic"
 add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 fib saddr type local goto service-42NFTM6N-ns2/svc2/tcp/p80 comment "short-circuit local traffic"
+add element ip kube-proxy endpoints-tcp-42 { 0 : 10.180.0.2 . 80 }
 add element ip kube-proxy cluster-ips { 172.30.0.42 }
 add element ip kube-proxy service-ips { 172.30.0.42 . tcp . 80 : goto service-42NFTM6N-ns2/svc2/tcp/p80 }
 add element ip kube-proxy service-ips { 192.168.99.22 . tcp . 80 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }
@@ -260,18 +271,21 @@ add element ip kube-proxy service-nodeports { tcp . 3001 : goto external-42NFTM6
 add element ip kube-proxy no-endpoint-nodeports { tcp . 3001 comment "ns2/svc2:p80" : drop }
 add chain ip kube-proxy service-4AT6LBPK-ns3/svc3/tcp/p80
 add chain ip kube-proxy external-4AT6LBPK-ns3/svc3/tcp/p80
-add rule ip kube-proxy service-4AT6LBPK-ns3/svc3/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.180.0.3 . 80 }
+add rule ip kube-proxy service-4AT6LBPK-ns3/svc3/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 offset 0 map @endpoints-tcp-4A
 add rule ip kube-proxy external-4AT6LBPK-ns3/svc3/tcp/p80 mark set mark or 0x4000 comment "masquerade"
 add rule ip kube-proxy external-4AT6LBPK-ns3/svc3/tcp/p80 goto service-4AT6LBPK-ns3/svc3/tcp/p80
+add element ip kube-proxy endpoints-tcp-4A { 0 : 10.180.0.3 . 80 }
 add element ip kube-proxy cluster-ips { 172.30.0.43 }
 add element ip kube-proxy service-ips { 172.30.0.43 . tcp . 80 : goto service-4AT6LBPK-ns3/svc3/tcp/p80 }
 add element ip kube-proxy service-nodeports { tcp . 3003 : goto external-4AT6LBPK-ns3/svc3/tcp/p80 }
 add element ip kube-proxy hairpin-connections { 10.180.0.3 . 10.180.0.3 . tcp . 80 }
 add chain ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80
 add chain ip kube-proxy external-LAUZTJTB-ns4/svc4/tcp/p80
-add rule ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.180.0.4 . 80 , 1 : 10.180.0.5 . 80 }
+add rule ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 2 offset 0 map @endpoints-tcp-LA
 add rule ip kube-proxy external-LAUZTJTB-ns4/svc4/tcp/p80 mark set mark or 0x4000 comment "masquerade"
 add rule ip kube-proxy external-LAUZTJTB-ns4/svc4/tcp/p80 goto service-LAUZTJTB-ns4/svc4/tcp/p80
+add element ip kube-proxy endpoints-tcp-LA { 0 : 10.180.0.4 . 80 }
+add element ip kube-proxy endpoints-tcp-LA { 1 : 10.180.0.5 . 80 }
 add element ip kube-proxy cluster-ips { 172.30.0.44 }
 add element ip kube-proxy service-ips { 172.30.0.44 . tcp . 80 : goto service-LAUZTJTB-ns4/svc4/tcp/p80 }
 add element ip kube-proxy service-ips { 192.168.99.33 . tcp . 80 : goto external-LAUZTJTB-ns4/svc4/tcp/p80 }
@@ -341,8 +355,12 @@ fn terminating_endpoints_serve_when_none_is_ready() {
 
     assert_rules_eq(
         &services_part(&state, &options_v4()),
-        r#"add chain ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80
-add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.180.0.1 . 80 , 1 : 10.180.2.1 . 80 }
+        r#"add map ip kube-proxy endpoints-tcp-UL { typeof numgen random mod 1 : ip daddr . tcp dport ; comment "endpoints of the tcp Service ports picking from endpoints-tcp-UL" ; }
+flush map ip kube-proxy endpoints-tcp-UL
+add chain ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80
+add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 2 offset 0 map @endpoints-tcp-UL
+add element ip kube-proxy endpoints-tcp-UL { 0 : 10.180.0.1 . 80 }
+add element ip kube-proxy endpoints-tcp-UL { 1 : 10.180.2.1 . 80 }
 add element ip kube-proxy cluster-ips { 172.30.0.41 }
 add element ip kube-proxy service-ips { 172.30.0.41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80 }
 add element ip kube-proxy hairpin-connections { 10.180.0.1 . 10.180.0.1 . tcp . 80 }
@@ -374,10 +392,13 @@ fn internal_traffic_policy_local_uses_local_endpoints_and_drops_without_one() {
 
     assert_rules_eq(
         &services_part(&state(vec![remote_only, with_local]), &options_v4()),
-        r#"add element ip kube-proxy cluster-ips { 172.30.0.41 }
+        r#"add map ip kube-proxy endpoints-tcp-VE { typeof numgen random mod 1 : ip daddr . tcp dport ; comment "endpoints of the tcp Service ports picking from endpoints-tcp-VE" ; }
+flush map ip kube-proxy endpoints-tcp-VE
+add element ip kube-proxy cluster-ips { 172.30.0.41 }
 add element ip kube-proxy no-endpoint-services { 172.30.0.41 . tcp . 80 comment "ns1/itp:p80" : drop }
 add chain ip kube-proxy local-VEXBCBXN-ns2/itp/tcp/p80
-add rule ip kube-proxy local-VEXBCBXN-ns2/itp/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.180.0.1 . 80 }
+add rule ip kube-proxy local-VEXBCBXN-ns2/itp/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 offset 0 map @endpoints-tcp-VE
+add element ip kube-proxy endpoints-tcp-VE { 0 : 10.180.0.1 . 80 }
 add element ip kube-proxy cluster-ips { 172.30.0.42 }
 add element ip kube-proxy service-ips { 172.30.0.42 . tcp . 80 : goto local-VEXBCBXN-ns2/itp/tcp/p80 }
 add element ip kube-proxy hairpin-connections { 10.180.0.1 . 10.180.0.1 . tcp . 80 }
@@ -406,15 +427,20 @@ fn external_local_service() -> Service {
 fn external_traffic_policy_local_keeps_outside_clients_on_local_endpoints() {
     assert_rules_eq(
         &services_part(&state(vec![external_local_service()]), &options_v4()),
-        r#"add chain ip kube-proxy service-O4B5ELNJ-ns1/etp/tcp/p80
+        r#"add map ip kube-proxy endpoints-tcp-O4 { typeof numgen random mod 1 : ip daddr . tcp dport ; comment "endpoints of the tcp Service ports picking from endpoints-tcp-O4" ; }
+flush map ip kube-proxy endpoints-tcp-O4
+add chain ip kube-proxy service-O4B5ELNJ-ns1/etp/tcp/p80
 add chain ip kube-proxy local-O4B5ELNJ-ns1/etp/tcp/p80
 add chain ip kube-proxy external-O4B5ELNJ-ns1/etp/tcp/p80
-add rule ip kube-proxy service-O4B5ELNJ-ns1/etp/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.180.2.1 . 80 , 1 : 10.180.0.1 . 80 }
-add rule ip kube-proxy local-O4B5ELNJ-ns1/etp/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.180.0.1 . 80 }
+add rule ip kube-proxy service-O4B5ELNJ-ns1/etp/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 2 offset 0 map @endpoints-tcp-O4
+add rule ip kube-proxy local-O4B5ELNJ-ns1/etp/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 offset 2 map @endpoints-tcp-O4
 add rule ip kube-proxy external-O4B5ELNJ-ns1/etp/tcp/p80 ip saddr 10.0.0.0/8 goto service-O4B5ELNJ-ns1/etp/tcp/p80 comment "short-circuit pod traffic"
 add rule ip kube-proxy external-O4B5ELNJ-ns1/etp/tcp/p80 fib saddr type local mark set mark or 0x4000 comment "masquerade local traffic"
 add rule ip kube-proxy external-O4B5ELNJ-ns1/etp/tcp/p80 fib saddr type local goto service-O4B5ELNJ-ns1/etp/tcp/p80 comment "short-circuit local traffic"
 add rule ip kube-proxy external-O4B5ELNJ-ns1/etp/tcp/p80 goto local-O4B5ELNJ-ns1/etp/tcp/p80
+add element ip kube-proxy endpoints-tcp-O4 { 0 : 10.180.2.1 . 80 }
+add element ip kube-proxy endpoints-tcp-O4 { 1 : 10.180.0.1 . 80 }
+add element ip kube-proxy endpoints-tcp-O4 { 2 : 10.180.0.1 . 80 }
 add element ip kube-proxy cluster-ips { 172.30.0.41 }
 add element ip kube-proxy service-ips { 172.30.0.41 . tcp . 80 : goto service-O4B5ELNJ-ns1/etp/tcp/p80 }
 add element ip kube-proxy service-ips { 1.2.3.4 . tcp . 80 : goto external-O4B5ELNJ-ns1/etp/tcp/p80 }
@@ -518,11 +544,14 @@ fn each_family_renders_only_its_own_addresses_of_a_dual_stack_service() {
 
     assert_rules_eq(
         &services_part(&state, &options_v4()),
-        r#"add chain ip kube-proxy service-BNWQTOD7-ns1/dual/udp/dns
+        r#"add map ip kube-proxy endpoints-udp-BN { typeof numgen random mod 1 : ip daddr . udp dport ; comment "endpoints of the udp Service ports picking from endpoints-udp-BN" ; }
+flush map ip kube-proxy endpoints-udp-BN
+add chain ip kube-proxy service-BNWQTOD7-ns1/dual/udp/dns
 add chain ip kube-proxy external-BNWQTOD7-ns1/dual/udp/dns
-add rule ip kube-proxy service-BNWQTOD7-ns1/dual/udp/dns meta l4proto udp dnat ip addr . port to numgen random mod 1 map { 0 : 10.180.2.1 . 53 }
+add rule ip kube-proxy service-BNWQTOD7-ns1/dual/udp/dns meta l4proto udp dnat ip addr . port to numgen random mod 1 offset 0 map @endpoints-udp-BN
 add rule ip kube-proxy external-BNWQTOD7-ns1/dual/udp/dns mark set mark or 0x4000 comment "masquerade"
 add rule ip kube-proxy external-BNWQTOD7-ns1/dual/udp/dns goto service-BNWQTOD7-ns1/dual/udp/dns
+add element ip kube-proxy endpoints-udp-BN { 0 : 10.180.2.1 . 53 }
 add element ip kube-proxy cluster-ips { 172.30.0.41 }
 add element ip kube-proxy service-ips { 172.30.0.41 . udp . 53 : goto service-BNWQTOD7-ns1/dual/udp/dns }
 add element ip kube-proxy service-ips { 192.168.99.11 . udp . 53 : goto external-BNWQTOD7-ns1/dual/udp/dns }
@@ -530,11 +559,14 @@ add element ip kube-proxy service-ips { 192.168.99.11 . udp . 53 : goto external
     );
     assert_rules_eq(
         &services_part(&state, &options_v6()),
-        r#"add chain ip6 kube-proxy service-BNWQTOD7-ns1/dual/udp/dns
+        r#"add map ip6 kube-proxy endpoints-udp-BN { typeof numgen random mod 1 : ip6 daddr . udp dport ; comment "endpoints of the udp Service ports picking from endpoints-udp-BN" ; }
+flush map ip6 kube-proxy endpoints-udp-BN
+add chain ip6 kube-proxy service-BNWQTOD7-ns1/dual/udp/dns
 add chain ip6 kube-proxy external-BNWQTOD7-ns1/dual/udp/dns
-add rule ip6 kube-proxy service-BNWQTOD7-ns1/dual/udp/dns meta l4proto udp dnat ip6 addr . port to numgen random mod 1 map { 0 : fd00:10:180:2::1 . 53 }
+add rule ip6 kube-proxy service-BNWQTOD7-ns1/dual/udp/dns meta l4proto udp dnat ip6 addr . port to numgen random mod 1 offset 0 map @endpoints-udp-BN
 add rule ip6 kube-proxy external-BNWQTOD7-ns1/dual/udp/dns mark set mark or 0x4000 comment "masquerade"
 add rule ip6 kube-proxy external-BNWQTOD7-ns1/dual/udp/dns goto service-BNWQTOD7-ns1/dual/udp/dns
+add element ip6 kube-proxy endpoints-udp-BN { 0 : fd00:10:180:2::1 . 53 }
 add element ip6 kube-proxy cluster-ips { fd00:172:30::41 }
 add element ip6 kube-proxy service-ips { fd00:172:30::41 . udp . 53 : goto service-BNWQTOD7-ns1/dual/udp/dns }
 add element ip6 kube-proxy service-ips { 2001:db8:99::11 . udp . 53 : goto external-BNWQTOD7-ns1/dual/udp/dns }
@@ -579,21 +611,32 @@ fn topology_excluded_endpoints_leave_the_cluster_chain_but_not_the_local_one() {
     service.external_ips = vec![ip("192.168.99.11")];
 
     let script = services_part(&state(vec![service]), &options_v4());
-    let rule_of = |chain: &str| {
-        script
-            .lines()
-            .find(|line| line.starts_with(&format!("add rule ip kube-proxy {chain}-")))
-            .unwrap_or_else(|| panic!("no {chain} chain in\n{script}"))
-            .to_owned()
-    };
-    assert!(
-        rule_of("service").ends_with("map { 0 : 10.180.2.1 . 80 }"),
-        "{script}"
-    );
-    assert!(
-        rule_of("local").ends_with("map { 0 : 10.180.0.1 . 80 }"),
-        "{script}"
-    );
+    assert_eq!(picked(&script, "service"), ["10.180.2.1 . 80"], "{script}");
+    assert_eq!(picked(&script, "local"), ["10.180.0.1 . 80"], "{script}");
+}
+
+/// The endpoints the first `{prefix}-…` chain of `script` picks from, in its endpoint map's
+/// elements added by `script`.
+fn picked(script: &str, prefix: &str) -> Vec<String> {
+    let rule = script
+        .lines()
+        .find(|line| line.starts_with(&format!("add rule ip kube-proxy {prefix}-")))
+        .unwrap_or_else(|| panic!("no {prefix} chain in\n{script}"));
+    let (pick, map) = rule.split_once(" map @").unwrap();
+    let (count, offset) = pick
+        .split_once("numgen random mod ")
+        .and_then(|(_, numbers)| numbers.split_once(" offset "))
+        .unwrap();
+    let (count, offset): (u32, u32) = (count.parse().unwrap(), offset.parse().unwrap());
+    (offset..offset + count)
+        .map(|number| {
+            let element = format!("add element ip kube-proxy {map} {{ {number} : ");
+            let line = script.lines().find_map(|line| line.strip_prefix(&element));
+            line.and_then(|rest| rest.strip_suffix(" }"))
+                .unwrap_or_else(|| panic!("no element {number} in {map}:\n{script}"))
+                .to_owned()
+        })
+        .collect()
 }
 
 #[test]

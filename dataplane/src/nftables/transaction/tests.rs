@@ -10,7 +10,8 @@ use crate::iptables::partial::tests::Steps;
 use crate::iptables::tests::assert_rules_eq;
 use crate::nftables::render::Options;
 use crate::nftables::testing::{
-    Model, Netns, ip, local, normalize, options_v4, options_v6, ready, service, state, tcp,
+    Model, Netns, ip, local, normalize, options_v4, options_v6, ready, resolve_listing, resolved,
+    service, state, tcp,
 };
 use crate::{Endpoint, ProxyState, Service, ServiceKey, TrafficPolicy};
 use std::time::Duration;
@@ -94,6 +95,7 @@ fn nothing_changed_gives_an_empty_transaction() {
 
 #[test]
 fn an_added_endpoint_rewrites_only_its_services_chain_and_adds_its_hairpin() {
+    // Two endpoints where there was one: the chain picks from two fresh numbers of its map.
     let before = Rendered::new(&two_services(), &options_v4());
     let mut after = two_services();
     after.insert(web(
@@ -107,8 +109,11 @@ fn an_added_endpoint_rewrites_only_its_services_chain_and_adds_its_hairpin() {
         &transaction.script,
         r#"add chain ip kube-proxy service-DGQCUPKV-ns/web1/tcp/http
 flush chain ip kube-proxy service-DGQCUPKV-ns/web1/tcp/http
-add rule ip kube-proxy service-DGQCUPKV-ns/web1/tcp/http meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.180.2.1 . 8080 , 1 : 10.180.0.1 . 8080 }
+add rule ip kube-proxy service-DGQCUPKV-ns/web1/tcp/http meta l4proto tcp dnat ip addr . port to numgen random mod 2 offset 1 map @endpoints-tcp-DG
+delete element ip kube-proxy endpoints-tcp-DG { 0 }
 add element ip kube-proxy hairpin-connections { 10.180.0.1 . 10.180.0.1 . tcp . 8080 }
+add element ip kube-proxy endpoints-tcp-DG { 1 : 10.180.2.1 . 8080 }
+add element ip kube-proxy endpoints-tcp-DG { 2 : 10.180.0.1 . 8080 }
 "#,
     );
     assert_eq!(
@@ -116,11 +121,29 @@ add element ip kube-proxy hairpin-connections { 10.180.0.1 . 10.180.0.1 . tcp . 
         Counts {
             chains_written: 1,
             rules_written: 1,
-            elements_added: 1,
+            elements_added: 3,
+            elements_deleted: 1,
             ..Counts::default()
         }
     );
     assert!(!transaction.full);
+}
+
+#[test]
+fn an_endpoint_replaced_by_another_changes_only_its_number_in_the_map() {
+    let before = Rendered::new(&two_services(), &options_v4());
+    let mut after = two_services();
+    after.insert(web(1, vec![ready("10.180.2.9", 8080)]));
+
+    let (_, transaction) = step(&before, &after, &Leftovers::default());
+
+    assert_rules_eq(
+        &transaction.script,
+        r#"delete element ip kube-proxy endpoints-tcp-DG { 0 }
+add element ip kube-proxy endpoints-tcp-DG { 0 : 10.180.2.9 . 8080 }
+"#,
+    );
+    assert_eq!(transaction.counts.chains_written, 0);
 }
 
 #[test]
@@ -139,6 +162,7 @@ flush chain ip kube-proxy external-DGQCUPKV-ns/web1/tcp/http
 delete element ip kube-proxy cluster-ips { 172.30.0.1 }
 delete element ip kube-proxy service-ips { 172.30.0.1 . tcp . 80 }
 delete element ip kube-proxy service-nodeports { tcp . 30001 }
+delete map ip kube-proxy endpoints-tcp-DG
 "#,
     );
     let stale: BTreeSet<String> = [
@@ -196,6 +220,7 @@ delete element ip kube-proxy service-ips { 172.30.0.2 . tcp . 80 }
 delete element ip kube-proxy service-nodeports { tcp . 30002 }
 add element ip kube-proxy no-endpoint-services { 172.30.0.2 . tcp . 80 comment "ns/web2:http" : goto reject-chain }
 add element ip kube-proxy no-endpoint-nodeports { tcp . 30002 comment "ns/web2:http" : goto reject-chain }
+delete map ip kube-proxy endpoints-tcp-7K
 "#,
     );
 }
@@ -520,8 +545,8 @@ fn random_incremental_transactions_leave_the_model_kernel_as_a_full_one_would() 
                 )
             });
             assert_eq!(
-                without(&model, &transaction.stale_chains),
-                from_scratch(&state, &options),
+                resolved(&without(&model, &transaction.stale_chains)),
+                resolved(&from_scratch(&state, &options)),
                 "{family:?} step {step_number}:\n{}",
                 transaction.script
             );
@@ -563,8 +588,8 @@ fn a_full_transaction_after_a_failure_takes_over_whatever_the_kernel_holds() {
             .apply(&transaction.script)
             .unwrap_or_else(|why| panic!("step {step_number}: {why}\n{}", transaction.script));
         assert_eq!(
-            without(&model, &transaction.stale_chains),
-            from_scratch(&state, &options),
+            resolved(&without(&model, &transaction.stale_chains)),
+            resolved(&from_scratch(&state, &options)),
             "step {step_number}"
         );
         leftovers = Leftovers {
@@ -603,7 +628,7 @@ fn assert_kernel_matches(
         &transaction(None, &Rendered::new(state, options), &Leftovers::default()).script,
     );
     let listing = netns.list(family);
-    let kept = normalize(&listing, stale);
+    let kept = resolve_listing(normalize(&listing, stale));
     let everything = normalize(&listing, &BTreeSet::new());
     for chain in stale {
         let rules: Option<Vec<&String>> = everything
@@ -616,7 +641,8 @@ fn assert_kernel_matches(
             });
         assert_eq!(rules, Some(Vec::new()), "stale chain {chain} is not empty");
     }
-    assert_eq!(kept, normalize(&scratch.list(family), &BTreeSet::new()));
+    let from_scratch = normalize(&scratch.list(family), &BTreeSet::new());
+    assert_eq!(kept, resolve_listing(from_scratch));
 }
 
 /// A state with one of each kind of Service, in `family`.
