@@ -1,6 +1,6 @@
 //! UDP Services with real traffic between network namespaces, on the demo cluster (manifests
-//! source, iptables mode): balancing, and the conntrack cleanup that moves a client off an
-//! endpoint that is gone (upstream §1.18). Needs root.
+//! source, iptables mode, and nftables mode for the cleanup): balancing, and the conntrack
+//! cleanup that moves a client off an endpoint that is gone (upstream §1.18). Needs root.
 //!
 //! Addresses: see `splitproxy_e2e::addresses`; the UDP Service is 10.96.0.30:53, backed by UDP
 //! servers on port 5353 in the web pods (web-a on node-1, web-b and web-c on node-2). The client is
@@ -66,10 +66,10 @@ endpoints:
     yaml
 }
 
-/// The demo cluster with a UDP server in every web pod (listed in the Service or not) and the
-/// `demo/dns` Service backed by web-a and web-c.
-fn start(tag: &str) -> Result<(DemoCluster, Pod, Pod)> {
-    let mut cluster = DemoCluster::start(tag)?;
+/// The demo cluster, its agents started with `agent_flags`, with a UDP server in every web pod
+/// (listed in the Service or not) and the `demo/dns` Service backed by web-a and web-c.
+fn start(tag: &str, agent_flags: &[&str]) -> Result<(DemoCluster, Pod, Pod)> {
+    let mut cluster = DemoCluster::start_with(tag, agent_flags)?;
     for web in cluster.web.clone() {
         serve_udp(&mut cluster.lab, &web.pod, web.pod.name(), POD_PORT)?;
     }
@@ -81,7 +81,7 @@ fn start(tag: &str) -> Result<(DemoCluster, Pod, Pod)> {
 
 #[test]
 fn udp_service_spreads_datagrams_from_fresh_ports_over_its_ready_endpoints() -> Result<()> {
-    let (cluster, web_a, web_c) = start("udp")?;
+    let (cluster, web_a, web_c) = start("udp", &[])?;
     let client = &cluster.clients[0];
     let expected: BTreeSet<&str> = [web_a.name(), web_c.name()].into();
     // With two endpoints picked at random, one gets none of 40 with chance 2 × 2⁻⁴⁰.
@@ -100,7 +100,18 @@ fn udp_service_spreads_datagrams_from_fresh_ports_over_its_ready_endpoints() -> 
 
 #[test]
 fn client_keeping_its_source_port_leaves_a_removed_endpoint() -> Result<()> {
-    let (cluster, web_a, web_c) = start("udpstale")?;
+    client_leaves_a_removed_endpoint("udpstale", &[])
+}
+
+#[test]
+fn client_keeping_its_source_port_leaves_a_removed_endpoint_in_nftables_mode() -> Result<()> {
+    client_leaves_a_removed_endpoint("udpstnft", &["--proxy-mode", "nftables"])
+}
+
+/// A client sending from one source port reaches one endpoint; once that endpoint leaves the
+/// Service (its server still up), the same flow reaches the other.
+fn client_leaves_a_removed_endpoint(tag: &str, agent_flags: &[&str]) -> Result<()> {
+    let (cluster, web_a, web_c) = start(tag, agent_flags)?;
     let client = &cluster.clients[0];
     let ready = [web_a.name().to_owned(), web_c.name().to_owned()];
     // One flow: every datagram from this port goes where the first one went.

@@ -105,35 +105,71 @@ impl Script {
         self.text.push('\n');
     }
 
-    /// Adds `element` to its set or map.
-    pub(crate) fn add_element(&mut self, element: &Element) {
-        self.start("add", "element");
-        self.text.push(' ');
-        self.text.push_str(&element.container.name());
-        self.text.push_str(" { ");
-        self.text.push_str(&element.key);
-        if let Some(comment) = &element.comment {
-            self.text.push_str(" comment \"");
-            self.text.push_str(comment);
-            self.text.push('"');
-        }
-        if let Some(value) = &element.value {
-            self.text.push_str(" : ");
-            self.text.push_str(value);
-        }
-        self.text.push_str(" }\n");
+    /// Adds `elements`, one command per run of elements of the same set or map (sort them by
+    /// container for the fewest): each command is one set lookup in the kernel, and fewer, longer
+    /// commands are what `nft` parses fastest.
+    pub(crate) fn add_elements<'e>(&mut self, elements: impl IntoIterator<Item = &'e Element>) {
+        self.element_runs("add", elements, |text, element| {
+            text.push_str(&element.key);
+            if let Some(comment) = &element.comment {
+                text.push_str(" comment \"");
+                text.push_str(comment);
+                text.push('"');
+            }
+            if let Some(value) = &element.value {
+                text.push_str(" : ");
+                text.push_str(value);
+            }
+        });
     }
 
-    /// Deletes the element of `key` from `container`; it must be there.
-    pub(crate) fn delete_element(&mut self, container: Container, key: &str) {
-        self.start("delete", "element");
-        self.text.push(' ');
-        self.text.push_str(&container.name());
-        self.text.push_str(" { ");
-        self.text.push_str(key);
-        self.text.push_str(" }\n");
+    /// Deletes the elements of the keys of `elements` from their sets and maps, one command per
+    /// run of the same container; each must be there.
+    pub(crate) fn delete_elements<'e>(&mut self, elements: impl IntoIterator<Item = &'e Element>) {
+        self.element_runs("delete", elements, |text, element| {
+            text.push_str(&element.key);
+        });
+    }
+
+    /// `{verb} element … { a , b , … }` per run of at most [`ELEMENTS_PER_COMMAND`] elements of
+    /// one container, each written by `write`.
+    fn element_runs<'e>(
+        &mut self,
+        verb: &str,
+        elements: impl IntoIterator<Item = &'e Element>,
+        write: impl Fn(&mut String, &Element),
+    ) {
+        let mut open: Option<(Container, usize)> = None;
+        for element in elements {
+            match &mut open {
+                Some((container, count))
+                    if *container == element.container && *count < ELEMENTS_PER_COMMAND =>
+                {
+                    self.text.push_str(" , ");
+                    *count += 1;
+                }
+                _ => {
+                    if open.is_some() {
+                        self.text.push_str(" }\n");
+                    }
+                    self.start(verb, "element");
+                    self.text.push(' ');
+                    self.text.push_str(&element.container.name());
+                    self.text.push_str(" { ");
+                    open = Some((element.container, 1));
+                }
+            }
+            write(&mut self.text, element);
+        }
+        if open.is_some() {
+            self.text.push_str(" }\n");
+        }
     }
 }
+
+/// The most elements one command adds or deletes: long enough that commands are few, short
+/// enough that an error message quoting one stays readable.
+const ELEMENTS_PER_COMMAND: usize = 1000;
 
 /// The nftables family keyword of `family`'s table and of its address matches (`ip daddr`).
 pub(crate) fn family_keyword(family: IpFamily) -> &'static str {
@@ -148,5 +184,51 @@ pub(crate) fn address_type(family: IpFamily) -> &'static str {
     match family {
         IpFamily::V4 => "ipv4_addr",
         IpFamily::V6 => "ipv6_addr",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn element(container: Container, key: String) -> Element {
+        Element {
+            container,
+            key: key.into(),
+            comment: None,
+            value: None,
+        }
+    }
+
+    #[test]
+    fn elements_go_one_command_per_run_of_a_container_and_at_most_a_thousand_each() {
+        let mut elements: Vec<Element> = (0..2500)
+            .map(|i| element(Container::ClusterIps, format!("10.96.{}.{}", i / 250, i % 250)))
+            .collect();
+        elements.push(element(Container::NodePortIps, "192.168.0.2".into()));
+        elements.push(element(Container::ClusterIps, "10.97.0.1".into()));
+        let mut script = Script::new(IpFamily::V4);
+        script.add_elements(&elements);
+        let text = script.into_text();
+        let commands: Vec<(&str, usize)> = text
+            .lines()
+            .map(|line| {
+                let (head, list) = line.split_once(" { ").unwrap();
+                (head, list.split(" , ").count())
+            })
+            .collect();
+        assert_eq!(
+            commands,
+            [
+                ("add element ip kube-proxy cluster-ips", 1000),
+                ("add element ip kube-proxy cluster-ips", 1000),
+                ("add element ip kube-proxy cluster-ips", 500),
+                ("add element ip kube-proxy nodeport-ips", 1),
+                ("add element ip kube-proxy cluster-ips", 1),
+            ]
+        );
+        assert!(text.ends_with("10.97.0.1 }\n"), "{text}");
     }
 }

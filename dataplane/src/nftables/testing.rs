@@ -290,48 +290,57 @@ fn command(
                 .strip_prefix("{ ")
                 .and_then(|inner| inner.strip_suffix(" }"))
                 .ok_or("element not in braces")?;
-            let (key_part, value) = match inner.split_once(" : ") {
-                Some((key, value)) => (key, Some(value)),
-                None => (inner, None),
-            };
-            let (key, comment) = match key_part.split_once(" comment ") {
-                Some((key, comment)) => (key, Some(comment)),
-                None => (key_part, None),
-            };
-            let is_map = table.sets.get(name).ok_or("no such set")?.0 == "map";
-            if verb == "delete" {
-                let elements = &mut table.sets.get_mut(name).ok_or("no such set")?.2;
-                elements.remove(key).ok_or("no such element")?;
-                return Ok(());
-            }
-            if is_map != value.is_some() {
-                return Err("element does not fit its set".into());
-            }
-            if let Some(chain) = value.and_then(|value| value.strip_prefix("goto "))
-                && !table.chains.contains_key(chain)
-            {
-                return Err(format!("element goes to missing chain {chain}"));
-            }
-            let data = format!(
-                "{}{}",
-                comment.map(|c| format!("comment {c}")).unwrap_or_default(),
-                value.map(|v| format!(" : {v}")).unwrap_or_default()
-            );
-            let elements = &mut table.sets.get_mut(name).ok_or("no such set")?.2;
-            match elements.get(key) {
-                // The kernel keeps the first comment and refuses another value.
-                Some(existing) => {
-                    let value_of = |data: &str| data.split(" : ").nth(1).map(str::to_owned);
-                    if value_of(existing) != value_of(&data) {
-                        return Err("element exists with another value".into());
-                    }
-                }
-                None => {
-                    elements.insert(key.to_owned(), data);
-                }
+            // Keys, comments (`ns/name:port`) and values hold no ` , `.
+            for element in inner.split(" , ") {
+                element_command(table, verb, name, element)?;
             }
         }
         _ => return Err("unknown command".into()),
+    }
+    Ok(())
+}
+
+/// One element of an `add element` or `delete element` command on set `name`.
+fn element_command(table: &mut Table, verb: &str, name: &str, inner: &str) -> Result<(), String> {
+    let (key_part, value) = match inner.split_once(" : ") {
+        Some((key, value)) => (key, Some(value)),
+        None => (inner, None),
+    };
+    let (key, comment) = match key_part.split_once(" comment ") {
+        Some((key, comment)) => (key, Some(comment)),
+        None => (key_part, None),
+    };
+    let is_map = table.sets.get(name).ok_or("no such set")?.0 == "map";
+    if verb == "delete" {
+        let elements = &mut table.sets.get_mut(name).ok_or("no such set")?.2;
+        elements.remove(key).ok_or("no such element")?;
+        return Ok(());
+    }
+    if is_map != value.is_some() {
+        return Err("element does not fit its set".into());
+    }
+    if let Some(chain) = value.and_then(|value| value.strip_prefix("goto "))
+        && !table.chains.contains_key(chain)
+    {
+        return Err(format!("element goes to missing chain {chain}"));
+    }
+    let data = format!(
+        "{}{}",
+        comment.map(|c| format!("comment {c}")).unwrap_or_default(),
+        value.map(|v| format!(" : {v}")).unwrap_or_default()
+    );
+    let elements = &mut table.sets.get_mut(name).ok_or("no such set")?.2;
+    match elements.get(key) {
+        // The kernel keeps the first comment and refuses another value.
+        Some(existing) => {
+            let value_of = |data: &str| data.split(" : ").nth(1).map(str::to_owned);
+            if value_of(existing) != value_of(&data) {
+                return Err("element exists with another value".into());
+            }
+        }
+        None => {
+            elements.insert(key.to_owned(), data);
+        }
     }
     Ok(())
 }

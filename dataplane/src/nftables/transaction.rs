@@ -255,6 +255,7 @@ fn full(previous: Option<&Rendered>, next: &Rendered, leftovers: &Leftovers) -> 
         counts.sets_written += 1;
     }
 
+    let mut elements = Vec::new();
     for (key, rules) in next.service_rules() {
         for set in &rules.sets {
             add_affinity_set(&mut script, family, set);
@@ -265,11 +266,13 @@ fn full(previous: Option<&Rendered>, next: &Rendered, leftovers: &Leftovers) -> 
         }
         counts.chains_written += rules.chains.len();
         write_rules(&mut script, &rules.chains, &mut counts);
-        for element in rules.elements.iter().filter(|e| next.holds(key, e)) {
-            script.add_element(element);
-            counts.elements_added += 1;
-        }
+        elements.extend(rules.elements.iter().filter(|e| next.holds(key, e)));
     }
+    // Last, a command per container: the kernel checks a map's elements against the rules using
+    // it when either is added, which costs least while the maps are still empty.
+    elements.sort_by_key(|element| element.container);
+    counts.elements_added += elements.len();
+    script.add_elements(elements);
 
     // Flushed by `flush table`; deleted by a later transaction.
     let previous_chains = previous.into_iter().flat_map(Rendered::chain_names);
@@ -381,7 +384,9 @@ fn incremental(previous: &Rendered, next: &Rendered, leftovers: &Leftovers) -> T
     }
 
     // The table holds each element's first holder's copy; only where that copy changed does
-    // the kernel's element change.
+    // the kernel's element change. `touched` is in container order, so each container's
+    // deletions and additions are one command each.
+    let mut deletions = Vec::new();
     let mut additions = Vec::new();
     let goes_with_its_map = |element: &super::Element| matches!(element.container, Container::Endpoints(map) if !next.has_endpoint_map(map));
     for id in &touched {
@@ -391,17 +396,16 @@ fn incremental(previous: &Rendered, next: &Rendered, leftovers: &Leftovers) -> T
             (Some(before), Some(after)) if before.same_data(after) => {}
             (Some(before), None) if goes_with_its_map(before) => {}
             (Some(before), after) => {
-                script.delete_element(before.container, &before.key);
-                counts.elements_deleted += 1;
+                deletions.push(before);
                 additions.extend(after);
             }
             (None, after) => additions.extend(after),
         }
     }
-    for element in additions {
-        script.add_element(element);
-        counts.elements_added += 1;
-    }
+    counts.elements_deleted = deletions.len();
+    counts.elements_added = additions.len();
+    script.delete_elements(deletions);
+    script.add_elements(additions);
 
     // After the chains that picked from them were flushed or written again.
     for map in previous.endpoint_maps() {

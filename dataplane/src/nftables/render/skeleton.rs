@@ -249,16 +249,18 @@ impl Skeleton {
         );
         rule(&mut script, REJECT_CHAIN, "reject");
 
-        let mut elements = 0;
-        for ip in node_port_ips.iter().flatten() {
-            script.add_element(&super::Element {
+        let node_port_elements: Vec<super::Element> = node_port_ips
+            .iter()
+            .flatten()
+            .map(|ip| super::Element {
                 container: Container::NodePortIps,
                 key: ip.to_string().into(),
                 comment: None,
                 value: None,
-            });
-            elements += 1;
-        }
+            })
+            .collect();
+        script.add_elements(&node_port_elements);
+        let elements = node_port_elements.len();
         Self {
             script: script.into_text(),
             rules,

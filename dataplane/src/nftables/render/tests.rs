@@ -234,10 +234,10 @@ fn upstreams_overall_example() -> ProxyState {
 
 #[test]
 fn upstreams_overall_example_renders_to_upstreams_rules() {
-    // Every line of upstream's expected table for this state is here but its endpoint choices,
-    // which pick from the endpoint maps (the maps' elements are upstream's inline ones); the
-    // order differs (grouped per Service), and the endpoint 10.180.0.3 that svc3 and svc5 share
-    // is hairpinned once.
+    // Every rule and element of upstream's expected table for this state is here but its
+    // endpoint choices, which pick from the endpoint maps (the maps' elements are upstream's
+    // inline ones); the order differs (chains per Service, then one command per set or map), and
+    // the endpoint 10.180.0.3 that svc3 and svc5 share is hairpinned once.
     assert_rules_eq(
         &services_part(&upstreams_overall_example(), &options_v4()),
         r#"add map ip kube-proxy endpoints-tcp-42 { typeof numgen random mod 1 : ip daddr . tcp dport ; comment "endpoints of the tcp Service ports picking from endpoints-tcp-42" ; }
@@ -250,46 +250,22 @@ add map ip kube-proxy endpoints-tcp-UL { typeof numgen random mod 1 : ip daddr .
 flush map ip kube-proxy endpoints-tcp-UL
 add chain ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80
 add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 offset 0 map @endpoints-tcp-UL
-add element ip kube-proxy endpoints-tcp-UL { 0 : 10.180.0.1 . 80 }
-add element ip kube-proxy cluster-ips { 172.30.0.41 }
-add element ip kube-proxy service-ips { 172.30.0.41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80 }
-add element ip kube-proxy hairpin-connections { 10.180.0.1 . 10.180.0.1 . tcp . 80 }
 add chain ip kube-proxy service-42NFTM6N-ns2/svc2/tcp/p80
 add chain ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80
 add rule ip kube-proxy service-42NFTM6N-ns2/svc2/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 offset 0 map @endpoints-tcp-42
 add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 ip saddr 10.0.0.0/8 goto service-42NFTM6N-ns2/svc2/tcp/p80 comment "short-circuit pod traffic"
 add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 fib saddr type local mark set mark or 0x4000 comment "masquerade local traffic"
 add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 fib saddr type local goto service-42NFTM6N-ns2/svc2/tcp/p80 comment "short-circuit local traffic"
-add element ip kube-proxy endpoints-tcp-42 { 0 : 10.180.0.2 . 80 }
-add element ip kube-proxy cluster-ips { 172.30.0.42 }
-add element ip kube-proxy service-ips { 172.30.0.42 . tcp . 80 : goto service-42NFTM6N-ns2/svc2/tcp/p80 }
-add element ip kube-proxy service-ips { 192.168.99.22 . tcp . 80 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }
-add element ip kube-proxy no-endpoint-services { 192.168.99.22 . tcp . 80 comment "ns2/svc2:p80" : drop }
-add element ip kube-proxy service-ips { 1.2.3.4 . tcp . 80 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }
-add element ip kube-proxy no-endpoint-services { 1.2.3.4 . tcp . 80 comment "ns2/svc2:p80" : drop }
-add element ip kube-proxy service-nodeports { tcp . 3001 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }
-add element ip kube-proxy no-endpoint-nodeports { tcp . 3001 comment "ns2/svc2:p80" : drop }
 add chain ip kube-proxy service-4AT6LBPK-ns3/svc3/tcp/p80
 add chain ip kube-proxy external-4AT6LBPK-ns3/svc3/tcp/p80
 add rule ip kube-proxy service-4AT6LBPK-ns3/svc3/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 offset 0 map @endpoints-tcp-4A
 add rule ip kube-proxy external-4AT6LBPK-ns3/svc3/tcp/p80 mark set mark or 0x4000 comment "masquerade"
 add rule ip kube-proxy external-4AT6LBPK-ns3/svc3/tcp/p80 goto service-4AT6LBPK-ns3/svc3/tcp/p80
-add element ip kube-proxy endpoints-tcp-4A { 0 : 10.180.0.3 . 80 }
-add element ip kube-proxy cluster-ips { 172.30.0.43 }
-add element ip kube-proxy service-ips { 172.30.0.43 . tcp . 80 : goto service-4AT6LBPK-ns3/svc3/tcp/p80 }
-add element ip kube-proxy service-nodeports { tcp . 3003 : goto external-4AT6LBPK-ns3/svc3/tcp/p80 }
-add element ip kube-proxy hairpin-connections { 10.180.0.3 . 10.180.0.3 . tcp . 80 }
 add chain ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80
 add chain ip kube-proxy external-LAUZTJTB-ns4/svc4/tcp/p80
 add rule ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 2 offset 0 map @endpoints-tcp-LA
 add rule ip kube-proxy external-LAUZTJTB-ns4/svc4/tcp/p80 mark set mark or 0x4000 comment "masquerade"
 add rule ip kube-proxy external-LAUZTJTB-ns4/svc4/tcp/p80 goto service-LAUZTJTB-ns4/svc4/tcp/p80
-add element ip kube-proxy endpoints-tcp-LA { 0 : 10.180.0.4 . 80 }
-add element ip kube-proxy endpoints-tcp-LA { 1 : 10.180.0.5 . 80 }
-add element ip kube-proxy cluster-ips { 172.30.0.44 }
-add element ip kube-proxy service-ips { 172.30.0.44 . tcp . 80 : goto service-LAUZTJTB-ns4/svc4/tcp/p80 }
-add element ip kube-proxy service-ips { 192.168.99.33 . tcp . 80 : goto external-LAUZTJTB-ns4/svc4/tcp/p80 }
-add element ip kube-proxy hairpin-connections { 10.180.0.5 . 10.180.0.5 . tcp . 80 }
 add set ip kube-proxy affinity-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 { type ipv4_addr ; flags dynamic,timeout ; timeout 10800s ; }
 add chain ip kube-proxy service-HVFWP5L3-ns5/svc5/tcp/p80
 add chain ip kube-proxy external-HVFWP5L3-ns5/svc5/tcp/p80
@@ -302,13 +278,17 @@ add rule ip kube-proxy external-HVFWP5L3-ns5/svc5/tcp/p80 goto service-HVFWP5L3-
 add rule ip kube-proxy firewall-HVFWP5L3-ns5/svc5/tcp/p80 ip saddr != { 203.0.113.0/25 } drop
 add rule ip kube-proxy endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 update @affinity-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 { ip saddr }
 add rule ip kube-proxy endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 meta l4proto tcp dnat to 10.180.0.3:80
-add element ip kube-proxy cluster-ips { 172.30.0.45 }
-add element ip kube-proxy service-ips { 172.30.0.45 . tcp . 80 : goto service-HVFWP5L3-ns5/svc5/tcp/p80 }
-add element ip kube-proxy service-ips { 5.6.7.8 . tcp . 80 : goto external-HVFWP5L3-ns5/svc5/tcp/p80 }
+add element ip kube-proxy cluster-ips { 172.30.0.41 , 172.30.0.42 , 172.30.0.43 , 172.30.0.44 , 172.30.0.45 , 172.30.0.46 }
+add element ip kube-proxy hairpin-connections { 10.180.0.1 . 10.180.0.1 . tcp . 80 , 10.180.0.3 . 10.180.0.3 . tcp . 80 , 10.180.0.5 . 10.180.0.5 . tcp . 80 }
+add element ip kube-proxy service-ips { 172.30.0.41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80 , 172.30.0.42 . tcp . 80 : goto service-42NFTM6N-ns2/svc2/tcp/p80 , 192.168.99.22 . tcp . 80 : goto external-42NFTM6N-ns2/svc2/tcp/p80 , 1.2.3.4 . tcp . 80 : goto external-42NFTM6N-ns2/svc2/tcp/p80 , 172.30.0.43 . tcp . 80 : goto service-4AT6LBPK-ns3/svc3/tcp/p80 , 172.30.0.44 . tcp . 80 : goto service-LAUZTJTB-ns4/svc4/tcp/p80 , 192.168.99.33 . tcp . 80 : goto external-LAUZTJTB-ns4/svc4/tcp/p80 , 172.30.0.45 . tcp . 80 : goto service-HVFWP5L3-ns5/svc5/tcp/p80 , 5.6.7.8 . tcp . 80 : goto external-HVFWP5L3-ns5/svc5/tcp/p80 }
+add element ip kube-proxy service-nodeports { tcp . 3001 : goto external-42NFTM6N-ns2/svc2/tcp/p80 , tcp . 3003 : goto external-4AT6LBPK-ns3/svc3/tcp/p80 , tcp . 3002 : goto external-HVFWP5L3-ns5/svc5/tcp/p80 }
+add element ip kube-proxy no-endpoint-services { 192.168.99.22 . tcp . 80 comment "ns2/svc2:p80" : drop , 1.2.3.4 . tcp . 80 comment "ns2/svc2:p80" : drop , 172.30.0.46 . tcp . 80 comment "ns6/svc6:p80" : goto reject-chain }
+add element ip kube-proxy no-endpoint-nodeports { tcp . 3001 comment "ns2/svc2:p80" : drop }
 add element ip kube-proxy firewall-ips { 5.6.7.8 . tcp . 80 : goto firewall-HVFWP5L3-ns5/svc5/tcp/p80 }
-add element ip kube-proxy service-nodeports { tcp . 3002 : goto external-HVFWP5L3-ns5/svc5/tcp/p80 }
-add element ip kube-proxy cluster-ips { 172.30.0.46 }
-add element ip kube-proxy no-endpoint-services { 172.30.0.46 . tcp . 80 comment "ns6/svc6:p80" : goto reject-chain }
+add element ip kube-proxy endpoints-tcp-42 { 0 : 10.180.0.2 . 80 }
+add element ip kube-proxy endpoints-tcp-4A { 0 : 10.180.0.3 . 80 }
+add element ip kube-proxy endpoints-tcp-LA { 0 : 10.180.0.4 . 80 , 1 : 10.180.0.5 . 80 }
+add element ip kube-proxy endpoints-tcp-UL { 0 : 10.180.0.1 . 80 }
 "#,
     );
 }
@@ -359,11 +339,10 @@ fn terminating_endpoints_serve_when_none_is_ready() {
 flush map ip kube-proxy endpoints-tcp-UL
 add chain ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80
 add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 2 offset 0 map @endpoints-tcp-UL
-add element ip kube-proxy endpoints-tcp-UL { 0 : 10.180.0.1 . 80 }
-add element ip kube-proxy endpoints-tcp-UL { 1 : 10.180.2.1 . 80 }
 add element ip kube-proxy cluster-ips { 172.30.0.41 }
-add element ip kube-proxy service-ips { 172.30.0.41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80 }
 add element ip kube-proxy hairpin-connections { 10.180.0.1 . 10.180.0.1 . tcp . 80 }
+add element ip kube-proxy service-ips { 172.30.0.41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80 }
+add element ip kube-proxy endpoints-tcp-UL { 0 : 10.180.0.1 . 80 , 1 : 10.180.2.1 . 80 }
 "#,
     );
 }
@@ -394,14 +373,13 @@ fn internal_traffic_policy_local_uses_local_endpoints_and_drops_without_one() {
         &services_part(&state(vec![remote_only, with_local]), &options_v4()),
         r#"add map ip kube-proxy endpoints-tcp-VE { typeof numgen random mod 1 : ip daddr . tcp dport ; comment "endpoints of the tcp Service ports picking from endpoints-tcp-VE" ; }
 flush map ip kube-proxy endpoints-tcp-VE
-add element ip kube-proxy cluster-ips { 172.30.0.41 }
-add element ip kube-proxy no-endpoint-services { 172.30.0.41 . tcp . 80 comment "ns1/itp:p80" : drop }
 add chain ip kube-proxy local-VEXBCBXN-ns2/itp/tcp/p80
 add rule ip kube-proxy local-VEXBCBXN-ns2/itp/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 offset 0 map @endpoints-tcp-VE
-add element ip kube-proxy endpoints-tcp-VE { 0 : 10.180.0.1 . 80 }
-add element ip kube-proxy cluster-ips { 172.30.0.42 }
-add element ip kube-proxy service-ips { 172.30.0.42 . tcp . 80 : goto local-VEXBCBXN-ns2/itp/tcp/p80 }
+add element ip kube-proxy cluster-ips { 172.30.0.41 , 172.30.0.42 }
 add element ip kube-proxy hairpin-connections { 10.180.0.1 . 10.180.0.1 . tcp . 80 }
+add element ip kube-proxy service-ips { 172.30.0.42 . tcp . 80 : goto local-VEXBCBXN-ns2/itp/tcp/p80 }
+add element ip kube-proxy no-endpoint-services { 172.30.0.41 . tcp . 80 comment "ns1/itp:p80" : drop }
+add element ip kube-proxy endpoints-tcp-VE { 0 : 10.180.0.1 . 80 }
 "#,
     );
 }
@@ -438,14 +416,11 @@ add rule ip kube-proxy external-O4B5ELNJ-ns1/etp/tcp/p80 ip saddr 10.0.0.0/8 got
 add rule ip kube-proxy external-O4B5ELNJ-ns1/etp/tcp/p80 fib saddr type local mark set mark or 0x4000 comment "masquerade local traffic"
 add rule ip kube-proxy external-O4B5ELNJ-ns1/etp/tcp/p80 fib saddr type local goto service-O4B5ELNJ-ns1/etp/tcp/p80 comment "short-circuit local traffic"
 add rule ip kube-proxy external-O4B5ELNJ-ns1/etp/tcp/p80 goto local-O4B5ELNJ-ns1/etp/tcp/p80
-add element ip kube-proxy endpoints-tcp-O4 { 0 : 10.180.2.1 . 80 }
-add element ip kube-proxy endpoints-tcp-O4 { 1 : 10.180.0.1 . 80 }
-add element ip kube-proxy endpoints-tcp-O4 { 2 : 10.180.0.1 . 80 }
 add element ip kube-proxy cluster-ips { 172.30.0.41 }
-add element ip kube-proxy service-ips { 172.30.0.41 . tcp . 80 : goto service-O4B5ELNJ-ns1/etp/tcp/p80 }
-add element ip kube-proxy service-ips { 1.2.3.4 . tcp . 80 : goto external-O4B5ELNJ-ns1/etp/tcp/p80 }
-add element ip kube-proxy service-nodeports { tcp . 3001 : goto external-O4B5ELNJ-ns1/etp/tcp/p80 }
 add element ip kube-proxy hairpin-connections { 10.180.0.1 . 10.180.0.1 . tcp . 80 }
+add element ip kube-proxy service-ips { 172.30.0.41 . tcp . 80 : goto service-O4B5ELNJ-ns1/etp/tcp/p80 , 1.2.3.4 . tcp . 80 : goto external-O4B5ELNJ-ns1/etp/tcp/p80 }
+add element ip kube-proxy service-nodeports { tcp . 3001 : goto external-O4B5ELNJ-ns1/etp/tcp/p80 }
+add element ip kube-proxy endpoints-tcp-O4 { 0 : 10.180.2.1 . 80 , 1 : 10.180.0.1 . 80 , 2 : 10.180.0.1 . 80 }
 "#,
     );
 }
@@ -479,12 +454,9 @@ fn load_balancer_source_ranges_apply_even_without_endpoints() {
         r#"add chain ip kube-proxy firewall-FCBKHWL6-ns1/lb/tcp/p80
 add rule ip kube-proxy firewall-FCBKHWL6-ns1/lb/tcp/p80 ip saddr != { 203.0.113.0/25 , 192.168.0.0/24 , 1.2.3.4 , 5.6.7.8 } drop
 add element ip kube-proxy cluster-ips { 172.30.0.41 }
-add element ip kube-proxy no-endpoint-services { 172.30.0.41 . tcp . 80 comment "ns1/lb:p80" : goto reject-chain }
-add element ip kube-proxy firewall-ips { 1.2.3.4 . tcp . 80 : goto firewall-FCBKHWL6-ns1/lb/tcp/p80 }
-add element ip kube-proxy no-endpoint-services { 1.2.3.4 . tcp . 80 comment "ns1/lb:p80" : goto reject-chain }
-add element ip kube-proxy firewall-ips { 5.6.7.8 . tcp . 80 : goto firewall-FCBKHWL6-ns1/lb/tcp/p80 }
-add element ip kube-proxy no-endpoint-services { 5.6.7.8 . tcp . 80 comment "ns1/lb:p80" : goto reject-chain }
+add element ip kube-proxy no-endpoint-services { 172.30.0.41 . tcp . 80 comment "ns1/lb:p80" : goto reject-chain , 1.2.3.4 . tcp . 80 comment "ns1/lb:p80" : goto reject-chain , 5.6.7.8 . tcp . 80 comment "ns1/lb:p80" : goto reject-chain }
 add element ip kube-proxy no-endpoint-nodeports { tcp . 3001 comment "ns1/lb:p80" : goto reject-chain }
+add element ip kube-proxy firewall-ips { 1.2.3.4 . tcp . 80 : goto firewall-FCBKHWL6-ns1/lb/tcp/p80 , 5.6.7.8 . tcp . 80 : goto firewall-FCBKHWL6-ns1/lb/tcp/p80 }
 "#,
     );
 }
@@ -519,8 +491,8 @@ add rule ip6 kube-proxy endpoint-ZVRFLKHO-ns1/svc1/tcp/p80__fd00.10.180..1/80 me
 add rule ip6 kube-proxy endpoint-PIHD7EGB-ns1/svc1/tcp/p80__fd00.10.180.2..1/80 update @affinity-PIHD7EGB-ns1/svc1/tcp/p80__fd00.10.180.2..1/80 { ip6 saddr }
 add rule ip6 kube-proxy endpoint-PIHD7EGB-ns1/svc1/tcp/p80__fd00.10.180.2..1/80 meta l4proto tcp dnat to [fd00:10:180:2::1]:80
 add element ip6 kube-proxy cluster-ips { fd00:172:30::41 }
-add element ip6 kube-proxy service-ips { fd00:172:30::41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80 }
 add element ip6 kube-proxy hairpin-connections { fd00:10:180::1 . fd00:10:180::1 . tcp . 80 }
+add element ip6 kube-proxy service-ips { fd00:172:30::41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80 }
 "#,
     );
 }
@@ -551,10 +523,9 @@ add chain ip kube-proxy external-BNWQTOD7-ns1/dual/udp/dns
 add rule ip kube-proxy service-BNWQTOD7-ns1/dual/udp/dns meta l4proto udp dnat ip addr . port to numgen random mod 1 offset 0 map @endpoints-udp-BN
 add rule ip kube-proxy external-BNWQTOD7-ns1/dual/udp/dns mark set mark or 0x4000 comment "masquerade"
 add rule ip kube-proxy external-BNWQTOD7-ns1/dual/udp/dns goto service-BNWQTOD7-ns1/dual/udp/dns
-add element ip kube-proxy endpoints-udp-BN { 0 : 10.180.2.1 . 53 }
 add element ip kube-proxy cluster-ips { 172.30.0.41 }
-add element ip kube-proxy service-ips { 172.30.0.41 . udp . 53 : goto service-BNWQTOD7-ns1/dual/udp/dns }
-add element ip kube-proxy service-ips { 192.168.99.11 . udp . 53 : goto external-BNWQTOD7-ns1/dual/udp/dns }
+add element ip kube-proxy service-ips { 172.30.0.41 . udp . 53 : goto service-BNWQTOD7-ns1/dual/udp/dns , 192.168.99.11 . udp . 53 : goto external-BNWQTOD7-ns1/dual/udp/dns }
+add element ip kube-proxy endpoints-udp-BN { 0 : 10.180.2.1 . 53 }
 "#,
     );
     assert_rules_eq(
@@ -566,10 +537,9 @@ add chain ip6 kube-proxy external-BNWQTOD7-ns1/dual/udp/dns
 add rule ip6 kube-proxy service-BNWQTOD7-ns1/dual/udp/dns meta l4proto udp dnat ip6 addr . port to numgen random mod 1 offset 0 map @endpoints-udp-BN
 add rule ip6 kube-proxy external-BNWQTOD7-ns1/dual/udp/dns mark set mark or 0x4000 comment "masquerade"
 add rule ip6 kube-proxy external-BNWQTOD7-ns1/dual/udp/dns goto service-BNWQTOD7-ns1/dual/udp/dns
-add element ip6 kube-proxy endpoints-udp-BN { 0 : fd00:10:180:2::1 . 53 }
 add element ip6 kube-proxy cluster-ips { fd00:172:30::41 }
-add element ip6 kube-proxy service-ips { fd00:172:30::41 . udp . 53 : goto service-BNWQTOD7-ns1/dual/udp/dns }
-add element ip6 kube-proxy service-ips { 2001:db8:99::11 . udp . 53 : goto external-BNWQTOD7-ns1/dual/udp/dns }
+add element ip6 kube-proxy service-ips { fd00:172:30::41 . udp . 53 : goto service-BNWQTOD7-ns1/dual/udp/dns , 2001:db8:99::11 . udp . 53 : goto external-BNWQTOD7-ns1/dual/udp/dns }
+add element ip6 kube-proxy endpoints-udp-BN { 0 : fd00:10:180:2::1 . 53 }
 "#,
     );
 }
@@ -628,11 +598,19 @@ fn picked(script: &str, prefix: &str) -> Vec<String> {
         .and_then(|(_, numbers)| numbers.split_once(" offset "))
         .unwrap();
     let (count, offset): (u32, u32) = (count.parse().unwrap(), offset.parse().unwrap());
+    let command = format!("add element ip kube-proxy {map} {{ ");
+    let elements: Vec<&str> = script
+        .lines()
+        .filter_map(|line| line.strip_prefix(&command)?.strip_suffix(" }"))
+        .flat_map(|elements| elements.split(" , "))
+        .collect();
     (offset..offset + count)
         .map(|number| {
-            let element = format!("add element ip kube-proxy {map} {{ {number} : ");
-            let line = script.lines().find_map(|line| line.strip_prefix(&element));
-            line.and_then(|rest| rest.strip_suffix(" }"))
+            let key = format!("{number} : ");
+            let element = elements
+                .iter()
+                .find_map(|element| element.strip_prefix(&key));
+            element
                 .unwrap_or_else(|| panic!("no element {number} in {map}:\n{script}"))
                 .to_owned()
         })
@@ -657,15 +635,22 @@ fn services_sharing_an_element_leave_the_kernels_copy_to_the_first_in_key_order(
     second.external_ips = vec![ip("192.168.99.11")];
 
     let script = services_part(&state(vec![second, first]), &options_v4());
-    let elements: Vec<&str> = script
+    let elements: Vec<String> = script
         .lines()
-        .filter(|line| line.contains("192.168.99.11") || line.contains("hairpin"))
+        .filter_map(|line| line.strip_prefix("add element ip kube-proxy "))
+        .flat_map(|command| {
+            let (container, list) = command.split_once(" { ").unwrap();
+            let list = list.strip_suffix(" }").unwrap();
+            list.split(" , ")
+                .map(move |element| format!("{container} {element}"))
+        })
+        .filter(|element| element.contains("192.168.99.11") || element.starts_with("hairpin"))
         .collect();
     assert_eq!(
         elements,
         [
-            "add element ip kube-proxy service-ips { 192.168.99.11 . tcp . 80 : goto external-VZNH3DV3-ns1/a/tcp/p80 }",
-            "add element ip kube-proxy hairpin-connections { 10.180.0.1 . 10.180.0.1 . tcp . 80 }",
+            "hairpin-connections 10.180.0.1 . 10.180.0.1 . tcp . 80",
+            "service-ips 192.168.99.11 . tcp . 80 : goto external-VZNH3DV3-ns1/a/tcp/p80",
         ]
     );
 }

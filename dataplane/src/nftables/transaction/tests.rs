@@ -112,8 +112,7 @@ flush chain ip kube-proxy service-DGQCUPKV-ns/web1/tcp/http
 add rule ip kube-proxy service-DGQCUPKV-ns/web1/tcp/http meta l4proto tcp dnat ip addr . port to numgen random mod 2 offset 1 map @endpoints-tcp-DG
 delete element ip kube-proxy endpoints-tcp-DG { 0 }
 add element ip kube-proxy hairpin-connections { 10.180.0.1 . 10.180.0.1 . tcp . 8080 }
-add element ip kube-proxy endpoints-tcp-DG { 1 : 10.180.2.1 . 8080 }
-add element ip kube-proxy endpoints-tcp-DG { 2 : 10.180.0.1 . 8080 }
+add element ip kube-proxy endpoints-tcp-DG { 1 : 10.180.2.1 . 8080 , 2 : 10.180.0.1 . 8080 }
 "#,
     );
     assert_eq!(
@@ -316,8 +315,7 @@ fn when_the_first_holder_of_an_element_goes_the_next_ones_copy_takes_its_place()
         elements,
         [
             "delete element ip kube-proxy cluster-ips { 172.30.0.1 }",
-            "delete element ip kube-proxy service-ips { 172.30.0.1 . tcp . 80 }",
-            "delete element ip kube-proxy service-ips { 192.168.99.11 . tcp . 80 }",
+            "delete element ip kube-proxy service-ips { 172.30.0.1 . tcp . 80 , 192.168.99.11 . tcp . 80 }",
             "add element ip kube-proxy service-ips { 192.168.99.11 . tcp . 80 : goto external-F2TLVHMA-ns/b/tcp/http }",
         ]
     );
