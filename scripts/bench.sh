@@ -18,17 +18,22 @@ if [[ $# -gt 0 && $1 != -* ]]; then
 fi
 cargo build --release --workspace --bins
 bench=target/release/splitproxy-bench
+# The default output folder, unless the flags name one (clap takes each flag once).
+output=(--output bench/results)
+for arg in "$@"; do
+  [[ $arg == --output || $arg == --output=* ]] && output=()
+done
 case $benchmark in
   b1)
     exec "$bench" b1 --services 1000 --endpoints 10000 --agents 1000 --changes 50 \
-      --interval-ms 200 --output bench/results "$@"
+      --interval-ms 200 "${output[@]}" "$@"
     ;;
   b2)
-    exec "$bench" b2 --output bench/results "$@"
+    exec "$bench" b2 "${output[@]}" "$@"
     ;;
   b3)
     exec "$bench" b3 --services 1000 --endpoints 10000 --nodes 10,20,50 --changes 50 \
-      --interval-ms 200 --output bench/results "$@"
+      --interval-ms 200 "${output[@]}" "$@"
     ;;
   *)
     echo "scripts/bench.sh: unknown benchmark '$benchmark' (known: b1, b2, b3)" >&2

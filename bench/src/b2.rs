@@ -246,7 +246,8 @@ impl Programmed {
     /// The Service chains and their endpoints in `listing` (what [`ProxyMode::listing`]
     /// prints), next to `wanted`: in iptables mode the jumps from `KUBE-SVC-` to `KUBE-SEP-`
     /// chains, in nftables mode the `service-` chains and the endpoints of their
-    /// `numgen random mod N` choices.
+    /// `numgen random mod N` choices (kube-proxy's inline maps, splitproxy's ranges of its
+    /// endpoint maps).
     fn count(listing: &str, wanted: Wanted, mode: ProxyMode) -> Self {
         let (service_chains, endpoint_jumps) = match mode {
             ProxyMode::Iptables => {
@@ -268,9 +269,11 @@ impl Programmed {
                     .map(str::trim_start)
                     .filter(|line| line.starts_with("chain service-") && line.contains('/'))
                     .count(),
+                // In rules only: splitproxy's endpoint maps are typed `typeof numgen random mod 1`.
                 listing
-                    .split("numgen random mod ")
-                    .skip(1)
+                    .lines()
+                    .filter(|line| !line.trim_start().starts_with("typeof "))
+                    .flat_map(|line| line.split("numgen random mod ").skip(1))
                     .filter_map(|rest| rest.split_whitespace().next()?.parse::<usize>().ok())
                     .sum(),
             ),
@@ -724,6 +727,19 @@ table ip kube-proxy {
 }
 ";
 
+    /// The same Service as splitproxy lists it, its endpoints in an endpoint map.
+    const LISTED_WITH_ENDPOINT_MAP: &str = "\
+table ip kube-proxy {
+\tmap endpoints-tcp-AA {
+\t\ttypeof numgen random mod 1 : ip daddr . tcp dport
+\t\telements = { 4 : 10.244.1.2 . 8080, 5 : 10.244.2.2 . 8080 }
+\t}
+\tchain service-AAAAAAAA-bench/s0/tcp/http {
+\t\tmeta l4proto tcp dnat ip to numgen random mod 2 offset 4 map @endpoints-tcp-AA
+\t}
+}
+";
+
     #[test]
     fn in_nftables_mode_endpoints_are_the_numgen_choices_of_service_chains() {
         let wanted = Wanted {
@@ -733,6 +749,8 @@ table ip kube-proxy {
         let found = Programmed::count(LISTED, wanted, ProxyMode::Nftables);
         assert_eq!((found.service_chains, found.endpoint_jumps), (1, 2));
         assert!(found.matches());
+        let found = Programmed::count(LISTED_WITH_ENDPOINT_MAP, wanted, ProxyMode::Nftables);
+        assert_eq!((found.service_chains, found.endpoint_jumps), (1, 2));
         assert_eq!(
             nft_rules(LISTED),
             5,
