@@ -147,12 +147,6 @@ impl std::fmt::Display for EndpointMap {
     }
 }
 
-/// Whether `name` is one of a Service's own chains or sets rather than a fixed one.
-#[must_use]
-pub fn is_service_object(name: &str) -> bool {
-    name.contains('/')
-}
-
 /// `namespace/name/protocol/port`.
 fn push_port_part(name: &mut String, service: &ServiceKey, protocol: Protocol, port_name: &str) {
     name.push_str(&service.namespace);
@@ -310,17 +304,6 @@ mod tests {
             "service-ips",
         ] {
             assert_eq!(EndpointMap::from_name(other), None, "{other}");
-        }
-    }
-
-    #[test]
-    fn only_per_service_names_hold_a_slash() {
-        assert!(is_service_object("service-ULMVA6XW-ns1/svc1/tcp/p80"));
-        assert!(is_service_object(
-            "affinity-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80"
-        ));
-        for fixed in ["services", "cluster-ips", "nat-prerouting", "reject-chain"] {
-            assert!(!is_service_object(fixed), "{fixed}");
         }
     }
 }
