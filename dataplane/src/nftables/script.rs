@@ -205,7 +205,12 @@ mod tests {
     #[test]
     fn elements_go_one_command_per_run_of_a_container_and_at_most_a_thousand_each() {
         let mut elements: Vec<Element> = (0..2500)
-            .map(|i| element(Container::ClusterIps, format!("10.96.{}.{}", i / 250, i % 250)))
+            .map(|i| {
+                element(
+                    Container::ClusterIps,
+                    format!("10.96.{}.{}", i / 250, i % 250),
+                )
+            })
             .collect();
         elements.push(element(Container::NodePortIps, "192.168.0.2".into()));
         elements.push(element(Container::ClusterIps, "10.97.0.1".into()));
