@@ -168,6 +168,13 @@ impl Container {
         })
     }
 
+    /// Whether it is an endpoint map, whose every element belongs to the one chain it numbers
+    /// (elements of the others may be claimed by several Services).
+    #[must_use]
+    pub fn is_endpoint_map(self) -> bool {
+        matches!(self, Self::Endpoints(_))
+    }
+
     /// `map` for a verdict map, `set` for a set: the keyword nft commands name it with.
     #[must_use]
     pub fn kind(self) -> &'static str {
@@ -280,8 +287,10 @@ pub struct Rendered {
     services: OrdMap<ServiceKey, Arc<Service>>,
     /// What each of them renders to.
     rules: OrdMap<ServiceKey, Arc<ServiceRules>>,
-    /// Who holds each element.
+    /// Who holds each element of the containers Services may share (not the endpoint maps).
     holders: imbl::HashMap<ElementId, Holders>,
+    /// Elements of the endpoint maps.
+    endpoint_elements: usize,
     /// Rules in the Services' chains.
     service_rules: usize,
     /// The Services' chains.
@@ -293,12 +302,13 @@ pub struct Rendered {
     /// How many times the endpoint maps were numbered again from 0: a table numbered otherwise
     /// than the kernel's is written whole, as every chain's numbers may have moved.
     numbering: u64,
+    /// [`NUMBER_LIMIT`], or a small one in tests.
+    number_limit: u32,
 }
 
 /// The numbers an endpoint map hands out stay below this, so `offset + N` never overflows; a
 /// map reaching it has everything numbered again from 0 (after some two billion changes).
-/// Small under test, so the random transaction tests number maps again many times.
-const NUMBER_LIMIT: u32 = if cfg!(test) { 24 } else { 1 << 31 };
+const NUMBER_LIMIT: u32 = 1 << 31;
 
 /// Hands the chains of one Service being rendered their ranges in the endpoint maps.
 pub(super) struct Numbering<'a> {
@@ -306,6 +316,8 @@ pub(super) struct Numbering<'a> {
     previous: &'a [Slot],
     /// The next free number of each map.
     next: &'a mut imbl::HashMap<EndpointMap, u32>,
+    /// No number reaches it.
+    limit: u32,
     /// Some map ran out of numbers; the whole table is numbered again.
     exhausted: bool,
 }
@@ -323,7 +335,7 @@ impl Numbering<'_> {
         }
         let next = self.next.entry(map).or_insert(0);
         let offset = *next;
-        match offset.checked_add(len).filter(|end| *end <= NUMBER_LIMIT) {
+        match offset.checked_add(len).filter(|end| *end <= self.limit) {
             Some(end) => *next = end,
             None => self.exhausted = true,
         }
@@ -344,14 +356,25 @@ impl Rendered {
             services: OrdMap::new(),
             rules: OrdMap::new(),
             holders: imbl::HashMap::new(),
+            endpoint_elements: 0,
             service_rules: 0,
             service_chains: 0,
             endpoint_maps: OrdMap::new(),
             next_numbers: imbl::HashMap::new(),
             numbering: 0,
+            number_limit: NUMBER_LIMIT,
         };
-        // Numbering from 0 cannot run out: no map holds two billion endpoints.
-        empty.render_changed(state).0
+        // Numbering from 0 runs out only past `u32::MAX` numbers in one map.
+        empty.render_changed(state, u32::MAX).0
+    }
+
+    /// This render, with endpoint maps numbered again once a number would reach `limit`.
+    #[cfg(test)]
+    pub(crate) fn with_number_limit(self, limit: u32) -> Self {
+        Self {
+            number_limit: limit,
+            ..self
+        }
     }
 
     /// The table for `state`, rendering again only the Services that differ from those rendered
@@ -361,18 +384,20 @@ impl Rendered {
         if *self.options != *options {
             return Self::new(state, options);
         }
-        match self.render_changed(state) {
+        match self.render_changed(state, self.number_limit) {
             (next, false) => next,
             (_, true) => Self {
                 numbering: self.numbering + 1,
+                number_limit: self.number_limit,
                 ..Self::new(state, options)
             },
         }
     }
 
     /// This table with the Services that differ in `state` rendered again, and whether an
-    /// endpoint map ran out of numbers (the table is then unusable).
-    fn render_changed(&self, state: &ProxyState) -> (Self, bool) {
+    /// endpoint map ran out of numbers below `limit` (the table is then unusable: chains may
+    /// share numbers).
+    fn render_changed(&self, state: &ProxyState, limit: u32) -> (Self, bool) {
         let mut next = self.clone();
         let mut exhausted = false;
         for key in crate::changed_keys(&self.services, &state.services) {
@@ -385,6 +410,7 @@ impl Rendered {
                     let mut numbering = Numbering {
                         previous: old.map_or(&[], |old| old.slots.as_slice()),
                         next: &mut next.next_numbers,
+                        limit,
                         exhausted: false,
                     };
                     let rules = Arc::new(service::render(service, &self.options, &mut numbering));
@@ -406,6 +432,7 @@ impl Rendered {
         self.service_rules -= rules.rule_count();
         self.service_chains -= rules.chains.len();
         for slot in &rules.slots {
+            self.endpoint_elements -= slot.len as usize;
             match self.endpoint_maps.get_mut(&slot.map) {
                 Some(users) if *users > 1 => *users -= 1,
                 _ => {
@@ -413,7 +440,7 @@ impl Rendered {
                 }
             }
         }
-        for element in &rules.elements {
+        for element in shared_elements(rules) {
             let id = (element.container, Arc::clone(&element.key));
             let Some(holders) = self.holders.get_mut(&id) else {
                 continue;
@@ -431,9 +458,10 @@ impl Rendered {
         self.service_rules += rules.rule_count();
         self.service_chains += rules.chains.len();
         for slot in &rules.slots {
+            self.endpoint_elements += slot.len as usize;
             *self.endpoint_maps.entry(slot.map).or_insert(0) += 1;
         }
-        for element in &rules.elements {
+        for element in shared_elements(rules) {
             let id = (element.container, Arc::clone(&element.key));
             match self.holders.get_mut(&id) {
                 Some(holders) => {
@@ -487,7 +515,8 @@ impl Rendered {
         self.rules.iter().map(|(key, rules)| (key, rules.as_ref()))
     }
 
-    /// The element of `id` as the table holds it: the first holder's.
+    /// The element of `id`, of a container Services may share, as the table holds it: the first
+    /// holder's.
     pub(crate) fn element(&self, id: &ElementId) -> Option<&Element> {
         let first = self.holders.get(id)?.first()?;
         self.rules
@@ -497,12 +526,15 @@ impl Rendered {
             .find(|element| element.container == id.0 && element.key == id.1)
     }
 
-    /// Whether the Service of `key` is the one whose copy of `element` the table holds.
+    /// Whether the Service of `key` is the one whose copy of `element`, one of its own, the
+    /// table holds.
     pub(crate) fn holds(&self, key: &ServiceKey, element: &Element) -> bool {
-        self.holders
-            .get(&(element.container, Arc::clone(&element.key)))
-            .and_then(|holders| holders.first())
-            .is_some_and(|first| first == key)
+        element.container.is_endpoint_map()
+            || self
+                .holders
+                .get(&(element.container, Arc::clone(&element.key)))
+                .and_then(|holders| holders.first())
+                .is_some_and(|first| first == key)
     }
 
     /// Whether a Service of this render owns chain `name`.
@@ -572,6 +604,14 @@ impl Rendered {
     /// Elements the table's shared sets and maps hold (the endpoint maps' included).
     #[must_use]
     pub fn element_count(&self) -> usize {
-        self.skeleton.elements + self.holders.len()
+        self.skeleton.elements + self.holders.len() + self.endpoint_elements
     }
+}
+
+/// The elements of `rules` in containers Services may share.
+fn shared_elements(rules: &ServiceRules) -> impl Iterator<Item = &Element> {
+    rules
+        .elements
+        .iter()
+        .filter(|element| !element.container.is_endpoint_map())
 }

@@ -609,3 +609,34 @@ pub(crate) fn resolve_listing(
     }
     objects
 }
+
+/// Checks that no two chains of `rendered` share a number of an endpoint map, and that each
+/// chain's elements are exactly its numbers.
+#[track_caller]
+pub(crate) fn assert_numbers_apart(rendered: &super::Rendered) {
+    let mut taken: BTreeMap<String, BTreeMap<u32, String>> = BTreeMap::new();
+    for (_, rules) in rendered.service_rules() {
+        for slot in &rules.slots {
+            let numbers = taken.entry(slot.map.name()).or_default();
+            for number in slot.offset..slot.offset + slot.len {
+                if let Some(other) = numbers.insert(number, slot.chain.clone()) {
+                    panic!("{} and {other} share {number} of {}", slot.chain, slot.map);
+                }
+            }
+        }
+        let mut numbered: Vec<u32> = rules
+            .elements
+            .iter()
+            .filter(|element| matches!(element.container, super::Container::Endpoints(_)))
+            .map(|element| element.key.parse().unwrap())
+            .collect();
+        numbered.sort_unstable();
+        let mut owned: Vec<u32> = rules
+            .slots
+            .iter()
+            .flat_map(|slot| slot.offset..slot.offset + slot.len)
+            .collect();
+        owned.sort_unstable();
+        assert_eq!(numbered, owned, "elements outside the Service's numbers");
+    }
+}

@@ -49,7 +49,7 @@ mod tests;
 
 use super::names::{AFFINITY_PREFIX, EndpointMap};
 use super::render::skeleton::{definition, is_fixed_chain};
-use super::render::{AffinitySet, Chain, Container, ElementId, Rendered, ServiceRules};
+use super::render::{AffinitySet, Chain, Container, Element, ElementId, Rendered, ServiceRules};
 use super::script::{Script, TABLE, address_type, family_keyword};
 use crate::conntrack::IpFamily;
 use std::collections::{BTreeMap, BTreeSet};
@@ -302,6 +302,8 @@ fn incremental(previous: &Rendered, next: &Rendered, leftovers: &Leftovers) -> T
     let mut stale_chains = BTreeSet::new();
     let mut written: Vec<&Chain> = Vec::new();
     let mut touched: BTreeSet<ElementId> = BTreeSet::new();
+    let mut deletions = Vec::new();
+    let mut additions = Vec::new();
     let empty = ServiceRules::default();
 
     // Before the rules that pick from them.
@@ -374,8 +376,11 @@ fn incremental(previous: &Rendered, next: &Rendered, leftovers: &Leftovers) -> T
         }
 
         for element in old.elements.iter().chain(&new.elements) {
-            touched.insert((element.container, Arc::clone(&element.key)));
+            if !element.container.is_endpoint_map() {
+                touched.insert((element.container, Arc::clone(&element.key)));
+            }
         }
+        endpoint_changes(old, new, next, &mut deletions, &mut additions);
     }
     counts.chains_written = written.len();
     counts.chains_flushed = stale_chains.len();
@@ -383,18 +388,13 @@ fn incremental(previous: &Rendered, next: &Rendered, leftovers: &Leftovers) -> T
         write_rules(&mut script, std::slice::from_ref(chain), &mut counts);
     }
 
-    // The table holds each element's first holder's copy; only where that copy changed does
-    // the kernel's element change. `touched` is in container order, so each container's
-    // deletions and additions are one command each.
-    let mut deletions = Vec::new();
-    let mut additions = Vec::new();
-    let goes_with_its_map = |element: &super::Element| matches!(element.container, Container::Endpoints(map) if !next.has_endpoint_map(map));
+    // The table holds each shared element's first holder's copy; only where that copy changed
+    // does the kernel's element change.
     for id in &touched {
         let before = previous.element(id);
         let after = next.element(id);
         match (before, after) {
             (Some(before), Some(after)) if before.same_data(after) => {}
-            (Some(before), None) if goes_with_its_map(before) => {}
             (Some(before), after) => {
                 deletions.push(before);
                 additions.extend(after);
@@ -402,6 +402,9 @@ fn incremental(previous: &Rendered, next: &Rendered, leftovers: &Leftovers) -> T
             (None, after) => additions.extend(after),
         }
     }
+    // One command per container.
+    deletions.sort_by_key(|element| element.container);
+    additions.sort_by_key(|element| element.container);
     counts.elements_deleted = deletions.len();
     counts.elements_added = additions.len();
     script.delete_elements(deletions);
@@ -441,6 +444,40 @@ fn incremental(previous: &Rendered, next: &Rendered, leftovers: &Leftovers) -> T
         full: false,
         stale_chains,
         counts,
+    }
+}
+
+/// The endpoint-map elements one Service's change from `old` to `new` deletes and adds: each is
+/// the Service's own, so they are compared within it. Those of a map `next` no longer has go
+/// with the map.
+fn endpoint_changes<'r>(
+    old: &'r ServiceRules,
+    new: &'r ServiceRules,
+    next: &Rendered,
+    deletions: &mut Vec<&'r Element>,
+    additions: &mut Vec<&'r Element>,
+) {
+    let own = |rules: &'r ServiceRules| {
+        rules
+            .elements
+            .iter()
+            .filter(|element| element.container.is_endpoint_map())
+            .map(|element| ((element.container, &*element.key), element))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let (before, after) = (own(old), own(new));
+    for (id, element) in &before {
+        let kept = after.get(id).is_some_and(|now| now.same_data(element));
+        let map_stays =
+            matches!(element.container, Container::Endpoints(map) if next.has_endpoint_map(map));
+        if !kept && map_stays {
+            deletions.push(element);
+        }
+    }
+    for (id, element) in &after {
+        if !before.get(id).is_some_and(|then| then.same_data(element)) {
+            additions.push(element);
+        }
     }
 }
 

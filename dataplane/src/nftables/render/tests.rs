@@ -8,7 +8,7 @@ use super::*;
 use crate::iptables::RenderOptions;
 use crate::iptables::tests::assert_rules_eq;
 use crate::nftables::testing::{
-    draining, ip, local, options_v4, options_v6, ready, service, state, tcp,
+    assert_numbers_apart, draining, ip, local, options_v4, options_v6, ready, service, state, tcp,
 };
 use crate::nftables::transaction::{Leftovers, transaction};
 use crate::{Endpoint, Protocol, ServicePort, TrafficPolicy};
@@ -583,6 +583,30 @@ fn topology_excluded_endpoints_leave_the_cluster_chain_but_not_the_local_one() {
     let script = services_part(&state(vec![service]), &options_v4());
     assert_eq!(picked(&script, "service"), ["10.180.2.1 . 80"], "{script}");
     assert_eq!(picked(&script, "local"), ["10.180.0.1 . 80"], "{script}");
+}
+
+#[test]
+fn ports_sharing_an_endpoint_map_never_share_a_number() {
+    // 3,000 ports over 1,024 maps: most maps serve several, each with its own numbers.
+    let services = (0..3000u16).map(|i| {
+        let endpoints = (0..1 + i % 3)
+            .map(|e| ready(&format!("10.180.{}.{}", i / 200, i % 200 + 1), 8000 + e))
+            .collect();
+        let cluster_ip = format!("172.30.{}.{}", i / 250, i % 250 + 1);
+        service(
+            "ns",
+            &format!("svc{i}"),
+            &[&cluster_ip],
+            vec![tcp("p80", 80, None, endpoints)],
+        )
+    });
+    let rendered = Rendered::new(&state(services.collect()), &options_v4());
+
+    assert_numbers_apart(&rendered);
+    let shared = rendered
+        .service_rules()
+        .filter(|(_, rules)| rules.slots.iter().any(|slot| slot.offset > 0));
+    assert!(shared.count() > 1000, "most maps serve several ports");
 }
 
 /// The endpoints the first `{prefix}-…` chain of `script` picks from, in its endpoint map's
