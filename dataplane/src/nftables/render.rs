@@ -26,13 +26,12 @@
 //! sync of 10k Services spends seconds to minutes in the kernel naming and binding 10k anonymous
 //! maps. Here the chains pick from shared named maps, one per protocol and first two characters
 //! of the port's hash (`endpoints-tcp-UL` for `service-ULMVA6XW-…/tcp/…`, at most 1,024 per
-//! protocol): a chain owns the numbers
-//! `K … K+N-1` of its map and picks `numgen random mod N offset K`. Adding a Service then costs
-//! the same however many the table holds, the choice stays one lookup, and a port whose
-//! endpoints change but not their number changes map elements only, not its chain. [`Rendered`]
-//! hands out the ranges ([`Slot`]): a chain keeps its range while its number of endpoints stays,
-//! and otherwise gets fresh numbers at the end of its map's, so a number never points at two
-//! endpoints within one transaction.
+//! protocol): a chain owns the numbers `K … K+N-1` of its map and picks `numgen random mod N
+//! offset K`. Adding a Service then costs the same however many the table holds, the choice
+//! stays one lookup, and a port whose endpoints change but not their number changes map elements
+//! only, not its chain. [`Rendered`] hands out the ranges ([`Slot`]): a chain keeps its range
+//! while its number of endpoints stays, and otherwise gets fresh numbers at the end of its map's,
+//! so a number never points at two endpoints within one transaction.
 //!
 //! Which endpoints a port uses, whether it has any, and which traffic policies apply are decided
 //! by the iptables render's `PortPlan` (from [`crate::endpoints`]), so both modes always agree on

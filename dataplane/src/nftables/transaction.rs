@@ -182,8 +182,8 @@ impl Transaction {
 ///
 /// `previous` is what the kernel holds, applied by the last successful transaction; `None` when
 /// that is unknown (the first sync, or after a failure), which makes the transaction full, as
-/// does a change of options or of the endpoint maps' numbering between `previous` and `next`. `leftovers` are the chains and sets
-/// the table may hold besides (see [`Leftovers`]).
+/// does a change of options or of the endpoint maps' numbering between `previous` and `next`.
+/// `leftovers` are the chains and sets the table may hold besides (see [`Leftovers`]).
 #[must_use]
 pub fn transaction(
     previous: Option<&Rendered>,
