@@ -23,8 +23,15 @@ struct Cli {
     manifests: Option<PathBuf>,
     /// Kubeconfig for the API server; without it (and without --manifests) `KUBECONFIG`, then
     /// the in-cluster service account, then `~/.kube/config` are used.
-    #[arg(long)]
+    #[arg(long, env = "SPLITPROXY_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
+    /// The API server's real address (`https://HOST:PORT`), overriding the kubeconfig's or the
+    /// in-cluster one, as kube-proxy's flag of the same name. In a Pod, the in-cluster address
+    /// is the `kubernetes` Service's cluster IP, which only the agents program: set this so the
+    /// controller can start on a node without Service rules (a new cluster, or every node
+    /// rebooted).
+    #[arg(long, env = "SPLITPROXY_MASTER", conflicts_with = "manifests", value_parser = parse_master)]
+    master: Option<http::Uri>,
     /// Program only Services labelled `service.kubernetes.io/service-proxy-name=NAME`; without
     /// it, only Services without that label (as default kube-proxy).
     #[arg(long, env = "SPLITPROXY_SERVICE_PROXY_NAME")]
@@ -94,6 +101,17 @@ fn parse_service_account(value: &str) -> Result<(String, String), String> {
             Ok((namespace.to_owned(), name.to_owned()))
         }
         _ => Err(format!("{value:?} is not NAMESPACE/NAME")),
+    }
+}
+
+/// Parses `--master`: an absolute `http(s)://HOST[:PORT]` URL.
+fn parse_master(value: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = value
+        .parse()
+        .map_err(|err| format!("{value:?} is not a URL: {err}"))?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("https" | "http"), Some(host)) if !host.is_empty() => Ok(uri),
+        _ => Err(format!("{value:?} is not an http(s)://HOST[:PORT] URL")),
     }
 }
 
@@ -186,7 +204,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 server::run(listen, inspection, ManifestsDir::new(dir), serving).await
             }
             None => {
-                let client = kube_client(cli.kubeconfig.as_deref()).await?;
+                let client = kube_client(cli.kubeconfig.as_deref(), cli.master).await?;
                 let (namespace, name) = &cli.agent_service_account;
                 serving.auth = AgentAuth::Review(Arc::new(TokenReviewer::new(
                     client.clone(),
@@ -230,10 +248,13 @@ fn tls_identity(cli: &Cli) -> anyhow::Result<Option<tonic::transport::Identity>>
 }
 
 /// A client from `--kubeconfig`, or else from the environment (`KUBECONFIG`, in-cluster, default
-/// kubeconfig).
-async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+/// kubeconfig), sent to `master` when set.
+async fn kube_client(
+    kubeconfig: Option<&std::path::Path>,
+    master: Option<http::Uri>,
+) -> anyhow::Result<kube::Client> {
     use anyhow::Context;
-    let config = match kubeconfig {
+    let mut config = match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
@@ -245,6 +266,10 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kub
             .await
             .context("finding API server credentials (in-cluster or kubeconfig)")?,
     };
+    if let Some(master) = master {
+        config.cluster_url = master;
+    }
+    tracing::info!(api_server = %config.cluster_url, "reading the cluster from the API server");
     kube::Client::try_from(config).context("creating the API client")
 }
 
@@ -265,6 +290,26 @@ mod tests {
             ])
             .is_err()
         );
+    }
+
+    #[test]
+    fn master_takes_an_absolute_url_only() {
+        let cli = Cli::try_parse_from([
+            "splitproxy-controller",
+            "--master",
+            "https://198.19.0.10:6443",
+        ])
+        .expect("valid flags");
+        assert_eq!(
+            cli.master.map(|uri| uri.to_string()),
+            Some("https://198.19.0.10:6443/".to_owned())
+        );
+        for bad in ["198.19.0.10:6443", "/api", "ftp://host", "https://"] {
+            assert!(
+                Cli::try_parse_from(["splitproxy-controller", "--master", bad]).is_err(),
+                "{bad} accepted"
+            );
+        }
     }
 
     #[test]

@@ -37,7 +37,12 @@ pub struct Cli {
     #[arg(long, env = "NODE_NAME")]
     pub hostname_override: Option<String>,
     /// Which dataplane programs the kernel.
-    #[arg(long, value_enum, default_value_t = ProxyMode::Iptables)]
+    #[arg(
+        long,
+        env = "SPLITPROXY_PROXY_MODE",
+        value_enum,
+        default_value_t = ProxyMode::Iptables
+    )]
     pub proxy_mode: ProxyMode,
     /// The IPVS scheduler of every virtual server in IPVS mode (rr, wrr, lc, wlc, lblc, lblcr,
     /// sh, dh, sed, nq, mh); its kernel module `ip_vs_<name>` must be available.

@@ -12,6 +12,7 @@ pub mod jaeger;
 pub mod lab;
 pub mod load;
 pub mod pki;
+pub mod real_cluster;
 pub mod sctp;
 pub mod subscribe;
 pub mod testpod;

@@ -1,0 +1,116 @@
+# shellcheck shell=bash
+# Sourced by tests/cluster/cluster.sh: the cluster's Service proxy. splitproxy is installed as a
+# user installs it (scripts/images.sh, deploy/generate-certs.sh, then `kubectl apply -k` of an
+# overlay of deploy/ that sets only the images and the addresses); kube-proxy as kubeadm
+# installs it. One at a time: installing another first removes the one in place and cleans the
+# nodes' rules with `splitproxy-agent --cleanup`.
+
+PROXY_FILE="$CLUSTER_DIR/proxy"
+SPLITPROXY_TAG=lab
+
+proxy_installed() {
+    cat "$PROXY_FILE" 2>/dev/null || echo none
+}
+
+# _splitproxy_overlay MODE: the overlay of deploy/ for this cluster, in the cluster's folder.
+_splitproxy_overlay() {
+    local dir="$CLUSTER_DIR/splitproxy-overlay" controllers
+    mkdir -p "$dir"
+    controllers="https://${NODE_IP[cp-1]}:10660,https://${NODE_IP[cp-2]}:10660"
+    cat >"$dir/kustomization.yaml" <<YAML
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: splitproxy-system
+resources:
+- $(realpath --relative-to="$dir" "$REPO/deploy")
+images:
+- name: localhost/splitproxy/agent
+  newTag: $SPLITPROXY_TAG
+- name: localhost/splitproxy/controller
+  newTag: $SPLITPROXY_TAG
+configMapGenerator:
+- name: agent-config
+  behavior: merge
+  literals:
+  - SPLITPROXY_CONTROLLERS=$controllers
+  - SPLITPROXY_PROXY_MODE=$1
+  - SPLITPROXY_CLUSTER_CIDR=$POD_CIDR
+- name: controller-config
+  behavior: merge
+  literals:
+  - SPLITPROXY_MASTER=$API_SERVER
+YAML
+    echo "$dir"
+}
+
+_kube_proxy_manifest() {
+    sed -e "s|@MODE@|$1|g" -e "s|@POD_CIDR@|$POD_CIDR|g" -e "s|@API_SERVER@|$API_SERVER|g" \
+        -e "s|@KUBE_PROXY_IMAGE@|$KUBE_PROXY_IMAGE|g" "$CLUSTER/manifests/kube-proxy.yaml"
+}
+
+# _splitproxy_images: builds the product's images from the work tree and imports them into
+# every node; prints the release binaries' folder.
+_splitproxy_images() {
+    local out="$CLUSTER_DIR/splitproxy-images" node
+    "$REPO/scripts/images.sh" --tag "$SPLITPROXY_TAG" --output "$out" >&2
+    for node in "${NODES[@]}"; do
+        images_import "$node" "$out"/splitproxy-{agent,controller}.tar
+    done
+}
+
+_proxy_remove() {
+    local installed node agent
+    installed="$(proxy_installed)"
+    case $installed in
+        none) return 0 ;;
+        splitproxy-*) kc delete --wait -k "$CLUSTER_DIR/splitproxy-overlay" --ignore-not-found >/dev/null ;;
+        kube-proxy) _kube_proxy_manifest iptables | kc delete --wait --ignore-not-found -f - >/dev/null ;;
+    esac
+    wait_for "the $installed Pods to go" 120 _no_proxy_pods
+    agent="$(_release_dir)/splitproxy-agent"
+    for node in "${NODES[@]}"; do
+        in_node "$node" "$agent" --cleanup >/dev/null 2>&1 ||
+            log "splitproxy-agent --cleanup on $node failed"
+    done
+    rm -f "$PROXY_FILE"
+}
+
+_release_dir() {
+    echo "${SPLITPROXY_CACHE:-$(dirname "$SPLITPROXY_TOOLS")}/cargo-target/release"
+}
+
+_no_proxy_pods() {
+    [[ -z $(kc get pods -A -l 'app.kubernetes.io/name in (splitproxy-agent,splitproxy-controller)' -o name) &&
+        -z $(kc get pods -n kube-system -l k8s-app=kube-proxy -o name) ]]
+}
+
+# proxy_install PROXY: installs PROXY and waits until it runs on every node and the cluster DNS
+# answers through its Service.
+proxy_install() {
+    local proxy=$1 installed mode
+    case $proxy in
+        splitproxy-iptables | splitproxy-nftables | kube-proxy) ;;
+        *) die "unknown proxy $proxy (splitproxy-iptables, splitproxy-nftables, kube-proxy)" ;;
+    esac
+    installed="$(proxy_installed)"
+    [[ $installed == "$proxy" || $installed == none ]] || _proxy_remove
+    _splitproxy_images >/dev/null
+    case $proxy in
+        splitproxy-*)
+            mode=${proxy#splitproxy-}
+            KUBECONFIG="$CLUSTER_DIR/admin.kubeconfig" PATH="$KUBE_BIN:$PATH" \
+                "$REPO/deploy/generate-certs.sh" "$CLUSTER_DIR/splitproxy-pki" \
+                "${NODE_IP[cp-1]}" "${NODE_IP[cp-2]}" >/dev/null
+            kc apply -k "$(_splitproxy_overlay "$mode")" >/dev/null
+            kc -n splitproxy-system rollout status deployment/splitproxy-controller --timeout=300s >&2
+            kc -n splitproxy-system rollout status daemonset/splitproxy-agent --timeout=300s >&2
+            ;;
+        kube-proxy)
+            _kube_proxy_manifest iptables | kc apply -f - >/dev/null
+            kc -n kube-system rollout status daemonset/kube-proxy --timeout=300s >&2
+            ;;
+    esac
+    echo "$proxy" >"$PROXY_FILE"
+    kc -n kube-system rollout status deployment/coredns --timeout=300s >&2
+    log "installed $proxy"
+}
