@@ -65,7 +65,7 @@ for proxy in "${proxies[@]}"; do
     # The suite runs from the host, which reaches the API server and the nodes over the lab LAN;
     # every data-plane check runs inside Pods (kubectl exec).
     "$e2e_bin/ginkgo" --procs="$procs" --timeout=6h --no-color --poll-progress-after=10m \
-        --focus="$focus" --skip="$skips" --json-report="$out/$proxy/report.json" \
+        --focus="$focus" --skip="$skips" --silence-skips --json-report=report.json \
         --output-dir="$out/$proxy" \
         "$e2e_bin/e2e-network.test" -- \
         --kubeconfig="$kubeconfig" --provider=skeleton --kubectl-path="$kube_bin/kubectl" \

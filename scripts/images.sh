@@ -45,6 +45,14 @@ done
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 
+# The same build whoever calls it: a caller that is itself cargo (a test) passes its package's
+# variables and jobserver on, and the build scripts that watch them would run again.
+for variable in $(compgen -e); do
+    case $variable in
+        CARGO_HOME | RUSTUP_HOME | RUSTUP_TOOLCHAIN) ;;
+        CARGO* | RUST* | __CARGO* | MAKEFLAGS | MFLAGS | OUT_DIR | TARGET | HOST | PROFILE | OPT_LEVEL | DEBUG | NUM_JOBS) unset "$variable" ;;
+    esac
+done
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 cache="${SPLITPROXY_CACHE:-$(dirname "$SPLITPROXY_TOOLS")}"
 export CARGO_TARGET_DIR="$cache/cargo-target"

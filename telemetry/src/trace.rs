@@ -115,7 +115,9 @@ impl Telemetry {
 /// Returns why the exporter could not be built or the subscriber installed.
 pub fn init(identity: Identity) -> Result<Telemetry, Error> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt::layer();
+    // Colours only for a person at a terminal: in a Pod's log they are escape codes.
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
     let export = Export::from_env(|name| std::env::var(name).ok())?;
     let provider = match export {
         Export::Off => None,

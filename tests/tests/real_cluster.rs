@@ -178,6 +178,22 @@ fn without_loss(
     Ok(())
 }
 
+/// How many times splitproxy's containers have been restarted, all Pods together.
+fn restart_count(cluster: &RealCluster) -> Result<usize> {
+    let counts = cluster.kubectl(&[
+        "-n",
+        SPLITPROXY_NAMESPACE,
+        "get",
+        "pods",
+        "-o",
+        "jsonpath={.items[*].status.containerStatuses[*].restartCount}",
+    ])?;
+    counts
+        .split_whitespace()
+        .map(|count| count.parse::<usize>().context("a restart count"))
+        .sum()
+}
+
 fn rollout(cluster: &RealCluster, kind: &str) -> Result<()> {
     cluster.kubectl(&["-n", SPLITPROXY_NAMESPACE, "rollout", "restart", kind])?;
     cluster.kubectl(&[
@@ -293,6 +309,7 @@ fn splitproxy_from_deploy_serves_a_real_cluster_through_rollouts_and_restarts() 
         rollout(&cluster, "deployment/splitproxy-controller")
     })?;
 
+    let restarts_before = restart_count(&cluster)?;
     let restarted = Instant::now();
     restart_everything()?;
     eventually("Services answer again after the restart", RECOVERY, || {
@@ -304,9 +321,19 @@ fn splitproxy_from_deploy_serves_a_real_cluster_through_rollouts_and_restarts() 
         }
         Ok(())
     })?;
+    let recovered = restarted.elapsed();
+    // Every agent and controller was killed and started again by its kubelet.
+    eventually("every splitproxy container restarted", READY, || {
+        let restarts = restart_count(&cluster)?;
+        ensure!(
+            restarts >= restarts_before + NODES.len() + 2,
+            "{restarts_before} restarts before, {restarts} now"
+        );
+        Ok(())
+    })?;
     println!(
         "full restart: Services answered again {:.0} s after every node's rules were flushed",
-        restarted.elapsed().as_secs_f64()
+        recovered.as_secs_f64()
     );
     cluster.down()
 }

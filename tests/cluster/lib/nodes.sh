@@ -37,11 +37,13 @@ _node_configs() {
     mkdir -p "$dir/cni" "$dir/pod-logs" "$run"
     # restrict_oom_score_adj: root here lacks CAP_SYS_RESOURCE, so sandboxes cannot lower their
     # OOM score below containerd's. NRI is off: its socket path is global, and four containerds
-    # share this machine. Pod network namespaces are mounted in the node's own state folder.
+    # share this machine; so are the host's /etc/containerd imports. Pod network namespaces are
+    # mounted in the node's own state folder.
     cat >"$dir/containerd.toml" <<TOML
-version = 3
+version = 4
 root = "$dir/containerd"
 state = "$run/containerd"
+imports = []
 disabled_plugins = ["io.containerd.nri.v1.nri"]
 
 [grpc]
