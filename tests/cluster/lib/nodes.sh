@@ -46,8 +46,10 @@ state = "$run/containerd"
 imports = []
 disabled_plugins = ["io.containerd.nri.v1.nri"]
 
-[grpc]
+[plugins."io.containerd.server.v1.grpc"]
   address = "$(node_socket "$node")"
+[plugins."io.containerd.server.v1.ttrpc"]
+  address = "$(node_socket "$node").ttrpc"
 
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
