@@ -28,50 +28,27 @@ declare -A PLUGINS=(
 
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
-TOOLS="$SPLITPROXY_TOOLS"
-dest="$TOOLS/cni-plugins-$CNI_PLUGINS_VERSION"
-
-have_all() {
-    local b
-    for b in "${!PLUGINS[@]}"; do [[ -x $1/bin/$b ]] || return 1; done
-}
-if have_all "$dest"; then
-    echo "$dest/bin"
-    exit 0
-fi
-
 SCRIPT=build-cni-plugins.sh
 # shellcheck source=tests/controlplane/go-build.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../controlplane/go-build.sh"
-go_build_env
-
-start=$SECONDS
-mkdir -p "$TOOLS"
-work="$(mktemp -d -t splitproxy-cnibuild.XXXXXX)"
-tmp="$dest.tmp.$$"
-trap 'rm -rf "$work" "$tmp"' EXIT
+TOOLS="$SPLITPROXY_TOOLS"
+build_begin "$TOOLS/cni-plugins-$CNI_PLUGINS_VERSION" "${!PLUGINS[@]}"
 
 module=github.com/containernetworking/plugins
-src="$(go_module_src "$module" "$CNI_PLUGINS_VERSION" "$work")"
+src="$(go_module_src "$module" "$CNI_PLUGINS_VERSION" "$WORK")"
 require_go "$(go_version_of "$src/go.mod")" "$module@$CNI_PLUGINS_VERSION"
 
 pkgs=()
 for b in "${!PLUGINS[@]}"; do pkgs+=("$module/${PLUGINS[$b]}@$CNI_PLUGINS_VERSION"); done
 
-rm -rf "$tmp"
-mkdir -p "$tmp/bin"
 log "building ${!PLUGINS[*]}"
-(cd "$work" && GOBIN="$tmp/bin" go install -trimpath \
+(cd "$WORK" && GOBIN="$TMP/bin" go install -trimpath \
     -ldflags "-s -w -X $module/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION" "${pkgs[@]}")
-have_all "$tmp" || { log "build left out some of ${!PLUGINS[*]}"; exit 1; }
 for b in "${!PLUGINS[@]}"; do
     # Without CNI_COMMAND a plugin prints its name and version on stderr and exits 0.
-    about="$(env -u CNI_COMMAND "$tmp/bin/$b" 2>&1)"
+    about="$(env -u CNI_COMMAND "$TMP/bin/$b" 2>&1)"
     [[ $about == *"$CNI_PLUGINS_VERSION"* ]] || { log "$b does not say $CNI_PLUGINS_VERSION: $about"; exit 1; }
 done
-log "$(env -u CNI_COMMAND "$tmp/bin/bridge" 2>&1 | head -n1)"
+log "$(env -u CNI_COMMAND "$TMP/bin/bridge" 2>&1 | head -n1)"
 
-rm -rf "$dest"
-mv "$tmp" "$dest"
-log "built in $((SECONDS - start))s into $dest/bin"
-echo "$dest/bin"
+build_finish

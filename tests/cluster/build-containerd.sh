@@ -33,31 +33,14 @@ BINARIES=(containerd containerd-shim-runc-v2 ctr)
 
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
-TOOLS="$SPLITPROXY_TOOLS"
-dest="$TOOLS/containerd-$CONTAINERD_VERSION"
-
-have_all() {
-    local b
-    for b in "${BINARIES[@]}"; do [[ -x $1/bin/$b ]] || return 1; done
-}
-if have_all "$dest"; then
-    echo "$dest/bin"
-    exit 0
-fi
-
 SCRIPT=build-containerd.sh
 # shellcheck source=tests/controlplane/go-build.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../controlplane/go-build.sh"
-go_build_env
-
-start=$SECONDS
-mkdir -p "$TOOLS"
-work="$(mktemp -d -t splitproxy-containerdbuild.XXXXXX)"
-tmp="$dest.tmp.$$"
-trap 'rm -rf "$work" "$tmp"' EXIT
+TOOLS="$SPLITPROXY_TOOLS"
+build_begin "$TOOLS/containerd-$CONTAINERD_VERSION" "${BINARIES[@]}"
 
 module=github.com/containerd/containerd/v2
-src="$(go_module_src "$module" "$CONTAINERD_VERSION" "$work")"
+src="$(go_module_src "$module" "$CONTAINERD_VERSION" "$WORK")"
 require_go "$(go_version_of "$src/go.mod")" "$module@$CONTAINERD_VERSION"
 if grep -qE '^replace|=>' "$src/go.mod"; then
     log "$module@$CONTAINERD_VERSION's go.mod has replace directives: go install pkg@version refuses it"
@@ -69,20 +52,14 @@ revision="$(go_module_info_field "$module" "$CONTAINERD_VERSION" Hash)"
 [[ -z $revision ]] || ldflags+=" -X $module/version.Revision=$revision"
 tags="urfave_cli_no_docs osusergo netgo static_build no_btrfs"
 
-rm -rf "$tmp"
-mkdir -p "$tmp/bin"
 log "building containerd and ctr (this takes a while on a cold cache)"
-(cd "$work" && GOBIN="$tmp/bin" go install -trimpath -tags "$tags" -ldflags "$ldflags" \
+(cd "$WORK" && GOBIN="$TMP/bin" go install -trimpath -tags "$tags" -ldflags "$ldflags" \
     "$module/cmd/containerd@$CONTAINERD_VERSION" "$module/cmd/ctr@$CONTAINERD_VERSION")
 log "building containerd-shim-runc-v2"
-(cd "$work" && GOBIN="$tmp/bin" go install -trimpath -tags "$tags no_grpc" -ldflags "$ldflags" \
+(cd "$WORK" && GOBIN="$TMP/bin" go install -trimpath -tags "$tags no_grpc" -ldflags "$ldflags" \
     "$module/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION")
-have_all "$tmp" || { log "build left out some of ${BINARIES[*]}"; exit 1; }
-"$tmp/bin/containerd" --version >&2
-"$tmp/bin/ctr" --version >&2
-"$tmp/bin/containerd-shim-runc-v2" -v >&2
+"$TMP/bin/containerd" --version >&2
+"$TMP/bin/ctr" --version >&2
+"$TMP/bin/containerd-shim-runc-v2" -v >&2
 
-rm -rf "$dest"
-mv "$tmp" "$dest"
-log "built in $((SECONDS - start))s into $dest/bin"
-echo "$dest/bin"
+build_finish

@@ -25,40 +25,22 @@ COREDNS_VERSION=v1.14.2
 
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
-TOOLS="$SPLITPROXY_TOOLS"
-dest="$TOOLS/coredns-$COREDNS_VERSION"
-
-if [[ -x $dest/bin/coredns ]]; then
-    echo "$dest/bin"
-    exit 0
-fi
-
 SCRIPT=build-coredns.sh
 # shellcheck source=tests/controlplane/go-build.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../controlplane/go-build.sh"
-go_build_env
-
-start=$SECONDS
-mkdir -p "$TOOLS"
-work="$(mktemp -d -t splitproxy-corednsbuild.XXXXXX)"
-tmp="$dest.tmp.$$"
-trap 'rm -rf "$work" "$tmp"' EXIT
+TOOLS="$SPLITPROXY_TOOLS"
+build_begin "$TOOLS/coredns-$COREDNS_VERSION" coredns
 
 module=github.com/coredns/coredns
-src="$(go_module_src "$module" "$COREDNS_VERSION" "$work")"
+src="$(go_module_src "$module" "$COREDNS_VERSION" "$WORK")"
 require_go "$(go_version_of "$src/go.mod")" "$module@$COREDNS_VERSION"
 
 commit="$(go_module_info_field "$module" "$COREDNS_VERSION" Hash)"
-rm -rf "$tmp"
-mkdir -p "$tmp/bin"
 log "building coredns"
-(cd "$work" && GOBIN="$tmp/bin" go install -trimpath -tags grpcnotrace \
+(cd "$WORK" && GOBIN="$TMP/bin" go install -trimpath -tags grpcnotrace \
     -ldflags "-s -w -X $module/coremain.GitCommit=${commit:0:7}" "$module@$COREDNS_VERSION")
-version="$("$tmp/bin/coredns" -version)"
+version="$("$TMP/bin/coredns" -version)"
 echo "$version" >&2
 [[ $version == *"CoreDNS-${COREDNS_VERSION#v}"* ]] || { log "coredns is not ${COREDNS_VERSION#v}"; exit 1; }
 
-rm -rf "$dest"
-mv "$tmp" "$dest"
-log "built in $((SECONDS - start))s into $dest/bin"
-echo "$dest/bin"
+build_finish

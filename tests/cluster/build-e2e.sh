@@ -54,50 +54,34 @@ SCRIPT=build-e2e.sh
 # shellcheck source=tests/controlplane/go-build.sh
 source "$here/../controlplane/go-build.sh"
 TOOLS="$SPLITPROXY_TOOLS"
-dest="$TOOLS/kubernetes-e2e-$KUBERNETES_VERSION"
 
-have_all() {
-    local b
-    for b in "${BINARIES[@]}"; do [[ -x $1/bin/$b ]] || return 1; done
-    cmp -s "$1/network_test.go" "$test_src"
-}
-if have_all "$dest"; then
-    echo "$dest/bin"
-    exit 0
-fi
+# build_begin's hook: a build is current only if made from this network_test.go (its copy is kept
+# next to bin/), so an edit rebuilds.
+build_is_current() { cmp -s "$1/network_test.go" "$test_src"; }
+build_begin "$TOOLS/kubernetes-e2e-$KUBERNETES_VERSION" "${BINARIES[@]}"
 
 command -v gcc >/dev/null 2>&1 || { log "gcc not found (apt-get install gcc libc6-dev)"; exit 1; }
-go_build_env
 
-start=$SECONDS
-mkdir -p "$TOOLS"
-work="$(mktemp -d -t splitproxy-e2ebuild.XXXXXX)"
-tmp="$dest.tmp.$$"
-trap 'rm -rf "$work" "$tmp"' EXIT
-
-k8s_module "$work" splitproxy.invalid/kubernetes-e2e
-mkdir -p "$work/e2e"
-cp "$test_src" "$work/e2e/"
-k8s_get "$work" k8s.io/kubernetes/test/images/agnhost \
+k8s_module "$WORK" splitproxy.invalid/kubernetes-e2e
+mkdir -p "$WORK/e2e"
+cp "$test_src" "$WORK/e2e/"
+k8s_get "$WORK" k8s.io/kubernetes/test/images/agnhost \
     k8s.io/kubernetes/test/images/regression-issue-74839 k8s.io/kubernetes/test/e2e/network
 # The test's other imports (framework packages, ginkgo, gomega, klog, ...) are packages of modules
 # already in the release's graph, so `go get -t` resolves them at the release's versions, never at
 # @latest (checked: every version in the resulting go.mod is the release's).
-(cd "$work" && go get -t ./e2e >&2)
-
-rm -rf "$tmp"
-mkdir -p "$tmp/bin"
+(cd "$WORK" && go get -t ./e2e >&2)
 
 # ---- test image programs: agnhost, regression-issue-74839 ----------------------------------------
 image_version() { tr -d '[:space:]' <"$K8S_SRC/test/images/$1/VERSION"; }
 agnhost_version="$(image_version agnhost)"
 regression_version="$(image_version regression-issue-74839)"
 log "building agnhost $agnhost_version, regression-issue-74839 $regression_version"
-(cd "$work" && go build -trimpath -ldflags "-s -w -X main.Version=$agnhost_version" \
-    -o "$tmp/bin/agnhost" k8s.io/kubernetes/test/images/agnhost)
-(cd "$work" && go build -trimpath -ldflags "-s -w" \
-    -o "$tmp/bin/regression-issue-74839" k8s.io/kubernetes/test/images/regression-issue-74839)
-"$tmp/bin/agnhost" --version >&2
+(cd "$WORK" && go build -trimpath -ldflags "-s -w -X main.Version=$agnhost_version" \
+    -o "$TMP/bin/agnhost" k8s.io/kubernetes/test/images/agnhost)
+(cd "$WORK" && go build -trimpath -ldflags "-s -w" \
+    -o "$TMP/bin/regression-issue-74839" k8s.io/kubernetes/test/images/regression-issue-74839)
+"$TMP/bin/agnhost" --version >&2
 
 # ---- pause -------------------------------------------------------------------------------------
 pause_c="$K8S_SRC/build/pause/linux/pause.c"
@@ -106,14 +90,14 @@ pause_version="$(awk '$1 == "TAG" && $2 == "?=" { print $3; exit }' "$K8S_SRC/bu
 [[ -n $pause_version ]] || { log "no TAG in build/pause/Makefile"; exit 1; }
 log "building pause $pause_version"
 gcc -Os -Wall -Werror -static "-DVERSION=v$pause_version-$KUBERNETES_VERSION" \
-    -o "$tmp/bin/pause" "$pause_c"
-strip "$tmp/bin/pause"
-"$tmp/bin/pause" -v >&2
+    -o "$TMP/bin/pause" "$pause_c"
+strip "$TMP/bin/pause"
+"$TMP/bin/pause" -v >&2
 
 # ---- e2e-network.test --------------------------------------------------------------------------
 log "building e2e-network.test (this takes a while on a cold cache)"
-(cd "$work" && go test -c "${K8S_BUILD_FLAGS[@]}" -o "$tmp/bin/e2e-network.test" ./e2e)
-help="$("$tmp/bin/e2e-network.test" --help 2>&1 || true)"
+(cd "$WORK" && go test -c "${K8S_BUILD_FLAGS[@]}" -o "$TMP/bin/e2e-network.test" ./e2e)
+help="$("$TMP/bin/e2e-network.test" --help 2>&1 || true)"
 [[ $help == *-kubeconfig* && $help == *-provider* && $help == *-ginkgo.focus* ]] ||
     { log "e2e-network.test --help lacks --kubeconfig, --provider or --ginkgo.focus"; exit 1; }
 
@@ -121,16 +105,12 @@ help="$("$tmp/bin/e2e-network.test" --help 2>&1 || true)"
 # The Ginkgo CLI at the version the release's tests use: it runs e2e-network.test's specs in
 # several processes (a test binary alone cannot) and merges their reports.
 log "building the ginkgo CLI"
-(cd "$work" && go build -trimpath -ldflags "-s -w" -o "$tmp/bin/ginkgo" github.com/onsi/ginkgo/v2/ginkgo)
-"$tmp/bin/ginkgo" version >&2
+(cd "$WORK" && go build -trimpath -ldflags "-s -w" -o "$TMP/bin/ginkgo" github.com/onsi/ginkgo/v2/ginkgo)
+"$TMP/bin/ginkgo" version >&2
 
-cp "$work/go.mod" "$work/go.sum" "$test_src" "$tmp/"   # how they were built, for the record
-have_all "$tmp" || { log "build left out some of ${BINARIES[*]}"; exit 1; }
+cp "$WORK/go.mod" "$WORK/go.sum" "$test_src" "$TMP/"   # how they were built, for the record
 printf '%s\n' "agnhost=$agnhost_version" "regression-issue-74839=$regression_version" \
-    "pause=$pause_version" >"$tmp/VERSIONS"
+    "pause=$pause_version" >"$TMP/VERSIONS"
 
-rm -rf "$dest"
-mv "$tmp" "$dest"
-log "built in $((SECONDS - start))s into $dest/bin (agnhost $agnhost_version," \
-    "regression-issue-74839 $regression_version, pause $pause_version)"
-echo "$dest/bin"
+build_finish "(agnhost $agnhost_version, regression-issue-74839 $regression_version," \
+    "pause $pause_version)"

@@ -21,27 +21,14 @@ ETCD_VERSION=v3.6.8
 
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
-TOOLS="$SPLITPROXY_TOOLS"
-dest="$TOOLS/etcd-$ETCD_VERSION"
-
-if [[ -x $dest/bin/etcd ]]; then
-    echo "$dest/bin"
-    exit 0
-fi
-
 SCRIPT=build-etcd.sh
 # shellcheck source=tests/controlplane/go-build.sh
 source "$(dirname "${BASH_SOURCE[0]}")/go-build.sh"
-go_build_env
-
-start=$SECONDS
-mkdir -p "$TOOLS"
-work="$(mktemp -d -t splitproxy-etcdbuild.XXXXXX)"
-tmp="$dest.tmp.$$"
-trap 'rm -rf "$work" "$tmp"' EXIT
+TOOLS="$SPLITPROXY_TOOLS"
+build_begin "$TOOLS/etcd-$ETCD_VERSION" etcd
 
 server=go.etcd.io/etcd/server/v3
-src="$(go_module_src "$server" "$ETCD_VERSION" "$work")"
+src="$(go_module_src "$server" "$ETCD_VERSION" "$WORK")"
 
 go_directive="$(go_version_of "$src/go.mod")"
 require_go "$go_directive" "$server@$ETCD_VERSION"
@@ -60,19 +47,14 @@ mapfile -t siblings < <(awk '$2 == "=>" && $3 ~ /^\.\.\// { print $1 }' "$src/go
     echo "replace ("
     for m in "${siblings[@]}"; do echo "	$m => $m $ETCD_VERSION"; done
     echo ")"
-} >"$work/go.mod"
+} >"$WORK/go.mod"
 
 log "resolving dependencies (${#siblings[@]} sibling modules at $ETCD_VERSION)"
-(cd "$work" && go get "$server@$ETCD_VERSION" >&2)
+(cd "$WORK" && go get "$server@$ETCD_VERSION" >&2)
 
-rm -rf "$tmp"
-mkdir -p "$tmp/bin"
 log "building etcd"
-(cd "$work" && go build -trimpath -ldflags "-s -w" -o "$tmp/bin/etcd" "$server")
-cp "$work/go.mod" "$work/go.sum" "$tmp/"   # how it was built, for the record
-"$tmp/bin/etcd" --version >&2
+(cd "$WORK" && go build -trimpath -ldflags "-s -w" -o "$TMP/bin/etcd" "$server")
+cp "$WORK/go.mod" "$WORK/go.sum" "$TMP/"   # how it was built, for the record
+"$TMP/bin/etcd" --version >&2
 
-rm -rf "$dest"
-mv "$tmp" "$dest"
-log "built in $((SECONDS - start))s into $dest/bin"
-echo "$dest/bin"
+build_finish

@@ -35,39 +35,16 @@ SCRIPT=build-kubernetes.sh
 # shellcheck source=tests/controlplane/go-build.sh
 source "$(dirname "${BASH_SOURCE[0]}")/go-build.sh"
 TOOLS="$SPLITPROXY_TOOLS"
-dest="$TOOLS/kubernetes-$KUBERNETES_VERSION"
+build_begin "$TOOLS/kubernetes-$KUBERNETES_VERSION" "${BINARIES[@]}"
 
-have_all() {
-    local b
-    for b in "${BINARIES[@]}"; do [[ -x $1/bin/$b ]] || return 1; done
-}
-if have_all "$dest"; then
-    echo "$dest/bin"
-    exit 0
-fi
-
-go_build_env
-
-start=$SECONDS
-mkdir -p "$TOOLS"
-work="$(mktemp -d -t splitproxy-k8sbuild.XXXXXX)"
-tmp="$dest.tmp.$$"
-trap 'rm -rf "$work" "$tmp"' EXIT
-
-k8s_module "$work" splitproxy.invalid/kubernetes-build
+k8s_module "$WORK" splitproxy.invalid/kubernetes-build
 pkgs=()
 for b in "${BINARIES[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
-k8s_get "$work" "${pkgs[@]}"
+k8s_get "$WORK" "${pkgs[@]}"
 
-rm -rf "$tmp"
-mkdir -p "$tmp/bin"
 log "building ${BINARIES[*]} (this takes a while on a cold cache)"
-(cd "$work" && go build "${K8S_BUILD_FLAGS[@]}" -o "$tmp/bin/" "${pkgs[@]}")
-have_all "$tmp" || { log "build left out some of ${BINARIES[*]}"; exit 1; }
-cp "$work/go.mod" "$work/go.sum" "$tmp/"   # how they were built, for the record
-for b in kube-apiserver kube-scheduler kubelet; do "$tmp/bin/$b" --version >&2; done
+(cd "$WORK" && go build "${K8S_BUILD_FLAGS[@]}" -o "$TMP/bin/" "${pkgs[@]}")
+cp "$WORK/go.mod" "$WORK/go.sum" "$TMP/"   # how they were built, for the record
+for b in kube-apiserver kube-scheduler kubelet; do "$TMP/bin/$b" --version >&2; done
 
-rm -rf "$dest"
-mv "$tmp" "$dest"
-log "built in $((SECONDS - start))s into $dest/bin"
-echo "$dest/bin"
+build_finish

@@ -1,8 +1,9 @@
 # shellcheck shell=bash
-# Sourced by the build-*.sh scripts: the shared Go build environment and module helpers, and the
-# pinned Kubernetes release with the throwaway-module build that its binaries share. Sourcing it
-# only sets KUBERNETES_VERSION and defines functions (no work, no network). The functions expect
-# SCRIPT (the caller's name, for messages) and TOOLS (the tools cache) to be set.
+# Sourced by the build-*.sh scripts: the start and end every build shares (build_begin,
+# build_finish), the shared Go build environment and module helpers, and the pinned Kubernetes
+# release with the throwaway-module build that its binaries share. Sourcing it only sets
+# KUBERNETES_VERSION and defines functions (no work, no network). The functions expect SCRIPT
+# (the caller's name, for messages) and TOOLS (the tools cache) to be set.
 
 log() { echo "$SCRIPT: $*" >&2; }
 
@@ -16,6 +17,48 @@ go_build_env() {
     export GOPATH="$TOOLS/go" GOMODCACHE="$TOOLS/go/pkg/mod" GOCACHE="$TOOLS/go/cache"
     export GOTOOLCHAIN=local GOFLAGS="-modcacherw -buildvcs=false" CGO_ENABLED=0 GOWORK=off
     unset GOOS GOARCH
+}
+
+# build_begin DEST BINARY...: when every BINARY is executable in DEST/bin (and the caller's
+# optional hook `build_is_current DIR` agrees), prints DEST/bin and exits 0: an already-built run
+# does nothing, with no network. Else sets up the build: go_build_env; WORK, an empty temp folder;
+# TMP=DEST.tmp.<pid> with TMP/bin, where the build goes, so that DEST appears only by the rename in
+# build_finish (if its binaries are there, the build finished); START; an EXIT trap that removes
+# WORK and TMP, so a failed build leaves neither behind.
+build_begin() {
+    DEST=$1
+    shift
+    BUILD_BINARIES=("$@")
+    if build_complete "$DEST"; then
+        echo "$DEST/bin"
+        exit 0
+    fi
+    go_build_env
+    START=$SECONDS
+    WORK="$(mktemp -d -t "splitproxy-${SCRIPT%.sh}.XXXXXX")"
+    TMP="$DEST.tmp.$$"
+    trap 'rm -rf "$WORK" "$TMP"' EXIT
+    rm -rf "$TMP"   # left by an earlier run with the same pid
+    mkdir -p "$TMP/bin"
+}
+
+# build_finish [WORD...]: checks that TMP holds the whole build as build_begin checks DEST, renames
+# TMP to DEST, logs the time (and the WORDs) and prints DEST/bin, the last line on stdout.
+# shellcheck disable=SC2120 # the WORDs are optional
+build_finish() {
+    build_complete "$TMP" || { log "build left out some of ${BUILD_BINARIES[*]}"; exit 1; }
+    rm -rf "$DEST"
+    mv "$TMP" "$DEST"
+    log "built in $((SECONDS - START))s into $DEST/bin" "$@"
+    echo "$DEST/bin"
+}
+
+# build_complete DIR: whether DIR/bin holds every BUILD_BINARIES and build_is_current DIR, when
+# the caller defines it, agrees.
+build_complete() {
+    local b
+    for b in "${BUILD_BINARIES[@]}"; do [[ -x $1/bin/$b ]] || return 1; done
+    ! declare -F build_is_current >/dev/null || build_is_current "$1"
 }
 
 # go_module_src MODULE VERSION WORKDIR: downloads the module and prints its folder in the cache.

@@ -23,27 +23,14 @@ JAEGER_MODULE_VERSION=v1.76.0
 
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
-TOOLS="$SPLITPROXY_TOOLS"
-dest="$TOOLS/jaeger-$JAEGER_MODULE_VERSION"
-
-if [[ -x $dest/bin/jaeger ]]; then
-    echo "$dest/bin"
-    exit 0
-fi
-
 SCRIPT=build-jaeger.sh
 # shellcheck source=tests/controlplane/go-build.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../controlplane/go-build.sh"
-go_build_env
-
-start=$SECONDS
-mkdir -p "$TOOLS"
-work="$(mktemp -d -t splitproxy-jaegerbuild.XXXXXX)"
-tmp="$dest.tmp.$$"
-trap 'rm -rf "$work" "$tmp"' EXIT
+TOOLS="$SPLITPROXY_TOOLS"
+build_begin "$TOOLS/jaeger-$JAEGER_MODULE_VERSION" jaeger
 
 module=github.com/jaegertracing/jaeger
-src="$(go_module_src "$module" "$JAEGER_MODULE_VERSION" "$work")"
+src="$(go_module_src "$module" "$JAEGER_MODULE_VERSION" "$WORK")"
 
 go_directive="$(go_version_of "$src/go.mod")"
 require_go "$go_directive" "$module@$JAEGER_MODULE_VERSION"
@@ -59,26 +46,21 @@ mapfile -t replaces < <(awk '$1 == "replace" && $3 == "=>" && $4 !~ /^\.\.?\// {
     echo "require $module $JAEGER_MODULE_VERSION"
     echo
     for r in "${replaces[@]}"; do echo "replace $r"; done
-} >"$work/go.mod"
+} >"$WORK/go.mod"
 
 # The release's go.sum checks every module of that graph locally. Without it, each would be looked
 # up in the checksum database, which does not answer for some of them here.
-cp "$src/go.sum" "$work/go.sum"
-chmod u+w "$work/go.sum"
+cp "$src/go.sum" "$WORK/go.sum"
+chmod u+w "$WORK/go.sum"
 
 log "resolving dependencies"
-(cd "$work" && go get "$module/cmd/jaeger@$JAEGER_MODULE_VERSION" >&2)
+(cd "$WORK" && go get "$module/cmd/jaeger@$JAEGER_MODULE_VERSION" >&2)
 
-rm -rf "$tmp"
-mkdir -p "$tmp/bin"
 log "building jaeger"
-(cd "$work" && go build -trimpath \
+(cd "$WORK" && go build -trimpath \
     -ldflags "-s -w -X $module/internal/version.latestVersion=$JAEGER_MODULE_VERSION" \
-    -o "$tmp/bin/jaeger" "$module/cmd/jaeger")
-cp "$work/go.mod" "$work/go.sum" "$tmp/"   # how it was built, for the record
-"$tmp/bin/jaeger" version >&2 || "$tmp/bin/jaeger" --help >/dev/null
+    -o "$TMP/bin/jaeger" "$module/cmd/jaeger")
+cp "$WORK/go.mod" "$WORK/go.sum" "$TMP/"   # how it was built, for the record
+"$TMP/bin/jaeger" version >&2 || "$TMP/bin/jaeger" --help >/dev/null
 
-rm -rf "$dest"
-mv "$tmp" "$dest"
-log "built in $((SECONDS - start))s into $dest/bin"
-echo "$dest/bin"
+build_finish
