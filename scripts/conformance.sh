@@ -57,7 +57,11 @@ for proxy in "${proxies[@]}"; do
     esac
     ((fresh)) && scripts/cluster.sh down
     kubeconfig="$(scripts/cluster.sh up | tail -n1)"
-    scripts/cluster.sh install "$install"
+    if ! scripts/cluster.sh install "$install"; then
+        echo "conformance.sh: $proxy: the install failed; no specs ran" >&2
+        status=1
+        continue
+    fi
     mkdir -p "$out/$proxy"
     rm -f "$out/$proxy/report.json"
     echo "conformance.sh: $proxy: running upstream's specs matching $focus" >&2
