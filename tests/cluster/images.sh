@@ -24,8 +24,9 @@ source "$REPO/scripts/oci.sh"
 # shellcheck source=tests/cluster/lib/common.sh
 source "$REPO/tests/cluster/lib/common.sh"
 
-# The Debian packages of the agnhost and nginx images, beside minbase.
-AGNHOST_PACKAGES=bash,curl,netcat-openbsd,iproute2,bind9-dnsutils,iperf,iputils-ping,procps
+# The Debian packages of the agnhost and nginx images, beside minbase. Upstream's agnhost is
+# Alpine, whose busybox gives it wget; several Service specs exec wget in agnhost pods.
+AGNHOST_PACKAGES=bash,curl,wget,netcat-openbsd,iproute2,bind9-dnsutils,iperf,iputils-ping,procps
 NGINX_PACKAGES=nginx-light
 
 key="$(cat "${BASH_SOURCE[0]}" "$REPO/scripts/oci.sh" "$REPO/deploy/images/iptables-wrapper" \

@@ -106,7 +106,7 @@ resolvConf: ""
 podLogsDir: $dir/pod-logs
 staticPodPath: ""
 enforceNodeAllocatable: []
-localStorageCapacityIsolation: false
+localStorageCapacityIsolation: true
 evictionHard: {}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
