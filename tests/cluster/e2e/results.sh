@@ -74,8 +74,9 @@ fi
 
 echo
 echo "Specs skipped at run time, with their reasons:"
-jq -r '[to_entries[] | .key as $p | .value | to_entries[] | select(.value.state == "skipped")
-        | "- \(.key) (\($p)): \(.value.reason)"] | unique[]' <<<"$all"
+skipped="$(jq -r '[to_entries[] | .key as $p | .value | to_entries[] | select(.value.state == "skipped")
+        | "- \(.key) (\($p)): \(.value.reason)"] | unique[]' <<<"$all")"
+echo "${skipped:-- none}"
 echo
 echo "Specs the lab skips, for every proxy (tests/cluster/e2e/skips.tsv):"
 grep -v '^#' "$here/skips.tsv" | awk -F'\t' '{ printf "- `%s`: %s\n", $1, $2 }'
