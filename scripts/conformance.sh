@@ -3,7 +3,7 @@
 # against the lab cluster (scripts/cluster.sh) with a Service proxy, and writes a results table.
 #
 #   scripts/conformance.sh [--proxy kube-proxy|iptables|nftables]... [--focus REGEX]
-#                          [--skip REGEX] [--procs N] [--output DIR]
+#                          [--skip REGEX] [--procs N] [--workers N] [--output DIR]
 #
 # --proxy     kube-proxy (upstream, as kubeadm installs it), iptables or nftables (splitproxy,
 #             from deploy/); repeat for several. Default: all three, each on a fresh cluster, in
@@ -13,6 +13,8 @@
 #             Conntrack, EndpointSlice, Topology Hints, Traffic Distribution)
 # --skip      more specs to leave out, beside tests/cluster/e2e/skips.tsv (the lab's list)
 # --procs     Ginkgo processes running specs at once (default 1; [Serial] specs run alone)
+# --workers   the cluster's worker nodes (default 6: three zones of two, which the topology
+#             and traffic-distribution specs need; fewer skip those specs)
 # --output    where reports go (default target/conformance): DIR/PROXY/report.json per proxy
 #             and DIR/results.md, the table (test → state and time per proxy)
 #
@@ -26,6 +28,7 @@ source scripts/env.sh
 focus='\[sig-network\] (Services|Networking Granular Checks: Services|Conntrack|EndpointSlice|Topology Hints|Traffic Distribution) '
 skip=
 procs=1
+workers=6
 out=target/conformance
 proxies=()
 while (($#)); do
@@ -34,6 +37,7 @@ while (($#)); do
         --focus) focus=$2; shift 2 ;;
         --skip) skip=$2; shift 2 ;;
         --procs) procs=$2; shift 2 ;;
+        --workers) workers=$2; shift 2 ;;
         --output) out=$2; shift 2 ;;
         *) sed -n '2,/^set -euo/p' "$0" | sed '$d' >&2; exit 64 ;;
     esac
@@ -56,7 +60,7 @@ for proxy in "${proxies[@]}"; do
         *) echo "conformance.sh: unknown proxy $proxy" >&2; exit 64 ;;
     esac
     ((fresh)) && scripts/cluster.sh down
-    kubeconfig="$(scripts/cluster.sh up | tail -n1)"
+    kubeconfig="$(scripts/cluster.sh up --workers "$workers" | tail -n1)"
     if ! scripts/cluster.sh install "$install"; then
         echo "conformance.sh: $proxy: the install failed; no specs ran" >&2
         status=1

@@ -39,6 +39,6 @@ awk '/^test result:/ { passed += $4; failed += $6; ignored += $8 }
 # against splitproxy in iptables mode (scripts/conformance.sh with no flags runs the whole
 # matrix: three proxies, every Service spec).
 trap 'rm -f "$log"; scripts/cluster.sh down >/dev/null 2>&1 || true' EXIT
-scripts/conformance.sh --proxy iptables --focus '\[sig-network\] Services .*\[Conformance\]' \
-    --output target/conformance-ci || status=$?
+scripts/conformance.sh --proxy iptables --workers 2 \
+    --focus '\[sig-network\] Services .*\[Conformance\]' --output target/conformance-ci || status=$?
 exit "$status"

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # A Kubernetes cluster on this machine, for splitproxy's tests and by hand (as people use kind):
 # etcd, kube-apiserver, kube-controller-manager and kube-scheduler of the pinned release, and
-# four nodes (two control-plane, two workers), each a network namespace with its own containerd
+# nodes (two control-plane, two workers or more), each a network namespace with its own containerd
 # and kubelet, on a routed pod network. Every image is built here and imported into the nodes;
 # nothing is pulled. CoreDNS runs as the cluster DNS behind kube-dns. No Service proxy is
 # installed: `install` puts in splitproxy (from deploy/, as a user does) or kube-proxy (as
 # kubeadm does). Needs root.
 #
-#   cluster.sh up                  starts (or finishes starting) the cluster; the last stdout
-#                                  line is the admin kubeconfig's path
+#   cluster.sh up [--workers N]    starts (or finishes starting) the cluster with N workers
+#                                  (default 2; one of another size is taken down first); the
+#                                  last stdout line is the admin kubeconfig's path
 #   cluster.sh install PROXY       installs splitproxy-iptables, splitproxy-nftables or
 #                                  kube-proxy (iptables mode), replacing the one installed
 #   cluster.sh down                stops everything and removes the cluster's state
@@ -38,6 +39,7 @@ source "$CLUSTER/lib/proxy.sh"
 mkdir -p "$RUN_DIR"
 exec 9>"$RUN_DIR/lock"
 flock 9
+cluster_layout "$(cluster_workers)"
 
 # _binaries: builds (the first time) and finds what the cluster runs.
 _binaries() {
@@ -58,9 +60,19 @@ _dns_up() {
 }
 
 cmd_up() {
+    local workers=$1 current
+    current="$(cluster_workers)"
+    if [[ -e $WORKERS_FILE && $current != "$workers" ]]; then
+        cluster_layout "$workers" # refuses a bad count before anything is taken down
+        log "up: the cluster has $current workers; recreating it with $workers"
+        cluster_layout "$current"
+        cmd_down
+    fi
+    cluster_layout "$workers"
     "$CLUSTER/setup.sh"
     _binaries
     mkdir -p "$CLUSTER_DIR"
+    echo "$workers" >"$WORKERS_FILE"
     pki_generate
     network_up
     controlplane_up
@@ -88,7 +100,15 @@ cmd_status() {
 }
 
 case ${1:-} in
-    up) cmd_up ;;
+    up)
+        if [[ ${2:-} == --workers && $# -eq 3 ]]; then
+            cmd_up "$3"
+        elif [[ $# -eq 1 ]]; then
+            cmd_up "$DEFAULT_WORKERS"
+        else
+            die "usage: $0 up [--workers N]"
+        fi
+        ;;
     down) cmd_down ;;
     status) cmd_status ;;
     kubeconfig) echo "$CLUSTER_DIR/admin.kubeconfig" ;;

@@ -17,14 +17,42 @@ GATEWAY_IP=$LAN_PREFIX.254
 NETNS_PREFIX=spc-
 LAN_NETNS=${NETNS_PREFIX}lan
 
-# Nodes: name, LAN address, pod CIDR, role. Two control-plane nodes (tainted, as kubeadm's) hold
-# the control plane and the splitproxy controller's two replicas; two workers run workloads.
-NODES=(cp-1 cp-2 worker-1 worker-2)
-declare -A NODE_IP=([cp-1]=$LAN_PREFIX.10 [cp-2]=$LAN_PREFIX.11 [worker-1]=$LAN_PREFIX.20 [worker-2]=$LAN_PREFIX.21)
-declare -A NODE_POD_CIDR=([cp-1]=10.244.1.0/24 [cp-2]=10.244.2.0/24 [worker-1]=10.244.3.0/24 [worker-2]=10.244.4.0/24)
-declare -A NODE_ROLE=([cp-1]=control-plane [cp-2]=control-plane [worker-1]=worker [worker-2]=worker)
-# Zones, so that topology-aware routing is exercised: one per worker, one for the control plane.
-declare -A NODE_ZONE=([cp-1]=zone-c [cp-2]=zone-c [worker-1]=zone-a [worker-2]=zone-b)
+# Nodes: name, LAN address, pod CIDR, role, zone. Two control-plane nodes (tainted, as kubeadm's)
+# hold the control plane and the splitproxy controller's two replicas; workers (two unless `up
+# --workers N` asks for more) run workloads; cluster_layout adds them.
+NODES=(cp-1 cp-2)
+declare -A NODE_IP=([cp-1]=$LAN_PREFIX.10 [cp-2]=$LAN_PREFIX.11)
+declare -A NODE_POD_CIDR=([cp-1]=10.244.1.0/24 [cp-2]=10.244.2.0/24)
+declare -A NODE_ROLE=([cp-1]=control-plane [cp-2]=control-plane)
+declare -A NODE_ZONE=([cp-1]=zone-c [cp-2]=zone-c)
+DEFAULT_WORKERS=2
+# The worker count of the cluster that is up, kept beside its state.
+WORKERS_FILE="$CLUSTER_DIR/workers"
+
+# cluster_layout WORKERS: the nodes of a cluster with that many workers. Workers take zones
+# a, b, c in turn, so that six give upstream's topology specs the three zones of two schedulable
+# nodes each that they ask for; the control plane sits in zone-c.
+cluster_layout() {
+    local workers=$1 i node zones=(a b c)
+    if ! [[ $workers =~ ^[0-9]+$ ]] || ((workers < 1 || workers > 30)); then
+        die "between 1 and 30 workers, not $workers"
+    fi
+    NODES=(cp-1 cp-2)
+    for ((i = 1; i <= workers; i++)); do
+        node=worker-$i
+        NODES+=("$node")
+        NODE_IP[$node]=$LAN_PREFIX.$((19 + i))
+        NODE_POD_CIDR[$node]=10.244.$((2 + i)).0/24
+        NODE_ROLE[$node]=worker
+        NODE_ZONE[$node]=zone-${zones[(i - 1) % 3]}
+    done
+}
+
+# The worker count of the cluster that is up (the default when none is).
+cluster_workers() {
+    cat "$WORKERS_FILE" 2>/dev/null || echo "$DEFAULT_WORKERS"
+}
+
 POD_CIDR=10.244.0.0/16
 SERVICE_CIDR=10.96.0.0/16
 KUBERNETES_SERVICE_IP=10.96.0.1
