@@ -53,13 +53,16 @@ for variable in $(compgen -e); do
         CARGO* | RUST* | __CARGO* | MAKEFLAGS | MFLAGS | OUT_DIR | TARGET | HOST | PROFILE | OPT_LEVEL | DEBUG | NUM_JOBS) unset "$variable" ;;
     esac
 done
-export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 cache="${SPLITPROXY_CACHE:-$(dirname "$SPLITPROXY_TOOLS")}"
 export CARGO_TARGET_DIR="$cache/cargo-target"
 # Paths compiled into the binaries (panic locations, line tables) name no machine's folders.
 export RUSTFLAGS="--remap-path-prefix=$PWD=/splitproxy --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo"
 echo "images.sh: building the release binaries in $CARGO_TARGET_DIR" >&2
-cargo build --release --locked -p splitproxy-agent -p splitproxy-controller >&2
+# Not with SOURCE_DATE_EPOCH: build scripts that watch it (cc's) would rebuild half the tree at
+# every commit. The images get it.
+epoch="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
+env -u SOURCE_DATE_EPOCH cargo build --release --locked -p splitproxy-agent -p splitproxy-controller >&2
+export SOURCE_DATE_EPOCH=$epoch
 bin="$CARGO_TARGET_DIR/release"
 
 work="$(mktemp -d -t splitproxy-images.XXXXXX)"
