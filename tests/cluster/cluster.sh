@@ -60,12 +60,10 @@ _dns_up() {
 }
 
 cmd_up() {
-    local workers=$1 current
-    current="$(cluster_workers)"
-    if [[ -e $WORKERS_FILE && $current != "$workers" ]]; then
-        cluster_layout "$workers" # refuses a bad count before anything is taken down
-        log "up: the cluster has $current workers; recreating it with $workers"
-        cluster_layout "$current"
+    local workers=$1
+    # The layout loaded above is the running cluster's, which down needs.
+    if [[ -e $WORKERS_FILE && $(cluster_workers) != "$workers" ]]; then
+        log "up: the cluster has $(cluster_workers) workers; recreating it with $workers"
         cmd_down
     fi
     cluster_layout "$workers"
@@ -102,6 +100,7 @@ cmd_status() {
 case ${1:-} in
     up)
         if [[ ${2:-} == --workers && $# -eq 3 ]]; then
+            check_workers "$3"
             cmd_up "$3"
         elif [[ $# -eq 1 ]]; then
             cmd_up "$DEFAULT_WORKERS"

@@ -26,6 +26,13 @@ declare -A NODE_POD_CIDR=([cp-1]=10.244.1.0/24 [cp-2]=10.244.2.0/24)
 declare -A NODE_ROLE=([cp-1]=control-plane [cp-2]=control-plane)
 declare -A NODE_ZONE=([cp-1]=zone-c [cp-2]=zone-c)
 DEFAULT_WORKERS=2
+# check_workers N: refuses a worker count the LAN's and pod network's numbering cannot hold.
+check_workers() {
+    if ! [[ $1 =~ ^[0-9]+$ ]] || (($1 < 1 || $1 > 30)); then
+        die "between 1 and 30 workers, not $1"
+    fi
+}
+
 # The worker count of the cluster that is up, kept beside its state.
 WORKERS_FILE="$CLUSTER_DIR/workers"
 
@@ -34,9 +41,6 @@ WORKERS_FILE="$CLUSTER_DIR/workers"
 # nodes each that they ask for; the control plane sits in zone-c.
 cluster_layout() {
     local workers=$1 i node zones=(a b c)
-    if ! [[ $workers =~ ^[0-9]+$ ]] || ((workers < 1 || workers > 30)); then
-        die "between 1 and 30 workers, not $workers"
-    fi
     NODES=(cp-1 cp-2)
     for ((i = 1; i <= workers; i++)); do
         node=worker-$i
@@ -46,6 +50,13 @@ cluster_layout() {
         NODE_ROLE[$node]=worker
         NODE_ZONE[$node]=zone-${zones[(i - 1) % 3]}
     done
+}
+
+# check_workers N: refuses a worker count the LAN's and pod network's numbering cannot hold.
+check_workers() {
+    if ! [[ $1 =~ ^[0-9]+$ ]] || (($1 < 1 || $1 > 30)); then
+        die "between 1 and 30 workers, not $1"
+    fi
 }
 
 # The worker count of the cluster that is up (the default when none is).
