@@ -143,10 +143,13 @@ fn main() -> ExitCode {
     };
     // Inside the runtime: the OTLP exporter's connection lives on it.
     let telemetry = match runtime.block_on(async {
-        trace::init(trace::Identity {
-            service_name: "splitproxy-controller",
-            attributes: Vec::new(),
-        })
+        trace::init(
+            trace::Identity {
+                service_name: "splitproxy-controller",
+                attributes: Vec::new(),
+            },
+            trace::Logs::default(),
+        )
     }) {
         Ok(telemetry) => telemetry,
         Err(err) => {

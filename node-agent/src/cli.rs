@@ -1,13 +1,14 @@
-//! Command-line flags, named as kube-proxy names them where the meaning is the same.
+//! Command-line flags: kube-proxy's own, with its names and meanings, and splitproxy's few
+//! (the controllers, the node's credentials, the inspection server).
+//!
+//! A kube-proxy flag only records what the command line (or its `SPLITPROXY_*` variable) says;
+//! [`crate::kube_proxy_config`] turns the flags, or a `--config` file, into settings with
+//! kube-proxy's defaults and checks.
 
-use crate::node_port_addresses::NodePortAddress;
-use crate::runner::{InvalidPeriods, SyncPeriods};
-use clap::{CommandFactory, Parser, ValueEnum, error::ErrorKind};
-use splitproxy_dataplane::{Cidr, iptables::RenderOptions, ipvs::Timeouts};
-use std::{
-    net::{IpAddr, SocketAddr},
-    time::Duration,
-};
+use crate::{duration::parse_duration, node_port_addresses::NodePortAddress};
+use clap::{Parser, ValueEnum, builder::BoolishValueParser};
+use splitproxy_dataplane::Cidr;
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 /// Programs this node's Services from the splitproxy controller's stream.
 #[derive(Debug, Parser)]
@@ -18,86 +19,17 @@ pub struct Cli {
         long = "controller",
         env = "SPLITPROXY_CONTROLLERS",
         value_delimiter = ',',
-        required_unless_present = "cleanup"
+        required_unless_present_any = ["cleanup", "write_config_to", "init_only"]
     )]
     pub controllers: Vec<String>,
     /// File holding the token that proves this node's identity to controllers (a Pod-bound
     /// ServiceAccount token for the controller's audience, or a static token); read again on
     /// every connection, as the kubelet rotates it.
     #[arg(long, env = "SPLITPROXY_TOKEN_FILE")]
-    pub token_file: Option<std::path::PathBuf>,
+    pub token_file: Option<PathBuf>,
     /// PEM CA certificates that `https://` controllers' certificates must chain to.
     #[arg(long, env = "SPLITPROXY_CONTROLLER_CA_FILE")]
-    pub controller_ca_file: Option<std::path::PathBuf>,
-    /// Remove every iptables rule of kube-proxy's layout (splitproxy's, and an iptables-mode
-    /// kube-proxy's leftovers) in both IP families, then exit.
-    #[arg(long)]
-    pub cleanup: bool,
-    /// The node name to program; defaults to the host name.
-    #[arg(long, env = "NODE_NAME")]
-    pub hostname_override: Option<String>,
-    /// Which dataplane programs the kernel.
-    #[arg(
-        long,
-        env = "SPLITPROXY_PROXY_MODE",
-        value_enum,
-        default_value_t = ProxyMode::Iptables
-    )]
-    pub proxy_mode: ProxyMode,
-    /// The IPVS scheduler of every virtual server in IPVS mode (rr, wrr, lc, wlc, lblc, lblcr,
-    /// sh, dh, sed, nq, mh); its kernel module `ip_vs_<name>` must be available.
-    #[arg(long, env = "SPLITPROXY_IPVS_SCHEDULER", default_value = "rr")]
-    pub ipvs_scheduler: String,
-    /// In IPVS mode, answer ARP only for addresses on the interface asked
-    /// (`arp_ignore=1`, `arp_announce=2`), so the Service addresses bound to `kube-ipvs0` are
-    /// not announced on the node's network; needed by load balancers such as MetalLB.
-    #[arg(long, env = "SPLITPROXY_IPVS_STRICT_ARP")]
-    pub ipvs_strict_arp: bool,
-    /// In IPVS mode, CIDRs whose IPVS virtual servers the agent never deletes, comma-separated:
-    /// other programs' virtual servers on the node's own addresses.
-    #[arg(long, env = "SPLITPROXY_IPVS_EXCLUDE_CIDRS", value_delimiter = ',')]
-    pub ipvs_exclude_cidrs: Vec<Cidr>,
-    /// In IPVS mode, how long an idle established TCP connection stays in IPVS's table; `0`
-    /// (the default) leaves the kernel's value. Go duration syntax, whole seconds (`15m`).
-    #[arg(
-        long,
-        env = "SPLITPROXY_IPVS_TCP_TIMEOUT",
-        default_value = "0",
-        value_parser = parse_duration
-    )]
-    pub ipvs_tcp_timeout: Duration,
-    /// In IPVS mode, how long a TCP connection stays in IPVS's table after a FIN; `0` (the
-    /// default) leaves the kernel's value.
-    #[arg(
-        long,
-        env = "SPLITPROXY_IPVS_TCPFIN_TIMEOUT",
-        default_value = "0",
-        value_parser = parse_duration
-    )]
-    pub ipvs_tcpfin_timeout: Duration,
-    /// In IPVS mode, how long an idle UDP flow stays in IPVS's table; `0` (the default) leaves
-    /// the kernel's value.
-    #[arg(
-        long,
-        env = "SPLITPROXY_IPVS_UDP_TIMEOUT",
-        default_value = "0",
-        value_parser = parse_duration
-    )]
-    pub ipvs_udp_timeout: Duration,
-    /// Address of `/metrics` and `/proxyMode`.
-    #[arg(
-        long,
-        env = "SPLITPROXY_METRICS_BIND_ADDRESS",
-        default_value = "127.0.0.1:10249"
-    )]
-    pub metrics_bind_address: SocketAddr,
-    /// Address of `/healthz` and `/livez`.
-    #[arg(
-        long,
-        env = "SPLITPROXY_HEALTHZ_BIND_ADDRESS",
-        default_value = "0.0.0.0:10256"
-    )]
-    pub healthz_bind_address: SocketAddr,
+    pub controller_ca_file: Option<PathBuf>,
     /// Address of the gRPC inspection server (with reflection, for grpcurl).
     #[arg(
         long,
@@ -105,37 +37,102 @@ pub struct Cli {
         default_value = "127.0.0.1:10661"
     )]
     pub inspection_bind_address: SocketAddr,
-    /// The longest time between two syncs of the node's rules: a full resync repairs what was
-    /// changed behind the agent's back. `/healthz` fails when a revision waits twice this long.
-    /// Go duration syntax (`30s`, `1m`, `1h30m`).
-    #[arg(
-        long,
-        env = "SPLITPROXY_IPTABLES_SYNC_PERIOD",
-        default_value = "30s",
-        value_parser = parse_duration
-    )]
-    pub iptables_sync_period: Duration,
-    /// The shortest time between two syncs of the node's rules; a revision that arrives sooner
-    /// waits. At most --iptables-sync-period. Go duration syntax (`1s`, `500ms`).
-    #[arg(
-        long,
-        env = "SPLITPROXY_IPTABLES_MIN_SYNC_PERIOD",
-        default_value = "1s",
-        value_parser = parse_duration
-    )]
-    pub iptables_min_sync_period: Duration,
+
+    /// A kube-proxy configuration file (`KubeProxyConfiguration`,
+    /// kubeproxy.config.k8s.io/v1alpha1). As kube-proxy, it replaces every flag below except
+    /// --hostname-override, -v and --logging-format; a field it does not know is an error.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Write the configuration the flags (or --config) make, defaults filled in, to this file
+    /// and exit.
+    #[arg(long)]
+    pub write_config_to: Option<PathBuf>,
+    /// Set the node's sysctls (conntrack and, with localhost node ports, route_localnet) and
+    /// exit: for an init container with full privileges ahead of an agent without them.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = BoolishValueParser::new())]
+    pub init_only: Option<bool>,
+    /// Remove every proxy mode's rules (iptables, IPVS, nftables) and exit.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = BoolishValueParser::new())]
+    pub cleanup: Option<bool>,
+    /// Feature gates, `Name=true|false` comma-separated: any gate kube-proxy v1.36.3 knows is
+    /// accepted; none changes what the agent does.
+    #[arg(long, value_delimiter = ',')]
+    pub feature_gates: Vec<String>,
+
+    /// The node name to program; defaults to the host name.
+    #[arg(long, env = "NODE_NAME")]
+    pub hostname_override: Option<String>,
+    /// Which dataplane programs the kernel (default iptables).
+    #[arg(long, env = "SPLITPROXY_PROXY_MODE", value_enum)]
+    pub proxy_mode: Option<ProxyMode>,
+    /// This node's primary IP, as kube-proxy's flag of the same name overrides it (no socket is
+    /// bound to it): `--nodeport-addresses primary` selects it, and when a Service's
+    /// loadBalancerSourceRanges hold it the node may reach the load-balancer IPs it holds as
+    /// local addresses. Unset, empty or 0.0.0.0: the address the node reaches the first
+    /// controller from.
+    #[arg(long, env = "SPLITPROXY_BIND_ADDRESS")]
+    pub bind_address: Option<String>,
+    /// Address of `/healthz` and `/livez` (default 0.0.0.0:10256); an IP alone takes port
+    /// 10256.
+    #[arg(long, env = "SPLITPROXY_HEALTHZ_BIND_ADDRESS")]
+    pub healthz_bind_address: Option<String>,
+    /// Address of `/metrics` and `/proxyMode` (default 127.0.0.1:10249); an IP alone takes port
+    /// 10249.
+    #[arg(long, env = "SPLITPROXY_METRICS_BIND_ADDRESS")]
+    pub metrics_bind_address: Option<String>,
+    /// Deprecated: the port of --healthz-bind-address; 0 serves no health checks.
+    #[arg(long)]
+    pub healthz_port: Option<u16>,
+    /// Deprecated: the port of --metrics-bind-address; 0 serves no metrics.
+    #[arg(long)]
+    pub metrics_port: Option<u16>,
+    /// Exit when the health or metrics address cannot be bound (otherwise retry every 5 s).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = BoolishValueParser::new())]
+    pub bind_address_hard_fail: Option<bool>,
+
+    /// The longest time between two syncs of the node's rules (iptables and nftables modes):
+    /// a full resync repairs what was changed behind the agent's back. `/healthz` fails when a
+    /// revision waits twice this long. Go duration syntax (`30s`, `1m`, `1h30m`).
+    #[arg(long, env = "SPLITPROXY_IPTABLES_SYNC_PERIOD", value_parser = parse_duration)]
+    pub iptables_sync_period: Option<Duration>,
+    /// The shortest time between two syncs (iptables and nftables modes, default 1s); a
+    /// revision that arrives sooner waits. At most --iptables-sync-period.
+    #[arg(long, env = "SPLITPROXY_IPTABLES_MIN_SYNC_PERIOD", value_parser = parse_duration)]
+    pub iptables_min_sync_period: Option<Duration>,
+    /// The fwmark bit that marks packets for masquerading; only kube-proxy's default, 14.
+    #[arg(long)]
+    pub iptables_masquerade_bit: Option<i32>,
+    /// Whether IPv4 node ports answer on 127.0.0.1 in iptables mode (default true).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = BoolishValueParser::new())]
+    pub iptables_localhost_nodeports: Option<bool>,
+    /// Masquerade every packet sent to a cluster IP, whatever its source.
+    #[arg(long, env = "SPLITPROXY_MASQUERADE_ALL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub masquerade_all: Option<bool>,
     /// The cluster's pod CIDRs, comma-separated, at most one per IP family (e.g.
     /// `10.244.0.0/16,fd00:10:244::/56`). Cluster-IP traffic from outside them is masqueraded,
     /// and pod traffic to an externalTrafficPolicy Local node port, external IP or load-balancer
-    /// IP reaches every endpoint. Each IP family's rules use the first CIDR of that family. Unset: traffic
-    /// from outside the cluster to a cluster IP is not masqueraded.
+    /// IP reaches every endpoint. Unset: traffic from outside the cluster to a cluster IP is
+    /// not masqueraded.
     #[arg(long, env = "SPLITPROXY_CLUSTER_CIDR", value_delimiter = ',')]
     pub cluster_cidr: Vec<Cidr>,
-    /// Masquerade every packet sent to a cluster IP, whatever its source.
-    #[arg(long, env = "SPLITPROXY_MASQUERADE_ALL")]
-    pub masquerade_all: bool,
+    /// How pod traffic is told apart: ClusterCIDR (the default), NodeCIDR, BridgeInterface or
+    /// InterfaceNamePrefix.
+    #[arg(long)]
+    pub detect_local_mode: Option<String>,
+    /// The bridge pod traffic arrives on, for --detect-local-mode BridgeInterface.
+    #[arg(long)]
+    pub pod_bridge_interface: Option<String>,
+    /// The prefix of the interfaces pod traffic arrives on, for --detect-local-mode
+    /// InterfaceNamePrefix.
+    #[arg(long)]
+    pub pod_interface_name_prefix: Option<String>,
     /// Which node addresses accept node-port traffic, comma-separated: CIDRs (the node's
-    /// addresses inside them, e.g. `198.18.0.0/24`) or `primary` (the node's primary IP).
+    /// addresses inside them, e.g. `198.18.0.0/24`) or `primary` alone (the node's primary IP).
     /// Unset: every local address (the primary IP in nftables mode, as upstream). Read when the
     /// agent starts.
     #[arg(
@@ -144,177 +141,221 @@ pub struct Cli {
         value_delimiter = ','
     )]
     pub nodeport_addresses: Vec<NodePortAddress>,
-    /// This node's primary IP, as kube-proxy's flag of the same name overrides it (no socket is
-    /// bound to it): `--nodeport-addresses primary` selects it, and when a Service's
-    /// loadBalancerSourceRanges hold it the node may reach the load-balancer IPs it holds as
-    /// local addresses. Unset (or 0.0.0.0): the address the node reaches the first controller
-    /// from.
-    #[arg(long, env = "SPLITPROXY_BIND_ADDRESS")]
-    pub bind_address: Option<IpAddr>,
+
+    /// The longest time between two syncs in IPVS mode (default 30s).
+    #[arg(long, value_parser = parse_duration)]
+    pub ipvs_sync_period: Option<Duration>,
+    /// The shortest time between two syncs in IPVS mode (default 1s; 0 syncs every change).
+    #[arg(long, value_parser = parse_duration)]
+    pub ipvs_min_sync_period: Option<Duration>,
+    /// The IPVS scheduler of every virtual server in IPVS mode (rr, wrr, lc, wlc, lblc, lblcr,
+    /// sh, dh, sed, nq, mh; default rr); its kernel module `ip_vs_<name>` must be available.
+    #[arg(long, env = "SPLITPROXY_IPVS_SCHEDULER")]
+    pub ipvs_scheduler: Option<String>,
+    /// In IPVS mode, answer ARP only for addresses on the interface asked
+    /// (`arp_ignore=1`, `arp_announce=2`), so the Service addresses bound to `kube-ipvs0` are
+    /// not announced on the node's network; needed by load balancers such as MetalLB.
+    #[arg(long, env = "SPLITPROXY_IPVS_STRICT_ARP", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub ipvs_strict_arp: Option<bool>,
+    /// In IPVS mode, CIDRs whose IPVS virtual servers the agent never deletes, comma-separated:
+    /// other programs' virtual servers on the node's own addresses.
+    #[arg(long, env = "SPLITPROXY_IPVS_EXCLUDE_CIDRS", value_delimiter = ',')]
+    pub ipvs_exclude_cidrs: Vec<Cidr>,
+    /// In IPVS mode, how long an idle established TCP connection stays in IPVS's table; `0`
+    /// (the default) leaves the kernel's value. Whole seconds (`15m`).
+    #[arg(long, env = "SPLITPROXY_IPVS_TCP_TIMEOUT", value_parser = parse_duration)]
+    pub ipvs_tcp_timeout: Option<Duration>,
+    /// In IPVS mode, how long a TCP connection stays in IPVS's table after a FIN; `0` (the
+    /// default) leaves the kernel's value.
+    #[arg(long, env = "SPLITPROXY_IPVS_TCPFIN_TIMEOUT", value_parser = parse_duration)]
+    pub ipvs_tcpfin_timeout: Option<Duration>,
+    /// In IPVS mode, how long an idle UDP flow stays in IPVS's table; `0` (the default) leaves
+    /// the kernel's value.
+    #[arg(long, env = "SPLITPROXY_IPVS_UDP_TIMEOUT", value_parser = parse_duration)]
+    pub ipvs_udp_timeout: Option<Duration>,
+
+    /// Connections tracked per CPU: `nf_conntrack_max` becomes this × CPUs, at least
+    /// --conntrack-min and at most 1048576 (default 32768; 0 leaves it alone).
+    #[arg(long)]
+    pub conntrack_max_per_core: Option<i32>,
+    /// The floor of `nf_conntrack_max` (default 131072).
+    #[arg(long)]
+    pub conntrack_min: Option<i32>,
+    /// `nf_conntrack_tcp_timeout_established` (default 24h; 0 leaves it).
+    #[arg(long, value_parser = parse_duration)]
+    pub conntrack_tcp_timeout_established: Option<Duration>,
+    /// `nf_conntrack_tcp_timeout_close_wait` (default 1h; 0 leaves it).
+    #[arg(long, value_parser = parse_duration)]
+    pub conntrack_tcp_timeout_close_wait: Option<Duration>,
+    /// Set `nf_conntrack_tcp_be_liberal` and drop no INVALID packets in `KUBE-FORWARD`.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = BoolishValueParser::new())]
+    pub conntrack_tcp_be_liberal: Option<bool>,
+    /// `nf_conntrack_udp_timeout` (0, the default, leaves it).
+    #[arg(long, value_parser = parse_duration)]
+    pub conntrack_udp_timeout: Option<Duration>,
+    /// `nf_conntrack_udp_timeout_stream` (0, the default, leaves it).
+    #[arg(long, value_parser = parse_duration)]
+    pub conntrack_udp_timeout_stream: Option<Duration>,
+    /// The agent's OOM score adjustment, in [-1000, 1000] (default -999).
+    #[arg(long, allow_negative_numbers = true)]
+    pub oom_score_adj: Option<i32>,
+
+    /// Log verbosity: 0 and 1 log what kube-proxy logs at info, 2 to 4 add debug lines, 5 and
+    /// above trace lines. `RUST_LOG` wins when set.
+    #[arg(short = 'v', long = "v")]
+    pub verbosity: Option<u32>,
+    /// Log line format: text (the default) or json.
+    #[arg(long)]
+    pub logging_format: Option<String>,
+
+    /// kube-proxy's API server connection (moot: the controller watches the API server).
+    #[arg(long)]
+    pub kubeconfig: Option<String>,
+    /// kube-proxy's API server address (moot: the controller watches the API server).
+    #[arg(long)]
+    pub master: Option<String>,
+    /// Moot: the controller watches the API server.
+    #[arg(long)]
+    pub kube_api_content_type: Option<String>,
+    /// Moot: the controller watches the API server.
+    #[arg(long)]
+    pub kube_api_qps: Option<f32>,
+    /// Moot: the controller watches the API server.
+    #[arg(long)]
+    pub kube_api_burst: Option<i32>,
+    /// Moot: the controller watches the API server.
+    #[arg(long, value_parser = parse_duration)]
+    pub config_sync_period: Option<Duration>,
+    /// Accepted; the agent serves no profiling handler.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = BoolishValueParser::new())]
+    pub profiling: Option<bool>,
+    /// Accepted; the agent has no hidden metrics.
+    #[arg(long)]
+    pub show_hidden_metrics_for_version: Option<String>,
 }
 
 impl Cli {
-    /// What `--cluster-cidr` and `--masquerade-all` ask of the rules, with the node-port
-    /// addresses `--nodeport-addresses` resolved to (`None`: every local address) and the node's
-    /// primary IP.
+    /// Whether `--cleanup` was given.
     #[must_use]
-    pub fn render_options(
-        &self,
-        node_port_addresses: Option<Vec<IpAddr>>,
-        primary_ip: Option<IpAddr>,
-    ) -> RenderOptions {
-        RenderOptions::default()
-            .with_cluster_cidrs(self.cluster_cidr.iter().copied())
-            .with_masquerade_all(self.masquerade_all)
-            .with_node_port_addresses(node_port_addresses)
-            .with_node_ips(primary_ip)
+    pub fn cleanup(&self) -> bool {
+        self.cleanup.unwrap_or(false)
     }
 
-    /// The IPVS connection timeouts the flags set, in seconds (rounded down, as kube-proxy
-    /// passes them); `0` sets none.
+    /// Whether `--init-only` was given.
     #[must_use]
-    pub fn ipvs_timeouts(&self) -> Timeouts {
-        let seconds = |duration: Duration| {
-            let seconds = u32::try_from(duration.as_secs()).unwrap_or(u32::MAX);
-            (seconds > 0).then_some(seconds)
-        };
-        Timeouts {
-            tcp: seconds(self.ipvs_tcp_timeout),
-            tcp_fin: seconds(self.ipvs_tcpfin_timeout),
-            udp: seconds(self.ipvs_udp_timeout),
-        }
+    pub fn init_only(&self) -> bool {
+        self.init_only.unwrap_or(false)
     }
 
-    /// The node's primary IP: `--bind-address` when it names one, else the address the node
-    /// reaches the first controller from.
-    ///
-    /// # Errors
-    ///
-    /// If neither tells.
-    pub fn primary_ip(&self) -> std::io::Result<IpAddr> {
-        match self.bind_address {
-            Some(ip) if !ip.is_unspecified() => Ok(ip),
-            _ => crate::node_port_addresses::primary_toward(
-                self.controllers.first().map_or("", String::as_str),
+    /// The kube-proxy flags given that `--config` replaces, by name: kube-proxy ignores them
+    /// when a file is given, and the agent says so.
+    #[must_use]
+    pub fn replaced_by_config(&self) -> Vec<&'static str> {
+        let given = [
+            ("--feature-gates", !self.feature_gates.is_empty()),
+            ("--proxy-mode", self.proxy_mode.is_some()),
+            ("--bind-address", self.bind_address.is_some()),
+            (
+                "--healthz-bind-address",
+                self.healthz_bind_address.is_some(),
             ),
-        }
+            (
+                "--metrics-bind-address",
+                self.metrics_bind_address.is_some(),
+            ),
+            ("--healthz-port", self.healthz_port.is_some()),
+            ("--metrics-port", self.metrics_port.is_some()),
+            (
+                "--bind-address-hard-fail",
+                self.bind_address_hard_fail.is_some(),
+            ),
+            (
+                "--iptables-sync-period",
+                self.iptables_sync_period.is_some(),
+            ),
+            (
+                "--iptables-min-sync-period",
+                self.iptables_min_sync_period.is_some(),
+            ),
+            (
+                "--iptables-masquerade-bit",
+                self.iptables_masquerade_bit.is_some(),
+            ),
+            (
+                "--iptables-localhost-nodeports",
+                self.iptables_localhost_nodeports.is_some(),
+            ),
+            ("--masquerade-all", self.masquerade_all.is_some()),
+            ("--cluster-cidr", !self.cluster_cidr.is_empty()),
+            ("--detect-local-mode", self.detect_local_mode.is_some()),
+            (
+                "--pod-bridge-interface",
+                self.pod_bridge_interface.is_some(),
+            ),
+            (
+                "--pod-interface-name-prefix",
+                self.pod_interface_name_prefix.is_some(),
+            ),
+            ("--nodeport-addresses", !self.nodeport_addresses.is_empty()),
+            ("--ipvs-sync-period", self.ipvs_sync_period.is_some()),
+            (
+                "--ipvs-min-sync-period",
+                self.ipvs_min_sync_period.is_some(),
+            ),
+            ("--ipvs-scheduler", self.ipvs_scheduler.is_some()),
+            ("--ipvs-strict-arp", self.ipvs_strict_arp.is_some()),
+            ("--ipvs-exclude-cidrs", !self.ipvs_exclude_cidrs.is_empty()),
+            ("--ipvs-tcp-timeout", self.ipvs_tcp_timeout.is_some()),
+            ("--ipvs-tcpfin-timeout", self.ipvs_tcpfin_timeout.is_some()),
+            ("--ipvs-udp-timeout", self.ipvs_udp_timeout.is_some()),
+            (
+                "--conntrack-max-per-core",
+                self.conntrack_max_per_core.is_some(),
+            ),
+            ("--conntrack-min", self.conntrack_min.is_some()),
+            (
+                "--conntrack-tcp-timeout-established",
+                self.conntrack_tcp_timeout_established.is_some(),
+            ),
+            (
+                "--conntrack-tcp-timeout-close-wait",
+                self.conntrack_tcp_timeout_close_wait.is_some(),
+            ),
+            (
+                "--conntrack-tcp-be-liberal",
+                self.conntrack_tcp_be_liberal.is_some(),
+            ),
+            (
+                "--conntrack-udp-timeout",
+                self.conntrack_udp_timeout.is_some(),
+            ),
+            (
+                "--conntrack-udp-timeout-stream",
+                self.conntrack_udp_timeout_stream.is_some(),
+            ),
+            ("--oom-score-adj", self.oom_score_adj.is_some()),
+            ("--kubeconfig", self.kubeconfig.is_some()),
+            (
+                "--kube-api-content-type",
+                self.kube_api_content_type.is_some(),
+            ),
+            ("--kube-api-qps", self.kube_api_qps.is_some()),
+            ("--kube-api-burst", self.kube_api_burst.is_some()),
+            ("--config-sync-period", self.config_sync_period.is_some()),
+            ("--profiling", self.profiling.is_some()),
+            (
+                "--show-hidden-metrics-for-version",
+                self.show_hidden_metrics_for_version.is_some(),
+            ),
+        ];
+        given
+            .into_iter()
+            .filter_map(|(name, set)| set.then_some(name))
+            .collect()
     }
-
-    /// The sync periods, checked against each other as kube-proxy checks them.
-    ///
-    /// # Errors
-    ///
-    /// Returns a clap validation error (exit code 64 in `main`) when `--iptables-sync-period` is
-    /// zero or shorter than `--iptables-min-sync-period`.
-    pub fn sync_periods(&self) -> Result<SyncPeriods, clap::Error> {
-        SyncPeriods::new(self.iptables_sync_period, self.iptables_min_sync_period).map_err(|err| {
-            let message = match err {
-                InvalidPeriods::ZeroSyncPeriod => {
-                    "--iptables-sync-period must be greater than 0".to_owned()
-                }
-                InvalidPeriods::MinAboveSync { sync, min } => format!(
-                    "--iptables-min-sync-period ({min:?}) must not be greater than \
-                     --iptables-sync-period ({sync:?})"
-                ),
-            };
-            Self::command().error(ErrorKind::ValueValidation, message)
-        })
-    }
-}
-
-/// Why a duration flag does not parse.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InvalidDuration {
-    /// The text is not a Go duration (`1h30m`, `500ms`, `1.5s`).
-    #[error("not a duration (expected e.g. 30s, 1m, 500ms, 1h30m)")]
-    Malformed,
-    /// A number has no unit.
-    #[error("missing unit (one of ns, us, ms, s, m, h)")]
-    MissingUnit,
-    /// A unit is not one of Go's.
-    #[error("unknown unit {0:?} (one of ns, us, ms, s, m, h)")]
-    UnknownUnit(String),
-    /// The duration is below zero.
-    #[error("must not be negative")]
-    Negative,
-    /// The duration does not fit Go's range (about 292 years).
-    #[error("too long")]
-    Overflow,
-}
-
-/// Parses a duration in Go's `time.ParseDuration` syntax, as kube-proxy's flags take it: an
-/// optional sign, then one or more decimal numbers each with a unit (`ns`, `us`/`µs`, `ms`, `s`,
-/// `m`, `h`), e.g. `30s`, `1m`, `500ms`, `1h30m`, `1.5h`; `0` needs no unit.
-///
-/// # Errors
-///
-/// Returns [`InvalidDuration`] for anything else, for negative durations and for durations
-/// beyond Go's range.
-pub fn parse_duration(text: &str) -> Result<Duration, InvalidDuration> {
-    let (negative, mut rest) = match text.as_bytes().first() {
-        Some(b'-') => (true, &text[1..]),
-        Some(b'+') => (false, &text[1..]),
-        _ => (false, text),
-    };
-    if rest == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if rest.is_empty() {
-        return Err(InvalidDuration::Malformed);
-    }
-    let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
-    let mut nanos: u128 = 0;
-    while !rest.is_empty() {
-        let (whole, after) = rest.split_at(digits(rest));
-        let (fraction, after) = match after.strip_prefix('.') {
-            Some(after) => after.split_at(digits(after)),
-            None => ("", after),
-        };
-        if whole.is_empty() && fraction.is_empty() {
-            return Err(InvalidDuration::Malformed);
-        }
-        let unit_len = after
-            .find(|c: char| c == '.' || c.is_ascii_digit())
-            .unwrap_or(after.len());
-        let (unit, after) = after.split_at(unit_len);
-        let unit_nanos: u128 = match unit {
-            "" => return Err(InvalidDuration::MissingUnit),
-            "ns" => 1,
-            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60 * 1_000_000_000,
-            "h" => 60 * 60 * 1_000_000_000,
-            other => return Err(InvalidDuration::UnknownUnit(other.to_owned())),
-        };
-        let whole: u128 = if whole.is_empty() {
-            0
-        } else {
-            whole.parse().map_err(|_| InvalidDuration::Overflow)?
-        };
-        // Digits past the 18th are below a nanosecond of any unit; drop them as Go does.
-        let fraction = &fraction[..fraction.len().min(18)];
-        let fraction_nanos = if fraction.is_empty() {
-            0
-        } else {
-            let value: u128 = fraction.parse().map_err(|_| InvalidDuration::Malformed)?;
-            value * unit_nanos / 10u128.pow(u32::try_from(fraction.len()).unwrap_or(18))
-        };
-        nanos = whole
-            .checked_mul(unit_nanos)
-            .and_then(|n| n.checked_add(fraction_nanos))
-            .and_then(|n| n.checked_add(nanos))
-            .ok_or(InvalidDuration::Overflow)?;
-        rest = after;
-    }
-    let nanos = u64::try_from(nanos)
-        .ok()
-        .filter(|n| i64::try_from(*n).is_ok())
-        .ok_or(InvalidDuration::Overflow)?;
-    if negative && nanos > 0 {
-        return Err(InvalidDuration::Negative);
-    }
-    Ok(Duration::from_nanos(nanos))
 }
 
 /// The dataplane backends.
@@ -328,35 +369,22 @@ pub enum ProxyMode {
     Nftables,
 }
 
+impl ProxyMode {
+    /// The name kube-proxy's configuration gives the mode.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Iptables => "iptables",
+            Self::Ipvs => "ipvs",
+            Self::Nftables => "nftables",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn defaults_match_kube_proxy() {
-        let cli = Cli::try_parse_from(["splitproxy-agent", "--controller", "http://c:1"])
-            .expect("valid flags");
-        assert_eq!(cli.metrics_bind_address.to_string(), "127.0.0.1:10249");
-        assert_eq!(cli.healthz_bind_address.to_string(), "0.0.0.0:10256");
-        assert_eq!(cli.inspection_bind_address.to_string(), "127.0.0.1:10661");
-        assert_eq!(cli.proxy_mode, ProxyMode::Iptables);
-    }
-
-    #[test]
-    fn controller_flag_repeats() {
-        let cli = Cli::try_parse_from([
-            "splitproxy-agent",
-            "--controller",
-            "http://a:1",
-            "--controller",
-            "http://b:1",
-            "--hostname-override",
-            "node-1",
-        ])
-        .expect("valid flags");
-        assert_eq!(cli.controllers, ["http://a:1", "http://b:1"]);
-        assert_eq!(cli.hostname_override.as_deref(), Some("node-1"));
-    }
+    use clap::error::ErrorKind;
 
     fn parse(flags: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(
@@ -367,249 +395,66 @@ mod tests {
     }
 
     #[test]
-    fn ipvs_timeouts_are_left_alone_unless_set() {
-        assert!(parse(&[]).expect("valid flags").ipvs_timeouts().is_unset());
-        let cli = parse(&["--ipvs-tcp-timeout", "15m", "--ipvs-udp-timeout", "90.5s"])
-            .expect("valid flags");
-        assert_eq!(
-            cli.ipvs_timeouts(),
-            Timeouts {
-                tcp: Some(900),
-                tcp_fin: None,
-                udp: Some(90),
-            }
-        );
-    }
-
-    #[test]
-    fn sync_periods_default_to_kube_proxys() {
-        let cli = parse(&[]).expect("valid flags");
-        assert_eq!(cli.iptables_sync_period, Duration::from_secs(30));
-        assert_eq!(cli.iptables_min_sync_period, Duration::from_secs(1));
-        assert_eq!(
-            cli.sync_periods().expect("valid periods"),
-            SyncPeriods::default()
-        );
-    }
-
-    #[test]
-    fn sync_period_flags_take_go_durations() {
+    fn controller_flag_repeats() {
         let cli = parse(&[
-            "--iptables-sync-period",
-            "1h30m",
-            "--iptables-min-sync-period",
-            "500ms",
+            "--controller",
+            "http://b:1",
+            "--hostname-override",
+            "node-1",
         ])
         .expect("valid flags");
-        let periods = cli.sync_periods().expect("valid periods");
-        assert_eq!(periods.sync_period(), Duration::from_secs(90 * 60));
-        assert_eq!(periods.min_sync_period(), Duration::from_millis(500));
-        assert_eq!(periods.health_timeout(), Duration::from_secs(3 * 60 * 60));
+        assert_eq!(cli.controllers, ["http://c:1", "http://b:1"]);
+        assert_eq!(cli.hostname_override.as_deref(), Some("node-1"));
+        assert_eq!(cli.inspection_bind_address.to_string(), "127.0.0.1:10661");
     }
 
     #[test]
-    fn a_min_sync_period_above_the_sync_period_is_a_usage_error() {
+    fn a_controller_is_needed_unless_the_agent_only_cleans_writes_or_initialises() {
+        assert!(Cli::try_parse_from(["splitproxy-agent"]).is_err());
+        for alone in ["--cleanup", "--init-only", "--write-config-to=/tmp/c.yaml"] {
+            let cli = Cli::try_parse_from(["splitproxy-agent", alone]).expect(alone);
+            assert!(cli.controllers.is_empty());
+        }
+    }
+
+    #[test]
+    fn switches_take_kube_proxys_forms() {
         let cli = parse(&[
-            "--iptables-sync-period",
-            "1m",
-            "--iptables-min-sync-period",
-            "2m",
+            "--masquerade-all",
+            "--ipvs-strict-arp=false",
+            "--cleanup=true",
         ])
-        .expect("each flag parses alone");
-        let err = cli.sync_periods().expect_err("min above sync is refused");
-        assert_eq!(err.kind(), ErrorKind::ValueValidation);
-        // main exits 64 for errors that go to stderr.
-        assert!(err.use_stderr());
-        let text = err.to_string();
-        assert!(
-            text.contains("--iptables-min-sync-period (120s) must not be greater than --iptables-sync-period (60s)"),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn a_zero_sync_period_is_a_usage_error() {
+        .expect("valid flags");
+        assert_eq!(cli.masquerade_all, Some(true));
+        assert_eq!(cli.ipvs_strict_arp, Some(false));
+        assert!(cli.cleanup() && !cli.init_only());
         let cli = parse(&[
-            "--iptables-sync-period",
-            "0",
-            "--iptables-min-sync-period",
-            "0s",
+            "--iptables-localhost-nodeports=false",
+            "-v",
+            "2",
+            "--oom-score-adj",
+            "-500",
         ])
-        .expect("each flag parses alone");
-        let err = cli
-            .sync_periods()
-            .expect_err("a zero sync period is refused");
-        assert_eq!(err.kind(), ErrorKind::ValueValidation);
-        assert!(
-            err.to_string()
-                .contains("--iptables-sync-period must be greater than 0"),
-            "{err}"
-        );
+        .expect("valid flags");
+        assert_eq!(cli.iptables_localhost_nodeports, Some(false));
+        assert_eq!((cli.verbosity, cli.oom_score_adj), (Some(2), Some(-500)));
+        assert_eq!(parse(&["--v=3"]).expect("valid flags").verbosity, Some(3));
     }
 
     #[test]
-    fn a_malformed_sync_period_is_refused_while_parsing() {
+    fn malformed_values_are_usage_errors() {
         let err = parse(&["--iptables-sync-period", "30"]).expect_err("no unit");
         assert_eq!(err.kind(), ErrorKind::ValueValidation);
         assert!(err.to_string().contains("missing unit"), "{err}");
-        assert!(parse(&["--iptables-min-sync-period", "-1s"]).is_err());
-    }
-
-    #[test]
-    fn go_durations_parse() {
-        let ms = Duration::from_millis;
-        let s = Duration::from_secs;
-        for (text, expected) in [
-            ("30s", s(30)),
-            ("1m", s(60)),
-            ("500ms", ms(500)),
-            ("1h30m", s(5400)),
-            ("2h45m30.5s", ms((2 * 3600 + 45 * 60 + 30) * 1000 + 500)),
-            ("1.5h", s(5400)),
-            (".5s", ms(500)),
-            ("1.s", s(1)),
-            ("+2s", s(2)),
-            ("0", Duration::ZERO),
-            ("-0", Duration::ZERO),
-            ("0s", Duration::ZERO),
-            ("100ns", Duration::from_nanos(100)),
-            ("3us", Duration::from_micros(3)),
-            ("3\u{b5}s", Duration::from_micros(3)),
-            ("3\u{3bc}s", Duration::from_micros(3)),
-            ("1m0.000000001s", Duration::new(60, 1)),
-            (
-                "0.1234567891234567891234s",
-                Duration::from_nanos(123_456_789),
-            ),
-        ] {
-            assert_eq!(parse_duration(text), Ok(expected), "{text}");
-        }
-    }
-
-    #[test]
-    fn malformed_go_durations_are_refused() {
-        for (text, expected) in [
-            ("", InvalidDuration::Malformed),
-            ("-", InvalidDuration::Malformed),
-            ("s", InvalidDuration::Malformed),
-            (".s", InvalidDuration::Malformed),
-            ("1", InvalidDuration::MissingUnit),
-            ("1.5.3s", InvalidDuration::MissingUnit),
-            ("1h30", InvalidDuration::MissingUnit),
-            ("10x", InvalidDuration::UnknownUnit("x".into())),
-            ("1 s", InvalidDuration::UnknownUnit(" s".into())),
-            ("1d", InvalidDuration::UnknownUnit("d".into())),
-            ("-1s", InvalidDuration::Negative),
-            ("3000000h", InvalidDuration::Overflow),
-            (
-                "99999999999999999999999999999999999999999s",
-                InvalidDuration::Overflow,
-            ),
-        ] {
-            assert_eq!(parse_duration(text), Err(expected), "{text:?}");
-        }
-    }
-
-    #[test]
-    fn cluster_cidr_and_masquerade_all_default_to_kube_proxys() {
-        let cli = parse(&[]).expect("valid flags");
-        assert!(cli.cluster_cidr.is_empty());
-        assert!(!cli.masquerade_all);
-        assert_eq!(cli.render_options(None, None), RenderOptions::default());
-    }
-
-    #[test]
-    fn cluster_cidr_takes_a_comma_separated_list_and_masquerade_all_is_a_switch() {
-        let cli = parse(&[
-            "--cluster-cidr",
-            "10.244.0.0/16,fd00:10:244::/56",
-            "--masquerade-all",
-        ])
-        .expect("valid flags");
-        let cidrs: Vec<Cidr> = ["10.244.0.0/16", "fd00:10:244::/56"]
-            .iter()
-            .map(|text| text.parse().expect("valid CIDR"))
-            .collect();
-        assert_eq!(cli.cluster_cidr, cidrs);
-        assert_eq!(
-            cli.render_options(None, None),
-            RenderOptions::default()
-                .with_cluster_cidrs(cidrs)
-                .with_masquerade_all(true)
-        );
-    }
-
-    #[test]
-    fn the_primary_ip_is_the_node_ip_of_the_rules() {
-        let cli = parse(&["--bind-address", "198.18.0.11"]).expect("valid flags");
-        let primary = cli.primary_ip().ok();
-        assert_eq!(
-            cli.render_options(None, primary),
-            RenderOptions::default().with_node_ips(["198.18.0.11".parse().expect("an IP")])
-        );
-        assert!(parse(&["--bind-address", "node-1"]).is_err());
-    }
-
-    #[test]
-    fn an_invalid_cluster_cidr_is_a_usage_error() {
-        for bad in ["10.244.0.0", "10.244.0.0/33", "pods", "10.244.0.0/16,"] {
+        assert!(parse(&["--conntrack-udp-timeout", "-1s"]).is_err());
+        for bad in ["10.244.0.0", "10.244.0.0/33", "pods"] {
             let err = parse(&["--cluster-cidr", bad]).expect_err(bad);
             assert_eq!(err.kind(), ErrorKind::ValueValidation, "{bad}");
             // main exits 64 for errors that go to stderr.
             assert!(err.use_stderr());
         }
-        let err = parse(&["--cluster-cidr", "10.244.0.0/33"]).expect_err("prefix too long");
-        assert!(err.to_string().contains("invalid CIDR"), "{err}");
-    }
-
-    #[test]
-    fn a_controller_is_required_and_unknown_modes_are_refused() {
-        assert!(Cli::try_parse_from(["splitproxy-agent"]).is_err());
-        assert!(
-            Cli::try_parse_from([
-                "splitproxy-agent",
-                "--controller",
-                "http://a:1",
-                "--proxy-mode",
-                "userspace"
-            ])
-            .is_err()
-        );
-    }
-
-    #[test]
-    fn nodeport_addresses_take_cidrs_and_primary_and_refuse_bare_ips() {
-        let cli = parse(&["--nodeport-addresses", "198.18.0.0/24,primary"]).expect("valid");
-        assert_eq!(
-            cli.nodeport_addresses,
-            [
-                NodePortAddress::Cidr("198.18.0.0/24".parse().expect("valid CIDR")),
-                NodePortAddress::Primary
-            ]
-        );
-        assert!(parse(&[]).expect("valid").nodeport_addresses.is_empty());
         assert!(parse(&["--nodeport-addresses", "198.18.0.11"]).is_err());
-    }
-
-    #[test]
-    fn the_primary_ip_is_the_bind_address_or_the_route_to_the_controller() {
-        let named = parse(&["--bind-address", "198.18.0.11"]).expect("valid");
-        assert_eq!(named.primary_ip().ok(), "198.18.0.11".parse().ok());
-        let unspecified = Cli::try_parse_from([
-            "splitproxy-agent",
-            "--controller",
-            "http://127.0.0.1:10660",
-            "--bind-address",
-            "0.0.0.0",
-        ])
-        .expect("valid");
-        assert_eq!(unspecified.primary_ip().ok(), "127.0.0.1".parse().ok());
-    }
-
-    #[test]
-    fn cleanup_needs_no_controller_and_the_agent_otherwise_does() {
-        let cleanup = Cli::try_parse_from(["splitproxy-agent", "--cleanup"]).expect("valid");
-        assert!(cleanup.cleanup && cleanup.controllers.is_empty());
-        assert!(Cli::try_parse_from(["splitproxy-agent"]).is_err());
+        assert!(parse(&["--proxy-mode", "userspace"]).is_err());
+        assert!(parse(&["--no-such-flag"]).is_err());
     }
 }

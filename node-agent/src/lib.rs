@@ -4,9 +4,12 @@
 pub mod cli;
 pub mod client;
 pub mod credentials;
+pub mod duration;
 pub mod health_check;
+pub mod host_setup;
 pub mod http;
 pub mod inspection;
+pub mod kube_proxy_config;
 pub mod metrics;
 pub mod node_port_addresses;
 pub mod runner;
@@ -49,10 +52,13 @@ pub struct Config {
     pub client: client::ClientConfig,
     /// How often the kernel is synced; `/healthz` fails after 2 × the sync period.
     pub sync_periods: runner::SyncPeriods,
-    /// Address of `/metrics` and `/proxyMode`.
-    pub metrics_bind_address: SocketAddr,
-    /// Address of `/healthz` and `/livez`.
-    pub healthz_bind_address: SocketAddr,
+    /// Address of `/metrics` and `/proxyMode`; `None` serves neither.
+    pub metrics_bind_address: Option<SocketAddr>,
+    /// Address of `/healthz` and `/livez`; `None` serves neither.
+    pub healthz_bind_address: Option<SocketAddr>,
+    /// Whether a metrics or health address that cannot be bound stops the agent; otherwise
+    /// binding is retried every 5 s, as kube-proxy does.
+    pub bind_address_hard_fail: bool,
     /// Address of the gRPC inspection server.
     pub inspection_bind_address: SocketAddr,
 }
@@ -72,8 +78,6 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
             .await
             .map_err(|e| Error::Bind(address, e))
     };
-    let metrics_listener = bind(config.metrics_bind_address).await?;
-    let health_listener = bind(config.healthz_bind_address).await?;
     let inspection_listener = bind(config.inspection_bind_address).await?;
 
     let mut registry = Registry::default();
@@ -82,12 +86,14 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
     let mode = dataplane.mode();
     let families = dataplane.ip_families();
 
-    let metrics_server = axum::serve(
-        metrics_listener,
+    let metrics_server = serve_http(
+        config.metrics_bind_address,
+        config.bind_address_hard_fail,
         http::metrics_router(Arc::new(registry), mode),
     );
-    let health_server = axum::serve(
-        health_listener,
+    let health_server = serve_http(
+        config.healthz_bind_address,
+        config.bind_address_hard_fail,
         http::health_router(
             status.clone(),
             metrics.clone(),
@@ -115,9 +121,32 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
     let client = client::run(config.client, applier, status, metrics);
     tokio::select! {
         () = client => Ok(()),
-        result = metrics_server => result.map_err(Error::Http),
-        result = health_server => result.map_err(Error::Http),
+        result = metrics_server => result,
+        result = health_server => result,
         result = inspection_server => result,
+    }
+}
+
+/// Serves `router` on `address` until it fails; never returns when there is no address. A
+/// failure to bind is fatal with `hard_fail`, and retried every 5 s without it, as kube-proxy
+/// does.
+async fn serve_http(
+    address: Option<SocketAddr>,
+    hard_fail: bool,
+    router: axum::Router,
+) -> Result<(), Error> {
+    let Some(address) = address else {
+        return std::future::pending().await;
+    };
+    loop {
+        match TcpListener::bind(address).await {
+            Ok(listener) => return axum::serve(listener, router).await.map_err(Error::Http),
+            Err(err) if hard_fail => return Err(Error::Bind(address, err)),
+            Err(err) => {
+                tracing::error!(%address, error = %err, "cannot bind; retrying in 5s");
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            }
+        }
     }
 }
 

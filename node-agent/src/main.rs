@@ -6,12 +6,14 @@ use splitproxy_agent::{
     cli::{Cli, ProxyMode},
     client::ClientConfig,
     credentials::Credentials,
-    node_port_addresses::{NodePortAddress, interface_addresses, needs_primary, select},
+    host_setup,
+    kube_proxy_config::{self, LocalDetector, Settings},
+    node_port_addresses::{interface_addresses, needs_primary, primary_toward, select},
     wire_mode,
 };
 use splitproxy_dataplane::{
     Cidr, Dataplane, IpFamily,
-    iptables::{self, DualStack},
+    iptables::{self, DualStack, RenderOptions},
     ipvs::backend::{self as ipvs, IpvsBackend},
     ipvs::cleanup as ipvs_cleanup,
     leftovers::{Leftovers, Removed},
@@ -25,12 +27,8 @@ use tracing::Instrument;
 const EXIT_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
-    let parsed = Cli::try_parse().and_then(|cli| {
-        let sync_periods = cli.sync_periods()?;
-        Ok((cli, sync_periods))
-    });
-    let (cli, sync_periods) = match parsed {
-        Ok(parsed) => parsed,
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
         Err(err) => {
             let _ = err.print();
             return if err.use_stderr() {
@@ -40,6 +38,27 @@ fn main() -> ExitCode {
             };
         }
     };
+    let configured = kube_proxy_config::configuration(&cli)
+        .and_then(|config| Ok((kube_proxy_config::resolve(&config)?, config)));
+    let (settings, config) = match configured {
+        Ok(configured) => configured,
+        Err(err) => {
+            eprintln!("{:#}", anyhow::Error::from(err));
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    if let Some(path) = &cli.write_config_to {
+        return match kube_proxy_config::write(&config, path) {
+            Ok(()) => {
+                eprintln!("wrote the configuration to {}", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("{:#}", anyhow::Error::from(err));
+                ExitCode::FAILURE
+            }
+        };
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -47,19 +66,30 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let node_name = match cli.hostname_override.clone().map_or_else(host_name, Ok) {
+    let node_name = match settings
+        .hostname_override
+        .clone()
+        .map_or_else(host_name, Ok)
+    {
         Ok(name) if !name.is_empty() => name.to_lowercase(),
         Ok(_) | Err(_) => {
             eprintln!("cannot tell the node name: set --hostname-override");
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    let logs = trace::Logs {
+        verbosity: settings.verbosity,
+        json: settings.json_logs,
+    };
     // Inside the runtime: the OTLP exporter's connection lives on it.
     let telemetry = match runtime.block_on(async {
-        trace::init(trace::Identity {
-            service_name: "splitproxy-agent",
-            attributes: vec![KeyValue::new("k8s.node.name", node_name.clone())],
-        })
+        trace::init(
+            trace::Identity {
+                service_name: "splitproxy-agent",
+                attributes: vec![KeyValue::new("k8s.node.name", node_name.clone())],
+            },
+            logs,
+        )
     }) {
         Ok(telemetry) => telemetry,
         Err(err) => {
@@ -67,55 +97,114 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    if cli.cleanup {
-        let code = runtime.block_on(cleanup(cli.ipvs_exclude_cidrs));
-        telemetry.shutdown();
-        return code;
+    let code = runtime.block_on(start(cli, settings, node_name));
+    telemetry.shutdown();
+    code
+}
+
+/// What follows a valid configuration: `--cleanup`, the node's sysctls, `--init-only`, or the
+/// agent itself.
+async fn start(cli: Cli, settings: Settings, node_name: String) -> ExitCode {
+    if cli.config.is_some() {
+        let replaced = cli.replaced_by_config();
+        if !replaced.is_empty() {
+            tracing::warn!(
+                flags = ?replaced,
+                "--config replaces these flags, as in kube-proxy; they are ignored"
+            );
+        }
     }
-    let primary_ip = match cli.primary_ip() {
-        Ok(ip) => Some(ip),
-        Err(err) => {
-            tracing::warn!(error = %err, "cannot tell the node's primary IP; set --bind-address");
-            None
+    if cli.config.is_some() || cli.kubeconfig.is_some() || cli.master.is_some() {
+        tracing::info!("{}", kube_proxy_config::moot_fields());
+    }
+    if cli.cleanup() {
+        return cleanup(settings.ipvs.exclude_cidrs).await;
+    }
+    if let Err(err) = host_setup::set_oom_score_adj(settings.oom_score_adj) {
+        tracing::debug!(error = %err, "could not set the OOM score adjustment");
+    }
+    match host_setup::set_conntrack_sysctls(&settings.conntrack, &host_setup::Paths::default()) {
+        Ok(changed) => {
+            for sysctl in changed {
+                tracing::info!(sysctl = sysctl.name, value = sysctl.value, "set");
+            }
         }
-    };
-    let node_port_addresses = match node_port_addresses(&cli, primary_ip) {
-        Ok(addresses) => addresses,
         Err(err) => {
-            eprintln!("cannot resolve --nodeport-addresses: {err}");
-            return ExitCode::from(EXIT_USAGE);
+            tracing::error!(
+                error = format!("{:#}", anyhow::Error::from(err)),
+                "could not set the conntrack sysctls (in a network namespace of its own, a \
+                 node needs conntrack.maxPerCore 0)"
+            );
+            return ExitCode::FAILURE;
         }
+    }
+    if cli.init_only() {
+        tracing::info!("the node is set up and --init-only was given; exiting");
+        return ExitCode::SUCCESS;
+    }
+    match agent(cli, settings, node_name).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!(error = format!("{err:#}"), "agent stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the agent until it fails or is interrupted.
+async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Result<()> {
+    let cluster_cidrs = match &settings.local_detector {
+        LocalDetector::ClusterCidr(cidrs) => cidrs.clone(),
+        other => anyhow::bail!(
+            "detectLocalMode (--detect-local-mode) {other:?} is not supported yet; use ClusterCIDR"
+        ),
     };
-    let ca = match cli
+    if settings.localhost_node_ports && settings.mode == ProxyMode::Iptables {
+        tracing::info!(
+            "node ports do not answer on 127.0.0.1: localhost node ports are not supported yet"
+        );
+    }
+    let primary_ip = match settings.bind_address {
+        Some(ip) => Some(ip),
+        None => match primary_toward(cli.controllers.first().map_or("", String::as_str)) {
+            Ok(ip) => Some(ip),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot tell the node's primary IP; set --bind-address");
+                None
+            }
+        },
+    };
+    let node_port_addresses = node_port_addresses(&settings, primary_ip)
+        .map_err(|err| anyhow::anyhow!("cannot resolve --nodeport-addresses: {err}"))?;
+    let ca = cli
         .controller_ca_file
         .as_deref()
         .map(std::fs::read)
         .transpose()
-    {
-        Ok(pem) => pem.map(tonic::transport::Certificate::from_pem),
-        Err(err) => {
-            eprintln!("cannot read --controller-ca-file: {err}");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    let iptables = iptables::Config::default()
-        .with_render_options(cli.render_options(node_port_addresses.clone(), primary_ip));
+        .map_err(|err| anyhow::anyhow!("cannot read --controller-ca-file: {err}"))?
+        .map(tonic::transport::Certificate::from_pem);
+    let render = RenderOptions::default()
+        .with_cluster_cidrs(cluster_cidrs)
+        .with_masquerade_all(settings.masquerade_all)
+        .with_node_port_addresses(node_port_addresses.clone())
+        .with_node_ips(primary_ip)
+        .with_tcp_be_liberal(host_setup::tcp_be_liberal());
+    let iptables = iptables::Config::default().with_render_options(render);
     let ipvs = ipvs::Config {
         families: Vec::new(),
-        scheduler: cli.ipvs_scheduler.clone(),
-        exclude_cidrs: cli.ipvs_exclude_cidrs.clone(),
+        scheduler: settings.ipvs.scheduler.clone(),
+        exclude_cidrs: settings.ipvs.exclude_cidrs.clone(),
         node_port_addresses,
-        strict_arp: cli.ipvs_strict_arp,
-        timeouts: cli.ipvs_timeouts(),
+        strict_arp: settings.ipvs.strict_arp,
+        timeouts: settings.ipvs.timeouts,
         iptables: iptables.clone(),
         ipset: "ipset".to_owned(),
     };
-    let proxy_mode = cli.proxy_mode;
     let config = Config {
         client: ClientConfig {
             controllers: cli.controllers,
             node_name,
-            proxy_mode: wire_mode(cli.proxy_mode),
+            proxy_mode: wire_mode(settings.mode),
             min_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
             credentials: Credentials {
@@ -123,21 +212,16 @@ fn main() -> ExitCode {
                 ca,
             },
         },
-        sync_periods,
-        metrics_bind_address: cli.metrics_bind_address,
-        healthz_bind_address: cli.healthz_bind_address,
+        sync_periods: settings.sync_periods,
+        metrics_bind_address: settings.metrics_bind_address,
+        healthz_bind_address: settings.healthz_bind_address,
+        bind_address_hard_fail: settings.bind_address_hard_fail,
         inspection_bind_address: cli.inspection_bind_address,
     };
     let span = tracing::info_span!("agent", node = %config.client.node_name);
-    let code = match runtime.block_on(run(config, proxy_mode, iptables, ipvs).instrument(span)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            tracing::error!(error = format!("{err:#}"), "agent stopped");
-            ExitCode::FAILURE
-        }
-    };
-    telemetry.shutdown();
-    code
+    run(config, settings.mode, iptables, ipvs)
+        .instrument(span)
+        .await
 }
 
 async fn run(
@@ -298,20 +382,14 @@ fn log_removed(removed: &Removed, message: &str) {
 
 /// The node addresses `--nodeport-addresses` selects, read once at start-up; `None` for all.
 fn node_port_addresses(
-    cli: &Cli,
+    settings: &Settings,
     primary_ip: Option<IpAddr>,
 ) -> std::io::Result<Option<Vec<IpAddr>>> {
-    let selection = match (
-        cli.nodeport_addresses.as_slice(),
-        cli.proxy_mode,
-        primary_ip,
-    ) {
-        // As upstream, the nftables mode takes node ports on the primary IP by default (the
-        // others on every local address).
-        ([], ProxyMode::Nftables, Some(_)) => vec![NodePortAddress::Primary],
-        ([], _, _) => return Ok(None),
-        (selection, _, _) => selection.to_vec(),
-    };
+    // The nftables mode's default, `primary`, is filled in with the configuration.
+    let selection = settings.node_port_addresses.clone();
+    if selection.is_empty() {
+        return Ok(None);
+    }
     if needs_primary(&selection) && primary_ip.is_none() {
         return Err(std::io::Error::other(
             "`primary` needs the node's primary IP: set --bind-address",

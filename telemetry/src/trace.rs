@@ -106,18 +106,43 @@ impl Telemetry {
     }
 }
 
-/// Installs the global subscriber: log lines filtered by `RUST_LOG` (default `info`), plus an
-/// OpenTelemetry layer exporting over OTLP when [`Export::from_env`] says so. Must run inside a
-/// Tokio runtime when exporting: the gRPC exporter's connection lives on it.
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Logs {
+    /// klog's `-v`: 0 and 1 write info and above, 2 to 4 add debug, 5 and above trace.
+    pub verbosity: u32,
+    /// One JSON object per line instead of text.
+    pub json: bool,
+}
+
+impl Logs {
+    /// The level filter `verbosity` stands for.
+    fn level(self) -> &'static str {
+        match self.verbosity {
+            0 | 1 => "info",
+            2..=4 => "debug",
+            _ => "trace",
+        }
+    }
+}
+
+/// Installs the global subscriber: log lines as `logs` says, filtered by `RUST_LOG` when it is
+/// set (by `logs.verbosity` otherwise), plus an OpenTelemetry layer exporting over OTLP when
+/// [`Export::from_env`] says so. Must run inside a Tokio runtime when exporting: the gRPC
+/// exporter's connection lives on it.
 ///
 /// # Errors
 ///
 /// Returns why the exporter could not be built or the subscriber installed.
-pub fn init(identity: Identity) -> Result<Telemetry, Error> {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+pub fn init(identity: Identity, logs: Logs) -> Result<Telemetry, Error> {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(logs.level()));
     // Colours only for a person at a terminal: in a Pod's log they are escape codes.
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let (text, json) = if logs.json {
+        (None, Some(tracing_subscriber::fmt::layer().json()))
+    } else {
+        (Some(tracing_subscriber::fmt::layer().with_ansi(ansi)), None)
+    };
     let export = Export::from_env(|name| std::env::var(name).ok())?;
     let provider = match export {
         Export::Off => None,
@@ -128,7 +153,8 @@ pub fn init(identity: Identity) -> Result<Telemetry, Error> {
         .map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer("splitproxy")));
     tracing_subscriber::registry()
         .with(filter)
-        .with(fmt)
+        .with(text)
+        .with(json)
         .with(layer)
         .try_init()
         .map_err(Error::Subscriber)?;

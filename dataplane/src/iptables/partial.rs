@@ -98,6 +98,7 @@ pub(crate) fn full(
 ) -> Payload {
     payload(
         rendered,
+        options,
         assemble_nat_full(rendered.nat().into_iter(), existing, options),
     )
 }
@@ -135,15 +136,16 @@ pub(crate) fn partial(
     let stale: Vec<&str> = stale.into_iter().collect();
     payload(
         after,
+        options,
         assemble_nat(after.nat().into_iter(), &written, &stale, options),
     )
 }
 
 /// The filter table of `rendered` (always written whole) before `nat`.
-fn payload(rendered: &Rendered, nat: AssembledNat) -> Payload {
+fn payload(rendered: &Rendered, options: &FamilyOptions, nat: AssembledNat) -> Payload {
     let services: Vec<&ServiceFilter> =
         rendered.rules.values().map(|rules| &rules.filter).collect();
-    let filter = assemble_filter(services.into_iter());
+    let filter = assemble_filter(services.into_iter(), options);
     Payload {
         filter: filter.payload,
         nat: nat.payload,

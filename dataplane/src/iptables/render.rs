@@ -99,9 +99,19 @@ pub struct RenderOptions {
     /// accepted too: a node that holds its VIP as a local address reaches it from that address.
     /// Empty (the default): no such rule.
     pub node_ips: Vec<IpAddr>,
+    /// Whether conntrack tracks TCP liberally (`nf_conntrack_tcp_be_liberal`, read when the
+    /// agent starts, as upstream reads it): then `KUBE-FORWARD` drops no INVALID packets.
+    pub tcp_be_liberal: bool,
 }
 
 impl RenderOptions {
+    /// Sets [`tcp_be_liberal`](Self::tcp_be_liberal).
+    #[must_use]
+    pub fn with_tcp_be_liberal(mut self, liberal: bool) -> Self {
+        self.tcp_be_liberal = liberal;
+        self
+    }
+
     /// Sets [`cluster_cidrs`](Self::cluster_cidrs).
     #[must_use]
     pub fn with_cluster_cidrs(mut self, cidrs: impl IntoIterator<Item = Cidr>) -> Self {
@@ -153,6 +163,8 @@ pub(crate) struct FamilyOptions {
     pub node_port_addresses: Option<Vec<IpAddr>>,
     /// The node's addresses of the family ([`RenderOptions::node_ips`]).
     pub node_ips: Vec<IpAddr>,
+    /// [`RenderOptions::tcp_be_liberal`].
+    pub tcp_be_liberal: bool,
 }
 
 impl FamilyOptions {
@@ -170,6 +182,7 @@ impl FamilyOptions {
             cluster_cidr: options.cluster_cidr(family),
             node_port_addresses: options.node_port_addresses.as_deref().map(of_family),
             node_ips: of_family(&options.node_ips),
+            tcp_be_liberal: options.tcp_be_liberal,
         }
     }
 }

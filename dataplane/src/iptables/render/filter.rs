@@ -53,7 +53,7 @@ pub fn render_filter_for(family: IpFamily, state: &ProxyState) -> FilterRules {
         .values()
         .map(|service| render_service(service, &options).filter)
         .collect();
-    assemble(services.iter())
+    assemble(services.iter(), &options)
 }
 
 /// What one Service adds to the filter table, per chain.
@@ -127,6 +127,7 @@ impl ServiceFilter {
 /// The filter table for `services`: kube-proxy's fixed chains, written whole.
 pub(crate) fn assemble<'a>(
     services: impl Iterator<Item = &'a ServiceFilter> + Clone,
+    options: &FamilyOptions,
 ) -> FilterRules {
     let mut table = TableText::new("filter");
     for chain in [
@@ -141,9 +142,12 @@ pub(crate) fn assemble<'a>(
     table.rules(services.clone().flat_map(|s| &s.services));
     table.rules(services.clone().flat_map(|s| &s.external));
     table.rules(services.clone().flat_map(|s| &s.node_ports));
-    table.rule(&format!(
-        "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"
-    ));
+    // A liberal conntrack marks only out-of-window RSTs INVALID; upstream then drops none.
+    if !options.tcp_be_liberal {
+        table.rule(&format!(
+            "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"
+        ));
+    }
     table.rule(&format!(
         "-A {KUBE_FORWARD} -m comment --comment {} -m mark --mark {MASQUERADE_MARK}/{MASQUERADE_MARK} -j ACCEPT",
         comment("kubernetes forwarding rules"),
