@@ -67,39 +67,39 @@ pub fn conntrack_max(settings: &ConntrackSettings, cpus: usize) -> Option<u64> {
     })
 }
 
+/// What [`set_conntrack_sysctls`] did.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// The values written.
+    pub changed: Vec<Changed>,
+    /// `nf_conntrack_max` when the kernel refused it: it is read-only outside the host's
+    /// network namespace. kube-proxy exits there (kind sets `maxPerCore: 0` for it); the agent
+    /// goes on with the table as it is.
+    pub refused_max: Option<SysctlError>,
+}
+
 /// Sets the conntrack sysctls `settings` ask for, as kube-proxy does on start, in its order;
-/// a value already in place is not written. Returns what changed.
+/// a value already in place is not written.
 ///
 /// # Errors
 ///
-/// The first sysctl that could not be set; those before it stay set. In a network namespace
-/// other than the host's, `nf_conntrack_max` and the hash size cannot be written: set
-/// `conntrack.maxPerCore` to 0 there, as kube-proxy needs too.
+/// The first sysctl that could not be set, but a refused `nf_conntrack_max` (see
+/// [`Applied::refused_max`]); those before it stay set.
 pub fn set_conntrack_sysctls(
     settings: &ConntrackSettings,
     paths: &Paths,
-) -> Result<Vec<Changed>, SysctlError> {
+) -> Result<Applied, SysctlError> {
     let mut changed = Vec::new();
+    let mut refused_max = None;
     if let Some(max) = conntrack_max(settings, online_cpus()) {
-        set(paths, "net/netfilter/nf_conntrack_max", max, &mut changed)?;
-        // The hash table grows with the limit, to a quarter of it, and never shrinks.
-        let hashsize = read(&paths.hashsize).map_err(|source| SysctlError {
-            name: paths.hashsize.display().to_string(),
-            value: max / 4,
-            source,
-        })?;
-        if hashsize < max / 4 {
-            std::fs::write(&paths.hashsize, (max / 4).to_string()).map_err(|source| {
-                SysctlError {
-                    name: paths.hashsize.display().to_string(),
-                    value: max / 4,
-                    source,
-                }
-            })?;
-            changed.push(Changed {
-                name: paths.hashsize.display().to_string(),
-                value: max / 4,
-            });
+        match set(paths, "net/netfilter/nf_conntrack_max", max, &mut changed) {
+            Err(err) if err.source.kind() == io::ErrorKind::PermissionDenied => {
+                refused_max = Some(err);
+            }
+            result => {
+                result?;
+                grow_hash(paths, max, &mut changed)?;
+            }
         }
     }
     let seconds = |duration: Duration| duration.as_secs();
@@ -129,7 +129,28 @@ pub fn set_conntrack_sysctls(
             set(paths, &format!("net/netfilter/{name}"), value, &mut changed)?;
         }
     }
-    Ok(changed)
+    Ok(Applied {
+        changed,
+        refused_max,
+    })
+}
+
+/// Grows the conntrack hash table to a quarter of `max`, as kube-proxy; it never shrinks it.
+fn grow_hash(paths: &Paths, max: u64, changed: &mut Vec<Changed>) -> Result<(), SysctlError> {
+    let wanted = max / 4;
+    let error = |source| SysctlError {
+        name: paths.hashsize.display().to_string(),
+        value: wanted,
+        source,
+    };
+    if read(&paths.hashsize).map_err(error)? < wanted {
+        std::fs::write(&paths.hashsize, wanted.to_string()).map_err(error)?;
+        changed.push(Changed {
+            name: paths.hashsize.display().to_string(),
+            value: wanted,
+        });
+    }
+    Ok(())
 }
 
 /// The CPUs online (`/sys/devices/system/cpu/online`, e.g. `0-3,6`), as kube-proxy counts
@@ -245,7 +266,7 @@ mod tests {
             hashsize: hashsize.clone(),
         };
         let wanted = settings(32_768, 131_072);
-        let changed = set_conntrack_sysctls(&wanted, &paths).expect("set");
+        let changed = set_conntrack_sysctls(&wanted, &paths).expect("set").changed;
         let names: Vec<&str> = changed.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(
             names,
@@ -262,6 +283,7 @@ mod tests {
         assert!(
             set_conntrack_sysctls(&wanted, &paths)
                 .expect("again")
+                .changed
                 .is_empty()
         );
     }

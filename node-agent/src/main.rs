@@ -124,16 +124,22 @@ async fn start(cli: Cli, settings: Settings, node_name: String) -> ExitCode {
         tracing::debug!(error = %err, "could not set the OOM score adjustment");
     }
     match host_setup::set_conntrack_sysctls(&settings.conntrack, &host_setup::Paths::default()) {
-        Ok(changed) => {
-            for sysctl in changed {
+        Ok(applied) => {
+            for sysctl in applied.changed {
                 tracing::info!(sysctl = sysctl.name, value = sysctl.value, "set");
+            }
+            if let Some(err) = applied.refused_max {
+                tracing::warn!(
+                    error = format!("{:#}", anyhow::Error::from(err)),
+                    "nf_conntrack_max is read-only here (a network namespace other than the \
+                     host's); leaving it as it is (conntrack.maxPerCore 0 says so)"
+                );
             }
         }
         Err(err) => {
             tracing::error!(
                 error = format!("{:#}", anyhow::Error::from(err)),
-                "could not set the conntrack sysctls (in a network namespace of its own, a \
-                 node needs conntrack.maxPerCore 0)"
+                "could not set the conntrack sysctls"
             );
             return ExitCode::FAILURE;
         }

@@ -75,8 +75,8 @@ pub fn apply(config: &mut KubeProxyConfiguration) {
     if config.logging.format.is_empty() {
         "text".clone_into(&mut config.logging.format);
     }
-    if config.logging.flush_frequency.is_zero() {
-        config.logging.flush_frequency = seconds(5);
+    if config.logging.flush_frequency.duration.is_zero() {
+        config.logging.flush_frequency.duration = Duration::from_secs(5);
     }
 }
 

@@ -67,9 +67,7 @@ pub struct ClientConnection {
 pub struct Logging {
     #[serde(skip_serializing_if = "String::is_empty")]
     pub format: String,
-    /// A duration string, or a number of nanoseconds.
-    #[serde(deserialize_with = "duration_or_nanoseconds")]
-    pub flush_frequency: GoDuration,
+    pub flush_frequency: FlushFrequency,
     pub verbosity: u32,
     #[serde(rename = "vmodule", skip_serializing_if = "Vec::is_empty")]
     pub vmodule: Vec<VModuleItem>,
@@ -208,22 +206,48 @@ impl<'de> Deserialize<'de> for GoDuration {
     }
 }
 
-/// `logging.flushFrequency` also takes a number of nanoseconds.
-fn duration_or_nanoseconds<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<GoDuration, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Either {
-        Nanoseconds(u64),
-        Text(GoDuration),
+/// `logging.flushFrequency`: a duration, or a number of nanoseconds; written back in the form
+/// it was read in (a default is written as text), as upstream's `TimeOrMetaDuration`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlushFrequency {
+    /// The duration.
+    pub duration: Duration,
+    /// Whether it was a number of nanoseconds.
+    pub nanoseconds: bool,
+}
+
+impl Serialize for FlushFrequency {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if self.nanoseconds {
+            let nanos = u64::try_from(self.duration.as_nanos()).unwrap_or(u64::MAX);
+            serializer.serialize_u64(nanos)
+        } else {
+            GoDuration(self.duration).serialize(serializer)
+        }
     }
-    match Either::deserialize(deserializer) {
-        Ok(Either::Nanoseconds(nanos)) => Ok(GoDuration(Duration::from_nanos(nanos))),
-        Ok(Either::Text(duration)) => Ok(duration),
-        Err(_) => Err(de::Error::custom(
-            "expected a duration (e.g. 5s) or a number of nanoseconds",
-        )),
+}
+
+impl<'de> Deserialize<'de> for FlushFrequency {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Nanoseconds(u64),
+            Text(GoDuration),
+        }
+        match Either::deserialize(deserializer) {
+            Ok(Either::Nanoseconds(nanos)) => Ok(Self {
+                duration: Duration::from_nanos(nanos),
+                nanoseconds: nanos != 0,
+            }),
+            Ok(Either::Text(GoDuration(duration))) => Ok(Self {
+                duration,
+                nanoseconds: false,
+            }),
+            Err(_) => Err(de::Error::custom(
+                "expected a duration (e.g. 5s) or a number of nanoseconds",
+            )),
+        }
     }
 }
 

@@ -1,0 +1,375 @@
+//! The agent reads kube-proxy's configuration as upstream kube-proxy v1.36.3 does, judged by
+//! kube-proxy itself: for the same flags or file, both write their resolved configuration
+//! (`--write-config-to`) and the two must agree field for field; what one refuses the other
+//! refuses too, but for the deliberate difference that the agent refuses unknown fields.
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::Value;
+use splitproxy_e2e::{control_plane::Binaries, workspace_binary};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+/// The `config.conf` kubeadm v1.36 writes into the `kube-proxy` ConfigMap: every field, unset
+/// ones null, zero or empty.
+const KUBEADM_CONFIG: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 0
+clusterCIDR: 10.244.0.0/16
+configSyncPeriod: 0s
+conntrack:
+  maxPerCore: null
+  min: null
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: null
+  tcpEstablishedTimeout: null
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: ""
+detectLocalMode: ""
+enableProfiling: false
+healthzBindAddress: ""
+hostnameOverride: ""
+iptables:
+  localhostNodePorts: null
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+ipvs:
+  excludeCIDRs: null
+  minSyncPeriod: 0s
+  scheduler: ""
+  strictARP: false
+  syncPeriod: 0s
+  tcpFinTimeout: 0s
+  tcpTimeout: 0s
+  udpTimeout: 0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: "0"
+    text:
+      infoBufferSize: "0"
+  verbosity: 0
+metricsBindAddress: ""
+mode: ""
+nftables:
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+nodePortAddresses: null
+oomScoreAdj: null
+portRange: ""
+showHiddenMetricsForVersion: ""
+winkernel:
+  enableDSR: false
+  forwardHealthCheckVip: false
+  networkName: ""
+  rootHnsEndpointName: ""
+  sourceVip: ""
+"#;
+
+const HEADER: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+
+/// Runs `binary args --write-config-to=…` and returns the configuration written, or what it
+/// said on refusing.
+fn written(binary: &Path, args: &[String], dir: &Path) -> Result<Result<Value, String>> {
+    let out = dir.join("written.yaml");
+    let _ = std::fs::remove_file(&out);
+    let output = Command::new(binary)
+        .args(args)
+        .arg(format!("--write-config-to={}", out.display()))
+        .env_remove("NODE_NAME")
+        .output()
+        .with_context(|| format!("running {}", binary.display()))?;
+    if !output.status.success() {
+        return Ok(Err(String::from_utf8_lossy(&output.stderr).into_owned()));
+    }
+    let text = std::fs::read_to_string(&out).context("reading the written configuration")?;
+    let value: Value = serde_norway::from_str(&text).context("parsing the written YAML")?;
+    Ok(Ok(normalised(value)))
+}
+
+/// Numbers as numbers whatever their written form (`5` and `5.0`).
+fn normalised(value: Value) -> Value {
+    match value {
+        Value::Number(n) => n
+            .as_f64()
+            .and_then(serde_json::Number::from_f64)
+            .map_or(Value::Number(n), Value::Number),
+        Value::Array(items) => Value::Array(items.into_iter().map(normalised).collect()),
+        Value::Object(map) => {
+            Value::Object(map.into_iter().map(|(k, v)| (k, normalised(v))).collect())
+        }
+        other => other,
+    }
+}
+
+/// The fields where `a` and `b` differ, by path.
+fn differences(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for key in keys {
+                let null = Value::Null;
+                differences(
+                    a.get(key).unwrap_or(&null),
+                    b.get(key).unwrap_or(&null),
+                    &format!("{path}.{key}"),
+                    out,
+                );
+            }
+        }
+        _ if a != b => out.push(format!("{path}: kube-proxy {a}, splitproxy {b}")),
+        _ => {}
+    }
+}
+
+struct Subjects {
+    kube_proxy: PathBuf,
+    agent: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Subjects {
+    fn new() -> Result<Self> {
+        Ok(Self {
+            kube_proxy: Binaries::ensure()?.kubernetes.join("kube-proxy"),
+            agent: workspace_binary("splitproxy-agent")?,
+            dir: tempfile::tempdir()?,
+        })
+    }
+
+    /// A file in the scratch directory holding `text`, as a `--config` flag.
+    fn config_flag(&self, name: &str, text: &str) -> Result<String> {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text)?;
+        Ok(format!("--config={}", path.display()))
+    }
+
+    /// Both programs' outcome for `args`.
+    fn both(&self, args: &[String]) -> Result<(Result<Value, String>, Result<Value, String>)> {
+        Ok((
+            written(&self.kube_proxy, args, self.dir.path())?,
+            written(&self.agent, args, self.dir.path())?,
+        ))
+    }
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|arg| (*arg).to_owned()).collect()
+}
+
+#[test]
+fn the_agent_resolves_flags_and_files_as_kube_proxy_does() -> Result<()> {
+    let subjects = Subjects::new()?;
+    let kubeadm = subjects.config_flag("kubeadm.yaml", KUBEADM_CONFIG)?;
+    let ipvs_file = subjects.config_flag(
+        "ipvs.yaml",
+        &format!(
+            "{HEADER}mode: ipvs\nipvs:\n  scheduler: wrr\n  syncPeriod: 1m\n  excludeCIDRs: [10.0.0.0/8]\n\
+             iptables:\n  masqueradeAll: true\nmetricsBindAddress: 0.0.0.0\nbindAddress: fd00::1\n\
+             logging:\n  flushFrequency: 2000000000\n  verbosity: 2\n"
+        ),
+    )?;
+    let nftables_file = subjects.config_flag(
+        "nftables.yaml",
+        &format!(
+            "{HEADER}mode: nftables\nnftables:\n  masqueradeAll: true\n  minSyncPeriod: 0s\n\
+             iptables:\n  syncPeriod: 10s\nconntrack:\n  maxPerCore: 0\n  tcpBeLiberal: true\n  \
+             udpTimeout: 30s\n  tcpEstablishedTimeout: 0s\nfeatureGates:\n  AllBeta: false\n\
+             detectLocalMode: InterfaceNamePrefix\ndetectLocal:\n  interfaceNamePrefix: veth\n"
+        ),
+    )?;
+    let cases: Vec<Vec<String>> = vec![
+        strings(&[]),
+        strings(&["--proxy-mode=ipvs"]),
+        strings(&["--proxy-mode=nftables", "--masquerade-all"]),
+        strings(&[
+            "--proxy-mode=ipvs",
+            "--ipvs-min-sync-period=0s",
+            "--iptables-sync-period=1m",
+            "--ipvs-scheduler=sh",
+            "--ipvs-exclude-cidrs=10.0.0.0/8,10.1.0.0/16",
+            "--ipvs-strict-arp",
+            "--ipvs-tcp-timeout=15m",
+            "--ipvs-tcpfin-timeout=30s",
+            "--ipvs-udp-timeout=45s",
+        ]),
+        strings(&[
+            "--cluster-cidr=10.244.0.0/16,fd00:10:244::/56",
+            "--nodeport-addresses=primary",
+            "--bind-address=fd00::1",
+        ]),
+        strings(&[
+            "--conntrack-max-per-core=0",
+            "--conntrack-min=1000",
+            "--conntrack-tcp-be-liberal",
+            "--conntrack-udp-timeout=30s",
+            "--conntrack-udp-timeout-stream=2m",
+            "--conntrack-tcp-timeout-established=0",
+            "--conntrack-tcp-timeout-close-wait=5m",
+        ]),
+        strings(&[
+            "--metrics-bind-address=0.0.0.0:9999",
+            "--healthz-bind-address=[::]:1234",
+            "--bind-address-hard-fail",
+            "--oom-score-adj=-500",
+        ]),
+        strings(&["--metrics-bind-address=", "--bind-address="]),
+        strings(&[
+            "--detect-local-mode=BridgeInterface",
+            "--pod-bridge-interface=cni0",
+            "--iptables-localhost-nodeports=false",
+            "--iptables-masquerade-bit=14",
+        ]),
+        strings(&[
+            "--feature-gates=AllAlpha=false,NFTablesProxyMode=true",
+            "--v=3",
+            "--logging-format=json",
+        ]),
+        strings(&[
+            "--kube-api-qps=7.5",
+            "--kube-api-burst=3",
+            "--kube-api-content-type=application/json",
+            "--kubeconfig=/etc/kubeconfig",
+            "--config-sync-period=1m",
+            "--profiling",
+        ]),
+        vec![kubeadm.clone()],
+        vec![
+            kubeadm,
+            "--hostname-override=Node-1".to_owned(),
+            "--proxy-mode=ipvs".to_owned(),
+            "--masquerade-all".to_owned(),
+            "-v=2".to_owned(),
+        ],
+        vec![ipvs_file],
+        vec![nftables_file],
+    ];
+    let mut failures = Vec::new();
+    for args in &cases {
+        match subjects.both(args)? {
+            (Ok(upstream), Ok(ours)) => {
+                let mut found = Vec::new();
+                differences(&upstream, &ours, "", &mut found);
+                if !found.is_empty() {
+                    failures.push(format!("{args:?}:\n  {}", found.join("\n  ")));
+                }
+            }
+            (upstream, ours) => failures.push(format!(
+                "{args:?}: kube-proxy {}, splitproxy {}",
+                upstream.map_or_else(|e| format!("refused: {e}"), |_| "accepted".to_owned()),
+                ours.map_or_else(|e| format!("refused: {e}"), |_| "accepted".to_owned()),
+            )),
+        }
+    }
+    ensure!(failures.is_empty(), "{}", failures.join("\n"));
+    Ok(())
+}
+
+#[test]
+fn what_kube_proxy_refuses_the_agent_refuses_naming_the_field() -> Result<()> {
+    let subjects = Subjects::new()?;
+    let file = |name: &str, body: &str| subjects.config_flag(name, &format!("{HEADER}{body}"));
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            strings(&["--iptables-sync-period=0"]),
+            "iptables.syncPeriod",
+        ),
+        (
+            strings(&["--iptables-sync-period=1s", "--iptables-min-sync-period=2s"]),
+            "iptables.minSyncPeriod",
+        ),
+        (
+            strings(&["--iptables-masquerade-bit=32"]),
+            "iptables.masqueradeBit",
+        ),
+        (strings(&["--oom-score-adj=1001"]), "oomScoreAdj"),
+        (strings(&["--conntrack-min=-1"]), "conntrack.min"),
+        (
+            strings(&["--nodeport-addresses=primary,10.0.0.0/8"]),
+            "nodePortAddresses",
+        ),
+        (
+            strings(&["--cluster-cidr=10.0.0.0/8,10.1.0.0/16"]),
+            "clusterCIDR",
+        ),
+        (strings(&["--detect-local-mode=Bogus"]), "detectLocalMode"),
+        (
+            strings(&["--detect-local-mode=BridgeInterface"]),
+            "detectLocal.bridgeInterface",
+        ),
+        (
+            strings(&["--feature-gates=NoSuchGate=true"]),
+            "featureGates.NoSuchGate",
+        ),
+        (strings(&["--logging-format=xml"]), "logging.format"),
+        (vec![file("mode.yaml", "mode: userspace\n")?], "mode"),
+        (
+            vec![file("bind.yaml", "bindAddress: node-1\n")?],
+            "bindAddress",
+        ),
+        (
+            vec![file(
+                "ipvs.yaml",
+                "mode: ipvs\nipvs:\n  excludeCIDRs: [10.0.0.0]\n",
+            )?],
+            "ipvs.excludeCIDRs[0]",
+        ),
+        (
+            vec![file("type.yaml", "conntrack:\n  min: lots\n")?],
+            "conntrack.min",
+        ),
+        (
+            vec![file("duration.yaml", "iptables:\n  syncPeriod: 30\n")?],
+            "iptables.syncPeriod",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (args, field) in &cases {
+        match subjects.both(args)? {
+            (Err(_), Err(ours)) if ours.contains(field) => {}
+            (upstream, ours) => failures.push(format!(
+                "{args:?} (expected both to refuse, the agent naming {field}): kube-proxy {}, splitproxy {}",
+                upstream.map_or_else(|e| format!("refused: {e}"), |_| "accepted".to_owned()),
+                ours.map_or_else(|e| format!("refused: {e}"), |_| "accepted".to_owned()),
+            )),
+        }
+    }
+    ensure!(failures.is_empty(), "{}", failures.join("\n"));
+    Ok(())
+}
+
+#[test]
+fn an_unknown_field_is_refused_by_name_where_kube_proxy_drops_it() -> Result<()> {
+    let subjects = Subjects::new()?;
+    let args = vec![subjects.config_flag(
+        "typo.yaml",
+        &format!("{HEADER}conntrack:\n  maxPercore: 0\n"),
+    )?];
+    match subjects.both(&args)? {
+        (Ok(_), Err(ours)) if ours.contains("conntrack.maxPercore") => Ok(()),
+        (upstream, ours) => bail!(
+            "kube-proxy {}, splitproxy {}",
+            upstream.map_or_else(
+                |e| format!("refused: {e}"),
+                |_| "accepted (as expected)".to_owned()
+            ),
+            ours.map_or_else(|e| format!("refused: {e}"), |_| "accepted".to_owned()),
+        ),
+    }
+}
