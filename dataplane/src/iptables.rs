@@ -250,6 +250,13 @@ const JUMPS: [Jump; 12] = [
     Jump::filter("FORWARD", true, LOAD_BALANCER_FIREWALL, KUBE_PROXY_FIREWALL),
 ];
 
+/// kubelet's jumps to [`render::KUBE_FIREWALL`], which kube-proxy ensures as well, first in
+/// INPUT and OUTPUT, without a comment. Cleanup leaves them to kubelet, as kube-proxy does.
+const KUBELET_JUMPS: [Jump; 2] = [
+    Jump::filter("INPUT", false, "", render::KUBE_FIREWALL),
+    Jump::filter("OUTPUT", false, "", render::KUBE_FIREWALL),
+];
+
 /// The iptables dataplane for one IP family: programs its nat and filter tables through that
 /// family's iptables tools.
 #[derive(Debug, Clone, Default)]
@@ -394,6 +401,13 @@ impl Iptables {
             // After the restore, so the target chains exist when the jumps are checked. Partial
             // syncs trust them, as kube-proxy's: the canary tells when they may be gone.
             for jump in &JUMPS {
+                self.tools.ensure_jump(jump).await?;
+            }
+            // kubelet's firewall chain, which kube-proxy hooks in too (and never removes).
+            self.tools
+                .ensure_chain("filter", render::KUBE_FIREWALL)
+                .await?;
+            for jump in &KUBELET_JUMPS {
                 self.tools.ensure_jump(jump).await?;
             }
             self.last_full_sync = Some(Instant::now());

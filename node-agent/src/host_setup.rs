@@ -1,5 +1,5 @@
 //! What kube-proxy does to its node before it programs any rule: the conntrack sysctls (table
-//! size and timeouts) and its own OOM score.
+//! size and timeouts), `route_localnet` for localhost node ports, and its own OOM score.
 
 use crate::kube_proxy_config::ConntrackSettings;
 use std::{
@@ -198,6 +198,18 @@ fn read(path: &Path) -> io::Result<u64> {
         .trim()
         .parse()
         .map_err(io::Error::other)
+}
+
+/// Sets `net/ipv4/conf/all/route_localnet` to 1, which localhost node ports need (kube-proxy's
+/// iptables mode sets it for them); returns whether it changed.
+///
+/// # Errors
+///
+/// When the sysctl cannot be written.
+pub fn set_route_localnet(paths: &Paths) -> Result<Option<Changed>, SysctlError> {
+    let mut changed = Vec::new();
+    set(paths, "net/ipv4/conf/all/route_localnet", 1, &mut changed)?;
+    Ok(changed.pop())
 }
 
 /// Whether conntrack tracks TCP liberally now (`nf_conntrack_tcp_be_liberal` not 0), as

@@ -8,7 +8,9 @@ use splitproxy_agent::{
     credentials::Credentials,
     host_setup,
     kube_proxy_config::{self, LocalDetector, Settings},
-    node_port_addresses::{interface_addresses, needs_primary, primary_toward, select},
+    node_port_addresses::{
+        includes_ipv4_loopback, interface_addresses, needs_primary, primary_toward, select,
+    },
     wire_mode,
 };
 use splitproxy_dataplane::{
@@ -144,6 +146,20 @@ async fn start(cli: Cli, settings: Settings, node_name: String) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    if localhost_node_ports(&settings) {
+        tracing::info!(
+            "setting route_localnet=1 for node ports on 127.0.0.1; iptables.localhostNodePorts \
+             false (--iptables-localhost-nodeports=false) or nodePortAddresses without \
+             loopback turn them off"
+        );
+        if let Err(err) = host_setup::set_route_localnet(&host_setup::Paths::default()) {
+            tracing::error!(
+                error = format!("{:#}", anyhow::Error::from(err)),
+                "could not enable localhost node ports"
+            );
+            return ExitCode::FAILURE;
+        }
+    }
     if cli.init_only() {
         tracing::info!("the node is set up and --init-only was given; exiting");
         return ExitCode::SUCCESS;
@@ -162,14 +178,10 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
     let cluster_cidrs = match &settings.local_detector {
         LocalDetector::ClusterCidr(cidrs) => cidrs.clone(),
         other => anyhow::bail!(
-            "detectLocalMode (--detect-local-mode) {other:?} is not supported yet; use ClusterCIDR"
+            "detectLocalMode (--detect-local-mode) {} is not supported yet; use ClusterCIDR",
+            other.name()
         ),
     };
-    if settings.localhost_node_ports && settings.mode == ProxyMode::Iptables {
-        tracing::info!(
-            "node ports do not answer on 127.0.0.1: localhost node ports are not supported yet"
-        );
-    }
     let primary_ip = match settings.bind_address {
         Some(ip) => Some(ip),
         None => match primary_toward(cli.controllers.first().map_or("", String::as_str)) {
@@ -194,6 +206,7 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
         .with_masquerade_all(settings.masquerade_all)
         .with_node_port_addresses(node_port_addresses.clone())
         .with_node_ips(primary_ip)
+        .with_localhost_node_ports(localhost_node_ports(&settings))
         .with_tcp_be_liberal(host_setup::tcp_be_liberal());
     let iptables = iptables::Config::default().with_render_options(render);
     let ipvs = ipvs::Config {
@@ -384,6 +397,14 @@ fn log_removed(removed: &Removed, message: &str) {
         skipped = ?removed.skipped,
         "{message}"
     );
+}
+
+/// Whether node ports answer on 127.0.0.1: only in iptables mode, when asked and when the node
+/// port addresses include loopback, as kube-proxy.
+fn localhost_node_ports(settings: &Settings) -> bool {
+    settings.mode == ProxyMode::Iptables
+        && settings.localhost_node_ports
+        && includes_ipv4_loopback(&settings.node_port_addresses)
 }
 
 /// The node addresses `--nodeport-addresses` selects, read once at start-up; `None` for all.

@@ -73,6 +73,18 @@ pub fn select(
     Some(chosen)
 }
 
+/// Whether `selection` takes IPv4 loopback addresses, as kube-proxy asks before it serves
+/// localhost node ports: unset (every address) or a CIDR holding 127.0.0.1.
+#[must_use]
+pub fn includes_ipv4_loopback(selection: &[NodePortAddress]) -> bool {
+    let loopback = IpAddr::from(std::net::Ipv4Addr::LOCALHOST);
+    selection.is_empty()
+        || selection.iter().any(|value| {
+            matches!(value, NodePortAddress::Cidr(cidr)
+                if cidr.contains(loopback) || cidr.address.is_loopback())
+        })
+}
+
 /// Whether `selection` needs the node's primary IP.
 #[must_use]
 pub fn needs_primary(selection: &[NodePortAddress]) -> bool {
@@ -151,6 +163,15 @@ mod tests {
             select(&values(&["10.0.0.0/8", "::/0"]), &interfaces, None),
             None
         );
+    }
+
+    #[test]
+    fn loopback_is_included_when_unset_or_inside_a_cidr() {
+        assert!(includes_ipv4_loopback(&[]));
+        assert!(includes_ipv4_loopback(&values(&["127.0.0.0/8"])));
+        assert!(includes_ipv4_loopback(&values(&["0.0.0.0/0"])));
+        assert!(!includes_ipv4_loopback(&values(&["198.18.0.0/24", "::/0"])));
+        assert!(!includes_ipv4_loopback(&values(&["primary"])));
     }
 
     #[test]

@@ -1,11 +1,17 @@
 //! The agent reads kube-proxy's configuration as upstream kube-proxy v1.36.3 does, judged by
 //! kube-proxy itself: for the same flags or file, both write their resolved configuration
 //! (`--write-config-to`) and the two must agree field for field; what one refuses the other
-//! refuses too, but for the deliberate difference that the agent refuses unknown fields.
+//! refuses too, but for the deliberate difference that the agent refuses unknown fields. And
+//! `--init-only` leaves a node as kube-proxy's leaves it.
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
-use splitproxy_e2e::{control_plane::Binaries, workspace_binary};
+use splitproxy_e2e::{
+    addresses::CONTROL_PLANE,
+    control_plane::{Binaries, ControlPlane},
+    lab::{Lab, Node},
+    workspace_binary,
+};
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -372,4 +378,88 @@ fn an_unknown_field_is_refused_by_name_where_kube_proxy_drops_it() -> Result<()>
             ours.map_or_else(|e| format!("refused: {e}"), |_| "accepted".to_owned()),
         ),
     }
+}
+
+/// The sysctls kube-proxy's start sets on a node, by `/proc/sys` path.
+const NODE_SYSCTLS: [&str; 6] = [
+    "net/netfilter/nf_conntrack_tcp_timeout_established",
+    "net/netfilter/nf_conntrack_tcp_timeout_close_wait",
+    "net/netfilter/nf_conntrack_tcp_be_liberal",
+    "net/netfilter/nf_conntrack_udp_timeout",
+    "net/netfilter/nf_conntrack_udp_timeout_stream",
+    "net/ipv4/conf/all/route_localnet",
+];
+
+fn sysctls(lab: &Lab, node: &Node) -> Result<Vec<(String, String)>> {
+    NODE_SYSCTLS
+        .iter()
+        .map(|name| {
+            let value = lab.exec_ok(node, "cat", &[&format!("/proc/sys/{name}")])?;
+            Ok(((*name).to_owned(), value.trim().to_owned()))
+        })
+        .collect()
+}
+
+#[test]
+fn init_only_sets_the_node_up_as_kube_proxy_does() -> Result<()> {
+    let binaries = Binaries::ensure()?;
+    let kube_proxy = binaries.kubernetes.join("kube-proxy");
+    let agent = workspace_binary("splitproxy-agent")?;
+    let mut lab = Lab::new("initonly")?;
+    let cp_host = lab.add_host("cp", CONTROL_PLANE)?;
+    let nodes = lab.add_nodes(2)?;
+    let control_plane = ControlPlane::start(&mut lab, &cp_host, binaries)?;
+    for node in &nodes {
+        control_plane.register_node(&lab, node)?;
+    }
+    let before = sysctls(&lab, &nodes[1])?;
+    // Every value away from the kernel's defaults, so a step left out shows. A node that is a
+    // network namespace cannot size the machine's table: maxPerCore 0, as kind sets it.
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("config.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "{HEADER}mode: iptables\nclientConnection:\n  kubeconfig: {}\nconntrack:\n  \
+             maxPerCore: 0\n  tcpEstablishedTimeout: 2h\n  tcpCloseWaitTimeout: 30m\n  \
+             tcpBeLiberal: true\n  udpTimeout: 33s\n  udpStreamTimeout: 150s\n",
+            control_plane.lan_admin_kubeconfig()?.display()
+        ),
+    )?;
+    let config_flag = format!("--config={}", config.display());
+    for (program, node) in [(&kube_proxy, &nodes[0]), (&agent, &nodes[1])] {
+        let output = lab.exec(
+            node,
+            program,
+            &[
+                "--init-only",
+                &config_flag,
+                &format!("--hostname-override={}", node.name()),
+            ],
+        )?;
+        ensure!(
+            output.status.success(),
+            "{} --init-only failed: {}{}",
+            program.display(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let upstream = sysctls(&lab, &nodes[0])?;
+    let ours = sysctls(&lab, &nodes[1])?;
+    ensure!(
+        upstream == ours,
+        "kube-proxy set {upstream:?}, splitproxy {ours:?}"
+    );
+    let changed: Vec<&str> = before
+        .iter()
+        .zip(&ours)
+        .filter(|(b, o)| b != o)
+        .map(|(b, _)| b.0.as_str())
+        .collect();
+    ensure!(
+        changed.len() == NODE_SYSCTLS.len(),
+        "the test sets every sysctl away from its default, but only {changed:?} changed"
+    );
+    Ok(())
 }

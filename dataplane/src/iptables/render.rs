@@ -72,9 +72,13 @@ pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
 /// connections).
 pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
 
+/// kubelet's filter chain, which kube-proxy writes too: with localhost node ports, it drops
+/// packets to 127.0.0.0/8 from elsewhere that `route_localnet` would otherwise let in.
+pub const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
+
 /// How the node is configured, beyond the Services it programs: what kube-proxy takes from
 /// `--cluster-cidr` and `--masquerade-all`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenderOptions {
     /// The cluster's pod CIDRs (`--cluster-cidr`). Traffic from inside one is pod traffic
     /// (kube-proxy's `ClusterCIDR` local-traffic detector): cluster-IP traffic from outside is
@@ -99,12 +103,39 @@ pub struct RenderOptions {
     /// accepted too: a node that holds its VIP as a local address reaches it from that address.
     /// Empty (the default): no such rule.
     pub node_ips: Vec<IpAddr>,
+    /// Whether IPv4 node ports answer on the node's loopback addresses (kube-proxy's
+    /// `localhostNodePorts`, on by default): the agent sets `route_localnet` for them, and the
+    /// filter table drops what else reaches 127.0.0.0/8 from outside. Off, and always in IPv6,
+    /// the node-port jump leaves loopback out.
+    pub localhost_node_ports: bool,
     /// Whether conntrack tracks TCP liberally (`nf_conntrack_tcp_be_liberal`, read when the
     /// agent starts, as upstream reads it): then `KUBE-FORWARD` drops no INVALID packets.
     pub tcp_be_liberal: bool,
 }
 
+impl Default for RenderOptions {
+    /// kube-proxy's defaults: no detector, no masquerade-all, node ports on every local
+    /// address, loopback included.
+    fn default() -> Self {
+        Self {
+            cluster_cidrs: Vec::new(),
+            masquerade_all: false,
+            node_port_addresses: None,
+            node_ips: Vec::new(),
+            localhost_node_ports: true,
+            tcp_be_liberal: false,
+        }
+    }
+}
+
 impl RenderOptions {
+    /// Sets [`localhost_node_ports`](Self::localhost_node_ports).
+    #[must_use]
+    pub fn with_localhost_node_ports(mut self, localhost: bool) -> Self {
+        self.localhost_node_ports = localhost;
+        self
+    }
+
     /// Sets [`tcp_be_liberal`](Self::tcp_be_liberal).
     #[must_use]
     pub fn with_tcp_be_liberal(mut self, liberal: bool) -> Self {
@@ -163,6 +194,8 @@ pub(crate) struct FamilyOptions {
     pub node_port_addresses: Option<Vec<IpAddr>>,
     /// The node's addresses of the family ([`RenderOptions::node_ips`]).
     pub node_ips: Vec<IpAddr>,
+    /// [`RenderOptions::localhost_node_ports`], in IPv4 only.
+    pub localhost_node_ports: bool,
     /// [`RenderOptions::tcp_be_liberal`].
     pub tcp_be_liberal: bool,
 }
@@ -182,6 +215,7 @@ impl FamilyOptions {
             cluster_cidr: options.cluster_cidr(family),
             node_port_addresses: options.node_port_addresses.as_deref().map(of_family),
             node_ips: of_family(&options.node_ips),
+            localhost_node_ports: family == IpFamily::V4 && options.localhost_node_ports,
             tcp_be_liberal: options.tcp_be_liberal,
         }
     }

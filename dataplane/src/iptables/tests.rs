@@ -476,6 +476,7 @@ fn external_and_load_balancer_ips_without_endpoints_are_rejected() {
 :KUBE-FORWARD - [0:0]
 :KUBE-NODEPORTS - [0:0]
 :KUBE-PROXY-FIREWALL - [0:0]
+:KUBE-FIREWALL - [0:0]
 -A KUBE-SERVICES -m comment --comment "ns6/svc6:p80 has no endpoints" -m tcp -p tcp -d 172.30.0.46 --dport 80 -j REJECT
 -A KUBE-EXTERNAL-SERVICES -m comment --comment "ns6/svc6:p80 has no endpoints" -m tcp -p tcp -d 192.168.99.26 --dport 80 -j REJECT
 -A KUBE-EXTERNAL-SERVICES -m comment --comment "ns6/svc6:p80 has no endpoints" -m tcp -p tcp -d 1.2.3.6 --dport 80 -j REJECT
@@ -483,10 +484,11 @@ fn external_and_load_balancer_ips_without_endpoints_are_rejected() {
 -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A KUBE-FIREWALL -m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
 COMMIT
 "#,
     );
-    assert_eq!(filter.rule_count, 7);
+    assert_eq!(filter.rule_count, 8);
     assert!(
         !render_nat(&state, &RenderOptions::default(), &BTreeSet::new())
             .payload
@@ -700,12 +702,14 @@ fn external_traffic_policy_local_without_local_endpoints_drops_external_traffic(
 :KUBE-FORWARD - [0:0]
 :KUBE-NODEPORTS - [0:0]
 :KUBE-PROXY-FIREWALL - [0:0]
+:KUBE-FIREWALL - [0:0]
 -A KUBE-EXTERNAL-SERVICES -m comment --comment "ns5/svc5:p80 has no local endpoints" -m tcp -p tcp -d 192.168.99.25 --dport 80 -j DROP
 -A KUBE-EXTERNAL-SERVICES -m comment --comment "ns5/svc5:p80 has no local endpoints" -m tcp -p tcp -d 1.2.3.5 --dport 80 -j DROP
 -A KUBE-EXTERNAL-SERVICES -m comment --comment "ns5/svc5:p80 has no local endpoints" -m addrtype --dst-type LOCAL -m tcp -p tcp --dport 3005 -j DROP
 -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A KUBE-FIREWALL -m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
 COMMIT
 "#,
     );
@@ -782,10 +786,12 @@ COMMIT
 :KUBE-FORWARD - [0:0]
 :KUBE-NODEPORTS - [0:0]
 :KUBE-PROXY-FIREWALL - [0:0]
+:KUBE-FIREWALL - [0:0]
 -A KUBE-SERVICES -m comment --comment "ns4/svc4:p80 has no local endpoints" -m tcp -p tcp -d 172.30.0.44 --dport 80 -j DROP
 -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A KUBE-FIREWALL -m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
 COMMIT
 "#,
     );
@@ -862,10 +868,12 @@ COMMIT
 :KUBE-FORWARD - [0:0]
 :KUBE-NODEPORTS - [0:0]
 :KUBE-PROXY-FIREWALL - [0:0]
+:KUBE-FIREWALL - [0:0]
 -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
 -A KUBE-PROXY-FIREWALL -m comment --comment "ns5/svc5:p80 traffic not accepted by KUBE-FW-NUKIZ6OKUXPJNT4C" -m tcp -p tcp -d 5.6.7.8 --dport 80 -j DROP
+-A KUBE-FIREWALL -m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
 COMMIT
 "#,
     );
@@ -1193,15 +1201,17 @@ fn ports_without_usable_endpoints_are_rejected_on_cluster_ip_and_node_port() {
 :KUBE-FORWARD - [0:0]
 :KUBE-NODEPORTS - [0:0]
 :KUBE-PROXY-FIREWALL - [0:0]
+:KUBE-FIREWALL - [0:0]
 -A KUBE-SERVICES -m comment --comment "ns1/empty:p80 has no endpoints" -m tcp -p tcp -d 172.30.0.46 --dport 80 -j REJECT
 -A KUBE-EXTERNAL-SERVICES -m comment --comment "ns1/empty:p80 has no endpoints" -m addrtype --dst-type LOCAL -m tcp -p tcp --dport 3003 -j REJECT
 -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A KUBE-FIREWALL -m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
 COMMIT
 "#,
     );
-    assert_eq!(filter.rule_count, 5);
+    assert_eq!(filter.rule_count, 6);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1362,6 +1372,10 @@ iptables -w 5 -t filter -C FORWARD -m comment --comment kubernetes forwarding ru
 iptables -w 5 -t filter -C INPUT -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL
 iptables -w 5 -t filter -C OUTPUT -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL
 iptables -w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL
+iptables -w 5 -t filter -S KUBE-FIREWALL
+iptables -w 5 -t filter -N KUBE-FIREWALL
+iptables -w 5 -t filter -C INPUT -j KUBE-FIREWALL
+iptables -w 5 -t filter -C OUTPUT -j KUBE-FIREWALL
 "#,
     );
 }

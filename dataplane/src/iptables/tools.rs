@@ -15,7 +15,7 @@ pub(crate) struct Jump {
     pub(crate) chain: &'static str,
     /// Only for the first packet of a connection (`-m conntrack --ctstate NEW`).
     pub(crate) new_only: bool,
-    /// The rule's comment, which tools and operators match on.
+    /// The rule's comment, which tools and operators match on; empty for none.
     pub(crate) comment: &'static str,
     /// Our chain.
     pub(crate) target: &'static str,
@@ -72,10 +72,12 @@ impl Jump {
         } else {
             ""
         };
-        format!(
-            "{new_only}-m comment --comment \"{}\" -j {}",
-            self.comment, self.target
-        )
+        let comment = if self.comment.is_empty() {
+            String::new()
+        } else {
+            format!("-m comment --comment \"{}\" ", self.comment)
+        };
+        format!("{new_only}{comment}-j {}", self.target)
     }
 
     fn args(&self, wait_seconds: u32, operation: &[&str]) -> Vec<String> {
@@ -89,14 +91,13 @@ impl Jump {
             .into_iter()
             .chain(operation.iter().copied())
             .chain(new_only.iter().copied())
-            .chain([
-                "-m",
-                "comment",
-                "--comment",
-                self.comment,
-                "-j",
-                self.target,
-            ])
+            .chain(
+                (!self.comment.is_empty())
+                    .then_some(["-m", "comment", "--comment", self.comment])
+                    .into_iter()
+                    .flatten(),
+            )
+            .chain(["-j", self.target])
             .map(str::to_owned)
             .collect()
     }
@@ -155,6 +156,41 @@ impl Tools {
     }
 
     /// Inserts `jump` as the first rule of its chain unless it is already there.
+    /// Creates `chain` in `table` unless it exists (`iptables -N`).
+    pub(crate) async fn ensure_chain(
+        &self,
+        table: &'static str,
+        chain: &'static str,
+    ) -> Result<()> {
+        let wait = self.config.lock_wait_seconds.to_string();
+        let list = self
+            .run(
+                &self.config.iptables,
+                &["-w", &wait, "-t", table, "-S", chain].map(str::to_owned),
+                None,
+            )
+            .await?;
+        if list.status.success() {
+            return Ok(());
+        }
+        let create = self
+            .run(
+                &self.config.iptables,
+                &["-w", &wait, "-t", table, "-N", chain].map(str::to_owned),
+                None,
+            )
+            .await?;
+        if create.status.success() {
+            return Ok(());
+        }
+        Err(Error::Jump {
+            table,
+            chain,
+            status: create.status,
+            stderr: stderr_text(&create.stderr),
+        })
+    }
+
     pub(crate) async fn ensure_jump(&self, jump: &Jump) -> Result<()> {
         let wait = self.config.lock_wait_seconds;
         let check = self

@@ -180,9 +180,14 @@ fn set_addresses(cli: &Cli, config: &mut KubeProxyConfiguration) {
             METRICS_PORT,
         ),
     ] {
+        // As upstream, the deprecated port flags do not apply to --write-config-to.
+        let port_flag = port_flag.filter(|_| cli.write_config_to.is_none());
         if let Some(address) = given(flag) {
             *target = match address.parse::<std::net::IpAddr>() {
-                Ok(ip) => std::net::SocketAddr::new(ip, default_port).to_string(),
+                Ok(ip) => {
+                    let port = port_flag.filter(|&port| port != 0).unwrap_or(default_port);
+                    std::net::SocketAddr::new(ip, port).to_string()
+                }
                 Err(_) => address.to_owned(),
             };
         }

@@ -29,7 +29,7 @@ pub struct Settings {
     pub bind_address: Option<IpAddr>,
     /// Where `/healthz` and `/livez` are served; `None`: not served.
     pub healthz_bind_address: Option<SocketAddr>,
-    /// Where `/metrics` and `/proxyMode` are served; `None`: not served.
+    /// Where `/metrics` and `/proxyMode` are served.
     pub metrics_bind_address: Option<SocketAddr>,
     /// Whether failing to bind those is fatal.
     pub bind_address_hard_fail: bool,
@@ -66,6 +66,19 @@ pub enum LocalDetector {
     BridgeInterface(String),
     /// Packets that arrive on an interface whose name starts with this.
     InterfaceNamePrefix(String),
+}
+
+impl LocalDetector {
+    /// The detector's name in the configuration (`detectLocalMode`).
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::ClusterCidr(_) => "ClusterCIDR",
+            Self::NodeCidr => "NodeCIDR",
+            Self::BridgeInterface(_) => "BridgeInterface",
+            Self::InterfaceNamePrefix(_) => "InterfaceNamePrefix",
+        }
+    }
 }
 
 /// `ipvs.*`.
@@ -207,16 +220,14 @@ pub fn resolve(config: &KubeProxyConfiguration) -> Result<Settings, InvalidConfi
             )
         })
         .flatten();
-    let metrics_bind_address = (!config.metrics_bind_address.is_empty())
-        .then(|| {
-            problems.parse(
-                "metricsBindAddress",
-                Some("--metrics-bind-address"),
-                &config.metrics_bind_address,
-                "an IP:port",
-            )
-        })
-        .flatten();
+    // Unlike the health server, the metrics server cannot be turned off: upstream refuses an
+    // empty address (what --metrics-port=0 makes).
+    let metrics_bind_address = problems.parse(
+        "metricsBindAddress",
+        Some("--metrics-bind-address"),
+        &config.metrics_bind_address,
+        "an IP:port",
+    );
     let sync_periods = sync_periods(config, mode, &mut problems);
     for (field, flag, bit) in [
         (

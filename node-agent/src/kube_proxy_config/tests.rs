@@ -325,11 +325,19 @@ fn bind_addresses_take_an_ip_alone_and_ignore_empty_values() {
     assert_eq!(settings.metrics_bind_address, "0.0.0.0:10249".parse().ok());
     assert_eq!(settings.healthz_bind_address, "[::]:10256".parse().ok());
     assert_eq!(settings.bind_address, None);
-    let off = self::settings(&["--metrics-port", "0", "--healthz-port", "0"]).expect("valid");
-    assert_eq!(
-        (off.metrics_bind_address, off.healthz_bind_address),
-        (None, None)
-    );
+    // As upstream: a zero port turns the health server off, and is refused for metrics.
+    let off = self::settings(&["--healthz-port", "0"]).expect("valid");
+    assert_eq!(off.healthz_bind_address, None);
+    let text = message(self::settings(&["--metrics-port", "0"]));
+    assert!(text.contains("metricsBindAddress"), "{text}");
+    let port = self::settings(&[
+        "--metrics-bind-address",
+        "0.0.0.0",
+        "--metrics-port",
+        "9100",
+    ])
+    .expect("valid");
+    assert_eq!(port.metrics_bind_address, "0.0.0.0:9100".parse().ok());
     let file = with_file(
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
          bindAddress: fd00::1\nmetricsBindAddress: 0.0.0.0\n",

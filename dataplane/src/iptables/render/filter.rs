@@ -3,8 +3,8 @@
 
 use super::plan::PortPlan;
 use super::{
-    FILTER_KUBE_SERVICES, FamilyOptions, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_PROXY_FIREWALL,
-    MASQUERADE_MARK, RenderOptions, TableText, comment, render_service,
+    FILTER_KUBE_SERVICES, FamilyOptions, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD,
+    KUBE_PROXY_FIREWALL, MASQUERADE_MARK, RenderOptions, TableText, comment, render_service,
 };
 use crate::ProxyState;
 use crate::conntrack::IpFamily;
@@ -139,6 +139,9 @@ pub(crate) fn assemble<'a>(
     ] {
         table.declare(chain);
     }
+    if options.localhost_node_ports {
+        table.declare(KUBE_FIREWALL);
+    }
     table.rules(services.clone().flat_map(|s| &s.services));
     table.rules(services.clone().flat_map(|s| &s.external));
     table.rules(services.clone().flat_map(|s| &s.node_ports));
@@ -157,6 +160,12 @@ pub(crate) fn assemble<'a>(
         comment("kubernetes forwarding conntrack rule"),
     ));
     table.rules(services.flat_map(|s| &s.firewall));
+    if options.localhost_node_ports {
+        table.rule(&format!(
+            "-A {KUBE_FIREWALL} -m comment --comment {} -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP",
+            comment("block incoming localnet connections"),
+        ));
+    }
     let (payload, rule_count) = table.finish();
     FilterRules {
         payload,

@@ -402,9 +402,17 @@ pub(crate) fn assemble<'a>(
     let last_rule =
         comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain");
     match &options.node_port_addresses {
-        None => table.rule(&format!(
-            "-A {KUBE_SERVICES} -m comment --comment {last_rule} -m addrtype --dst-type LOCAL -j {KUBE_NODEPORTS}",
-        )),
+        None => {
+            // Loopback node ports only where route_localnet lets them work: IPv4, when asked.
+            let loopback = match options.family {
+                IpFamily::V4 if options.localhost_node_ports => "",
+                IpFamily::V4 => " ! -d 127.0.0.0/8",
+                IpFamily::V6 => " ! -d ::1/128",
+            };
+            table.rule(&format!(
+                "-A {KUBE_SERVICES} -m comment --comment {last_rule} -m addrtype --dst-type LOCAL{loopback} -j {KUBE_NODEPORTS}",
+            ));
+        }
         // One rule per selected address, as upstream with --nodeport-addresses.
         Some(addresses) => {
             for address in addresses {

@@ -128,7 +128,7 @@ COMMIT
 -A KUBE-SERVICES -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp -p tcp -d fd00:172:30::43 --dport 80 -j KUBE-SVC-X27LE4BHSL4DOUIK
 -A KUBE-SERVICES -m comment --comment "ns3/svc3:p80 external IP" -m tcp -p tcp -d fd00:192:168:99::33 --dport 80 -j KUBE-EXT-X27LE4BHSL4DOUIK
 -A KUBE-SERVICES -m comment --comment "ns3/svc3:p80 loadbalancer IP" -m tcp -p tcp -d 2001:db8:1::4 --dport 80 -j KUBE-FW-X27LE4BHSL4DOUIK
--A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL ! -d ::1/128 -j KUBE-NODEPORTS
 -A KUBE-NODEPORTS -m comment --comment ns1/svc1:p80 -m tcp -p tcp --dport 30001 -j KUBE-EXT-XPGD46QRK7WJZT7O
 -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
 -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
