@@ -82,10 +82,11 @@ pub struct Cli {
     /// 10249.
     #[arg(long, env = "SPLITPROXY_METRICS_BIND_ADDRESS")]
     pub metrics_bind_address: Option<String>,
-    /// Deprecated: the port of --healthz-bind-address; 0 serves no health checks.
+    /// Deprecated: the port of a bare IP in --healthz-bind-address; 0 serves no health checks.
     #[arg(long)]
     pub healthz_port: Option<u16>,
-    /// Deprecated: the port of --metrics-bind-address; 0 serves no metrics.
+    /// Deprecated: the port of a bare IP in --metrics-bind-address; 0 is refused, as upstream
+    /// refuses the empty address it makes.
     #[arg(long)]
     pub metrics_port: Option<u16>,
     /// Exit when the health or metrics address cannot be bound (otherwise retry every 5 s).

@@ -19,74 +19,7 @@ use std::{
 
 /// The `config.conf` kubeadm v1.36 writes into the `kube-proxy` ConfigMap: every field, unset
 /// ones null, zero or empty.
-const KUBEADM_CONFIG: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
-bindAddress: 0.0.0.0
-bindAddressHardFail: false
-clientConnection:
-  acceptContentTypes: ""
-  burst: 0
-  contentType: ""
-  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
-  qps: 0
-clusterCIDR: 10.244.0.0/16
-configSyncPeriod: 0s
-conntrack:
-  maxPerCore: null
-  min: null
-  tcpBeLiberal: false
-  tcpCloseWaitTimeout: null
-  tcpEstablishedTimeout: null
-  udpStreamTimeout: 0s
-  udpTimeout: 0s
-detectLocal:
-  bridgeInterface: ""
-  interfaceNamePrefix: ""
-detectLocalMode: ""
-enableProfiling: false
-healthzBindAddress: ""
-hostnameOverride: ""
-iptables:
-  localhostNodePorts: null
-  masqueradeAll: false
-  masqueradeBit: null
-  minSyncPeriod: 0s
-  syncPeriod: 0s
-ipvs:
-  excludeCIDRs: null
-  minSyncPeriod: 0s
-  scheduler: ""
-  strictARP: false
-  syncPeriod: 0s
-  tcpFinTimeout: 0s
-  tcpTimeout: 0s
-  udpTimeout: 0s
-kind: KubeProxyConfiguration
-logging:
-  flushFrequency: 0
-  options:
-    json:
-      infoBufferSize: "0"
-    text:
-      infoBufferSize: "0"
-  verbosity: 0
-metricsBindAddress: ""
-mode: ""
-nftables:
-  masqueradeAll: false
-  masqueradeBit: null
-  minSyncPeriod: 0s
-  syncPeriod: 0s
-nodePortAddresses: null
-oomScoreAdj: null
-portRange: ""
-showHiddenMetricsForVersion: ""
-winkernel:
-  enableDSR: false
-  forwardHealthCheckVip: false
-  networkName: ""
-  rootHnsEndpointName: ""
-  sourceVip: ""
-"#;
+const KUBEADM_CONFIG: &str = include_str!("../../node-agent/testdata/kubeadm-config.conf");
 
 const HEADER: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
 
@@ -172,6 +105,14 @@ impl Subjects {
             written(&self.kube_proxy, args, self.dir.path())?,
             written(&self.agent, args, self.dir.path())?,
         ))
+    }
+}
+
+/// What a program did with a configuration, for a failure message.
+fn outcome(result: &Result<Value, String>) -> String {
+    match result {
+        Ok(_) => "accepted".to_owned(),
+        Err(stderr) => format!("refused: {stderr}"),
     }
 }
 
@@ -278,8 +219,8 @@ fn the_agent_resolves_flags_and_files_as_kube_proxy_does() -> Result<()> {
             }
             (upstream, ours) => failures.push(format!(
                 "{args:?}: kube-proxy {}, splitproxy {}",
-                upstream.map_or_else(|e| format!("refused: {e}"), |_| "accepted".to_owned()),
-                ours.map_or_else(|e| format!("refused: {e}"), |_| "accepted".to_owned()),
+                outcome(&upstream),
+                outcome(&ours),
             )),
         }
     }
@@ -351,8 +292,8 @@ fn what_kube_proxy_refuses_the_agent_refuses_naming_the_field() -> Result<()> {
             (Err(_), Err(ours)) if ours.contains(field) => {}
             (upstream, ours) => failures.push(format!(
                 "{args:?} (expected both to refuse, the agent naming {field}): kube-proxy {}, splitproxy {}",
-                upstream.map_or_else(|e| format!("refused: {e}"), |_| "accepted".to_owned()),
-                ours.map_or_else(|e| format!("refused: {e}"), |_| "accepted".to_owned()),
+                outcome(&upstream),
+                outcome(&ours),
             )),
         }
     }
@@ -370,12 +311,10 @@ fn an_unknown_field_is_refused_by_name_where_kube_proxy_drops_it() -> Result<()>
     match subjects.both(&args)? {
         (Ok(_), Err(ours)) if ours.contains("conntrack.maxPercore") => Ok(()),
         (upstream, ours) => bail!(
-            "kube-proxy {}, splitproxy {}",
-            upstream.map_or_else(
-                |e| format!("refused: {e}"),
-                |_| "accepted (as expected)".to_owned()
-            ),
-            ours.map_or_else(|e| format!("refused: {e}"), |_| "accepted".to_owned()),
+            "expected kube-proxy to accept and splitproxy to refuse naming the field: \
+             kube-proxy {}, splitproxy {}",
+            outcome(&upstream),
+            outcome(&ours),
         ),
     }
 }

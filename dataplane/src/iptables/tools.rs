@@ -162,33 +162,36 @@ impl Tools {
         table: &'static str,
         chain: &'static str,
     ) -> Result<()> {
-        let wait = self.config.lock_wait_seconds.to_string();
-        let list = self
-            .run(
-                &self.config.iptables,
-                &["-w", &wait, "-t", table, "-S", chain].map(str::to_owned),
-                None,
-            )
-            .await?;
-        if list.status.success() {
+        if self
+            .chain_command(table, "-S", chain)
+            .await?
+            .status
+            .success()
+        {
             return Ok(());
         }
-        let create = self
-            .run(
-                &self.config.iptables,
-                &["-w", &wait, "-t", table, "-N", chain].map(str::to_owned),
-                None,
-            )
-            .await?;
-        if create.status.success() {
+        let created = self.chain_command(table, "-N", chain).await?;
+        if created.status.success() {
             return Ok(());
         }
         Err(Error::Jump {
             table,
             chain,
-            status: create.status,
-            stderr: stderr_text(&create.stderr),
+            status: created.status,
+            stderr: stderr_text(&created.stderr),
         })
+    }
+
+    /// Runs `iptables -t table operation chain`.
+    async fn chain_command(
+        &self,
+        table: &str,
+        operation: &str,
+        chain: &str,
+    ) -> Result<std::process::Output> {
+        let wait = self.config.lock_wait_seconds.to_string();
+        let args = ["-w", &wait, "-t", table, operation, chain].map(str::to_owned);
+        self.run(&self.config.iptables, &args, None).await
     }
 
     pub(crate) async fn ensure_jump(&self, jump: &Jump) -> Result<()> {
