@@ -10,6 +10,7 @@ pub mod flow_table;
 pub mod iptables;
 pub mod ipvs;
 pub mod leftovers;
+pub mod local_traffic;
 pub mod model;
 pub mod nftables;
 pub mod recording;

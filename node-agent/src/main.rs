@@ -19,6 +19,7 @@ use splitproxy_dataplane::{
     ipvs::backend::{self as ipvs, IpvsBackend},
     ipvs::cleanup as ipvs_cleanup,
     leftovers::{Leftovers, Removed},
+    local_traffic::PodInterfaces,
     nftables::{NftablesBackend, backend as nftables},
 };
 use splitproxy_telemetry::trace::{self, KeyValue};
@@ -175,11 +176,17 @@ async fn start(cli: Cli, settings: Settings, node_name: String) -> ExitCode {
 
 /// Runs the agent until it fails or is interrupted.
 async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Result<()> {
-    let cluster_cidrs = match &settings.local_detector {
-        LocalDetector::ClusterCidr(cidrs) => cidrs.clone(),
-        other => anyhow::bail!(
-            "detectLocalMode (--detect-local-mode) {} is not supported yet; use ClusterCIDR",
-            other.name()
+    let (cluster_cidrs, pod_interfaces) = match &settings.local_detector {
+        LocalDetector::ClusterCidr(cidrs) => (cidrs.clone(), None),
+        LocalDetector::BridgeInterface(name) => {
+            (Vec::new(), Some(PodInterfaces::Bridge(name.clone())))
+        }
+        LocalDetector::InterfaceNamePrefix(prefix) => {
+            (Vec::new(), Some(PodInterfaces::Prefix(prefix.clone())))
+        }
+        LocalDetector::NodeCidr => anyhow::bail!(
+            "detectLocalMode (--detect-local-mode) NodeCIDR is not supported yet; use \
+             ClusterCIDR, BridgeInterface or InterfaceNamePrefix"
         ),
     };
     let primary_ip = match settings.bind_address {
@@ -203,6 +210,7 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
         .map(tonic::transport::Certificate::from_pem);
     let render = RenderOptions::default()
         .with_cluster_cidrs(cluster_cidrs)
+        .with_pod_interfaces(pod_interfaces)
         .with_masquerade_all(settings.masquerade_all)
         .with_node_port_addresses(node_port_addresses.clone())
         .with_node_ips(primary_ip)

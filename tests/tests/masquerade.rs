@@ -73,16 +73,21 @@ fn expect_seen(
 fn with_a_cluster_cidr_pods_keep_their_address_and_clients_outside_it_are_masqueraded() -> Result<()>
 {
     let cluster = DemoCluster::start_with("detectlocal", &["--cluster-cidr", "10.244.0.0/16"])?;
-    write_service(&cluster, &["web-a", "web-c"])?;
-    let both = ["web-a", "web-c"];
+    pods_keep_their_address_and_others_are_masqueraded(&cluster)
+}
 
-    // Pods, on the endpoint's node or another one, are seen as themselves.
+/// What a local-traffic detector promises, whichever it is: pods, on the endpoint's node or
+/// another, are seen as themselves; a node and a client outside the cluster are masqueraded.
+fn pods_keep_their_address_and_others_are_masqueraded(cluster: &DemoCluster) -> Result<()> {
+    write_service(cluster, &["web-a", "web-c"])?;
+    let both = ["web-a", "web-c"];
     for client in &cluster.clients {
-        expect_seen(&cluster, client, &both, client.ip())?;
+        expect_seen(cluster, client, &both, client.ip())?;
     }
-    // A node is outside the cluster CIDR: masqueraded to its own address.
+    // A node is outside the detector (outside the cluster CIDR; its own traffic arrives on no
+    // interface): masqueraded to its own address.
     let node2 = &cluster.nodes[1];
-    expect_seen(&cluster, node2, &both, node2.ip())?;
+    expect_seen(cluster, node2, &both, node2.ip())?;
     // A client outside the cluster that routes the Service range through node-1 is masqueraded
     // to node-1, so web-c on node-2 answers back through node-1 (unmasqueraded, web-c's answer
     // would go straight to the client, untranslated, and the connection would fail).
@@ -98,8 +103,7 @@ fn with_a_cluster_cidr_pods_keep_their_address_and_clients_outside_it_are_masque
             &node1.ip().to_string(),
         ],
     )?;
-    expect_seen(&cluster, &cluster.external, &both, node1.ip())?;
-    Ok(())
+    expect_seen(cluster, &cluster.external, &both, node1.ip())
 }
 
 #[test]
@@ -120,4 +124,20 @@ fn a_pod_reaching_itself_through_its_service_is_answered_masqueraded() -> Result
     // Unmasqueraded, web-a would receive a packet from its own address and drop it; masqueraded
     // to node-1 it answers.
     expect_seen(&cluster, web_a, &["web-a"], cluster.nodes[0].ip())
+}
+
+#[test]
+fn with_pod_interfaces_as_the_detector_pods_keep_their_address_and_others_are_masqueraded()
+-> Result<()> {
+    // The lab's pods hang off node-side veths named c<n>-<pod>; the node's LAN link is eth0.
+    let cluster = DemoCluster::start_with(
+        "detectif",
+        &[
+            "--detect-local-mode",
+            "InterfaceNamePrefix",
+            "--pod-interface-name-prefix",
+            "c",
+        ],
+    )?;
+    pods_keep_their_address_and_others_are_masqueraded(&cluster)
 }

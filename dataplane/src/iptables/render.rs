@@ -48,6 +48,7 @@ pub(crate) use plan::PortPlan;
 
 use crate::Cidr;
 use crate::conntrack::IpFamily;
+use crate::local_traffic::{LocalMatch, PodInterfaces};
 use std::net::IpAddr;
 
 /// The nat chain every Service dispatch starts from (jumped to from PREROUTING and OUTPUT).
@@ -90,6 +91,9 @@ pub struct RenderOptions {
     /// family and ignores the rest. Empty (the default): no detector, so cluster-IP traffic from
     /// outside the cluster is not masqueraded, as upstream without one.
     pub cluster_cidrs: Vec<Cidr>,
+    /// The interfaces pod traffic arrives on (`BridgeInterface`, `InterfaceNamePrefix`): when
+    /// set, the detector instead of [`cluster_cidrs`](Self::cluster_cidrs).
+    pub pod_interfaces: Option<PodInterfaces>,
     /// Masquerade every packet sent to a cluster IP, whatever its source (`--masquerade-all`);
     /// it wins over the cluster CIDR for cluster-IP traffic and changes nothing else. Off by
     /// default, as upstream.
@@ -119,6 +123,7 @@ impl Default for RenderOptions {
     fn default() -> Self {
         Self {
             cluster_cidrs: Vec::new(),
+            pod_interfaces: None,
             masquerade_all: false,
             node_port_addresses: None,
             node_ips: Vec::new(),
@@ -150,6 +155,13 @@ impl RenderOptions {
         self
     }
 
+    /// Sets [`pod_interfaces`](Self::pod_interfaces).
+    #[must_use]
+    pub fn with_pod_interfaces(mut self, interfaces: Option<PodInterfaces>) -> Self {
+        self.pod_interfaces = interfaces;
+        self
+    }
+
     /// Sets [`node_ips`](Self::node_ips).
     #[must_use]
     pub fn with_node_ips(mut self, ips: impl IntoIterator<Item = IpAddr>) -> Self {
@@ -170,15 +182,6 @@ impl RenderOptions {
         self.node_port_addresses = addresses;
         self
     }
-
-    /// The cluster CIDR the `family` render matches pod traffic with, as `iptables-save` (or
-    /// `ip6tables-save`) prints it (host bits cleared): the first one of that family.
-    fn cluster_cidr(&self, family: IpFamily) -> Option<String> {
-        self.cluster_cidrs
-            .iter()
-            .find(|cidr| family.contains(&cidr.address))
-            .map(|cidr| cidr.network().to_string())
-    }
 }
 
 /// [`RenderOptions`] as one family's render uses them: the addresses and CIDR of that family.
@@ -188,8 +191,8 @@ pub(crate) struct FamilyOptions {
     pub family: IpFamily,
     /// [`RenderOptions::masquerade_all`].
     pub masquerade_all: bool,
-    /// The family's cluster CIDR pod traffic comes from (the local-traffic detector), if known.
-    pub cluster_cidr: Option<String>,
+    /// How the family's pod traffic is told apart (the local-traffic detector), if it is.
+    pub local: Option<LocalMatch>,
     /// The family's addresses taking node ports; `None` for every local address.
     pub node_port_addresses: Option<Vec<IpAddr>>,
     /// The node's addresses of the family ([`RenderOptions::node_ips`]).
@@ -212,7 +215,11 @@ impl FamilyOptions {
         Self {
             family,
             masquerade_all: options.masquerade_all,
-            cluster_cidr: options.cluster_cidr(family),
+            local: LocalMatch::for_family(
+                family,
+                options.pod_interfaces.as_ref(),
+                &options.cluster_cidrs,
+            ),
             node_port_addresses: options.node_port_addresses.as_deref().map(of_family),
             node_ips: of_family(&options.node_ips),
             localhost_node_ports: family == IpFamily::V4 && options.localhost_node_ports,
@@ -359,9 +366,10 @@ mod tests {
         ] {
             let options = RenderOptions::default()
                 .with_cluster_cidrs(cidrs.iter().map(|cidr| cidr.parse().unwrap()));
+            let local = FamilyOptions::new(family, &options).local;
             assert_eq!(
-                options.cluster_cidr(family).as_deref(),
-                expected,
+                local.as_ref().map(LocalMatch::iptables),
+                expected.map(|cidr| format!("-s {cidr}")),
                 "{cidrs:?} {family:?}"
             );
         }

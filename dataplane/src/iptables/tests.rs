@@ -17,6 +17,7 @@ mod dual_stack;
 use super::{
     Config, Dataplane, Error, Iptables, JUMPS, RenderOptions, canaries, render_filter, render_nat,
 };
+use crate::local_traffic::PodInterfaces;
 use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy};
 use std::{collections::BTreeSet, path::PathBuf, time::Duration};
 
@@ -1912,4 +1913,22 @@ async fn a_family_without_services_still_syncs_partially_after_its_first_sync() 
     assert!(!next.full);
     // Only the first sync read the kernel's chains.
     assert_eq!(scratch.read("calls").matches("iptables-save").count(), 1);
+}
+
+#[test]
+fn pod_interfaces_replace_the_cluster_cidr_as_the_local_traffic_detector() {
+    for (interfaces, matched) in [
+        (PodInterfaces::Bridge("cni0".to_owned()), "cni0"),
+        (PodInterfaces::Prefix("veth".to_owned()), "veth+"),
+    ] {
+        let options = cluster_cidr().with_pod_interfaces(Some(interfaces));
+        let nat = render_nat(&one_node_port_service(), &options, &BTreeSet::new());
+        assert_eq!(
+            rules_of(&nat.payload, "KUBE-SVC-")[0],
+            format!(
+                "-A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment \"ns1/svc1:p80 cluster IP\" -m tcp -p tcp -d 172.30.0.41 --dport 80 ! -i {matched} -j KUBE-MARK-MASQ"
+            )
+        );
+        assert!(!nat.payload.contains("10.0.0.0/8"), "{}", nat.payload);
+    }
 }

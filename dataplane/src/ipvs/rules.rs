@@ -331,9 +331,9 @@ fn render_nat(sets: &IpSets, options: &FamilyOptions) -> NatRules {
     nat.set_rules(sets, &NAT_SET_RULES);
 
     if !is_empty(sets, SetId::ClusterIp) {
-        let (source, flags) = match (options.masquerade_all, &options.cluster_cidr) {
+        let (source, flags) = match (options.masquerade_all, &options.local) {
             (true, _) => (String::new(), "dst,dst"),
-            (false, Some(cidr)) => (format!("! -s {cidr} "), "dst,dst"),
+            (false, Some(local)) => (format!("{} ", local.iptables_not()), "dst,dst"),
             // Without a detector only the node's own connections from a VIP are marked.
             (false, None) => (String::new(), "src,dst"),
         };

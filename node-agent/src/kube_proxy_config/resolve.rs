@@ -68,19 +68,6 @@ pub enum LocalDetector {
     InterfaceNamePrefix(String),
 }
 
-impl LocalDetector {
-    /// The detector's name in the configuration (`detectLocalMode`).
-    #[must_use]
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::ClusterCidr(_) => "ClusterCIDR",
-            Self::NodeCidr => "NodeCIDR",
-            Self::BridgeInterface(_) => "BridgeInterface",
-            Self::InterfaceNamePrefix(_) => "InterfaceNamePrefix",
-        }
-    }
-}
-
 /// `ipvs.*`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpvsSettings {

@@ -172,9 +172,9 @@ impl ServiceNat {
         if !plan.has_internal_endpoints || chain != plan.internal_chain() {
             return;
         }
-        let from = match (&options.cluster_cidr, options.masquerade_all) {
+        let from = match (&options.local, options.masquerade_all) {
             (_, true) => String::new(),
-            (Some(cidr), false) => format!(" ! -s {cidr}"),
+            (Some(local), false) => format!(" {}", local.iptables_not()),
             (None, false) => return,
         };
         let why = comment(&format!("{} cluster IP", plan.port_name));
@@ -269,12 +269,13 @@ impl ServiceNat {
         self.declare(chain);
         let port_name = &plan.port_name;
         if plan.external_policy_local {
-            if let Some(cidr) = &options.cluster_cidr {
+            if let Some(local) = &options.local {
                 let rule = format!(
-                    "-m comment --comment {} -s {cidr} -j {}",
+                    "-m comment --comment {} {} -j {}",
                     comment(&format!(
                         "pod traffic for {port_name} external destinations"
                     )),
+                    local.iptables(),
                     plan.cluster_chain,
                 );
                 self.rule(chain, &rule);

@@ -331,10 +331,10 @@ impl<'p, 'a> Port<'p, 'a> {
         let mut rules = Vec::with_capacity(4);
         let plan = self.plan;
         if plan.external_policy_local {
-            if let Some(cidr) = &self.options.common().cluster_cidr {
+            if let Some(local) = &self.options.common().local {
                 rules.push(format!(
-                    "{} saddr {cidr} goto {cluster_chain} comment \"short-circuit pod traffic\"",
-                    self.ip
+                    "{} goto {cluster_chain} comment \"short-circuit pod traffic\"",
+                    local.nft()
                 ));
             }
             rules.push(format!(

@@ -181,12 +181,13 @@ impl Skeleton {
                     "{ip} daddr @cluster-ips mark set mark or {MASQUERADE_MARK} comment \"masquerade all clusterIP traffic\""
                 ),
             );
-        } else if let Some(cidr) = &common.cluster_cidr {
+        } else if let Some(local) = &common.local {
             rule(
                 &mut script,
                 SERVICES,
                 &format!(
-                    "{ip} daddr @cluster-ips {ip} saddr != {cidr} mark set mark or {MASQUERADE_MARK} comment \"masquerade clusterIP traffic from outside cluster\""
+                    "{ip} daddr @cluster-ips {} mark set mark or {MASQUERADE_MARK} comment \"masquerade clusterIP traffic from outside cluster\"",
+                    local.nft_not()
                 ),
             );
         }

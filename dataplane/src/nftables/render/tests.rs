@@ -7,6 +7,7 @@
 use super::*;
 use crate::iptables::RenderOptions;
 use crate::iptables::tests::assert_rules_eq;
+use crate::local_traffic::PodInterfaces;
 use crate::nftables::testing::{
     assert_numbers_apart, draining, ip, local, options_v4, options_v6, ready, service, state, tcp,
 };
@@ -773,5 +774,33 @@ fn rendering_ten_thousand_services_takes_linear_time() {
             rendered.chain_count(),
             15 + 2 * usize::try_from(count).unwrap() + usize::try_from(count / 10).unwrap() * 2
         );
+    }
+}
+
+#[test]
+fn pod_interfaces_replace_the_cluster_cidr_as_the_local_traffic_detector() {
+    for (interfaces, matched) in [
+        (PodInterfaces::Bridge("cni0".to_owned()), "\"cni0\""),
+        (PodInterfaces::Prefix("veth".to_owned()), "\"veth*\""),
+    ] {
+        let options = Options::new(
+            IpFamily::V4,
+            &RenderOptions::default()
+                .with_cluster_cidrs(["10.0.0.0/8".parse().unwrap()])
+                .with_pod_interfaces(Some(interfaces)),
+        );
+        let skeleton = full_script(&ProxyState::default(), &options);
+        assert!(
+            skeleton.contains(&format!(
+                "ip daddr @cluster-ips iifname != {matched} mark set mark or 0x4000 comment \"masquerade clusterIP traffic from outside cluster\""
+            )),
+            "{skeleton}"
+        );
+        let services = services_part(&state(vec![external_local_service()]), &options);
+        assert!(
+            services.contains(&format!("iifname {matched} goto ")),
+            "{services}"
+        );
+        assert!(!services.contains("saddr 10.0.0.0/8"), "{services}");
     }
 }
