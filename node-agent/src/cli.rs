@@ -103,7 +103,7 @@ pub struct Cli {
     /// revision that arrives sooner waits. At most --iptables-sync-period.
     #[arg(long, env = "SPLITPROXY_IPTABLES_MIN_SYNC_PERIOD", value_parser = parse_duration)]
     pub iptables_min_sync_period: Option<Duration>,
-    /// The fwmark bit that marks packets for masquerading; only kube-proxy's default, 14.
+    /// The fwmark bit that marks packets for masquerading, 0 to 31 (default 14: 0x4000).
     #[arg(long)]
     pub iptables_masquerade_bit: Option<i32>,
     /// Whether IPv4 node ports answer on 127.0.0.1 in iptables mode (default true).

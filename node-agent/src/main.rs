@@ -212,6 +212,7 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
         .with_cluster_cidrs(cluster_cidrs)
         .with_pod_interfaces(pod_interfaces)
         .with_masquerade_all(settings.masquerade_all)
+        .with_masquerade_bit(settings.masquerade_bit)
         .with_node_port_addresses(node_port_addresses.clone())
         .with_node_ips(primary_ip)
         .with_localhost_node_ports(localhost_node_ports(&settings))

@@ -109,9 +109,28 @@ fn pods_keep_their_address_and_others_are_masqueraded(cluster: &DemoCluster) -> 
 #[test]
 fn with_masquerade_all_pods_are_masqueraded_to_their_node() -> Result<()> {
     let cluster = DemoCluster::start_with("masqall", &["--masquerade-all"])?;
-    write_service(&cluster, &["web-a", "web-c"])?;
+    pods_are_masqueraded_to_their_node(&cluster)
+}
+
+#[test]
+fn another_masquerade_bit_marks_and_masquerades_all_the_same() -> Result<()> {
+    let cluster = DemoCluster::start_with(
+        "masqbit",
+        &["--masquerade-all", "--iptables-masquerade-bit", "3"],
+    )?;
+    pods_are_masqueraded_to_their_node(&cluster)?;
+    let nat = cluster.run(&cluster.nodes[0], "iptables-save", &["-t", "nat"])?;
+    ensure!(
+        nat.contains("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x8/0x8") && !nat.contains("0x4000"),
+        "{nat}"
+    );
+    Ok(())
+}
+
+fn pods_are_masqueraded_to_their_node(cluster: &DemoCluster) -> Result<()> {
+    write_service(cluster, &["web-a", "web-c"])?;
     for (client, node) in cluster.clients.iter().zip(&cluster.nodes) {
-        expect_seen(&cluster, client, &["web-a", "web-c"], node.ip())?;
+        expect_seen(cluster, client, &["web-a", "web-c"], node.ip())?;
     }
     Ok(())
 }

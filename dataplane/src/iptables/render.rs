@@ -59,8 +59,8 @@ pub const KUBE_NODEPORTS: &str = "KUBE-NODEPORTS";
 pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
 /// The nat chain that masquerades marked packets (jumped to from POSTROUTING).
 pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
-/// The masquerade mark: bit 14, kube-proxy's default `--iptables-masquerade-bit`.
-pub const MASQUERADE_MARK: &str = "0x4000";
+/// kube-proxy's default `--iptables-masquerade-bit`: the mark 0x4000.
+pub const DEFAULT_MASQUERADE_BIT: u8 = 14;
 /// The filter chain rejecting cluster IPs without endpoints (jumped to from FORWARD and OUTPUT).
 pub const FILTER_KUBE_SERVICES: &str = "KUBE-SERVICES";
 /// The filter chain rejecting external IPs, load-balancer IPs and node ports without endpoints
@@ -91,6 +91,9 @@ pub struct RenderOptions {
     /// family and ignores the rest. Empty (the default): no detector, so cluster-IP traffic from
     /// outside the cluster is not masqueraded, as upstream without one.
     pub cluster_cidrs: Vec<Cidr>,
+    /// The fwmark bit that marks packets for masquerading (`masqueradeBit`, 0 to 31; default
+    /// [`DEFAULT_MASQUERADE_BIT`]).
+    pub masquerade_bit: u8,
     /// The interfaces pod traffic arrives on (`BridgeInterface`, `InterfaceNamePrefix`): when
     /// set, the detector instead of [`cluster_cidrs`](Self::cluster_cidrs).
     pub pod_interfaces: Option<PodInterfaces>,
@@ -123,6 +126,7 @@ impl Default for RenderOptions {
     fn default() -> Self {
         Self {
             cluster_cidrs: Vec::new(),
+            masquerade_bit: DEFAULT_MASQUERADE_BIT,
             pod_interfaces: None,
             masquerade_all: false,
             node_port_addresses: None,
@@ -152,6 +156,13 @@ impl RenderOptions {
     #[must_use]
     pub fn with_cluster_cidrs(mut self, cidrs: impl IntoIterator<Item = Cidr>) -> Self {
         self.cluster_cidrs = cidrs.into_iter().collect();
+        self
+    }
+
+    /// Sets [`masquerade_bit`](Self::masquerade_bit).
+    #[must_use]
+    pub fn with_masquerade_bit(mut self, bit: u8) -> Self {
+        self.masquerade_bit = bit;
         self
     }
 
@@ -191,6 +202,8 @@ pub(crate) struct FamilyOptions {
     pub family: IpFamily,
     /// [`RenderOptions::masquerade_all`].
     pub masquerade_all: bool,
+    /// The masquerade mark as the tools print it (`0x4000`).
+    pub masquerade_mark: String,
     /// How the family's pod traffic is told apart (the local-traffic detector), if it is.
     pub local: Option<LocalMatch>,
     /// The family's addresses taking node ports; `None` for every local address.
@@ -215,6 +228,7 @@ impl FamilyOptions {
         Self {
             family,
             masquerade_all: options.masquerade_all,
+            masquerade_mark: format!("{:#x}", 1_u32 << (options.masquerade_bit & 31)),
             local: LocalMatch::for_family(
                 family,
                 options.pod_interfaces.as_ref(),

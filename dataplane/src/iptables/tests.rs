@@ -1932,3 +1932,22 @@ fn pod_interfaces_replace_the_cluster_cidr_as_the_local_traffic_detector() {
         assert!(!nat.payload.contains("10.0.0.0/8"), "{}", nat.payload);
     }
 }
+
+#[test]
+fn the_masquerade_bit_sets_every_mark() {
+    let options = RenderOptions::default().with_masquerade_bit(0);
+    let nat = render_nat(&one_node_port_service(), &options, &BTreeSet::new());
+    assert!(
+        nat.payload
+            .contains("-A KUBE-MARK-MASQ -j MARK --or-mark 0x1\n"),
+        "{}",
+        nat.payload
+    );
+    assert!(
+        nat.payload
+            .contains("-A KUBE-POSTROUTING -m mark ! --mark 0x1/0x1 -j RETURN\n"),
+        "{}",
+        nat.payload
+    );
+    assert!(!nat.payload.contains("0x4000"), "{}", nat.payload);
+}

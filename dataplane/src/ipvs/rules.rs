@@ -34,7 +34,7 @@ use crate::conntrack::IpFamily;
 use crate::iptables::Jump;
 use crate::iptables::render::{
     FamilyOptions, FilterRules, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_POSTROUTING,
-    KUBE_PROXY_FIREWALL, KUBE_SERVICES, MASQUERADE_MARK, NatRules, RenderOptions, comment,
+    KUBE_PROXY_FIREWALL, KUBE_SERVICES, NatRules, RenderOptions, comment,
 };
 use std::net::IpAddr;
 
@@ -123,7 +123,7 @@ pub fn render(sets: &IpSets, options: &RenderOptions) -> IpvsRules {
     let options = FamilyOptions::new(sets.family(), options);
     IpvsRules {
         nat: render_nat(sets, &options),
-        filter: render_filter(sets),
+        filter: render_filter(sets, &options),
     }
 }
 
@@ -387,11 +387,14 @@ fn render_nat(sets: &IpSets, options: &FamilyOptions) -> NatRules {
 
     nat.rule(
         KUBE_POSTROUTING,
-        &format!("-m mark ! --mark {MASQUERADE_MARK}/{MASQUERADE_MARK} -j RETURN"),
+        &format!(
+            "-m mark ! --mark {mark}/{mark} -j RETURN",
+            mark = options.masquerade_mark
+        ),
     );
     nat.rule(
         KUBE_POSTROUTING,
-        &format!("-j MARK --xor-mark {MASQUERADE_MARK}"),
+        &format!("-j MARK --xor-mark {}", options.masquerade_mark),
     );
     // As the iptables mode writes it.
     nat.rule(
@@ -403,7 +406,7 @@ fn render_nat(sets: &IpSets, options: &FamilyOptions) -> NatRules {
     );
     nat.rule(
         KUBE_MARK_MASQ,
-        &format!("-j MARK --or-mark {MASQUERADE_MARK}"),
+        &format!("-j MARK --or-mark {}", options.masquerade_mark),
     );
     let (payload, rule_count) = nat.finish();
     NatRules {
@@ -412,7 +415,8 @@ fn render_nat(sets: &IpSets, options: &FamilyOptions) -> NatRules {
     }
 }
 
-fn render_filter(sets: &IpSets) -> FilterRules {
+fn render_filter(sets: &IpSets, options: &FamilyOptions) -> FilterRules {
+    let mark = &options.masquerade_mark;
     let family = sets.family();
     let mut filter = Table::new("filter", &FILTER_CHAINS);
     filter.set_rules(sets, &FILTER_SET_RULES);
@@ -433,7 +437,7 @@ fn render_filter(sets: &IpSets) -> FilterRules {
     filter.rule(
         KUBE_FORWARD,
         &format!(
-            "-m comment --comment {} -m mark --mark {MASQUERADE_MARK}/{MASQUERADE_MARK} -j ACCEPT",
+            "-m comment --comment {} -m mark --mark {mark}/{mark} -j ACCEPT",
             comment(FORWARDING)
         ),
     );

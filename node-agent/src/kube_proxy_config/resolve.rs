@@ -37,6 +37,8 @@ pub struct Settings {
     pub sync_periods: SyncPeriods,
     /// Masquerade every packet sent to a cluster IP.
     pub masquerade_all: bool,
+    /// The fwmark bit that marks packets for masquerading (the mode's `masqueradeBit`).
+    pub masquerade_bit: u8,
     /// How pod traffic is told from other traffic.
     pub local_detector: LocalDetector,
     /// Whether IPv4 node ports answer on 127.0.0.1 (iptables mode).
@@ -228,16 +230,16 @@ pub fn resolve(config: &KubeProxyConfiguration) -> Result<Settings, InvalidConfi
         let flag = (!flag.is_empty()).then_some(flag);
         if !(0..=31).contains(&bit) {
             problems.add(field, flag, format!("{bit} is not within [0, 31]"));
-        } else if bit != super::defaults::MASQUERADE_BIT {
-            // The rules' mark is fixed at kube-proxy's default; a node with another would mark
-            // packets that no rule here masquerades.
-            problems.add(
-                field,
-                flag,
-                format!("{bit}: only the default, 14, is supported"),
-            );
         }
     }
+    // The nftables mode has its own bit; the iptables and IPVS modes use iptables'.
+    let masquerade_bit = match mode {
+        ProxyMode::Nftables => config.nftables.masquerade_bit,
+        ProxyMode::Iptables | ProxyMode::Ipvs => config.iptables.masquerade_bit,
+    }
+    .and_then(|bit| u8::try_from(bit).ok())
+    .filter(|bit| *bit <= 31)
+    .unwrap_or(splitproxy_dataplane::iptables::render::DEFAULT_MASQUERADE_BIT);
     let local_detector = local_detector(config, &mut problems);
     let node_port_addresses = node_port_addresses(config, &mut problems);
     let ipvs = ipvs(config, &mut problems);
@@ -280,6 +282,7 @@ pub fn resolve(config: &KubeProxyConfiguration) -> Result<Settings, InvalidConfi
             bind_address_hard_fail: config.bind_address_hard_fail,
             sync_periods: sync_periods.unwrap_or_default(),
             masquerade_all: config.masquerade_all(),
+            masquerade_bit,
             local_detector,
             localhost_node_ports: config.iptables.localhost_node_ports.unwrap_or(true),
             node_port_addresses,

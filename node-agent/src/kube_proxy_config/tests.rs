@@ -337,3 +337,17 @@ fn written_configuration_reads_back_the_same() {
     assert!(read.nftables.masquerade_all && !read.iptables.masquerade_all);
     assert!(read.iptables.sync_period.is_zero() && !read.nftables.sync_period.is_zero());
 }
+
+#[test]
+fn the_masquerade_bit_is_the_modes() {
+    assert_eq!(settings(&[]).expect("valid").masquerade_bit, 14);
+    let iptables = settings(&["--iptables-masquerade-bit", "0"]).expect("valid");
+    assert_eq!(iptables.masquerade_bit, 0);
+    let file = with_file(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+         mode: nftables\niptables:\n  masqueradeBit: 3\nnftables:\n  masqueradeBit: 20\n",
+        &[],
+    )
+    .expect("valid");
+    assert_eq!(file.masquerade_bit, 20);
+}

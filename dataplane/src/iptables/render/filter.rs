@@ -4,7 +4,7 @@
 use super::plan::PortPlan;
 use super::{
     FILTER_KUBE_SERVICES, FamilyOptions, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD,
-    KUBE_PROXY_FIREWALL, MASQUERADE_MARK, RenderOptions, TableText, comment, render_service,
+    KUBE_PROXY_FIREWALL, RenderOptions, TableText, comment, render_service,
 };
 use crate::ProxyState;
 use crate::conntrack::IpFamily;
@@ -152,8 +152,9 @@ pub(crate) fn assemble<'a>(
         ));
     }
     table.rule(&format!(
-        "-A {KUBE_FORWARD} -m comment --comment {} -m mark --mark {MASQUERADE_MARK}/{MASQUERADE_MARK} -j ACCEPT",
+        "-A {KUBE_FORWARD} -m comment --comment {} -m mark --mark {mark}/{mark} -j ACCEPT",
         comment("kubernetes forwarding rules"),
+        mark = options.masquerade_mark,
     ));
     table.rule(&format!(
         "-A {KUBE_FORWARD} -m comment --comment {} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",

@@ -4,8 +4,8 @@
 use super::super::chain_names::{endpoint_chain, is_owned};
 use super::plan::PortPlan;
 use super::{
-    FamilyOptions, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_SERVICES,
-    MASQUERADE_MARK, RenderOptions, TableText, comment, probability, render_service,
+    FamilyOptions, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_SERVICES, RenderOptions,
+    TableText, comment, probability, render_service,
 };
 use crate::conntrack::IpFamily;
 use crate::{Endpoint, ProxyState};
@@ -424,15 +424,12 @@ pub(crate) fn assemble<'a>(
         }
     }
     table.rules(services.clone().flat_map(|s| &s.node_ports));
+    let mark = &options.masquerade_mark;
+    table.rule(&format!("-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}"));
     table.rule(&format!(
-        "-A {KUBE_MARK_MASQ} -j MARK --or-mark {MASQUERADE_MARK}"
+        "-A {KUBE_POSTROUTING} -m mark ! --mark {mark}/{mark} -j RETURN"
     ));
-    table.rule(&format!(
-        "-A {KUBE_POSTROUTING} -m mark ! --mark {MASQUERADE_MARK}/{MASQUERADE_MARK} -j RETURN"
-    ));
-    table.rule(&format!(
-        "-A {KUBE_POSTROUTING} -j MARK --xor-mark {MASQUERADE_MARK}"
-    ));
+    table.rule(&format!("-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark}"));
     table.rule(&format!(
         "-A {KUBE_POSTROUTING} -m comment --comment {} -j MASQUERADE --random-fully",
         comment("kubernetes service traffic requiring SNAT"),

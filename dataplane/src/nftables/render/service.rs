@@ -29,7 +29,7 @@
 //! external one.
 
 use super::{AffinitySet, Chain, Container, Element, Numbering, Options, ServiceRules, Slot};
-use crate::iptables::render::{MASQUERADE_MARK, PortPlan};
+use crate::iptables::render::PortPlan;
 use crate::nftables::names::{
     AFFINITY_PREFIX, ENDPOINT_PREFIX, EXTERNAL_PREFIX, FIREWALL_PREFIX, LOCAL_PREFIX,
     SERVICE_PREFIX, endpoint_base, endpoint_map, port_base,
@@ -338,14 +338,16 @@ impl<'p, 'a> Port<'p, 'a> {
                 ));
             }
             rules.push(format!(
-                "fib saddr type local mark set mark or {MASQUERADE_MARK} comment \"masquerade local traffic\""
+                "fib saddr type local mark set mark or {} comment \"masquerade local traffic\"",
+                self.options.common().masquerade_mark
             ));
             rules.push(format!(
                 "fib saddr type local goto {cluster_chain} comment \"short-circuit local traffic\""
             ));
         } else {
             rules.push(format!(
-                "mark set mark or {MASQUERADE_MARK} comment \"masquerade\""
+                "mark set mark or {} comment \"masquerade\"",
+                self.options.common().masquerade_mark
             ));
         }
         if plan.has_external_endpoints {

@@ -8,7 +8,6 @@
 
 use super::{Container, Options};
 use crate::conntrack::IpFamily;
-use crate::iptables::render::MASQUERADE_MARK;
 use crate::nftables::script::{Script, address_type, family_keyword};
 use std::fmt::Write as _;
 
@@ -178,7 +177,8 @@ impl Skeleton {
                 &mut script,
                 SERVICES,
                 &format!(
-                    "{ip} daddr @cluster-ips mark set mark or {MASQUERADE_MARK} comment \"masquerade all clusterIP traffic\""
+                    "{ip} daddr @cluster-ips mark set mark or {} comment \"masquerade all clusterIP traffic\"",
+                    common.masquerade_mark
                 ),
             );
         } else if let Some(local) = &common.local {
@@ -186,8 +186,9 @@ impl Skeleton {
                 &mut script,
                 SERVICES,
                 &format!(
-                    "{ip} daddr @cluster-ips {} mark set mark or {MASQUERADE_MARK} comment \"masquerade clusterIP traffic from outside cluster\"",
-                    local.nft_not()
+                    "{ip} daddr @cluster-ips {} mark set mark or {} comment \"masquerade clusterIP traffic from outside cluster\"",
+                    local.nft_not(),
+                    common.masquerade_mark
                 ),
             );
         }
@@ -238,7 +239,8 @@ impl Skeleton {
             &mut script,
             MASQUERADING,
             &format!(
-                "mark and {MASQUERADE_MARK} != 0 mark set mark xor {MASQUERADE_MARK} masquerade fully-random"
+                "mark and {mark} != 0 mark set mark xor {mark} masquerade fully-random",
+                mark = common.masquerade_mark
             ),
         );
         rule(

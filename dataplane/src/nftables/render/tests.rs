@@ -804,3 +804,23 @@ fn pod_interfaces_replace_the_cluster_cidr_as_the_local_traffic_detector() {
         assert!(!services.contains("saddr 10.0.0.0/8"), "{services}");
     }
 }
+
+#[test]
+fn the_masquerade_bit_sets_every_mark() {
+    let options = Options::new(
+        IpFamily::V4,
+        &RenderOptions::default()
+            .with_masquerade_all(true)
+            .with_masquerade_bit(0),
+    );
+    let skeleton = full_script(&ProxyState::default(), &options);
+    assert!(
+        skeleton.contains("mark set mark or 0x1 comment"),
+        "{skeleton}"
+    );
+    assert!(
+        skeleton.contains("mark and 0x1 != 0 mark set mark xor 0x1 masquerade fully-random"),
+        "{skeleton}"
+    );
+    assert!(!skeleton.contains("0x4000"), "{skeleton}");
+}
