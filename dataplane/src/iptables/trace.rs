@@ -265,12 +265,17 @@ enum CtState {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Target {
+    /// No `-j`: a rule that only counts (or, as kube-proxy's comment rules, only documents).
+    Continue,
     Jump(String),
     Accept,
     Drop,
     Return,
     Reject,
-    Dnat { ip: IpAddr, port: Option<u16> },
+    Dnat {
+        ip: IpAddr,
+        port: Option<u16>,
+    },
     Masquerade,
     Mark(MarkOp),
 }
@@ -809,7 +814,11 @@ fn parse_rule(table: &str, text: &str, words: &[String]) -> Result<Rule> {
         }
         negated = false;
     }
-    Err(unsupported("rule without -j".to_owned()))
+    Ok(Rule {
+        text: text.to_owned(),
+        matches,
+        target: Target::Continue,
+    })
 }
 
 /// The options of a `-m recent` match, collected while a rule is parsed.
@@ -1080,7 +1089,9 @@ impl<'a> Tracer<'a> {
                 Step::Continue(packet)
             }
             // `run` handles the others and never ends a branch on them.
-            Target::Jump(_) | Target::Return | Target::Mark(_) => Step::Continue(packet),
+            Target::Jump(_) | Target::Return | Target::Mark(_) | Target::Continue => {
+                Step::Continue(packet)
+            }
         })
     }
 
@@ -1165,6 +1176,7 @@ impl<'a> Tracer<'a> {
                 packet.mark = operation.apply(packet.mark);
                 self.run(table_name, table, rules, index + 1, packet, depth)
             }
+            Target::Continue => self.run(table_name, table, rules, index + 1, packet, depth),
             Target::Return => Ok(vec![End {
                 packet,
                 exit: Exit::Return,

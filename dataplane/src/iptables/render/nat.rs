@@ -317,7 +317,7 @@ impl ServiceNat {
 
     /// The `KUBE-FW-…` chain: load-balancer traffic from an allowed source goes on to
     /// `KUBE-EXT-…`; the rest falls out untranslated and the filter table's
-    /// `KUBE-PROXY-FIREWALL` drops it.
+    /// `KUBE-PROXY-FIREWALL` drops it, as the chain's last rule (a comment alone) says.
     ///
     /// When a source range holds one of the node's IPs, traffic from the load-balancer IPs
     /// themselves is accepted too, as upstream does: a node that holds its VIP as a local address
@@ -345,6 +345,12 @@ impl ServiceNat {
                 ),
             );
         }
+        // No target: it only tells the reader where the rest goes, as upstream writes it.
+        let rest = comment(&format!(
+            "other traffic to {} will be dropped by KUBE-PROXY-FIREWALL",
+            plan.port_name
+        ));
+        self.rule(chain, &format!("-m comment --comment {rest}"));
     }
 }
 

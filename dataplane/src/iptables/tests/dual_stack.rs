@@ -150,12 +150,13 @@ COMMIT
 -A KUBE-EXT-X27LE4BHSL4DOUIK -m comment --comment "route LOCAL traffic for ns3/svc3:p80 external destinations" -m addrtype --src-type LOCAL -j KUBE-SVC-X27LE4BHSL4DOUIK
 -A KUBE-EXT-X27LE4BHSL4DOUIK -j KUBE-SVL-X27LE4BHSL4DOUIK
 -A KUBE-FW-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 loadbalancer IP" -s 2001:db8:2::/64 -j KUBE-EXT-X27LE4BHSL4DOUIK
+-A KUBE-FW-X27LE4BHSL4DOUIK -m comment --comment "other traffic to ns3/svc3:p80 will be dropped by KUBE-PROXY-FIREWALL"
 COMMIT
 "#;
     assert_eq!(filter.payload, expected_filter, "\n{}", filter.payload);
     assert_eq!(nat.payload, expected_nat, "\n{}", nat.payload);
     assert_eq!(filter.rule_count, 5);
-    assert_eq!(nat.rule_count, 26);
+    assert_eq!(nat.rule_count, 27);
 }
 
 #[test]

@@ -1,0 +1,187 @@
+//! Differential test against upstream kube-proxy: one real API server; upstream kube-proxy of
+//! the pinned release in one network namespace and splitproxy (controller and agent) in
+//! another, both programming node-1 from the same `KubeProxyConfiguration`. A seeded generator
+//! applies rounds of Services and EndpointSlices over every feature; after each round both
+//! nodes' rules must agree (`rule_compare` says what is normalised away and why).
+//!
+//! `SPLITPROXY_DIFF_SEEDS` (comma-separated, default `1,2`), `SPLITPROXY_DIFF_ROUNDS` (default
+//! 3) and `SPLITPROXY_DIFF_SERVICES` (default 24) widen it; `scripts/differential.sh` runs many
+//! seeds. A failure names its seed, which replays it.
+
+use anyhow::{Context, Result, bail};
+use splitproxy_e2e::{
+    addresses::CONTROL_PLANE,
+    control_plane::{Binaries, CONTROLLER_PORT, ControlPlane},
+    eventually,
+    lab::{Lab, Node},
+    rule_compare::Rules,
+    service_generator::{Generator, NAMESPACE, NODE, Round, ZONES},
+    workspace_binary,
+};
+use std::{path::Path, time::Duration};
+
+/// How long both proxies may take to program one round.
+const CONVERGE_TIMEOUT: Duration = Duration::from_secs(180);
+
+fn setting(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+/// Both nodes' rules, every table, both families, in comparable form; `None` until both have
+/// programmed `marker`.
+fn saved(lab: &Lab, nodes: &[Node], marker: &str) -> Result<Option<(Rules, Rules)>> {
+    let mut sides = Vec::new();
+    for node in nodes {
+        let v4 = lab.exec_ok(node, "iptables-save", &[])?;
+        if !v4.contains(&format!("--to-destination {marker}:")) {
+            return Ok(None);
+        }
+        let v6 = lab.exec_ok(node, "ip6tables-save", &[])?;
+        sides.push(Rules::parse(&format!("{v4}{}", v6.replace('*', "*ip6-"))));
+    }
+    let splitproxy = sides.pop().context("two nodes")?;
+    let kube_proxy = sides.pop().context("two nodes")?;
+    Ok(Some((kube_proxy, splitproxy)))
+}
+
+fn apply(lab: &Lab, control_plane: &ControlPlane, dir: &Path, round: &Round) -> Result<()> {
+    if !round.deleted.is_empty() {
+        let mut args = vec!["delete", "service", "-n", NAMESPACE, "--ignore-not-found"];
+        args.extend(round.deleted.iter().map(String::as_str));
+        control_plane.kubectl(lab, &args)?;
+        let selector = format!(
+            "kubernetes.io/service-name in ({})",
+            round.deleted.join(",")
+        );
+        control_plane.kubectl(
+            lab,
+            &["delete", "endpointslices", "-n", NAMESPACE, "-l", &selector],
+        )?;
+    }
+    let file = dir.join("round.yaml");
+    std::fs::write(&file, &round.apply)?;
+    control_plane.kubectl(lab, &["apply", "-f", &file.to_string_lossy()])?;
+    for (service, patch) in &round.statuses {
+        control_plane.kubectl(
+            lab,
+            &[
+                "patch",
+                "service",
+                service,
+                "-n",
+                NAMESPACE,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                patch,
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+#[test]
+fn splitproxy_programs_what_kube_proxy_programs_round_after_round() -> Result<()> {
+    let seeds: Vec<u64> = setting("SPLITPROXY_DIFF_SEEDS", "1,2")
+        .split(',')
+        .map(|seed| seed.trim().parse().context("SPLITPROXY_DIFF_SEEDS"))
+        .collect::<Result<_>>()?;
+    let rounds: usize = setting("SPLITPROXY_DIFF_ROUNDS", "3").parse()?;
+    let size: usize = setting("SPLITPROXY_DIFF_SERVICES", "24").parse()?;
+
+    let binaries = Binaries::ensure()?;
+    let kube_proxy = binaries.kubernetes.join("kube-proxy");
+    let mut lab = Lab::new("differential")?;
+    let cp_host = lab.add_host("cp", CONTROL_PLANE)?;
+    let nodes = lab.add_nodes(2)?;
+    let control_plane = ControlPlane::start(&mut lab, &cp_host, binaries)?;
+    for (node, zone) in nodes.iter().zip(ZONES) {
+        control_plane.register_labelled_node(
+            &lab,
+            node,
+            &[("topology.kubernetes.io/zone", zone)],
+        )?;
+    }
+    control_plane.kubectl(&lab, &["create", "namespace", NAMESPACE])?;
+    let dir = tempfile::tempdir()?;
+    // node-1's own configuration for both; a node that is a network namespace cannot size the
+    // machine's conntrack table, so maxPerCore is 0 (kind's setting).
+    let config = dir.path().join("config.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+             mode: iptables\nclusterCIDR: 10.244.0.0/16\nbindAddress: {}\n\
+             clientConnection:\n  kubeconfig: {}\nconntrack:\n  maxPerCore: 0\n",
+            nodes[0].ip(),
+            control_plane.lan_admin_kubeconfig()?.display()
+        ),
+    )?;
+    let config_flag = format!("--config={}", config.display());
+    let hostname = format!("--hostname-override={NODE}");
+    let kube_proxy = lab.spawn(&nodes[0], &kube_proxy, &[&config_flag, &hostname])?;
+    control_plane.start_controller(&mut lab, &control_plane.admin_kubeconfig())?;
+    // splitproxy's agent in node-2's namespace, as node-1 (its token is node-1's).
+    let token = control_plane.agent_token(&lab, NODE)?;
+    let mut agent_args = vec![
+        config_flag.clone(),
+        hostname.clone(),
+        format!(
+            "--controller={}",
+            control_plane.controller_url(CONTROLLER_PORT)
+        ),
+        format!("--token-file={}", token.display()),
+    ];
+    agent_args.extend(control_plane.controller_tls().agent_flags());
+    let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
+    let agent = lab.spawn(
+        &nodes[1],
+        workspace_binary("splitproxy-agent")?,
+        &agent_args,
+    )?;
+
+    for seed in seeds {
+        let mut generator = Generator::new(seed);
+        for round_number in 0..rounds {
+            let round = generator.round(size);
+            apply(&lab, &control_plane, dir.path(), &round)?;
+            let outcome = eventually(
+                &format!("seed {seed} round {round_number}: the same rules on both nodes"),
+                CONVERGE_TIMEOUT,
+                || {
+                    let Some((kube_proxy, splitproxy)) = saved(&lab, &nodes, &round.marker)? else {
+                        bail!("a proxy has not programmed the round yet");
+                    };
+                    let differences = kube_proxy.differences(&splitproxy);
+                    if !differences.is_empty() {
+                        bail!("{}", differences.join("\n"));
+                    }
+                    // Once more after a pause: a sync may have been half-way.
+                    std::thread::sleep(Duration::from_secs(2));
+                    let Some((kube_proxy, splitproxy)) = saved(&lab, &nodes, &round.marker)? else {
+                        bail!("the marker went away");
+                    };
+                    let differences = kube_proxy.differences(&splitproxy);
+                    if differences.is_empty() {
+                        Ok(())
+                    } else {
+                        bail!("{}", differences.join("\n"))
+                    }
+                },
+            );
+            if let Err(err) = outcome {
+                return Err(err.context(format!(
+                    "replay with SPLITPROXY_DIFF_SEEDS={seed} SPLITPROXY_DIFF_ROUNDS={rounds} \
+                     SPLITPROXY_DIFF_SERVICES={size}\n--- kube-proxy\n{}\n--- splitproxy-agent\n{}",
+                    kube_proxy.log_tail(20),
+                    agent.log_tail(20)
+                )));
+            }
+        }
+        control_plane.kubectl(
+            &lab,
+            &["delete", "service,endpointslices", "--all", "-n", NAMESPACE],
+        )?;
+    }
+    Ok(())
+}
