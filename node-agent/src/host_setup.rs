@@ -67,15 +67,49 @@ pub fn conntrack_max(settings: &ConntrackSettings, cpus: usize) -> Option<u64> {
     })
 }
 
-/// What [`set_conntrack_sysctls`] did.
+/// What the agent did to the node's sysctls.
 #[derive(Debug, Default)]
 pub struct Applied {
     /// The values written.
     pub changed: Vec<Changed>,
-    /// `nf_conntrack_max` when the kernel refused it: it is read-only outside the host's
-    /// network namespace. kube-proxy exits there (kind sets `maxPerCore: 0` for it); the agent
-    /// goes on with the table as it is.
-    pub refused_max: Option<SysctlError>,
+    /// The values the kernel refused: `/proc/sys` read-only in an unprivileged container (a
+    /// privileged `--init-only` init container sets them there), or `nf_conntrack_max`, which
+    /// only the host's network namespace may write. kube-proxy exits on these; the agent says
+    /// so and goes on, its rules work either way.
+    pub refused: Vec<SysctlError>,
+}
+
+impl Applied {
+    /// Records `result`: a refusal is kept, any other failure returned.
+    fn record(&mut self, result: Result<(), SysctlError>) -> Result<bool, SysctlError> {
+        match result {
+            Ok(()) => Ok(true),
+            Err(err) if err.is_refusal() => {
+                self.refused.push(err);
+                Ok(false)
+            }
+            Err(err) => Err(err),
+        }
+    }
+}
+
+impl SysctlError {
+    /// Whether the kernel refused the write (permission, read-only `/proc/sys`), rather than
+    /// the sysctl being missing or the value wrong.
+    #[must_use]
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self.source.kind(),
+            io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem
+        )
+    }
+
+    /// Whether it is about the conntrack table's size, which only the host's network namespace
+    /// may change.
+    #[must_use]
+    pub fn is_table_size(&self) -> bool {
+        self.name.ends_with("nf_conntrack_max") || self.name.ends_with("hashsize")
+    }
 }
 
 /// Sets the conntrack sysctls `settings` ask for, as kube-proxy does on start, in its order;
@@ -83,23 +117,23 @@ pub struct Applied {
 ///
 /// # Errors
 ///
-/// The first sysctl that could not be set, but a refused `nf_conntrack_max` (see
-/// [`Applied::refused_max`]); those before it stay set.
+/// The first sysctl that could not be set for another reason than a refusal (see
+/// [`Applied::refused`]); those before it stay set.
 pub fn set_conntrack_sysctls(
     settings: &ConntrackSettings,
     paths: &Paths,
 ) -> Result<Applied, SysctlError> {
-    let mut changed = Vec::new();
-    let mut refused_max = None;
+    let mut applied = Applied::default();
     if let Some(max) = conntrack_max(settings, online_cpus()) {
-        match set(paths, "net/netfilter/nf_conntrack_max", max, &mut changed) {
-            Err(err) if err.source.kind() == io::ErrorKind::PermissionDenied => {
-                refused_max = Some(err);
-            }
-            result => {
-                result?;
-                grow_hash(paths, max, &mut changed)?;
-            }
+        let result = set(
+            paths,
+            "net/netfilter/nf_conntrack_max",
+            max,
+            &mut applied.changed,
+        );
+        if applied.record(result)? {
+            let result = grow_hash(paths, max, &mut applied.changed);
+            applied.record(result)?;
         }
     }
     let seconds = |duration: Duration| duration.as_secs();
@@ -126,13 +160,16 @@ pub fn set_conntrack_sysctls(
         ),
     ] {
         if let Some(value) = value {
-            set(paths, &format!("net/netfilter/{name}"), value, &mut changed)?;
+            let result = set(
+                paths,
+                &format!("net/netfilter/{name}"),
+                value,
+                &mut applied.changed,
+            );
+            applied.record(result)?;
         }
     }
-    Ok(Applied {
-        changed,
-        refused_max,
-    })
+    Ok(applied)
 }
 
 /// Grows the conntrack hash table to a quarter of `max`, as kube-proxy; it never shrinks it.
@@ -201,15 +238,21 @@ fn read(path: &Path) -> io::Result<u64> {
 }
 
 /// Sets `net/ipv4/conf/all/route_localnet` to 1, which localhost node ports need (kube-proxy's
-/// iptables mode sets it for them); returns whether it changed.
+/// iptables mode sets it for them).
 ///
 /// # Errors
 ///
-/// When the sysctl cannot be written.
-pub fn set_route_localnet(paths: &Paths) -> Result<Option<Changed>, SysctlError> {
-    let mut changed = Vec::new();
-    set(paths, "net/ipv4/conf/all/route_localnet", 1, &mut changed)?;
-    Ok(changed.pop())
+/// When the sysctl cannot be written for another reason than a refusal.
+pub fn set_route_localnet(paths: &Paths) -> Result<Applied, SysctlError> {
+    let mut applied = Applied::default();
+    let result = set(
+        paths,
+        "net/ipv4/conf/all/route_localnet",
+        1,
+        &mut applied.changed,
+    );
+    applied.record(result)?;
+    Ok(applied)
 }
 
 /// Whether conntrack tracks TCP liberally now (`nf_conntrack_tcp_be_liberal` not 0), as

@@ -126,40 +126,8 @@ async fn start(cli: Cli, settings: Settings, node_name: String) -> ExitCode {
     if let Err(err) = host_setup::set_oom_score_adj(settings.oom_score_adj) {
         tracing::debug!(error = %err, "could not set the OOM score adjustment");
     }
-    match host_setup::set_conntrack_sysctls(&settings.conntrack, &host_setup::Paths::default()) {
-        Ok(applied) => {
-            for sysctl in applied.changed {
-                tracing::info!(sysctl = sysctl.name, value = sysctl.value, "set");
-            }
-            if let Some(err) = applied.refused_max {
-                tracing::warn!(
-                    error = format!("{:#}", anyhow::Error::from(err)),
-                    "nf_conntrack_max is read-only here (a network namespace other than the \
-                     host's); leaving it as it is (conntrack.maxPerCore 0 says so)"
-                );
-            }
-        }
-        Err(err) => {
-            tracing::error!(
-                error = format!("{:#}", anyhow::Error::from(err)),
-                "could not set the conntrack sysctls"
-            );
-            return ExitCode::FAILURE;
-        }
-    }
-    if localhost_node_ports(&settings) {
-        tracing::info!(
-            "setting route_localnet=1 for node ports on 127.0.0.1; iptables.localhostNodePorts \
-             false (--iptables-localhost-nodeports=false) or nodePortAddresses without \
-             loopback turn them off"
-        );
-        if let Err(err) = host_setup::set_route_localnet(&host_setup::Paths::default()) {
-            tracing::error!(
-                error = format!("{:#}", anyhow::Error::from(err)),
-                "could not enable localhost node ports"
-            );
-            return ExitCode::FAILURE;
-        }
+    if let Err(code) = set_up_node(&settings, cli.init_only()) {
+        return code;
     }
     if cli.init_only() {
         tracing::info!("the node is set up and --init-only was given; exiting");
@@ -171,6 +139,62 @@ async fn start(cli: Cli, settings: Settings, node_name: String) -> ExitCode {
             tracing::error!(error = format!("{err:#}"), "agent stopped");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Sets the node's sysctls as kube-proxy does. What the kernel refuses is a warning (the rules
+/// work without it), but under `--init-only`, whose job it is, anything beyond the conntrack
+/// table's size (which only the host's network namespace may change) fails.
+fn set_up_node(settings: &Settings, init_only: bool) -> Result<(), ExitCode> {
+    let paths = host_setup::Paths::default();
+    let mut applied = host_setup::set_conntrack_sysctls(&settings.conntrack, &paths);
+    if localhost_node_ports(settings) {
+        tracing::info!(
+            "setting route_localnet=1 for node ports on 127.0.0.1; iptables.localhostNodePorts \
+             false (--iptables-localhost-nodeports=false) or nodePortAddresses without \
+             loopback turn them off"
+        );
+        applied = applied.and_then(|mut applied| {
+            let localnet = host_setup::set_route_localnet(&paths)?;
+            applied.changed.extend(localnet.changed);
+            applied.refused.extend(localnet.refused);
+            Ok(applied)
+        });
+    }
+    let applied = applied.map_err(|err| {
+        tracing::error!(
+            error = format!("{:#}", anyhow::Error::from(err)),
+            "could not set the node's sysctls"
+        );
+        ExitCode::FAILURE
+    })?;
+    for sysctl in applied.changed {
+        tracing::info!(sysctl = sysctl.name, value = sysctl.value, "set");
+    }
+    let mut failed = false;
+    for refused in applied.refused {
+        let fatal = init_only && !refused.is_table_size();
+        let error = format!("{:#}", anyhow::Error::from(refused));
+        if fatal {
+            tracing::error!(
+                error,
+                "the kernel refused a sysctl --init-only is there to set"
+            );
+            failed = true;
+        } else {
+            tracing::warn!(
+                error,
+                "the kernel refused a sysctl kube-proxy sets; leaving it (read-only /proc/sys: \
+                 run `splitproxy-agent --init-only` in a privileged init container, as deploy/ \
+                 does; nf_conntrack_max outside the host's network namespace: set \
+                 conntrack.maxPerCore to 0)"
+            );
+        }
+    }
+    if failed {
+        Err(ExitCode::FAILURE)
+    } else {
+        Ok(())
     }
 }
 
