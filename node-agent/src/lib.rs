@@ -109,9 +109,10 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
             status.clone(),
         ),
     );
-    // kube-proxy binds the health-check node ports on every address (no `nodePortAddresses`).
+    // kube-proxy binds the health-check node ports on every address of each family it serves:
+    // `[::]` takes both where the host has IPv6 (Linux's bindv6only is off by default).
     let health_checks = health_check::HealthChecks::new(
-        std::net::Ipv4Addr::UNSPECIFIED.into(),
+        any_address(),
         status.clone(),
         config.sync_periods.health_timeout(),
     );
@@ -124,6 +125,16 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
         result = metrics_server => result,
         result = health_server => result,
         result = inspection_server => result,
+    }
+}
+
+/// The wildcard address for both families where the host has IPv6, else IPv4's.
+fn any_address() -> std::net::IpAddr {
+    let ipv6 = std::net::Ipv6Addr::UNSPECIFIED;
+    if std::net::TcpListener::bind((ipv6, 0)).is_ok() {
+        ipv6.into()
+    } else {
+        std::net::Ipv4Addr::UNSPECIFIED.into()
     }
 }
 

@@ -72,12 +72,18 @@ fn web<'a>(cluster: &'a DemoCluster, name: &str) -> Result<&'a WebPod> {
 }
 
 /// Waits until the health-check port of node `node` (0-based) answers `code` with `local`
-/// local endpoints, asked from the external host.
+/// local endpoints on its IPv4 and IPv6 addresses, asked from the external host.
 fn expect_health(cluster: &DemoCluster, node: usize, code: u16, local: u64) -> Result<()> {
-    let url = format!(
-        "http://{}:{HEALTH_CHECK_NODE_PORT}/",
-        cluster.nodes[node].ip()
-    );
+    // Both families, as kube-proxy serves each family's health checks.
+    let node = &cluster.nodes[node];
+    for host in [node.ip().to_string(), format!("[{}]", node.ip6())] {
+        expect_health_at(cluster, &host, code, local)?;
+    }
+    Ok(())
+}
+
+fn expect_health_at(cluster: &DemoCluster, host: &str, code: u16, local: u64) -> Result<()> {
+    let url = format!("http://{host}:{HEALTH_CHECK_NODE_PORT}/");
     let what = format!("{url} answers {code} with {local} local endpoints");
     eventually(&what, CONVERGE, || {
         let output = cluster.run(
