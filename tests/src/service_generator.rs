@@ -196,6 +196,12 @@ impl Generator {
         round
     }
 
+    /// How many Services the generator holds now.
+    #[must_use]
+    pub fn services(&self) -> usize {
+        self.services.len()
+    }
+
     fn add(&mut self) -> String {
         let name = format!("svc-{}", self.next_name);
         self.next_name += 1;

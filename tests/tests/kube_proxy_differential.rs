@@ -144,6 +144,7 @@ fn splitproxy_programs_what_kube_proxy_programs_round_after_round() -> Result<()
         let mut generator = Generator::new(seed);
         for round_number in 0..rounds {
             let round = generator.round(size);
+            let started = std::time::Instant::now();
             apply(&lab, &control_plane, dir.path(), &round)?;
             let outcome = eventually(
                 &format!("seed {seed} round {round_number}: the same rules on both nodes"),
@@ -169,6 +170,13 @@ fn splitproxy_programs_what_kube_proxy_programs_round_after_round() -> Result<()
                     }
                 },
             );
+            if outcome.is_ok() {
+                eprintln!(
+                    "seed {seed} round {round_number}: {} Services, the same rules after {:.1} s",
+                    generator.services(),
+                    started.elapsed().as_secs_f64()
+                );
+            }
             if let Err(err) = outcome {
                 return Err(err.context(format!(
                     "replay with SPLITPROXY_DIFF_SEEDS={seed} SPLITPROXY_DIFF_ROUNDS={rounds} \
