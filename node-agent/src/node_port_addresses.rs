@@ -73,15 +73,15 @@ pub fn select(
     Some(chosen)
 }
 
-/// Whether `selection` takes IPv4 loopback addresses, as kube-proxy asks before it serves
-/// localhost node ports: unset (every address) or a CIDR holding 127.0.0.1.
+/// Whether `selection` takes every IPv4 address, loopback included (unset, or a CIDR matching
+/// everything): only then are node ports served on 127.0.0.1. Upstream also serves them for a
+/// CIDR holding 127.0.0.1, but the agent never selects loopback addresses by CIDR.
 #[must_use]
 pub fn includes_ipv4_loopback(selection: &[NodePortAddress]) -> bool {
-    let loopback = IpAddr::from(std::net::Ipv4Addr::LOCALHOST);
     selection.is_empty()
         || selection.iter().any(|value| {
             matches!(value, NodePortAddress::Cidr(cidr)
-                if cidr.contains(loopback) || cidr.address.is_loopback())
+                if cidr.prefix == 0 && cidr.address.is_ipv4())
         })
 }
 
@@ -166,9 +166,9 @@ mod tests {
     }
 
     #[test]
-    fn loopback_is_included_when_unset_or_inside_a_cidr() {
+    fn loopback_is_included_only_when_every_address_is() {
         assert!(includes_ipv4_loopback(&[]));
-        assert!(includes_ipv4_loopback(&values(&["127.0.0.0/8"])));
+        assert!(!includes_ipv4_loopback(&values(&["127.0.0.0/8"])));
         assert!(includes_ipv4_loopback(&values(&["0.0.0.0/0"])));
         assert!(!includes_ipv4_loopback(&values(&["198.18.0.0/24", "::/0"])));
         assert!(!includes_ipv4_loopback(&values(&["primary"])));

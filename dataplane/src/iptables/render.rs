@@ -111,9 +111,10 @@ pub struct RenderOptions {
     /// Empty (the default): no such rule.
     pub node_ips: Vec<IpAddr>,
     /// Whether IPv4 node ports answer on the node's loopback addresses (kube-proxy's
-    /// `localhostNodePorts`, on by default): the agent sets `route_localnet` for them, and the
-    /// filter table drops what else reaches 127.0.0.0/8 from outside. Off, and always in IPv6,
-    /// the node-port jump leaves loopback out.
+    /// `localhostNodePorts`, on by default), when they are taken on every address: the agent
+    /// sets `route_localnet` for them, and the filter table drops what else reaches
+    /// 127.0.0.0/8 from outside. Off, and always in IPv6, the node-port jump leaves loopback
+    /// out.
     pub localhost_node_ports: bool,
     /// Whether conntrack tracks TCP liberally (`nf_conntrack_tcp_be_liberal`, read when the
     /// agent starts, as upstream reads it): then `KUBE-FORWARD` drops no INVALID packets.
@@ -236,7 +237,10 @@ impl FamilyOptions {
             ),
             node_port_addresses: options.node_port_addresses.as_deref().map(of_family),
             node_ips: of_family(&options.node_ips),
-            localhost_node_ports: family == IpFamily::V4 && options.localhost_node_ports,
+            // As upstream: only when node ports are taken on every address, loopback included.
+            localhost_node_ports: family == IpFamily::V4
+                && options.localhost_node_ports
+                && options.node_port_addresses.is_none(),
             tcp_be_liberal: options.tcp_be_liberal,
         }
     }

@@ -166,6 +166,21 @@ async fn clean(mode: &Mode, scenario: &Scenario) -> Result<()> {
                 Iptables::with_config(iptables::Config::default().with_family(family))
                     .cleanup()
                     .await?;
+                // The cleanup leaves kubelet's KUBE-FIREWALL, as kube-proxy's does; this node
+                // has no kubelet, and its localnet rule would outlive the scenario.
+                let tool = match family {
+                    IpFamily::V4 => "iptables",
+                    IpFamily::V6 => "ip6tables",
+                };
+                for args in [
+                    &["-D", "INPUT", "-j", "KUBE-FIREWALL"][..],
+                    &["-D", "OUTPUT", "-j", "KUBE-FIREWALL"],
+                    &["-F", "KUBE-FIREWALL"],
+                    &["-X", "KUBE-FIREWALL"],
+                ] {
+                    // Absent when the scenario never synced: nothing to remove.
+                    let _ = Command::new(tool).args(args).output();
+                }
             }
         }
         Mode::Nftables(_) => {
