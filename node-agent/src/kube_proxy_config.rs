@@ -116,11 +116,8 @@ pub fn write(config: &KubeProxyConfiguration, path: &Path) -> Result<(), Error> 
 
 /// What the agent ignores of a configuration because the controller does it, for one log
 /// line: the API-server connection and its resync period.
-#[must_use]
-pub fn moot_fields() -> &'static str {
-    "clientConnection, configSyncPeriod and --master are accepted and unused: the controller \
-     watches the API server and streams this node's view"
-}
+pub const MOOT_FIELDS: &str = "clientConnection, configSyncPeriod and --master are accepted and \
+     unused: the controller watches the API server and streams this node's view";
 
 #[cfg(test)]
 mod tests;

@@ -118,7 +118,7 @@ async fn start(cli: Cli, settings: Settings, node_name: String) -> ExitCode {
         }
     }
     if cli.config.is_some() || cli.kubeconfig.is_some() || cli.master.is_some() {
-        tracing::info!("{}", kube_proxy_config::moot_fields());
+        tracing::info!("{}", kube_proxy_config::MOOT_FIELDS);
     }
     if cli.cleanup() {
         return cleanup(settings.ipvs.exclude_cidrs).await;

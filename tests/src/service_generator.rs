@@ -7,6 +7,7 @@
 //! settles such a conflict by Go map order in its endpoint-slice cache, which no other
 //! implementation can reproduce.
 
+// `choose(…).expect("not empty")` below picks from constant, non-empty arrays: it cannot fail.
 use rand::{Rng, SeedableRng, rngs::StdRng, seq::IndexedRandom};
 use std::{collections::BTreeMap, fmt::Write as _};
 
