@@ -11,7 +11,7 @@ use crate::{
 use anyhow::{Context as _, bail};
 use serde::Serialize;
 use splitproxy_agent::{
-    client::{self, ClientConfig},
+    client::{self, ClientConfig, Controllers},
     runner::SyncPeriods,
     status::Status,
     sync::Applier,
@@ -217,7 +217,7 @@ async fn hollow_agent(
     let status = Status::default();
     let metrics = splitproxy_agent::metrics::Metrics::new(&mut Default::default());
     let config = ClientConfig {
-        controllers: vec![url],
+        controllers: Controllers::Listed(vec![url]),
         node_name: node,
         proxy_mode: pb::ProxyMode::Iptables,
         min_backoff: Duration::from_millis(100),

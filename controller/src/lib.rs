@@ -13,6 +13,7 @@ pub mod kubernetes;
 pub mod manifests;
 pub mod metrics;
 pub mod server;
+pub mod serving_ca;
 pub mod source;
 pub mod topology;
 pub mod view;

@@ -8,7 +8,7 @@ use splitproxy_controller::{
     kubernetes::KubernetesSource,
     manifests::ManifestsDir,
     metrics::Metrics,
-    server,
+    server, serving_ca,
 };
 use splitproxy_telemetry::trace;
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
@@ -69,6 +69,28 @@ struct Cli {
         requires = "tls_cert_file"
     )]
     tls_private_key_file: Option<PathBuf>,
+    /// Serve TLS with a certificate issued at start from the CA in this Secret
+    /// (NAMESPACE/NAME, type kubernetes.io/tls), which the first replica creates; its
+    /// certificate is published as `ca.crt` in the ConfigMap of the same name for agents.
+    #[arg(
+        long,
+        env = "SPLITPROXY_TLS_CA_SECRET",
+        conflicts_with_all = ["tls_cert_file", "manifests"],
+        requires = "tls_san",
+        value_parser = parse_namespaced_name
+    )]
+    tls_ca_secret: Option<(String, String)>,
+    /// The DNS names and IP addresses the certificate issued with --tls-ca-secret is valid for
+    /// (comma-separated or repeated); agents finding controllers through their Service check
+    /// `NAME.NAMESPACE.svc`.
+    #[arg(
+        long,
+        env = "SPLITPROXY_TLS_SANS",
+        value_delimiter = ',',
+        requires = "tls_ca_secret",
+        value_parser = parse_san
+    )]
+    tls_san: Vec<String>,
     /// With --manifests: a file of `token,node` lines; an agent must present one of these
     /// tokens and receives only that node's view. Without it, the manifests source lets any
     /// agent subscribe as any node. (With the Kubernetes source, agents' ServiceAccount tokens
@@ -80,7 +102,7 @@ struct Cli {
         long,
         env = "SPLITPROXY_AGENT_SERVICE_ACCOUNT",
         default_value = "splitproxy-system/splitproxy-agent",
-        value_parser = parse_service_account
+        value_parser = parse_namespaced_name
     )]
     agent_service_account: (String, String),
     /// The audience agents' tokens must be issued for.
@@ -93,7 +115,7 @@ struct Cli {
 }
 
 /// Parses `NAMESPACE/NAME`.
-fn parse_service_account(value: &str) -> Result<(String, String), String> {
+fn parse_namespaced_name(value: &str) -> Result<(String, String), String> {
     match value.split_once('/') {
         Some((namespace, name))
             if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
@@ -102,6 +124,11 @@ fn parse_service_account(value: &str) -> Result<(String, String), String> {
         }
         _ => Err(format!("{value:?} is not NAMESPACE/NAME")),
     }
+}
+
+/// Parses one of `--tls-san`: an IP address or a DNS name.
+fn parse_san(value: &str) -> Result<String, String> {
+    serving_ca::check_name(value).map(|()| value.to_owned())
 }
 
 /// Parses `--master`: an absolute `http(s)://HOST[:PORT]` URL.
@@ -168,13 +195,42 @@ fn main() -> ExitCode {
     code
 }
 
+/// Where the controller reads Services, EndpointSlices and Nodes from.
+enum Input {
+    Manifests(PathBuf),
+    Cluster(kube::Client),
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let tls = tls_identity(&cli)?;
+    let mut tls = tls_identity(&cli)?;
     let selector = ServiceSelector {
         service_proxy_name: cli.service_proxy_name,
     };
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
+    let input = match cli.manifests {
+        Some(dir) => Input::Manifests(dir),
+        None => Input::Cluster(kube_client(cli.kubeconfig.as_deref(), cli.master).await?),
+    };
+    let mut renewal = None;
+    if let (Some((namespace, name)), Input::Cluster(client)) = (&cli.tls_ca_secret, &input) {
+        let issued = serving_ca::load_or_create(client, namespace, name)
+            .await?
+            .issue(&cli.tls_san, time::OffsetDateTime::now_utc())?;
+        tracing::info!(
+            names = ?cli.tls_san,
+            not_after = %issued.not_after,
+            "issued the serving certificate from the CA in Secret {namespace}/{name}"
+        );
+        renewal = Some(serving_ca::renewal_time(
+            issued.not_after,
+            rand::random::<f64>(),
+        ));
+        tls = Some(tonic::transport::Identity::from_pem(
+            issued.chain_pem,
+            issued.key_pem,
+        ));
+    }
     if tls.is_none() {
         tracing::warn!("serving node views without TLS: agents' tokens travel in clear text");
     }
@@ -186,8 +242,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tls,
         };
         let (listen, inspection) = (cli.listen, cli.inspection_bind_address);
-        match cli.manifests {
-            Some(dir) => {
+        match input {
+            Input::Manifests(dir) => {
                 serving.auth = match &cli.agent_tokens_file {
                     Some(file) => {
                         let tokens = StaticTokens::read(file)?;
@@ -206,8 +262,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 };
                 server::run(listen, inspection, ManifestsDir::new(dir), serving).await
             }
-            None => {
-                let client = kube_client(cli.kubeconfig.as_deref(), cli.master).await?;
+            Input::Cluster(client) => {
                 let (namespace, name) = &cli.agent_service_account;
                 serving.auth = AgentAuth::Review(Arc::new(TokenReviewer::new(
                     client.clone(),
@@ -228,11 +283,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         result = metrics_server => result.map_err(|err| {
             anyhow::Error::from(err).context(format!("metrics server on {}", cli.metrics_bind_address))
         }),
+        () = renew_at(renewal) => Err(anyhow::anyhow!(
+            "the serving certificate is due for renewal; exiting so the restart issues a new one"
+        )),
         _ = tokio::signal::ctrl_c() => {
             tracing::info!("interrupted; stopping");
             Ok(())
         }
     }
+}
+
+/// Returns at `at`, never without it.
+async fn renew_at(at: Option<time::OffsetDateTime>) {
+    let Some(at) = at else {
+        return std::future::pending().await;
+    };
+    let wait = at - time::OffsetDateTime::now_utc();
+    tokio::time::sleep(wait.try_into().unwrap_or_default()).await;
 }
 
 /// The TLS certificate and key of the node view port, if configured.

@@ -6,7 +6,7 @@
 //! node-1 (the agent's node) and 10.244.2.0/24 on node-2.
 
 use splitproxy_agent::{
-    client::{self, ClientConfig},
+    client::{self, ClientConfig, Controllers},
     metrics::Metrics,
     status::Status,
     sync::Applier,
@@ -152,7 +152,7 @@ fn agent(tasks: &mut Tasks, controllers: Vec<String>) -> (RecordingDataplane, St
     // The registry's type comes from the agent's signature; the test reads the metrics directly.
     let metrics = Metrics::new(&mut Default::default());
     let config = ClientConfig {
-        controllers,
+        controllers: Controllers::Listed(controllers),
         node_name: NODE.into(),
         proxy_mode: pb::ProxyMode::Iptables,
         min_backoff: Duration::from_millis(20),

@@ -5,7 +5,9 @@
 //! [`crate::kube_proxy_config`] turns the flags, or a `--config` file, into settings with
 //! kube-proxy's defaults and checks.
 
-use crate::{duration::parse_duration, node_port_addresses::NodePortAddress};
+use crate::{
+    discovery::ControllerService, duration::parse_duration, node_port_addresses::NodePortAddress,
+};
 use clap::{Parser, ValueEnum, builder::BoolishValueParser};
 use splitproxy_dataplane::Cidr;
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
@@ -19,9 +21,20 @@ pub struct Cli {
         long = "controller",
         env = "SPLITPROXY_CONTROLLERS",
         value_delimiter = ',',
-        required_unless_present_any = ["cleanup", "write_config_to", "init_only"]
+        required_unless_present_any = ["controller_service", "cleanup", "write_config_to", "init_only"]
     )]
     pub controllers: Vec<String>,
+    /// The controllers' Service (NAMESPACE/NAME): its ready endpoints, listed from the API
+    /// server (found as kube-proxy finds it: --kubeconfig or the config's
+    /// clientConnection.kubeconfig, else in-cluster, with --master's address) when connecting.
+    /// Their certificates must name NAME.NAMESPACE.svc.
+    #[arg(
+        long,
+        env = "SPLITPROXY_CONTROLLER_SERVICE",
+        conflicts_with = "controllers",
+        value_parser = clap::value_parser!(ControllerService)
+    )]
+    pub controller_service: Option<ControllerService>,
     /// File holding the token that proves this node's identity to controllers (a Pod-bound
     /// ServiceAccount token for the controller's audience, or a static token); read again on
     /// every connection, as the kubelet rotates it.
@@ -211,11 +224,13 @@ pub struct Cli {
     #[arg(long)]
     pub logging_format: Option<String>,
 
-    /// kube-proxy's API server connection (moot: the controller watches the API server).
+    /// kube-proxy's API server connection: used only by --controller-service (the controller
+    /// watches the API server).
     #[arg(long)]
     pub kubeconfig: Option<String>,
-    /// kube-proxy's API server address (moot: the controller watches the API server).
-    #[arg(long)]
+    /// The API server's address, replacing the kubeconfig's (or the in-cluster one): used only
+    /// by --controller-service.
+    #[arg(long, env = "SPLITPROXY_MASTER")]
     pub master: Option<String>,
     /// Moot: the controller watches the API server.
     #[arg(long)]

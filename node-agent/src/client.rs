@@ -5,6 +5,7 @@
 
 use crate::{
     credentials::{CredentialError, Credentials},
+    discovery::Discovery,
     metrics::Metrics,
     state::{NodeState, Revision},
     status::Status,
@@ -24,8 +25,8 @@ use tracing::Instrument;
 /// Where and as whom the client connects.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// Controller URLs, tried in turn.
-    pub controllers: Vec<String>,
+    /// The controllers, tried in turn.
+    pub controllers: Controllers,
     /// The node this agent programs.
     pub node_name: String,
     /// The proxy mode reported to the controller.
@@ -36,6 +37,45 @@ pub struct ClientConfig {
     pub max_backoff: Duration,
     /// The trusted CA and the token identifying the node.
     pub credentials: Credentials,
+}
+
+/// Where the controller replicas are.
+#[derive(Debug, Clone)]
+pub enum Controllers {
+    /// These URLs.
+    Listed(Vec<String>),
+    /// The ready endpoints of a Service, listed again for each pass over them.
+    Discovered(Discovery),
+}
+
+impl Controllers {
+    /// Whether there is nothing to connect to, ever.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        matches!(self, Self::Listed(urls) if urls.is_empty())
+    }
+
+    /// The URLs to try in the next pass; `last` (the previous pass) when discovery fails, so
+    /// an unreachable API server does not keep the node from controllers it knew.
+    async fn next_pass(&self, last: Vec<String>) -> Vec<String> {
+        match self {
+            Self::Listed(urls) => urls.clone(),
+            Self::Discovered(discovery) => match discovery.controllers().await {
+                Ok(urls) => {
+                    tracing::debug!(?urls, "found controllers");
+                    urls
+                }
+                Err(err) => {
+                    tracing::warn!(
+                        error = %error_chain(&err),
+                        known = last.len(),
+                        "cannot list the controllers; trying the ones known"
+                    );
+                    last
+                }
+            },
+        }
+    }
 }
 
 /// How often the agent pings its controller over HTTP/2. A controller that hangs or is cut off
@@ -72,33 +112,37 @@ pub async fn run<D: Dataplane>(
     metrics: Metrics,
 ) {
     let mut backoff = config.min_backoff;
-    let mut attempt = 0usize;
+    let mut pass = Vec::new();
+    let mut next = 0;
     loop {
-        let Some(controller) = config
-            .controllers
-            .get(attempt % config.controllers.len().max(1))
-        else {
-            tracing::error!("no controller to connect to");
-            return;
-        };
-        attempt += 1;
-        status.update(|s| s.controller.clone_from(controller));
-        let mut progressed = false;
-        let result = stream_once(
-            &config,
-            controller,
-            &mut applier,
-            &status,
-            &metrics,
-            &mut progressed,
-        )
-        .await;
-        status.update(|s| s.connected = false);
-        if let Err(err) = result {
-            tracing::warn!(%controller, error = %error_chain(&err), "controller stream ended");
+        if next >= pass.len() {
+            pass = applier
+                .resync_while(config.controllers.next_pass(pass))
+                .await;
+            next = 0;
         }
-        if progressed {
-            backoff = config.min_backoff;
+        if let Some(controller) = pass.get(next) {
+            next += 1;
+            status.update(|s| s.controller.clone_from(controller));
+            let mut progressed = false;
+            let result = stream_once(
+                &config,
+                controller,
+                &mut applier,
+                &status,
+                &metrics,
+                &mut progressed,
+            )
+            .await;
+            status.update(|s| s.connected = false);
+            if let Err(err) = result {
+                tracing::warn!(%controller, error = %error_chain(&err), "controller stream ended");
+            }
+            if progressed {
+                backoff = config.min_backoff;
+            }
+        } else {
+            tracing::warn!("no ready controller to connect to");
         }
         metrics.reconnects.inc();
         let delay = jitter(backoff);

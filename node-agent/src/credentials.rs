@@ -12,16 +12,21 @@ use tonic::{
 pub struct Credentials {
     /// The file holding the token; read on every connection, as the kubelet rotates it.
     pub token_file: Option<PathBuf>,
-    /// The CA certificates controllers' TLS certificates must chain to; without it, the
-    /// system's trust roots are not used and `https://` controllers cannot be reached.
-    pub ca: Option<Certificate>,
+    /// The file of CA certificates controllers' TLS certificates must chain to; without it,
+    /// the system's trust roots are not used and `https://` controllers cannot be reached. Read
+    /// on every connection: a controller-managed CA is published after the agent may start.
+    pub ca_file: Option<PathBuf>,
+    /// The name controllers' certificates must hold, when not the host of their URL (agents
+    /// that find replicas by address check the Service's name).
+    pub server_name: Option<String>,
 }
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Credentials")
             .field("token_file", &self.token_file)
-            .field("ca", &self.ca.is_some())
+            .field("ca_file", &self.ca_file)
+            .field("server_name", &self.server_name)
             .finish()
     }
 }
@@ -35,24 +40,32 @@ pub enum CredentialError {
     /// The token is empty or not valid metadata text.
     #[error("the token file {0} holds no usable token")]
     Unusable(String),
+    /// The CA file cannot be read.
+    #[error("reading the controller CA file {0}")]
+    ReadCa(String, #[source] std::io::Error),
     /// TLS could not be configured for the endpoint.
     #[error("configuring TLS")]
     Tls(#[source] tonic::transport::Error),
 }
 
 impl Credentials {
-    /// `endpoint` with TLS when its URL is `https://`, trusting [`Self::ca`].
+    /// `endpoint` with TLS when its URL is `https://`, trusting [`Self::ca_file`]'s CAs.
     ///
     /// # Errors
     ///
-    /// If TLS cannot be configured.
+    /// If the CA file cannot be read or TLS cannot be configured.
     pub fn secure(&self, endpoint: Endpoint) -> Result<Endpoint, CredentialError> {
         if endpoint.uri().scheme_str() != Some("https") {
             return Ok(endpoint);
         }
         let mut tls = ClientTlsConfig::new();
-        if let Some(ca) = &self.ca {
-            tls = tls.ca_certificate(ca.clone());
+        if let Some(file) = &self.ca_file {
+            let pem = std::fs::read(file)
+                .map_err(|err| CredentialError::ReadCa(file.display().to_string(), err))?;
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
+        }
+        if let Some(name) = &self.server_name {
+            tls = tls.domain_name(name);
         }
         endpoint.tls_config(tls).map_err(CredentialError::Tls)
     }
@@ -88,7 +101,7 @@ mod tests {
         let file = tempfile::NamedTempFile::new().expect("temp file");
         let credentials = Credentials {
             token_file: Some(file.path().to_owned()),
-            ca: None,
+            ..Credentials::default()
         };
         for token in ["first", "rotated"] {
             std::fs::write(file.path(), format!("{token}\n")).expect("write");
@@ -110,7 +123,7 @@ mod tests {
         std::fs::write(file.path(), "bad\ntoken\u{7f}").expect("write");
         let credentials = Credentials {
             token_file: Some(file.path().to_owned()),
-            ca: None,
+            ..Credentials::default()
         };
         let err = credentials
             .authorize(&mut tonic::Request::new(()))

@@ -115,9 +115,10 @@ pub fn write(config: &KubeProxyConfiguration, path: &Path) -> Result<(), Error> 
 }
 
 /// What the agent ignores of a configuration because the controller does it, for one log
-/// line: the API-server connection and its resync period.
-pub const MOOT_FIELDS: &str = "clientConnection, configSyncPeriod and --master are accepted and \
-     unused: the controller watches the API server and streams this node's view";
+/// line: the API-server client's tuning and the resync period.
+pub const MOOT_FIELDS: &str = "configSyncPeriod and clientConnection's qps, burst and content \
+     types are accepted and unused: the controller watches the API server and streams this \
+     node's view (clientConnection.kubeconfig and --master serve only --controller-service)";
 
 #[cfg(test)]
 mod tests;

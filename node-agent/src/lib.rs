@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod client;
 pub mod credentials;
+pub mod discovery;
 pub mod duration;
 pub mod health_check;
 pub mod host_setup;

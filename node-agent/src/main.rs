@@ -4,8 +4,9 @@ use clap::Parser;
 use splitproxy_agent::{
     Config,
     cli::{Cli, ProxyMode},
-    client::ClientConfig,
+    client::{ClientConfig, Controllers},
     credentials::Credentials,
+    discovery::{ControllerService, Discovery},
     host_setup,
     kube_proxy_config::{self, LocalDetector, Settings},
     node_port_addresses::{
@@ -213,9 +214,35 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
              ClusterCIDR, BridgeInterface or InterfaceNamePrefix"
         ),
     };
+    let controllers = match cli.controller_service.clone() {
+        Some(service) => {
+            let discovery = Discovery::new(
+                settings.kubeconfig.as_deref(),
+                cli.master.as_deref(),
+                service,
+            )
+            .await
+            .map_err(|err| {
+                anyhow::Error::from(err).context("finding the controllers through their Service")
+            })?;
+            tracing::info!(
+                api_server = discovery.api_server(),
+                service = %discovery.service().server_name(),
+                "finding the controllers through the API server"
+            );
+            Controllers::Discovered(discovery)
+        }
+        None => Controllers::Listed(cli.controllers),
+    };
+    // Without --bind-address: the address the node reaches its controllers (or the API server
+    // listing them) from.
+    let toward = match &controllers {
+        Controllers::Listed(urls) => urls.first().map_or("", String::as_str),
+        Controllers::Discovered(discovery) => discovery.api_server(),
+    };
     let primary_ip = match settings.bind_address {
         Some(ip) => Some(ip),
-        None => match primary_toward(cli.controllers.first().map_or("", String::as_str)) {
+        None => match primary_toward(toward) {
             Ok(ip) => Some(ip),
             Err(err) => {
                 tracing::warn!(error = %err, "cannot tell the node's primary IP; set --bind-address");
@@ -225,13 +252,6 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
     };
     let node_port_addresses = node_port_addresses(&settings, primary_ip)
         .map_err(|err| anyhow::anyhow!("cannot resolve --nodeport-addresses: {err}"))?;
-    let ca = cli
-        .controller_ca_file
-        .as_deref()
-        .map(std::fs::read)
-        .transpose()
-        .map_err(|err| anyhow::anyhow!("cannot read --controller-ca-file: {err}"))?
-        .map(tonic::transport::Certificate::from_pem);
     let render = RenderOptions::default()
         .with_cluster_cidrs(cluster_cidrs)
         .with_pod_interfaces(pod_interfaces)
@@ -254,15 +274,19 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
     };
     let config = Config {
         client: ClientConfig {
-            controllers: cli.controllers,
+            credentials: Credentials {
+                token_file: cli.token_file,
+                ca_file: cli.controller_ca_file,
+                server_name: cli
+                    .controller_service
+                    .as_ref()
+                    .map(ControllerService::server_name),
+            },
+            controllers,
             node_name,
             proxy_mode: wire_mode(settings.mode),
             min_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
-            credentials: Credentials {
-                token_file: cli.token_file,
-                ca,
-            },
         },
         sync_periods: settings.sync_periods,
         metrics_bind_address: settings.metrics_bind_address,

@@ -202,6 +202,22 @@ impl ControlPlane {
         kubeconfig: &Path,
         port: u16,
     ) -> Result<Process> {
+        self.start_controller_with_tls(lab, kubeconfig, port, &self.tls.controller_flags())
+    }
+
+    /// [`start_controller_on`](Self::start_controller_on) with `tls` for TLS flags instead of
+    /// the [`controller_tls`](Self::controller_tls) certificate's.
+    ///
+    /// # Errors
+    ///
+    /// If the binary is missing or cannot start.
+    pub fn start_controller_with_tls(
+        &self,
+        lab: &mut Lab,
+        kubeconfig: &Path,
+        port: u16,
+        tls: &[String],
+    ) -> Result<Process> {
         let mut args = vec![
             "--kubeconfig".to_owned(),
             path(kubeconfig),
@@ -212,7 +228,7 @@ impl ControlPlane {
             "--inspection-bind-address".to_owned(),
             format!("127.0.0.1:{}", port + 3),
         ];
-        args.extend(self.tls.controller_flags());
+        args.extend_from_slice(tls);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         lab.spawn(
             &self.host,

@@ -174,62 +174,6 @@ fn expired_copy(token: &str, signing_key: &Path, dir: &Path) -> Result<String> {
     ))
 }
 
-/// `deploy/generate-certs.sh` stores a certificate for the given address, signed by the CA it
-/// publishes for agents, in the objects `deploy/` mounts.
-fn check_generate_certs(lab: &Lab, control_plane: &ControlPlane, ip: &str) -> Result<()> {
-    let out = tempfile::tempdir()?;
-    let out_dir = out.path().to_string_lossy().into_owned();
-    let kubectl_dir = Binaries::ensure()?.kubernetes;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/generate-certs.sh");
-    let path = format!("PATH={}:/usr/bin:/bin", kubectl_dir.display());
-    let kubeconfig = format!("KUBECONFIG={}", control_plane.admin_kubeconfig().display());
-    lab.exec_ok(
-        control_plane.host(),
-        "env",
-        &[&path, &kubeconfig, &script.to_string_lossy(), &out_dir, ip],
-    )?;
-    let ca = out.path().join("ca.crt");
-    let verified = lab.exec_ok(
-        control_plane.host(),
-        "openssl",
-        &[
-            "verify",
-            "-CAfile",
-            &ca.to_string_lossy(),
-            "-verify_ip",
-            ip,
-            &out.path().join("tls.crt").to_string_lossy(),
-        ],
-    )?;
-    ensure!(verified.contains(": OK"), "{verified}");
-    let published = control_plane.kubectl(
-        lab,
-        &[
-            "-n",
-            AGENT_NAMESPACE,
-            "get",
-            "configmap",
-            "splitproxy-controller-ca",
-            "-o=jsonpath={.data.ca\\.crt}",
-        ],
-    )?;
-    ensure!(
-        published.trim() == std::fs::read_to_string(&ca)?.trim(),
-        "the published CA is not the one that signed the certificate"
-    );
-    control_plane.kubectl(
-        lab,
-        &[
-            "-n",
-            AGENT_NAMESPACE,
-            "get",
-            "secret",
-            "splitproxy-controller-tls",
-        ],
-    )?;
-    Ok(())
-}
-
 #[test]
 fn api_server_reviews_decide_which_node_a_token_may_receive() -> Result<()> {
     let binaries = Binaries::ensure()?;
@@ -387,8 +331,6 @@ spec:
             "a token of a deleted Pod",
         )
     })?;
-
-    check_generate_certs(&lab, &control_plane, &cp_host.ip().to_string())?;
 
     let logs = format!("{}\n{}", controller.log(), agent.log());
     expect_no_secret_in(

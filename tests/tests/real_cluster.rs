@@ -1,10 +1,12 @@
 //! splitproxy installed the way a user installs it, on a real cluster (`scripts/cluster.sh`):
-//! images built here and imported into four kubelet nodes, `deploy/generate-certs.sh`, then
-//! `kubectl apply -k` of an overlay of `deploy/` that sets only images and addresses. No
-//! kube-proxy is ever installed. Needs root; slow (the first run builds the images).
+//! images built here and imported into four kubelet nodes, then `kubectl apply -k` of an overlay
+//! of `deploy/` that sets only the images, the mode, the cluster CIDR and the API server's
+//! address. No kube-proxy is ever installed, and nobody makes certificates. Needs root; slow (the
+//! first run builds the images).
 //!
-//! What a cluster operator would check: the cluster DNS answers through its Service IP on a new
-//! cluster; a rolling update of the agent DaemonSet and then of the controller Deployment, under
+//! What a cluster operator would check: the controllers run on ordinary nodes (the control-plane
+//! nodes are tainted), with the CA they made themselves, and the agents find them through their
+//! Service; the cluster DNS answers through its Service IP on a new cluster; a rolling update of the agent DaemonSet and then of the controller Deployment, under
 //! steady traffic from pods to a Service name and to a node port, loses no request; and after
 //! every node's rules are flushed and every splitproxy process killed at once (a full restart of
 //! the cluster, as far as Service rules go) Services come back with nobody acting.
@@ -270,6 +272,28 @@ fn splitproxy_from_deploy_serves_a_real_cluster_through_rollouts_and_restarts() 
         "jsonpath={.status.numberReady}",
     ])?;
     ensure!(agents == NODES.len().to_string(), "{agents} agents ready");
+    let controller_nodes = cluster.kubectl(&[
+        "-n",
+        SPLITPROXY_NAMESPACE,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=splitproxy-controller",
+        "-o",
+        "jsonpath={.items[*].spec.nodeName}",
+    ])?;
+    let controller_nodes: Vec<&str> = controller_nodes.split_whitespace().collect();
+    ensure!(
+        controller_nodes.len() == 2 && controller_nodes.iter().all(|node| !node.starts_with("cp-")),
+        "the controllers run on {controller_nodes:?}, not on two ordinary nodes"
+    );
+    cluster.kubectl(&[
+        "-n",
+        SPLITPROXY_NAMESPACE,
+        "get",
+        "secret,configmap",
+        "splitproxy-controller-ca",
+    ])?;
 
     cluster.apply(&workload())?;
     for pod in ["by-name", "by-node-port"] {

@@ -51,6 +51,9 @@ pub struct Settings {
     pub oom_score_adj: i32,
     /// The conntrack sysctls to set.
     pub conntrack: ConntrackSettings,
+    /// The kubeconfig (`clientConnection.kubeconfig`) that finds the API server, which
+    /// `--controller-service` reads.
+    pub kubeconfig: Option<std::path::PathBuf>,
     /// Log verbosity (klog's `-v`).
     pub verbosity: u32,
     /// Log lines as JSON rather than text.
@@ -289,6 +292,9 @@ pub fn resolve(config: &KubeProxyConfiguration) -> Result<Settings, InvalidConfi
             ipvs,
             oom_score_adj,
             conntrack,
+            kubeconfig: Some(config.client_connection.kubeconfig.clone())
+                .filter(|path| !path.is_empty())
+                .map(Into::into),
             verbosity: config.logging.verbosity,
             json_logs,
         })

@@ -76,7 +76,13 @@ fn no_flags_give_kube_proxys_defaults() {
 #[test]
 fn kubeadms_configmap_reads_as_kube_proxys_defaults_with_its_cluster_cidr() {
     let from_file = with_file(KUBEADM_CONFIG, &[]).expect("kubeadm's file is valid");
-    let from_flags = settings(&["--cluster-cidr", "10.244.0.0/16"]).expect("valid");
+    let from_flags = settings(&[
+        "--cluster-cidr",
+        "10.244.0.0/16",
+        "--kubeconfig",
+        "/var/lib/kube-proxy/kubeconfig.conf",
+    ])
+    .expect("valid");
     assert_eq!(from_file, from_flags);
 }
 

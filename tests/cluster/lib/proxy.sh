@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Sourced by tests/cluster/cluster.sh: the cluster's Service proxy. splitproxy is installed as a
-# user installs it (scripts/images.sh, deploy/generate-certs.sh, then `kubectl apply -k` of an
-# overlay of deploy/ that sets only the images and the addresses); kube-proxy as kubeadm
+# user installs it (scripts/images.sh, then `kubectl apply -k` of an overlay of deploy/ that sets
+# only the images, the proxy mode, the cluster CIDR and the API server's address); kube-proxy as kubeadm
 # installs it. One at a time: installing another first removes the one in place and cleans the
 # nodes' rules with `splitproxy-agent --cleanup`.
 
@@ -14,9 +14,8 @@ proxy_installed() {
 
 # _splitproxy_overlay MODE: the overlay of deploy/ for this cluster, in the cluster's folder.
 _splitproxy_overlay() {
-    local dir="$CLUSTER_DIR/splitproxy-overlay" controllers
+    local dir="$CLUSTER_DIR/splitproxy-overlay"
     mkdir -p "$dir"
-    controllers="https://${NODE_IP[cp-1]}:10660,https://${NODE_IP[cp-2]}:10660"
     cat >"$dir/kustomization.yaml" <<YAML
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
@@ -32,10 +31,9 @@ configMapGenerator:
 - name: agent-config
   behavior: merge
   literals:
-  - SPLITPROXY_CONTROLLERS=$controllers
   - SPLITPROXY_PROXY_MODE=$1
   - SPLITPROXY_CLUSTER_CIDR=$POD_CIDR
-- name: controller-config
+- name: api-server
   behavior: merge
   literals:
   - SPLITPROXY_MASTER=$API_SERVER
@@ -98,9 +96,6 @@ proxy_install() {
     case $proxy in
         splitproxy-*)
             mode=${proxy#splitproxy-}
-            KUBECONFIG="$CLUSTER_DIR/admin.kubeconfig" PATH="$KUBE_BIN:$PATH" \
-                "$REPO/deploy/generate-certs.sh" "$CLUSTER_DIR/splitproxy-pki" \
-                "${NODE_IP[cp-1]}" "${NODE_IP[cp-2]}" >/dev/null
             kc apply -k "$(_splitproxy_overlay "$mode")" >/dev/null
             kc -n splitproxy-system rollout status deployment/splitproxy-controller --timeout=300s >&2
             kc -n splitproxy-system rollout status daemonset/splitproxy-agent --timeout=300s >&2

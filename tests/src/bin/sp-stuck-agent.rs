@@ -21,7 +21,6 @@ use splitproxy_proto::v1alpha1::{
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Certificate;
 
 /// The initial HTTP/2 window (RFC 9113 §6.9.2), the smallest a client can ask for.
 const INITIAL_WINDOW: u32 = 65_535;
@@ -61,12 +60,8 @@ async fn main() -> Result<()> {
     let cli = Cli::parse();
     let credentials = Credentials {
         token_file: cli.token_file.clone(),
-        ca: match &cli.ca_file {
-            Some(file) => Some(Certificate::from_pem(
-                std::fs::read(file).context("reading the CA")?,
-            )),
-            None => None,
-        },
+        ca_file: cli.ca_file.clone(),
+        server_name: None,
     };
     let endpoint = tonic::transport::Endpoint::from_shared(cli.controller.clone())
         .context("invalid controller URL")?;
