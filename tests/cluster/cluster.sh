@@ -112,7 +112,7 @@ case ${1:-} in
     status) cmd_status ;;
     kubeconfig) echo "$CLUSTER_DIR/admin.kubeconfig" ;;
     install)
-        [[ $# -eq 2 ]] || die "usage: $0 install splitproxy-iptables|splitproxy-nftables|kube-proxy"
+        [[ $# -eq 2 ]] || die "usage: $0 install splitproxy-iptables|splitproxy-nftables|kube-proxy|splitproxy-migrated"
         _binaries
         proxy_install "$2"
         ;;

@@ -30,6 +30,9 @@ pub enum Proxy {
     SplitproxyNftables,
     /// Upstream kube-proxy as kubeadm installs it (iptables mode).
     KubeProxy,
+    /// kube-proxy (installed first if it is not) turned into splitproxy in place by
+    /// `deploy/migrate-from-kube-proxy`.
+    SplitproxyMigrated,
 }
 
 impl Proxy {
@@ -40,6 +43,7 @@ impl Proxy {
             Self::SplitproxyIptables => "splitproxy-iptables",
             Self::SplitproxyNftables => "splitproxy-nftables",
             Self::KubeProxy => "kube-proxy",
+            Self::SplitproxyMigrated => "splitproxy-migrated",
         }
     }
 }

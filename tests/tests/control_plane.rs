@@ -97,7 +97,10 @@ fn services_from_a_real_api_server_reach_ready_pods_and_survive_its_restart() ->
     let control_plane = ControlPlane::start(&mut lab, &cp_host, binaries)?;
 
     // The controller runs as its own ServiceAccount, with exactly the deploy/ RBAC.
-    control_plane.kubectl(&lab, &["apply", "-f", &repo_path("deploy/namespace.yaml")])?;
+    control_plane.kubectl(
+        &lab,
+        &["apply", "-f", &repo_path("deploy/base/namespace.yaml")],
+    )?;
     // The whole deploy/ base is accepted by the real API server (dry run: it needs images).
     control_plane
         .kubectl(
@@ -105,6 +108,17 @@ fn services_from_a_real_api_server_reach_ready_pods_and_survive_its_restart() ->
             &["apply", "--dry-run=server", "-k", &repo_path("deploy")],
         )
         .context("deploy/ must pass server-side validation")?;
+    control_plane
+        .kubectl(
+            &lab,
+            &[
+                "apply",
+                "--dry-run=server",
+                "-k",
+                &repo_path("deploy/migrate-from-kube-proxy"),
+            ],
+        )
+        .context("deploy/migrate-from-kube-proxy must pass server-side validation")?;
 
     control_plane.kubectl(
         &lab,
@@ -113,15 +127,46 @@ fn services_from_a_real_api_server_reach_ready_pods_and_survive_its_restart() ->
             "-n",
             "splitproxy-system",
             "-f",
-            &repo_path("deploy/rbac.yaml"),
+            &repo_path("deploy/base/rbac.yaml"),
         ],
     )?;
-    let account = "system:serviceaccount:splitproxy-system:splitproxy-controller";
-    let permissions = control_plane.kubectl(
+    // Reading the cluster, and asking the API server whose agent token is whose; in its own
+    // namespace, keeping its CA. The agent only finds the controllers.
+    let cluster_wide = [
+        ("services", "", "list watch"),
+        ("nodes", "", "list watch"),
+        ("endpointslices.discovery.k8s.io", "", "list watch"),
+        ("tokenreviews.authentication.k8s.io", "", "create"),
+    ];
+    let mut own_namespace = cluster_wide.to_vec();
+    own_namespace.extend([
+        ("secrets", "", "create"),
+        ("configmaps", "", "create"),
+        ("secrets", "splitproxy-controller-ca", "get"),
+        ("configmaps", "splitproxy-controller-ca", "get patch"),
+    ]);
+    check_least_privilege(
+        &control_plane,
         &lab,
-        &["auth", "can-i", "--list", &format!("--as={account}")],
+        "splitproxy-controller",
+        "default",
+        &cluster_wide,
     )?;
-    check_least_privilege(&permissions)?;
+    check_least_privilege(
+        &control_plane,
+        &lab,
+        "splitproxy-controller",
+        "splitproxy-system",
+        &own_namespace,
+    )?;
+    check_least_privilege(&control_plane, &lab, "splitproxy-agent", "default", &[])?;
+    check_least_privilege(
+        &control_plane,
+        &lab,
+        "splitproxy-agent",
+        "splitproxy-system",
+        &[("endpointslices.discovery.k8s.io", "", "list")],
+    )?;
     let token = control_plane.kubectl(
         &lab,
         &[
@@ -458,41 +503,73 @@ spec:
 
 /// The controller's account may list and watch Services, EndpointSlices and Nodes, and otherwise
 /// only do what every authenticated user may (discovery, self reviews).
-fn check_least_privilege(can_i: &str) -> Result<()> {
+/// One row of `kubectl auth can-i --list`: resource, resource names, verbs.
+type Grant = (String, String, String);
+
+/// The rows of `kubectl auth can-i --list` but the ones every account has and non-resource URLs.
+fn grants(can_i: &str) -> BTreeSet<Grant> {
     let everyone = [
         "selfsubjectreviews.authentication.k8s.io",
         "selfsubjectaccessreviews.authorization.k8s.io",
         "selfsubjectrulesreviews.authorization.k8s.io",
     ];
-    // Reading the cluster, and asking the API server whose agent token is whose.
-    let needed = [
-        ("services", "[list watch]"),
-        ("nodes", "[list watch]"),
-        ("endpointslices.discovery.k8s.io", "[list watch]"),
-        ("tokenreviews.authentication.k8s.io", "[create]"),
-    ];
     let mut granted = BTreeSet::new();
     for line in can_i.lines().skip(1) {
-        let columns: Vec<&str> = line.split_whitespace().collect();
-        let Some(resource) = columns.first() else {
+        // RESOURCE [NON-RESOURCE URLS] [RESOURCE NAMES] [VERBS]; non-resource rows start with
+        // an empty resource column.
+        let Some((resource, rest)) = line.split_once(char::is_whitespace) else {
             continue;
         };
-        if resource.starts_with('/') || line.trim_start().starts_with('[') {
-            continue; // non-resource URLs (discovery, health)
-        }
-        let verbs = line.rfind('[').map_or("", |i| line[i..].trim());
-        if everyone.contains(resource) {
+        if resource.is_empty() || resource.starts_with('/') || everyone.contains(&resource) {
             continue;
         }
-        ensure!(
-            needed.contains(&(*resource, verbs)),
-            "the controller may do more than it needs: {line:?}\n{can_i}"
-        );
-        granted.insert(*resource);
+        let groups: Vec<&str> = rest
+            .split('[')
+            .skip(1)
+            .map(|group| group.trim().trim_end_matches(']'))
+            .collect();
+        if let [_, names, verbs] = groups[..] {
+            granted.insert((resource.to_owned(), names.to_owned(), verbs.to_owned()));
+        }
     }
+    granted
+}
+
+/// `account` may do exactly `needed` (resource, resource names, verbs) in `namespace`.
+fn check_least_privilege(
+    control_plane: &ControlPlane,
+    lab: &Lab,
+    account: &str,
+    namespace: &str,
+    needed: &[(&str, &str, &str)],
+) -> Result<()> {
+    let can_i = control_plane.kubectl(
+        lab,
+        &[
+            "auth",
+            "can-i",
+            "--list",
+            "-n",
+            namespace,
+            &format!("--as=system:serviceaccount:splitproxy-system:{account}"),
+        ],
+    )?;
+    let needed: BTreeSet<Grant> = needed
+        .iter()
+        .map(|(resource, names, verbs)| {
+            (
+                (*resource).to_owned(),
+                (*names).to_owned(),
+                (*verbs).to_owned(),
+            )
+        })
+        .collect();
+    let granted = grants(&can_i);
     ensure!(
-        granted.len() == needed.len(),
-        "missing permissions, got {granted:?}:\n{can_i}"
+        granted == needed,
+        "{account} in {namespace}: more than it needs {:?}, missing {:?}:\n{can_i}",
+        granted.difference(&needed).collect::<Vec<_>>(),
+        needed.difference(&granted).collect::<Vec<_>>()
     );
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! A controller deployment that needs no control-plane node and no person making certificates,
-//! against the real API server, with `deploy/rbac.yaml`'s permissions and nothing more: the
+//! against the real API server, with `deploy/base/rbac.yaml`'s permissions and nothing more: the
 //! replicas make one CA between them in a Secret and publish it; the agent finds the ready
 //! replicas in their Service's EndpointSlices (no VIP, no address list), checks their
 //! certificates against the Service's name, and follows when the ready replica changes.
@@ -149,7 +149,7 @@ fn agents_find_controllers_through_their_service_and_trust_the_ca_the_controller
     let cp_ip = cp_host.ip().to_string();
     // deploy/'s ServiceAccounts and permissions, in the namespace kustomize would give them.
     control_plane.kubectl(&lab, &["create", "namespace", AGENT_NAMESPACE])?;
-    let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/rbac.yaml");
+    let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/rbac.yaml");
     control_plane.kubectl(
         &lab,
         &[

@@ -18,7 +18,10 @@ use splitproxy_e2e::{
         DNS_SERVICE_IP, KUBERNETES_SERVICE_IP, NODES, Proxy, RealCluster, SPLITPROXY_NAMESPACE,
     },
 };
-use std::time::{Duration, Instant};
+use std::{
+    sync::{Mutex, PoisonError},
+    time::{Duration, Instant},
+};
 
 /// Generous bounds: four kubelets, the control plane and the workload share two cores.
 const READY: Duration = Duration::from_secs(300);
@@ -151,6 +154,68 @@ impl Tally {
     }
 }
 
+/// Starts the workload and waits until the cluster DNS answers and both clients succeed.
+fn start_traffic(cluster: &RealCluster) -> Result<()> {
+    cluster.apply(&workload())?;
+    for pod in CLIENTS {
+        cluster.wait_ready(NAMESPACE, pod, READY)?;
+    }
+    cluster.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "rollout",
+        "status",
+        "deployment/web",
+        &format!("--timeout={}s", READY.as_secs()),
+    ])?;
+    eventually(
+        "the cluster DNS answers through its Service IP",
+        READY,
+        || dns_answers(cluster),
+    )?;
+    // Both clients succeed before anything is disturbed.
+    eventually("both clients succeed", READY, || {
+        let before = Tally::now(cluster)?;
+        std::thread::sleep(Duration::from_secs(3));
+        for (sent, failed) in before.since(cluster)? {
+            ensure!(
+                sent > 0 && failed.is_empty(),
+                "{} of {sent} failed",
+                failed.len()
+            );
+        }
+        Ok(())
+    })
+}
+
+/// The controllers run in `namespace` on two nodes that are not control-plane nodes, with the
+/// CA they made.
+fn controllers_on_ordinary_nodes(cluster: &RealCluster, namespace: &str) -> Result<()> {
+    let nodes = cluster.kubectl(&[
+        "-n",
+        namespace,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=splitproxy-controller",
+        "-o",
+        "jsonpath={.items[*].spec.nodeName}",
+    ])?;
+    let nodes: Vec<&str> = nodes.split_whitespace().collect();
+    ensure!(
+        nodes.len() == 2 && nodes.iter().all(|node| !node.starts_with("cp-")),
+        "the controllers run on {nodes:?}, not on two ordinary nodes"
+    );
+    cluster.kubectl(&[
+        "-n",
+        namespace,
+        "get",
+        "secret,configmap",
+        "splitproxy-controller-ca",
+    ])?;
+    Ok(())
+}
+
 /// Runs `step` under the clients' traffic; prints and checks that no request failed.
 fn without_loss(
     cluster: &RealCluster,
@@ -254,8 +319,12 @@ fn restart_everything() -> Result<()> {
     Ok(())
 }
 
+/// The tests share the one lab cluster: one at a time.
+static ONE_CLUSTER: Mutex<()> = Mutex::new(());
+
 #[test]
 fn splitproxy_from_deploy_serves_a_real_cluster_through_rollouts_and_restarts() -> Result<()> {
+    let _cluster = ONE_CLUSTER.lock().unwrap_or_else(PoisonError::into_inner);
     let cluster = RealCluster::fresh()?;
     let started = Instant::now();
     cluster.install(Proxy::SplitproxyIptables)?;
@@ -272,59 +341,9 @@ fn splitproxy_from_deploy_serves_a_real_cluster_through_rollouts_and_restarts() 
         "jsonpath={.status.numberReady}",
     ])?;
     ensure!(agents == NODES.len().to_string(), "{agents} agents ready");
-    let controller_nodes = cluster.kubectl(&[
-        "-n",
-        SPLITPROXY_NAMESPACE,
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=splitproxy-controller",
-        "-o",
-        "jsonpath={.items[*].spec.nodeName}",
-    ])?;
-    let controller_nodes: Vec<&str> = controller_nodes.split_whitespace().collect();
-    ensure!(
-        controller_nodes.len() == 2 && controller_nodes.iter().all(|node| !node.starts_with("cp-")),
-        "the controllers run on {controller_nodes:?}, not on two ordinary nodes"
-    );
-    cluster.kubectl(&[
-        "-n",
-        SPLITPROXY_NAMESPACE,
-        "get",
-        "secret,configmap",
-        "splitproxy-controller-ca",
-    ])?;
+    controllers_on_ordinary_nodes(&cluster, SPLITPROXY_NAMESPACE)?;
 
-    cluster.apply(&workload())?;
-    for pod in ["by-name", "by-node-port"] {
-        cluster.wait_ready(NAMESPACE, pod, READY)?;
-    }
-    cluster.kubectl(&[
-        "-n",
-        NAMESPACE,
-        "rollout",
-        "status",
-        "deployment/web",
-        &format!("--timeout={}s", READY.as_secs()),
-    ])?;
-    eventually(
-        "the cluster DNS answers through its Service IP",
-        READY,
-        || dns_answers(&cluster),
-    )?;
-    // Both clients succeed before anything is disturbed.
-    eventually("both clients succeed", READY, || {
-        let before = Tally::now(&cluster)?;
-        std::thread::sleep(Duration::from_secs(3));
-        for (sent, failed) in before.since(&cluster)? {
-            ensure!(
-                sent > 0 && failed.is_empty(),
-                "{} of {sent} failed",
-                failed.len()
-            );
-        }
-        Ok(())
-    })?;
+    start_traffic(&cluster)?;
 
     without_loss(&cluster, "agent DaemonSet rollout", || {
         rollout(&cluster, "daemonset/splitproxy-agent")
@@ -360,4 +379,68 @@ fn splitproxy_from_deploy_serves_a_real_cluster_through_rollouts_and_restarts() 
         recovered.as_secs_f64()
     );
     cluster.down()
+}
+
+#[test]
+fn kubeadms_kube_proxy_turns_into_splitproxy_in_place_without_loss() -> Result<()> {
+    let _cluster = ONE_CLUSTER.lock().unwrap_or_else(PoisonError::into_inner);
+    let cluster = RealCluster::fresh()?;
+    cluster.install(Proxy::KubeProxy)?;
+    start_traffic(&cluster)?;
+    // kubeadm's DaemonSet and ConfigMap stay; the overlay changes the DaemonSet's image and
+    // command, and node by node kube-proxy hands its chains to the agent.
+    without_loss(&cluster, "migration from kube-proxy", || {
+        cluster.install(Proxy::SplitproxyMigrated)
+    })?;
+    let images = cluster.kubectl(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "k8s-app=kube-proxy",
+        "-o",
+        "jsonpath={.items[*].spec.containers[0].image}",
+    ])?;
+    let images: Vec<&str> = images.split_whitespace().collect();
+    ensure!(
+        images.len() == NODES.len()
+            && images
+                .iter()
+                .all(|image| image.contains("splitproxy/agent")),
+        "the kube-proxy Pods run {images:?}"
+    );
+    controllers_on_ordinary_nodes(&cluster, "kube-system")?;
+    // A Service made now is programmed by the agents (not left over from kube-proxy): they
+    // follow the controllers.
+    cluster.apply(&format!(
+        "apiVersion: v1
+kind: Service
+metadata:
+  name: web-after
+  namespace: {NAMESPACE}
+spec:
+  selector:
+    app: web
+  ports:
+  - port: 80
+    targetPort: 8080
+"
+    ))?;
+    eventually("a Service made after the migration answers", READY, || {
+        cluster
+            .exec(
+                NAMESPACE,
+                "by-name",
+                &[
+                    "curl",
+                    "-sS",
+                    "-m",
+                    "2",
+                    &format!("http://web-after.{NAMESPACE}.svc.cluster.local/hostname"),
+                ],
+            )
+            .map(drop)
+    })?;
+    dns_answers(&cluster)
 }

@@ -41,6 +41,25 @@ YAML
     echo "$dir"
 }
 
+# _migration_overlay: deploy/migrate-from-kube-proxy with this cluster's image tags, which turns
+# the installed kube-proxy into splitproxy in place and needs no address.
+_migration_overlay() {
+    local dir="$CLUSTER_DIR/splitproxy-migration"
+    mkdir -p "$dir"
+    cat >"$dir/kustomization.yaml" <<YAML
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- $(realpath --relative-to="$dir" "$REPO/deploy/migrate-from-kube-proxy")
+images:
+- name: localhost/splitproxy/agent
+  newTag: $SPLITPROXY_TAG
+- name: localhost/splitproxy/controller
+  newTag: $SPLITPROXY_TAG
+YAML
+    echo "$dir"
+}
+
 _kube_proxy_manifest() {
     sed -e "s|@MODE@|$1|g" -e "s|@POD_CIDR@|$POD_CIDR|g" -e "s|@API_SERVER@|$API_SERVER|g" \
         -e "s|@KUBE_PROXY_IMAGE@|$KUBE_PROXY_IMAGE|g" "$CLUSTER/manifests/kube-proxy.yaml"
@@ -61,6 +80,10 @@ _proxy_remove() {
     installed="$(proxy_installed)"
     case $installed in
         none) return 0 ;;
+        splitproxy-migrated)
+            kc delete --wait -k "$CLUSTER_DIR/splitproxy-migration" --ignore-not-found >/dev/null
+            _kube_proxy_manifest iptables | kc delete --wait --ignore-not-found -f - >/dev/null
+            ;;
         splitproxy-*) kc delete --wait -k "$CLUSTER_DIR/splitproxy-overlay" --ignore-not-found >/dev/null ;;
         kube-proxy) _kube_proxy_manifest iptables | kc delete --wait --ignore-not-found -f - >/dev/null ;;
     esac
@@ -83,17 +106,29 @@ _no_proxy_pods() {
 }
 
 # proxy_install PROXY: installs PROXY and waits until it runs on every node and the cluster DNS
-# answers through its Service.
+# answers through its Service. splitproxy-migrated is kube-proxy (installed first if it is not)
+# turned into splitproxy in place by deploy/migrate-from-kube-proxy, as a rolling update.
 proxy_install() {
     local proxy=$1 installed mode
     case $proxy in
-        splitproxy-iptables | splitproxy-nftables | kube-proxy) ;;
-        *) die "unknown proxy $proxy (splitproxy-iptables, splitproxy-nftables, kube-proxy)" ;;
+        splitproxy-iptables | splitproxy-nftables | kube-proxy | splitproxy-migrated) ;;
+        *) die "unknown proxy $proxy (splitproxy-iptables, splitproxy-nftables, kube-proxy, splitproxy-migrated)" ;;
     esac
     installed="$(proxy_installed)"
-    [[ $installed == "$proxy" || $installed == none ]] || _proxy_remove
+    if [[ $proxy == splitproxy-migrated && $installed != "$proxy" ]]; then
+        [[ $installed == kube-proxy ]] || proxy_install kube-proxy
+        installed=kube-proxy
+    elif [[ $installed != "$proxy" && $installed != none ]]; then
+        _proxy_remove
+    fi
     _splitproxy_images >/dev/null
     case $proxy in
+        splitproxy-migrated)
+            # As an operator would on a kubeadm cluster, whose DaemonSet kubeadm created.
+            kc apply --server-side --force-conflicts -k "$(_migration_overlay)" >/dev/null
+            kc -n kube-system rollout status deployment/splitproxy-controller --timeout=300s >&2
+            kc -n kube-system rollout status daemonset/kube-proxy --timeout=600s >&2
+            ;;
         splitproxy-*)
             mode=${proxy#splitproxy-}
             kc apply -k "$(_splitproxy_overlay "$mode")" >/dev/null
