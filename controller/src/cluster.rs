@@ -182,6 +182,8 @@ pub struct NodeInfo {
     pub topology: NodeTopology,
     /// Why the node is not eligible for new connections; `None` while it is.
     pub ineligible: Option<Ineligible>,
+    /// `spec.podCIDRs` (or the older `spec.podCIDR`), as written.
+    pub pod_cidrs: Vec<String>,
 }
 
 impl NodeInfo {
@@ -191,6 +193,15 @@ impl NodeInfo {
         Self {
             topology: NodeTopology::of(node),
             ineligible: Ineligible::of(node),
+            pod_cidrs: node
+                .spec
+                .as_ref()
+                .map(|spec| match (&spec.pod_cidrs, &spec.pod_cidr) {
+                    (Some(cidrs), _) if !cidrs.is_empty() => cidrs.clone(),
+                    (_, Some(cidr)) if !cidr.is_empty() => vec![cidr.clone()],
+                    _ => Vec::new(),
+                })
+                .unwrap_or_default(),
         }
     }
 }

@@ -45,7 +45,8 @@ impl Ineligible {
     }
 }
 
-/// The status sent to the agent of a node the cluster knows as `known` (`None`: not at all).
+/// The status sent to the agent of a node the cluster knows as `known` (`None`: not at all): its
+/// eligibility and, passed along, its pod CIDRs.
 #[must_use]
 pub fn status(known: Option<&NodeInfo>) -> pb::NodeStatus {
     let ineligible = match known {
@@ -55,6 +56,7 @@ pub fn status(known: Option<&NodeInfo>) -> pb::NodeStatus {
     pb::NodeStatus {
         eligible: ineligible.is_none(),
         reason: ineligible.map(|i| i.to_string()).unwrap_or_default(),
+        pod_cidrs: known.map(|node| node.pod_cidrs.clone()).unwrap_or_default(),
     }
 }
 

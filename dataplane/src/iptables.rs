@@ -373,6 +373,13 @@ impl Dataplane for Iptables {
         }
         result
     }
+
+    fn set_local_cidrs(&mut self, cidrs: Vec<crate::Cidr>) {
+        self.tools.config_mut().render.cluster_cidrs = cidrs;
+        // Every Service's rules match local traffic: render them all again, in a full sync.
+        self.rendered = Rendered::default();
+        self.in_kernel = false;
+    }
 }
 
 impl Iptables {

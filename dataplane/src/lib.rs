@@ -143,4 +143,12 @@ pub trait Dataplane: Send + 'static {
         &mut self,
         state: &ProxyState,
     ) -> impl Future<Output = Result<SyncReport, Self::Error>> + Send;
+
+    /// Replaces the CIDRs pod traffic is told by (the cluster CIDRs of the local-traffic
+    /// detector), as kube-proxy's `NodeCIDR` detector follows its Node's `podCIDRs`. Every
+    /// Service's rules use them, so the next sync writes all rules again. A backend without the
+    /// detector ignores them.
+    fn set_local_cidrs(&mut self, cidrs: Vec<Cidr>) {
+        let _ = cidrs;
+    }
 }

@@ -62,6 +62,8 @@ pub struct Config {
     pub bind_address_hard_fail: bool,
     /// Address of the gRPC inspection server.
     pub inspection_bind_address: SocketAddr,
+    /// Whether pod traffic is told by the Node's pod CIDRs (kube-proxy's `NodeCIDR` detector).
+    pub node_cidr_detector: bool,
 }
 
 /// Binds every listener, then runs the stream client and the servers until a server fails.
@@ -117,9 +119,12 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
         status.clone(),
         config.sync_periods.health_timeout(),
     );
-    let applier = sync::Applier::new(dataplane, status.clone(), metrics.clone())
+    let mut applier = sync::Applier::new(dataplane, status.clone(), metrics.clone())
         .with_sync_periods(config.sync_periods)
         .with_health_checks(health_checks);
+    if config.node_cidr_detector {
+        applier = applier.with_node_cidr_detector();
+    }
     let client = client::run(config.client, applier, status, metrics);
     tokio::select! {
         () = client => Ok(()),

@@ -209,10 +209,8 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
         LocalDetector::InterfaceNamePrefix(prefix) => {
             (Vec::new(), Some(PodInterfaces::Prefix(prefix.clone())))
         }
-        LocalDetector::NodeCidr => anyhow::bail!(
-            "detectLocalMode (--detect-local-mode) NodeCIDR is not supported yet; use \
-             ClusterCIDR, BridgeInterface or InterfaceNamePrefix"
-        ),
+        // Filled in from the Node's podCIDRs, which the controller sends.
+        LocalDetector::NodeCidr => (Vec::new(), None),
     };
     let controllers = match cli.controller_service.clone() {
         Some(service) => {
@@ -293,6 +291,7 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
         healthz_bind_address: settings.healthz_bind_address,
         bind_address_hard_fail: settings.bind_address_hard_fail,
         inspection_bind_address: cli.inspection_bind_address,
+        node_cidr_detector: settings.local_detector == LocalDetector::NodeCidr,
     };
     let span = tracing::info_span!("agent", node = %config.client.node_name);
     run(config, settings.mode, iptables, ipvs)

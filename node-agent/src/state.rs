@@ -192,6 +192,8 @@ pub struct NodeState {
     /// The node's eligibility: from the last revision that carried a status; not eligible after
     /// a reset without one (protocol rule 9).
     pub eligibility: Eligibility,
+    /// The Node's pod CIDRs, as written on it: from the last revision that carried a status.
+    pub pod_cidrs: Vec<String>,
 }
 
 impl NodeState {
@@ -237,6 +239,7 @@ impl NodeState {
             }
             if let Some(status) = &part.node_status {
                 next.eligibility = status.into();
+                next.pod_cidrs.clone_from(&status.pod_cidrs);
             }
         }
         Ok(next)

@@ -11,7 +11,8 @@ use crate::{
     status::{Snapshot, Status, SyncOutcome},
 };
 use splitproxy_dataplane::{
-    Dataplane, FailedStep, IpFamily, ProxyState, SyncError, SyncReport, endpoints::NoLocalEndpoints,
+    Cidr, Dataplane, FailedStep, IpFamily, ProxyState, SyncError, SyncReport,
+    endpoints::NoLocalEndpoints,
 };
 use std::{
     collections::BTreeSet,
@@ -21,6 +22,26 @@ use std::{
 };
 use tokio::time::Instant;
 use tracing::Instrument;
+
+/// The pod CIDRs of the Node that parse, the others named in a warning: the API server checks
+/// them, so one that does not parse is not worth refusing the node's view over.
+fn local_cidrs(pod_cidrs: &[String]) -> Vec<Cidr> {
+    let cidrs: Vec<Cidr> = pod_cidrs
+        .iter()
+        .filter_map(|text| match text.parse() {
+            Ok(cidr) => Some(cidr),
+            Err(err) => {
+                tracing::warn!(cidr = ?text, %err, "ignoring a pod CIDR of the Node that does not parse");
+                None
+            }
+        })
+        .collect();
+    tracing::info!(
+        pod_cidrs = ?cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "pod traffic is told by the Node's pod CIDRs (NodeCIDR)"
+    );
+    cidrs
+}
 
 /// Why a revision was not applied; sent to the controller as the NACK reason.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +65,8 @@ pub struct Applier<D> {
     /// The dataplane model of the state held in `status`, and that state: updated by each
     /// revision with the Services it changed.
     converted: (Arc<NodeState>, Conversion),
+    /// Whether pod traffic is told by the Node's pod CIDRs (kube-proxy's `NodeCIDR` detector).
+    node_cidr_detector: bool,
 }
 
 impl<D: Dataplane> Applier<D> {
@@ -57,7 +80,16 @@ impl<D: Dataplane> Applier<D> {
             timer: SyncTimer::new(SyncPeriods::default()),
             health_checks: None,
             converted: Default::default(),
+            node_cidr_detector: false,
         }
+    }
+
+    /// The same applier, telling pod traffic by the pod CIDRs of the Node, which the controller
+    /// sends with the node's status: the dataplane's detector follows them when they change.
+    #[must_use]
+    pub fn with_node_cidr_detector(mut self) -> Self {
+        self.node_cidr_detector = true;
+        self
     }
 
     /// The same applier, reconciling `health_checks` with the applied state after every
@@ -131,12 +163,16 @@ impl<D: Dataplane> Applier<D> {
                 }
             }
         }
+        let detector_moved = self.node_cidr_detector && next.pod_cidrs != current.pod_cidrs;
+        if detector_moved {
+            self.dataplane.set_local_cidrs(local_cidrs(&next.pod_cidrs));
+        }
         // Each is a walk of both states: taken once, for the conversion, the counts and the
         // programming latency.
         let service_changes: Vec<Key> = current.service_changes(&next).cloned().collect();
         let endpoint_changes: Vec<Key> = current.endpoint_changes(&next).cloned().collect();
         let changed: BTreeSet<&Key> = service_changes.iter().chain(&endpoint_changes).collect();
-        if !revision.reset && changed.is_empty() {
+        if !revision.reset && changed.is_empty() && !detector_moved {
             // Only the node's status changed: nothing to write, and no reason to wait for
             // min-sync-period or to fail with the kernel (protocol rule 9).
             let next = Arc::new(next);

@@ -88,10 +88,35 @@ fn splitproxy_programs_what_kube_proxy_programs_round_after_round() -> Result<()
         .collect::<Result<_>>()?;
     let rounds: usize = setting("SPLITPROXY_DIFF_ROUNDS", "3").parse()?;
     let size: usize = setting("SPLITPROXY_DIFF_SERVICES", "24").parse()?;
+    differential("diffcluster", "ClusterCIDR", &seeds, rounds, size)
+}
+
+/// kube-proxy's NodeCIDR detector: pod traffic told by node-1's own pod CIDR, which splitproxy's
+/// controller sends from the Node object. One seed: only the detector differs.
+#[test]
+fn with_the_node_cidr_detector_splitproxy_programs_what_kube_proxy_programs() -> Result<()> {
+    differential("diffnode", "NodeCIDR", &[3], 2, 16)
+}
+
+/// One comparison at a time: each runs an API server and both proxies.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs upstream kube-proxy and splitproxy as node-1 with `detectLocalMode: detect_local` in a
+/// lab tagged `tag`, and compares their rules after each round of every seed.
+fn differential(
+    tag: &str,
+    detect_local: &str,
+    seeds: &[u64],
+    rounds: usize,
+    size: usize,
+) -> Result<()> {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
 
     let binaries = Binaries::ensure()?;
     let kube_proxy = binaries.kubernetes.join("kube-proxy");
-    let mut lab = Lab::new("differential")?;
+    let mut lab = Lab::new(tag)?;
     let cp_host = lab.add_host("cp", CONTROL_PLANE)?;
     let nodes = lab.add_nodes(2)?;
     let control_plane = ControlPlane::start(&mut lab, &cp_host, binaries)?;
@@ -111,8 +136,8 @@ fn splitproxy_programs_what_kube_proxy_programs_round_after_round() -> Result<()
         &config,
         format!(
             "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
-             mode: iptables\nclusterCIDR: 10.244.0.0/16\nbindAddress: {}\n\
-             clientConnection:\n  kubeconfig: {}\nconntrack:\n  maxPerCore: 0\n",
+             mode: iptables\nclusterCIDR: 10.244.0.0/16\ndetectLocalMode: {detect_local}\n\
+             bindAddress: {}\nclientConnection:\n  kubeconfig: {}\nconntrack:\n  maxPerCore: 0\n",
             nodes[0].ip(),
             control_plane.lan_admin_kubeconfig()?.display()
         ),
@@ -140,7 +165,7 @@ fn splitproxy_programs_what_kube_proxy_programs_round_after_round() -> Result<()
         &agent_args,
     )?;
 
-    for seed in seeds {
+    for &seed in seeds {
         let mut generator = Generator::new(seed);
         for round_number in 0..rounds {
             let round = generator.round(size);
@@ -172,7 +197,8 @@ fn splitproxy_programs_what_kube_proxy_programs_round_after_round() -> Result<()
             );
             if outcome.is_ok() {
                 eprintln!(
-                    "seed {seed} round {round_number}: {} Services, the same rules after {:.1} s",
+                    "{detect_local}: seed {seed} round {round_number}: {} Services, the same rules \
+                     after {:.1} s",
                     generator.services(),
                     started.elapsed().as_secs_f64()
                 );

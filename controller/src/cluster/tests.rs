@@ -486,6 +486,7 @@ fn endpoint_hints_and_node_zones_are_carried_into_the_state() {
                         zone: "zone-a".into()
                     },
                     ineligible: None,
+                    pod_cidrs: Vec::new(),
                 }
             ),
             ("node-2".to_owned(), NodeInfo::default()),

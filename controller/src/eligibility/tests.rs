@@ -36,7 +36,8 @@ fn a_plain_node_is_eligible() {
         status(Some(&NodeInfo::of(&node(&[], false)))),
         pb::NodeStatus {
             eligible: true,
-            reason: String::new()
+            reason: String::new(),
+            pod_cidrs: Vec::new(),
         }
     );
 }
@@ -73,7 +74,8 @@ fn a_node_being_deleted_is_ineligible_and_says_so_first() {
         status(Some(&NodeInfo::of(&deleting))),
         pb::NodeStatus {
             eligible: false,
-            reason: "the Node is being deleted".into()
+            reason: "the Node is being deleted".into(),
+            pod_cidrs: Vec::new(),
         }
     );
 }
@@ -84,7 +86,29 @@ fn an_unknown_node_is_ineligible() {
         status(None),
         pb::NodeStatus {
             eligible: false,
-            reason: "no Node object of this name is known".into()
+            reason: "no Node object of this name is known".into(),
+            pod_cidrs: Vec::new(),
         }
+    );
+}
+
+#[test]
+fn the_status_passes_the_pod_cidrs_on_from_either_field() {
+    let mut dual = node(&[], false);
+    if let Some(spec) = dual.spec.as_mut() {
+        spec.pod_cidr = Some("10.244.1.0/24".into());
+        spec.pod_cidrs = Some(vec!["10.244.1.0/24".into(), "fd00:1::/64".into()]);
+    }
+    assert_eq!(
+        status(Some(&NodeInfo::of(&dual))).pod_cidrs,
+        ["10.244.1.0/24", "fd00:1::/64"]
+    );
+    let mut old = node(&[], false);
+    if let Some(spec) = old.spec.as_mut() {
+        spec.pod_cidr = Some("10.244.2.0/24".into());
+    }
+    assert_eq!(
+        status(Some(&NodeInfo::of(&old))).pod_cidrs,
+        ["10.244.2.0/24"]
     );
 }

@@ -130,6 +130,7 @@ fn zoned(endpoints: &[(&str, &str, &str)], nodes: &[(&str, &str)]) -> ClusterSta
                         zone: (*zone).into(),
                     },
                     ineligible: None,
+                    pod_cidrs: Vec::new(),
                 },
             )
         })
@@ -207,6 +208,7 @@ fn with_node_1(ineligible: Option<Ineligible>) -> ClusterState {
         NodeInfo {
             topology: NodeTopology::default(),
             ineligible,
+            pod_cidrs: vec!["10.244.1.0/24".into()],
         },
     );
     state
@@ -221,7 +223,8 @@ fn a_reset_carries_the_node_status_and_a_delta_leaves_an_unchanged_one_out() {
         reset.node_status,
         Some(pb::NodeStatus {
             eligible: true,
-            reason: String::new()
+            reason: String::new(),
+            pod_cidrs: vec!["10.244.1.0/24".into()],
         })
     );
     let mut moved = known;
@@ -232,13 +235,28 @@ fn a_reset_carries_the_node_status_and_a_delta_leaves_an_unchanged_one_out() {
 }
 
 #[test]
+fn new_pod_cidrs_alone_make_a_delta_that_carries_the_new_status() {
+    let before = NodeView::for_node(&with_node_1(None), "node-1");
+    let mut readdressed = with_node_1(None);
+    if let Some(node) = readdressed.nodes.get_mut("node-1") {
+        node.pod_cidrs = vec!["10.244.7.0/24".into()];
+    }
+    let delta = Delta::between(&before, &NodeView::for_node(&readdressed, "node-1"));
+    assert_eq!(
+        delta.node_status.map(|status| status.pod_cidrs),
+        Some(vec!["10.244.7.0/24".to_owned()])
+    );
+}
+
+#[test]
 fn a_node_the_cluster_does_not_know_is_not_eligible() {
     let view = NodeView::for_node(&with_node_1(None), "node-9");
     assert_eq!(
         view.status(),
         Some(&pb::NodeStatus {
             eligible: false,
-            reason: "no Node object of this name is known".into()
+            reason: "no Node object of this name is known".into(),
+            pod_cidrs: Vec::new(),
         })
     );
 }
@@ -254,7 +272,8 @@ fn a_taint_alone_makes_a_delta_that_carries_only_the_new_status() {
         Delta {
             node_status: Some(pb::NodeStatus {
                 eligible: false,
-                reason: "the Node is tainted ToBeDeletedByClusterAutoscaler".into()
+                reason: "the Node is tainted ToBeDeletedByClusterAutoscaler".into(),
+                pod_cidrs: vec!["10.244.1.0/24".into()],
             }),
             ..Delta::default()
         }

@@ -107,6 +107,12 @@ impl Dataplane for DualStack {
         self.families()
     }
 
+    fn set_local_cidrs(&mut self, cidrs: Vec<crate::Cidr>) {
+        for executor in &mut self.families {
+            executor.set_local_cidrs(cidrs.clone());
+        }
+    }
+
     /// Syncs every family, also after one failed (the families are independent, as upstream's
     /// proxiers are); the report sums the tables and keeps each family's counts. Returns the
     /// first failing family's error when any failed, so the whole sync is retried.

@@ -115,6 +115,11 @@ impl Tools {
         Self { config }
     }
 
+    /// The configuration in use, to change.
+    pub(crate) fn config_mut(&mut self) -> &mut Config {
+        &mut self.config
+    }
+
     /// The configuration in use.
     pub(crate) fn config(&self) -> &Config {
         &self.config

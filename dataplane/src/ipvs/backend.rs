@@ -228,6 +228,12 @@ impl Dataplane for IpvsBackend {
         "ipvs"
     }
 
+    /// The iptables rules are rendered from the configuration at every sync, and written where
+    /// they differ from what the kernel holds.
+    fn set_local_cidrs(&mut self, cidrs: Vec<crate::Cidr>) {
+        self.config.iptables.render.cluster_cidrs = cidrs;
+    }
+
     fn ip_families(&self) -> Vec<IpFamily> {
         self.config.families.clone()
     }

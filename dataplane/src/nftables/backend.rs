@@ -174,6 +174,16 @@ impl Dataplane for NftablesBackend {
         self.config.families.clone()
     }
 
+    fn set_local_cidrs(&mut self, cidrs: Vec<crate::Cidr>) {
+        self.config.render.cluster_cidrs = cidrs;
+        for table in &mut self.tables {
+            table.options = Options::new(table.options.family(), &self.config.render);
+            // Rendered again from nothing, and written in full.
+            table.rendered = None;
+        }
+        self.forget();
+    }
+
     async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport, Error> {
         for index in 0..self.tables.len() {
             if self.tables[index].leftovers.is_none() {

@@ -433,6 +433,7 @@ fn status_only(number: u64, eligible: bool) -> pb::SyncResponse {
             } else {
                 "the Node is being deleted".into()
             },
+            pod_cidrs: Vec::new(),
         }),
         ..Default::default()
     }
@@ -465,6 +466,7 @@ async fn the_last_eligibility_outlives_the_controller_stream() {
     reset.node_status = Some(pb::NodeStatus {
         eligible: true,
         reason: String::new(),
+        pod_cidrs: Vec::new(),
     });
     agent.send(reset).await;
     agent.ack().await;

@@ -540,6 +540,7 @@ fn the_conversion_carries_endpoint_conditions_and_topology() {
         services: OrdMap::unit(key("a"), Arc::new(svc)),
         endpoints: OrdMap::unit(key("a"), Arc::new(eps)),
         eligibility: Eligibility::Eligible,
+        pod_cidrs: Vec::new(),
     };
     let Conversion {
         model: proxy,
@@ -808,6 +809,7 @@ fn node_status(eligible: bool, reason: &str) -> Option<pb::NodeStatus> {
     Some(pb::NodeStatus {
         eligible,
         reason: reason.into(),
+        pod_cidrs: Vec::new(),
     })
 }
 

@@ -242,3 +242,107 @@ async fn only_refused_rules_count_as_restore_failures_and_partial_ones_in_both_c
     assert_eq!(counts(FailedStep::Restore { partial: false }).await, (1, 0));
     assert_eq!(counts(FailedStep::Other).await, (0, 0));
 }
+
+/// Records the syncs and the local CIDRs it is given.
+#[derive(Debug, Clone, Default)]
+struct DetectorRecord(Arc<std::sync::Mutex<(usize, Vec<Vec<Cidr>>)>>);
+
+impl Dataplane for DetectorRecord {
+    type Error = std::convert::Infallible;
+
+    fn mode(&self) -> &'static str {
+        "iptables"
+    }
+
+    async fn sync(&mut self, _: &ProxyState) -> Result<SyncReport, Self::Error> {
+        if let Ok(mut record) = self.0.lock() {
+            record.0 += 1;
+        }
+        Ok(SyncReport::default())
+    }
+
+    fn set_local_cidrs(&mut self, cidrs: Vec<Cidr>) {
+        if let Ok(mut record) = self.0.lock() {
+            record.1.push(cidrs);
+        }
+    }
+}
+
+/// A status-only delta, revision `number`, carrying `pod_cidrs`.
+fn status_delta(number: u64, pod_cidrs: &[&str]) -> Revision {
+    Revision {
+        epoch: "epoch-1".into(),
+        number,
+        reset: false,
+        on_presented_state: false,
+        parts: vec![pb::SyncResponse {
+            controller_epoch: "epoch-1".into(),
+            revision: number,
+            complete: true,
+            node_status: Some(pb::NodeStatus {
+                eligible: true,
+                reason: String::new(),
+                pod_cidrs: pod_cidrs.iter().map(|cidr| (*cidr).to_owned()).collect(),
+            }),
+            ..Default::default()
+        }],
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_node_cidr_detector_follows_the_nodes_pod_cidrs_and_rewrites_the_rules() {
+    let record = DetectorRecord::default();
+    let periods = SyncPeriods::new(SYNC_PERIOD, Duration::ZERO).expect("valid periods");
+    let new_applier = |record: &DetectorRecord| {
+        Applier::new(
+            record.clone(),
+            Status::default(),
+            Metrics::new(&mut Default::default()),
+        )
+        .with_sync_periods(periods)
+    };
+    let mut applier = new_applier(&record).with_node_cidr_detector();
+    let mut reset = web_revision();
+    reset.parts[0].node_status = status_delta(1, &["10.244.1.0/24", "fd00:1::/64"]).parts[0]
+        .node_status
+        .take();
+    applier.apply(&reset).await.expect("applied");
+    // The same CIDRs again: nothing to write. New ones: the rules are written again, although
+    // no Service changed. One that does not parse is left out.
+    applier
+        .apply(&status_delta(2, &["10.244.1.0/24", "fd00:1::/64"]))
+        .await
+        .expect("applied");
+    applier
+        .apply(&status_delta(3, &["10.244.9.0/24", "not a cidr"]))
+        .await
+        .expect("applied");
+    let cidrs = |texts: &[&str]| -> Vec<Cidr> {
+        texts
+            .iter()
+            .map(|text| text.parse().expect("a CIDR"))
+            .collect()
+    };
+    let (syncs, given) = record.0.lock().map(|r| r.clone()).unwrap_or_default();
+    assert_eq!(syncs, 2);
+    assert_eq!(
+        given,
+        [
+            cidrs(&["10.244.1.0/24", "fd00:1::/64"]),
+            cidrs(&["10.244.9.0/24"])
+        ]
+    );
+
+    // Without the detector the Node's CIDRs change nothing.
+    let other = DetectorRecord::default();
+    let mut applier = new_applier(&other);
+    applier.apply(&web_revision()).await.expect("applied");
+    applier
+        .apply(&status_delta(2, &["10.244.9.0/24"]))
+        .await
+        .expect("applied");
+    assert_eq!(
+        other.0.lock().map(|r| r.clone()).unwrap_or_default(),
+        (1, Vec::new())
+    );
+}

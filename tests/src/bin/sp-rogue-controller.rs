@@ -332,6 +332,7 @@ async fn main() -> anyhow::Result<()> {
     good.node_status = Some(pb::NodeStatus {
         eligible: true,
         reason: String::new(),
+        pod_cidrs: Vec::new(),
     });
     let rogue = Rogue {
         good: vec![good],
