@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod client;
+pub mod config_watch;
 pub mod credentials;
 pub mod discovery;
 pub mod duration;

@@ -5,6 +5,7 @@ use splitproxy_agent::{
     Config,
     cli::{Cli, ProxyMode},
     client::{ClientConfig, Controllers},
+    config_watch,
     credentials::Credentials,
     discovery::{ControllerService, Discovery},
     host_setup,
@@ -201,6 +202,7 @@ fn set_up_node(settings: &Settings, init_only: bool) -> Result<(), ExitCode> {
 
 /// Runs the agent until it fails or is interrupted.
 async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Result<()> {
+    let config_file = cli.config.clone();
     let (cluster_cidrs, pod_interfaces) = match &settings.local_detector {
         LocalDetector::ClusterCidr(cidrs) => (cidrs.clone(), None),
         LocalDetector::BridgeInterface(name) => {
@@ -294,9 +296,15 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
         node_cidr_detector: settings.local_detector == LocalDetector::NodeCidr,
     };
     let span = tracing::info_span!("agent", node = %config.client.node_name);
-    run(config, settings.mode, iptables, ipvs)
-        .instrument(span)
-        .await
+    let agent = run(config, settings.mode, iptables, ipvs).instrument(span);
+    match config_file {
+        // As kube-proxy: a changed file ends the agent, and its restart reads it.
+        Some(path) => tokio::select! {
+            result = agent => result,
+            err = config_watch::updated(&path) => Err(err.into()),
+        },
+        None => agent.await,
+    }
 }
 
 async fn run(

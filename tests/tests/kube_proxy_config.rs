@@ -2,19 +2,22 @@
 //! kube-proxy itself: for the same flags or file, both write their resolved configuration
 //! (`--write-config-to`) and the two must agree field for field; what one refuses the other
 //! refuses too, but for the deliberate difference that the agent refuses unknown fields. And
-//! `--init-only` leaves a node as kube-proxy's leaves it.
+//! `--init-only` leaves a node as kube-proxy's leaves it, and both stop when their `--config`
+//! file is written to.
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 use splitproxy_e2e::{
     addresses::CONTROL_PLANE,
     control_plane::{Binaries, ControlPlane},
+    eventually, hit,
     lab::{Lab, Node},
     workspace_binary,
 };
 use std::{
     path::{Path, PathBuf},
     process::Command,
+    time::Duration,
 };
 
 /// The `config.conf` kubeadm v1.36 writes into the `kube-proxy` ConfigMap: every field, unset
@@ -399,6 +402,76 @@ fn init_only_sets_the_node_up_as_kube_proxy_does() -> Result<()> {
     ensure!(
         changed.len() == NODE_SYSCTLS.len(),
         "the test sets every sysctl away from its default, but only {changed:?} changed"
+    );
+    Ok(())
+}
+
+#[test]
+fn both_stop_when_their_config_file_is_written_to() -> Result<()> {
+    const BOUND: Duration = Duration::from_secs(90);
+    let binaries = Binaries::ensure()?;
+    let kube_proxy = binaries.kubernetes.join("kube-proxy");
+    let mut lab = Lab::new("configwatch")?;
+    let cp_host = lab.add_host("cp", CONTROL_PLANE)?;
+    let nodes = lab.add_nodes(2)?;
+    let control_plane = ControlPlane::start(&mut lab, &cp_host, binaries)?;
+    for node in &nodes {
+        control_plane.register_node(&lab, node)?;
+    }
+    control_plane.start_controller(&mut lab, &control_plane.admin_kubeconfig())?;
+    let dir = tempfile::tempdir()?;
+    let config = format!(
+        "{HEADER}mode: iptables\nclientConnection:\n  kubeconfig: {}\nconntrack:\n  maxPerCore: 0\n",
+        control_plane.lan_admin_kubeconfig()?.display()
+    );
+    // One file each, as each node mounts its own copy of the ConfigMap.
+    let files: Vec<PathBuf> = (0..2)
+        .map(|n| dir.path().join(format!("config-{n}.conf")))
+        .collect();
+    for file in &files {
+        std::fs::write(file, &config)?;
+    }
+    let flag = |n: usize| format!("--config={}", files[n].display());
+    let upstream = lab.spawn(
+        &nodes[0],
+        &kube_proxy,
+        &[
+            &flag(0),
+            &format!("--hostname-override={}", nodes[0].name()),
+        ],
+    )?;
+    let agent = control_plane.start_agent_with(&mut lab, &nodes[1], &[&flag(1)])?;
+    for node in &nodes {
+        eventually(&format!("{} answers /livez", node.name()), BOUND, || {
+            let report = hit(&lab, node, "http://127.0.0.1:10256/livez", 1)?;
+            ensure!(report.failures == 0, "{report:?}");
+            Ok(())
+        })
+        .with_context(|| format!("{}\n{}", upstream.log(), agent.log()))?;
+    }
+    for file in &files {
+        std::fs::write(file, format!("{config}# edited\n"))?;
+    }
+    for (name, process) in [("kube-proxy", &upstream), ("splitproxy-agent", &agent)] {
+        let status = eventually(&format!("{name} stops"), BOUND, || {
+            lab.exit_status(process)?
+                .ok_or_else(|| anyhow::anyhow!("{name} still runs"))
+        })
+        .with_context(|| process.log())?;
+        ensure!(!status.success(), "{name} stopped with {status}");
+    }
+    // Each because of the file, not anything else.
+    ensure!(
+        upstream.log().contains("configuration file was updated"),
+        "kube-proxy stopped for another reason:\n{}",
+        upstream.log()
+    );
+    ensure!(
+        agent
+            .log()
+            .contains("was updated; exiting so that the restart reads it"),
+        "the agent does not say why it stopped:\n{}",
+        agent.log()
     );
     Ok(())
 }
