@@ -58,6 +58,26 @@ impl Binaries {
     }
 }
 
+/// A ClusterIP Service `namespace/name` on port 80 selecting the Pods labelled `app: web` on
+/// their port named `web` (what [`ControlPlane::create_pod`] makes with app `web`).
+#[must_use]
+pub fn web_service_yaml(namespace: &str, name: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata:
+  name: {name}
+  namespace: {namespace}
+spec:
+  selector:
+    app: web
+  ports:
+  - port: 80
+    targetPort: web
+"
+    )
+}
+
 /// A running control plane on one lab host.
 pub struct ControlPlane {
     host: Host,

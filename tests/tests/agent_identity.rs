@@ -6,7 +6,9 @@
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
     addresses::{self, CONTROL_PLANE, EXTERNAL_CLIENT},
-    control_plane::{AGENT_ACCOUNT, AGENT_AUDIENCE, AGENT_NAMESPACE, Binaries, ControlPlane},
+    control_plane::{
+        AGENT_ACCOUNT, AGENT_AUDIENCE, AGENT_NAMESPACE, Binaries, ControlPlane, web_service_yaml,
+    },
     demo_cluster::{CONTROLLER_PORT, DemoCluster},
     eventually, hit,
     lab::Lab,
@@ -189,21 +191,7 @@ fn api_server_reviews_decide_which_node_a_token_may_receive() -> Result<()> {
     let pod = lab.add_pod(&nodes[1], "web-a", addresses::pod_ip(2, 2))?;
     serve(&mut lab, &pod, "web-a", POD_PORT)?;
     control_plane.create_pod(&lab, "demo", &pod, "web", POD_PORT, true)?;
-    control_plane.kubectl_apply(
-        &lab,
-        "apiVersion: v1
-kind: Service
-metadata:
-  name: web
-  namespace: demo
-spec:
-  selector:
-    app: web
-  ports:
-  - port: 80
-    targetPort: web
-",
-    )?;
+    control_plane.kubectl_apply(&lab, &web_service_yaml("demo", "web"))?;
     let controller = control_plane.start_controller(&mut lab, &control_plane.admin_kubeconfig())?;
     let agent = control_plane.start_agent(&mut lab, &nodes[0])?;
     let cluster_ip = control_plane

@@ -8,7 +8,9 @@
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
     addresses::{self, CONTROL_PLANE},
-    control_plane::{AGENT_ACCOUNT, AGENT_NAMESPACE, API_PORT, Binaries, ControlPlane},
+    control_plane::{
+        AGENT_ACCOUNT, AGENT_NAMESPACE, API_PORT, Binaries, ControlPlane, web_service_yaml,
+    },
     eventually, hit,
     lab::{Lab, Node, Process},
     serve, workspace_binary,
@@ -99,23 +101,6 @@ fn web_cluster_ip(lab: &Lab, control_plane: &ControlPlane, name: &str) -> Result
         .to_owned())
 }
 
-fn web_service(name: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Service
-metadata:
-  name: {name}
-  namespace: demo
-spec:
-  selector:
-    app: web
-  ports:
-  - port: 80
-    targetPort: web
-"
-    )
-}
-
 fn reaches(lab: &Lab, node: &Node, ip: &str) -> Result<()> {
     let report = hit(lab, node, &format!("http://{ip}/"), 5)?;
     ensure!(report.failures == 0, "{report:?}");
@@ -164,7 +149,7 @@ fn agents_find_controllers_through_their_service_and_trust_the_ca_the_controller
     let pod = lab.add_pod(&nodes[1], "web-a", addresses::pod_ip(2, 2))?;
     serve(&mut lab, &pod, "web-a", POD_PORT)?;
     control_plane.create_pod(&lab, "demo", &pod, "web", POD_PORT, true)?;
-    control_plane.kubectl_apply(&lab, &web_service("web"))?;
+    control_plane.kubectl_apply(&lab, &web_service_yaml("demo", "web"))?;
     control_plane.kubectl_apply(&lab, &controller_endpoints(&cp_ip, [true, false]))?;
 
     // Two replicas start together, as a Deployment's would, as the controller's ServiceAccount.
@@ -250,7 +235,7 @@ fn agents_find_controllers_through_their_service_and_trust_the_ca_the_controller
     control_plane.kubectl_apply(&lab, &controller_endpoints(&cp_ip, [false, true]))?;
     let first_replica = controllers.remove(0);
     lab.kill(&first_replica)?;
-    control_plane.kubectl_apply(&lab, &web_service("web-2"))?;
+    control_plane.kubectl_apply(&lab, &web_service_yaml("demo", "web-2"))?;
     let web2 = web_cluster_ip(&lab, &control_plane, "web-2")?;
     eventually(
         "node-1 reaches a Service made after the switch",

@@ -12,21 +12,29 @@ proxy_installed() {
     cat "$PROXY_FILE" 2>/dev/null || echo none
 }
 
-# _splitproxy_overlay MODE: the overlay of deploy/ for this cluster, in the cluster's folder.
-_splitproxy_overlay() {
-    local dir="$CLUSTER_DIR/splitproxy-overlay"
-    mkdir -p "$dir"
-    cat >"$dir/kustomization.yaml" <<YAML
+# _overlay_head DIR BASE: the start of an overlay, in DIR, of BASE (a folder of the repository)
+# with this cluster's image tags.
+_overlay_head() {
+    cat <<YAML
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
-namespace: splitproxy-system
 resources:
-- $(realpath --relative-to="$dir" "$REPO/deploy")
+- $(realpath --relative-to="$1" "$REPO/$2")
 images:
 - name: localhost/splitproxy/agent
   newTag: $SPLITPROXY_TAG
 - name: localhost/splitproxy/controller
   newTag: $SPLITPROXY_TAG
+YAML
+}
+
+# _splitproxy_overlay MODE: the overlay of deploy/ for this cluster, in the cluster's folder.
+_splitproxy_overlay() {
+    local dir="$CLUSTER_DIR/splitproxy-overlay"
+    mkdir -p "$dir"
+    {
+        _overlay_head "$dir" deploy
+        cat <<YAML
 configMapGenerator:
 - name: agent-config
   behavior: merge
@@ -38,6 +46,7 @@ configMapGenerator:
   literals:
   - SPLITPROXY_MASTER=$API_SERVER
 YAML
+    } >"$dir/kustomization.yaml"
     echo "$dir"
 }
 
@@ -46,17 +55,7 @@ YAML
 _migration_overlay() {
     local dir="$CLUSTER_DIR/splitproxy-migration"
     mkdir -p "$dir"
-    cat >"$dir/kustomization.yaml" <<YAML
-apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-- $(realpath --relative-to="$dir" "$REPO/deploy/migrate-from-kube-proxy")
-images:
-- name: localhost/splitproxy/agent
-  newTag: $SPLITPROXY_TAG
-- name: localhost/splitproxy/controller
-  newTag: $SPLITPROXY_TAG
-YAML
+    _overlay_head "$dir" deploy/migrate-from-kube-proxy >"$dir/kustomization.yaml"
     echo "$dir"
 }
 
