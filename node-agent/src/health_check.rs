@@ -86,18 +86,18 @@ pub fn wanted(state: &ProxyState) -> BTreeMap<u16, ServiceHealth> {
     ports
 }
 
-/// One running server.
+/// One health-check node port's servers, one per address it listens on.
 struct Server {
-    /// What the server reports; updated in place.
+    /// What the servers report; updated in place.
     health: watch::Sender<ServiceHealth>,
-    /// Dropping it shuts the server down.
-    _shutdown: oneshot::Sender<()>,
-    address: SocketAddr,
+    /// Dropping them shuts the servers down.
+    _shutdown: Vec<oneshot::Sender<()>>,
+    addresses: Vec<SocketAddr>,
 }
 
 /// The health-check servers of one node, reconciled with each applied state.
 pub struct HealthChecks {
-    bind_ip: IpAddr,
+    bind_ips: Vec<IpAddr>,
     status: Status,
     timeout: Duration,
     servers: BTreeMap<u16, Server>,
@@ -106,20 +106,21 @@ pub struct HealthChecks {
 impl std::fmt::Debug for HealthChecks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HealthChecks")
-            .field("bind_ip", &self.bind_ip)
+            .field("bind_ips", &self.bind_ips)
             .field("ports", &self.servers.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
 }
 
 impl HealthChecks {
-    /// Servers bound to `bind_ip` (kube-proxy: every address, `0.0.0.0`), reporting
+    /// Servers bound to each of `bind_ips` (kube-proxy: every address, `0.0.0.0`, or the
+    /// node-port addresses when `nodePortAddresses` selects some), reporting
     /// `serviceProxyHealthy` from `status` as `/livez` does: unhealthy once a revision has waited
     /// longer than `timeout`.
     #[must_use]
-    pub fn new(bind_ip: IpAddr, status: Status, timeout: Duration) -> Self {
+    pub fn new(bind_ips: Vec<IpAddr>, status: Status, timeout: Duration) -> Self {
         Self {
-            bind_ip,
+            bind_ips,
             status,
             timeout,
             servers: BTreeMap::new(),
@@ -134,7 +135,7 @@ impl HealthChecks {
         self.servers.retain(|port, server| {
             let keep = wanted.contains_key(port);
             if !keep {
-                tracing::info!(port, address = %server.address, "stopped health check server");
+                tracing::info!(port, addresses = ?server.addresses, "stopped health check server");
             }
             keep
         });
@@ -150,7 +151,7 @@ impl HealthChecks {
         for (port, health) in wanted {
             match self.start(port, health) {
                 Ok(server) => {
-                    tracing::info!(port, address = %server.address, "started health check server");
+                    tracing::info!(port, addresses = ?server.addresses, "started health check server");
                     self.servers.insert(port, server);
                 }
                 Err(err) => {
@@ -160,38 +161,48 @@ impl HealthChecks {
         }
     }
 
-    /// The address each running server listens on, by health-check node port.
+    /// The addresses each health-check node port listens on.
     #[must_use]
-    pub fn addresses(&self) -> BTreeMap<u16, SocketAddr> {
+    pub fn addresses(&self) -> BTreeMap<u16, Vec<SocketAddr>> {
         self.servers
             .iter()
-            .map(|(port, server)| (*port, server.address))
+            .map(|(port, server)| (*port, server.addresses.clone()))
             .collect()
     }
 
+    /// Listens on `port` of every bind address, or, as upstream, on none when one fails.
     fn start(&self, port: u16, health: ServiceHealth) -> std::io::Result<Server> {
-        let listener = std::net::TcpListener::bind((self.bind_ip, port))?;
-        listener.set_nonblocking(true)?;
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        let address = listener.local_addr()?;
+        let listeners = self
+            .bind_ips
+            .iter()
+            .map(|ip| std::net::TcpListener::bind((*ip, port)))
+            .collect::<std::io::Result<Vec<_>>>()?;
         let (health, reported) = watch::channel(health);
-        let (shutdown, stopped) = oneshot::channel::<()>();
-        let router = router(reported, self.status.clone(), self.timeout);
-        tokio::spawn(async move {
-            let served = axum::serve(listener, router)
-                // The sender is dropped, never used: either way the server stops.
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await;
-            if let Err(err) = served {
-                tracing::warn!(%address, %err, "health check server failed");
-            }
-        });
+        let (mut shutdowns, mut addresses) = (Vec::new(), Vec::new());
+        for listener in listeners {
+            listener.set_nonblocking(true)?;
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            let address = listener.local_addr()?;
+            let (shutdown, stopped) = oneshot::channel::<()>();
+            let router = router(reported.clone(), self.status.clone(), self.timeout);
+            tokio::spawn(async move {
+                let served = axum::serve(listener, router)
+                    // The sender is dropped, never used: either way the server stops.
+                    .with_graceful_shutdown(async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+                if let Err(err) = served {
+                    tracing::warn!(%address, %err, "health check server failed");
+                }
+            });
+            shutdowns.push(shutdown);
+            addresses.push(address);
+        }
         Ok(Server {
             health,
-            _shutdown: shutdown,
-            address,
+            _shutdown: shutdowns,
+            addresses,
         })
     }
 }

@@ -65,6 +65,9 @@ pub struct Config {
     pub inspection_bind_address: SocketAddr,
     /// Whether pod traffic is told by the Node's pod CIDRs (kube-proxy's `NodeCIDR` detector).
     pub node_cidr_detector: bool,
+    /// The addresses health-check node ports listen on, when `nodePortAddresses` selects some;
+    /// `None`: every address.
+    pub health_check_addresses: Option<Vec<std::net::IpAddr>>,
 }
 
 /// Binds every listener, then runs the stream client and the servers until a server fails.
@@ -113,10 +116,15 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
             status.clone(),
         ),
     );
-    // kube-proxy binds the health-check node ports on every address of each family it serves:
-    // `[::]` takes both where the host has IPv6 (Linux's bindv6only is off by default).
+    // kube-proxy binds the health-check node ports on the node-port addresses when
+    // nodePortAddresses selects some, else on every address of each family it serves: `[::]`
+    // takes both where the host has IPv6 (Linux's bindv6only is off by default).
+    let health_check_ips = config
+        .health_check_addresses
+        .clone()
+        .unwrap_or_else(|| vec![any_address()]);
     let health_checks = health_check::HealthChecks::new(
-        any_address(),
+        health_check_ips,
         status.clone(),
         config.sync_periods.health_timeout(),
     );

@@ -266,7 +266,7 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
         families: Vec::new(),
         scheduler: settings.ipvs.scheduler.clone(),
         exclude_cidrs: settings.ipvs.exclude_cidrs.clone(),
-        node_port_addresses,
+        node_port_addresses: node_port_addresses.clone(),
         strict_arp: settings.ipvs.strict_arp,
         timeouts: settings.ipvs.timeouts,
         iptables: iptables.clone(),
@@ -294,6 +294,7 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
         bind_address_hard_fail: settings.bind_address_hard_fail,
         inspection_bind_address: cli.inspection_bind_address,
         node_cidr_detector: settings.local_detector == LocalDetector::NodeCidr,
+        health_check_addresses: node_port_addresses,
     };
     let span = tracing::info_span!("agent", node = %config.client.node_name);
     let agent = run(config, settings.mode, iptables, ipvs).instrument(span);

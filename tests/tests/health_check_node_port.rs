@@ -135,3 +135,49 @@ fn health_check_node_port_answers_200_only_on_nodes_with_a_local_ready_endpoint(
     expect_health(&cluster, 1, 200, 1)?;
     Ok(())
 }
+
+/// Whether anything accepts a connection to `host`'s health-check node port from outside.
+fn listens(cluster: &DemoCluster, host: &str) -> Result<bool> {
+    let url = format!("http://{host}:{HEALTH_CHECK_NODE_PORT}/");
+    let output = cluster.run(
+        &cluster.external,
+        "sh",
+        &[
+            "-c",
+            &format!("curl -s --max-time 5 -o /dev/null -w '%{{http_code}}' {url} || true"),
+        ],
+    )?;
+    Ok(output.trim() != "000")
+}
+
+#[test]
+fn with_node_port_addresses_health_checks_listen_only_there() -> Result<()> {
+    // A second address of node-1 (on its loopback device), routed to node-1 by the external host.
+    const SECOND_ADDRESS: &str = "198.51.100.1";
+    let mut cluster = DemoCluster::start("hcnpaddr")?;
+    let web_a = web(&cluster, "web-a")?.clone();
+    cluster.write_manifest(MANIFEST, &web_local_yaml(&[&web_a]))?;
+    let node1 = cluster.nodes[0].clone();
+    let lan = node1.ip().to_string();
+    cluster.run(
+        &node1,
+        "ip",
+        &["addr", "add", &format!("{SECOND_ADDRESS}/32"), "dev", "lo"],
+    )?;
+    cluster.run(
+        &cluster.external,
+        "ip",
+        &["route", "add", &format!("{SECOND_ADDRESS}/32"), "via", &lan],
+    )?;
+    // Every address by default.
+    expect_health_at(&cluster, &lan, 200, 1)?;
+    expect_health_at(&cluster, SECOND_ADDRESS, 200, 1)?;
+    // As upstream, only the selected node-port addresses once nodePortAddresses selects some.
+    cluster.restart_agent(0, &["--nodeport-addresses", "198.51.100.0/24"])?;
+    expect_health_at(&cluster, SECOND_ADDRESS, 200, 1)?;
+    eventually("nothing listens on the LAN address", CONVERGE, || {
+        ensure!(!listens(&cluster, &lan)?, "{lan} still answers");
+        Ok(())
+    })
+    .with_context(|| cluster.logs())
+}

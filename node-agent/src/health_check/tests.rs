@@ -67,7 +67,7 @@ fn free_port() -> u16 {
 }
 
 fn checks(status: &Status) -> HealthChecks {
-    HealthChecks::new(Ipv4Addr::LOCALHOST.into(), status.clone(), TIMEOUT)
+    HealthChecks::new(vec![Ipv4Addr::LOCALHOST.into()], status.clone(), TIMEOUT)
 }
 
 /// One answer: status code, lowercase header lines, body.
@@ -291,7 +291,7 @@ async fn reconcile_updates_counts_in_place_and_stops_removed_ports() {
 
     assert_eq!(
         checks.addresses(),
-        BTreeMap::from([(web_port, started[&web_port])])
+        BTreeMap::from([(web_port, started[&web_port].clone())])
     );
     kept.write_all(b"GET / HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")
         .await
@@ -423,4 +423,42 @@ async fn the_applier_reconciles_the_servers_after_each_applied_revision() {
         (answer.code, &answer.body["localEndpoints"]),
         (503, &0.into())
     );
+}
+
+#[tokio::test]
+async fn every_bind_address_listens_or_none_does() {
+    let status = Status::default();
+    let (first, second): (IpAddr, IpAddr) = (
+        Ipv4Addr::LOCALHOST.into(),
+        Ipv4Addr::new(127, 0, 0, 2).into(),
+    );
+    let mut checks = HealthChecks::new(vec![first, second], status.clone(), TIMEOUT);
+    let port = free_port();
+    let web = state(vec![service(
+        "web",
+        port,
+        vec![vec![ready("10.244.0.1", true)]],
+    )]);
+    // The second address's port taken: the first is not kept listening alone.
+    let taken = std::net::TcpListener::bind((second, port)).expect("bound");
+    checks.reconcile(&web);
+    assert!(checks.addresses().is_empty());
+    assert!(
+        tokio::net::TcpStream::connect((first, port)).await.is_err(),
+        "the first address listens alone"
+    );
+    drop(taken);
+    checks.reconcile(&web);
+    assert_eq!(
+        checks.addresses(),
+        BTreeMap::from([(
+            port,
+            vec![SocketAddr::new(first, port), SocketAddr::new(second, port)]
+        )])
+    );
+    for ip in [first, second] {
+        tokio::net::TcpStream::connect((ip, port))
+            .await
+            .expect("listening");
+    }
 }
