@@ -208,6 +208,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
+    splitproxy_telemetry::process::ProcessCollector::register(&mut registry);
     let input = match cli.manifests {
         Some(dir) => Input::Manifests(dir),
         None => Input::Cluster(kube_client(cli.kubeconfig.as_deref(), cli.master).await?),

@@ -89,6 +89,7 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
 
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::new(&mut registry);
+    splitproxy_telemetry::process::ProcessCollector::register(&mut registry);
     let status = status::Status::default();
     let mode = dataplane.mode();
     let families = dataplane.ip_families();

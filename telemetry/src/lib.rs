@@ -1,7 +1,9 @@
 //! What the controller and the agent share to be observed: the Prometheus `/metrics` response,
-//! and the logging and tracing setup with the W3C trace context helpers ([`trace`]). Both
-//! binaries expose their own metrics; this keeps the exposition format in one place.
+//! the `process_*` metrics ([`process`]), and the logging and tracing setup with the W3C trace
+//! context helpers ([`trace`]). Both binaries expose their own metrics; this keeps the
+//! exposition format in one place.
 
+pub mod process;
 pub mod trace;
 
 use axum::{

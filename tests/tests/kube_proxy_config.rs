@@ -2,8 +2,8 @@
 //! kube-proxy itself: for the same flags or file, both write their resolved configuration
 //! (`--write-config-to`) and the two must agree field for field; what one refuses the other
 //! refuses too, but for the deliberate difference that the agent refuses unknown fields. And
-//! `--init-only` leaves a node as kube-proxy's leaves it, and both stop when their `--config`
-//! file is written to.
+//! `--init-only` leaves a node as kube-proxy's leaves it, both export the process metrics, and
+//! both stop when their `--config` file is written to.
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
@@ -448,6 +448,31 @@ fn both_stop_when_their_config_file_is_written_to() -> Result<()> {
             Ok(())
         })
         .with_context(|| format!("{}\n{}", upstream.log(), agent.log()))?;
+    }
+    // Meanwhile, both export the process metrics under the same names (Go's process collector
+    // upstream).
+    for name in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+    ] {
+        for node in &nodes {
+            let scrape = lab.exec_ok(
+                node,
+                "curl",
+                &["-s", "--max-time", "5", "http://127.0.0.1:10249/metrics"],
+            )?;
+            ensure!(
+                scrape
+                    .lines()
+                    .any(|line| line.starts_with(&format!("{name} "))),
+                "{} exports no {name}",
+                node.name()
+            );
+        }
     }
     for file in &files {
         std::fs::write(file, format!("{config}# edited\n"))?;
