@@ -17,6 +17,13 @@ pub struct TableLabel {
     pub ip_family: String,
 }
 
+/// An `ip_family` label (`IPv4`, `IPv6`), as kube-proxy labels it.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FamilyLabel {
+    /// The IP family.
+    pub ip_family: &'static str,
+}
+
 /// A `code` label (HTTP status code).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabel {
@@ -72,6 +79,10 @@ pub struct Metrics {
     /// `kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total`: those of them that
     /// were partial syncs (the next sync is full).
     pub partial_restore_failures: Counter,
+    /// `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`: in nftables mode, syncs whose
+    /// transaction the kernel refused, per IP family whose table it held (one transaction holds
+    /// every family's, so each counts). The iptables counters stay 0 in that mode, as upstream.
+    pub nftables_sync_failures: Family<FamilyLabel, Counter>,
     /// `kubeproxy_proxy_healthz_total`.
     pub healthz: Family<CodeLabel, Counter>,
     /// `kubeproxy_proxy_livez_total`.
@@ -112,6 +123,7 @@ impl Metrics {
             rules_total: Family::default(),
             restore_failures: Counter::default(),
             partial_restore_failures: Counter::default(),
+            nftables_sync_failures: Family::default(),
             healthz: Family::default(),
             livez: Family::default(),
             reconnects: Counter::default(),
@@ -203,6 +215,11 @@ impl Metrics {
             "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures",
             "Cumulative proxy iptables partial restore failures",
             metrics.partial_restore_failures.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures",
+            "Cumulative proxy nftables sync failures",
+            metrics.nftables_sync_failures.clone(),
         );
         registry.register(
             "kubeproxy_proxy_healthz",

@@ -5,7 +5,7 @@
 use crate::{
     client::error_chain,
     health_check::HealthChecks,
-    metrics::{Metrics, TableLabel, TrafficPolicyLabel},
+    metrics::{FamilyLabel, Metrics, TableLabel, TrafficPolicyLabel},
     runner::{SyncPeriods, SyncTimer},
     state::{Conversion, Eligibility, Key, NodeState, Revision},
     status::{Snapshot, Status, SyncOutcome},
@@ -308,9 +308,20 @@ impl<D: Dataplane> Applier<D> {
                 let state_held = self.status.snapshot().state.epoch.is_some();
                 self.timer.failed(started, finished, state_held);
                 if let FailedStep::Restore { partial } = err.failed_step() {
-                    self.metrics.restore_failures.inc();
-                    if partial {
-                        self.metrics.partial_restore_failures.inc();
+                    if self.dataplane.mode() == "nftables" {
+                        for family in self.dataplane.ip_families() {
+                            self.metrics
+                                .nftables_sync_failures
+                                .get_or_create(&FamilyLabel {
+                                    ip_family: family.name(),
+                                })
+                                .inc();
+                        }
+                    } else {
+                        self.metrics.restore_failures.inc();
+                        if partial {
+                            self.metrics.partial_restore_failures.inc();
+                        }
                     }
                 }
                 let message = format!("{err}");

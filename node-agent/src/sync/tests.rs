@@ -211,15 +211,19 @@ impl SyncError for Refusal {
     }
 }
 
-/// Fails every sync at one step.
+/// Fails every sync at one step, in a proxy mode, programming both families.
 #[derive(Debug)]
-struct Refusing(FailedStep);
+struct Refusing(FailedStep, &'static str);
 
 impl Dataplane for Refusing {
     type Error = Refusal;
 
     fn mode(&self) -> &'static str {
-        "iptables"
+        self.1
+    }
+
+    fn ip_families(&self) -> Vec<IpFamily> {
+        vec![IpFamily::V4, IpFamily::V6]
     }
 
     async fn sync(&mut self, _: &ProxyState) -> Result<SyncReport, Refusal> {
@@ -231,7 +235,11 @@ impl Dataplane for Refusing {
 async fn only_refused_rules_count_as_restore_failures_and_partial_ones_in_both_counters() {
     let counts = |step| async move {
         let metrics = Metrics::new(&mut Default::default());
-        let mut applier = Applier::new(Refusing(step), Status::default(), metrics.clone());
+        let mut applier = Applier::new(
+            Refusing(step, "iptables"),
+            Status::default(),
+            metrics.clone(),
+        );
         applier.apply(&web_revision()).await.expect_err("refused");
         (
             metrics.restore_failures.get(),
@@ -241,6 +249,27 @@ async fn only_refused_rules_count_as_restore_failures_and_partial_ones_in_both_c
     assert_eq!(counts(FailedStep::Restore { partial: true }).await, (1, 1));
     assert_eq!(counts(FailedStep::Restore { partial: false }).await, (1, 0));
     assert_eq!(counts(FailedStep::Other).await, (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_nftables_mode_a_refused_transaction_counts_per_family_and_not_as_iptables() {
+    let metrics = Metrics::new(&mut Default::default());
+    let step = FailedStep::Restore { partial: true };
+    let mut applier = Applier::new(
+        Refusing(step, "nftables"),
+        Status::default(),
+        metrics.clone(),
+    );
+    applier.apply(&web_revision()).await.expect_err("refused");
+    let failures = |ip_family| {
+        metrics
+            .nftables_sync_failures
+            .get_or_create(&FamilyLabel { ip_family })
+            .get()
+    };
+    assert_eq!((failures("IPv4"), failures("IPv6")), (1, 1));
+    assert_eq!(metrics.restore_failures.get(), 0);
+    assert_eq!(metrics.partial_restore_failures.get(), 0);
 }
 
 /// Records the syncs and the local CIDRs it is given.
