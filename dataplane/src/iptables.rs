@@ -376,13 +376,23 @@ impl Dataplane for Iptables {
 
     fn set_local_cidrs(&mut self, cidrs: Vec<crate::Cidr>) {
         self.tools.config_mut().render.cluster_cidrs = cidrs;
-        // Every Service's rules match local traffic: render them all again, in a full sync.
-        self.rendered = Rendered::default();
-        self.in_kernel = false;
+        self.render_all_again();
+    }
+
+    fn set_node_port_addresses(&mut self, addresses: Option<Vec<std::net::IpAddr>>) {
+        self.tools.config_mut().render.node_port_addresses = addresses;
+        self.render_all_again();
     }
 }
 
 impl Iptables {
+    /// After a change of render options: every Service's rules are rendered again, in a full
+    /// sync.
+    fn render_all_again(&mut self) {
+        self.rendered = Rendered::default();
+        self.in_kernel = false;
+    }
+
     /// One sync of this family: the kernel transaction and its bookkeeping.
     async fn sync_rules(&mut self, state: &ProxyState) -> Result<SyncReport> {
         let family = self.config().family;

@@ -151,4 +151,12 @@ pub trait Dataplane: Send + 'static {
     fn set_local_cidrs(&mut self, cidrs: Vec<Cidr>) {
         let _ = cidrs;
     }
+
+    /// Replaces the addresses that take node ports (`None`: every local address), as
+    /// kube-proxy matches `nodePortAddresses` against the node's addresses again at each sync;
+    /// the next sync writes every rule again. A backend that reads them at each sync anyway
+    /// only stores them.
+    fn set_node_port_addresses(&mut self, addresses: Option<Vec<std::net::IpAddr>>) {
+        let _ = addresses;
+    }
 }

@@ -95,6 +95,21 @@ struct Server {
     addresses: Vec<SocketAddr>,
 }
 
+/// Where health-check node ports listen, as kube-proxy: on the node-port addresses when
+/// `nodePortAddresses` selects some, else on every address of each family served, which `[::]`
+/// is where the host has IPv6 (Linux's bindv6only is off by default).
+#[must_use]
+pub fn bind_addresses(node_port_addresses: Option<Vec<IpAddr>>) -> Vec<IpAddr> {
+    node_port_addresses.unwrap_or_else(|| {
+        let ipv6 = std::net::Ipv6Addr::UNSPECIFIED;
+        if std::net::TcpListener::bind((ipv6, 0)).is_ok() {
+            vec![ipv6.into()]
+        } else {
+            vec![std::net::Ipv4Addr::UNSPECIFIED.into()]
+        }
+    })
+}
+
 /// The health-check servers of one node, reconciled with each applied state.
 pub struct HealthChecks {
     bind_ips: Vec<IpAddr>,
@@ -124,6 +139,15 @@ impl HealthChecks {
             status,
             timeout,
             servers: BTreeMap::new(),
+        }
+    }
+
+    /// Listens on `bind_ips` from the next [`reconcile`](Self::reconcile) on: the servers now
+    /// running stop.
+    pub fn rebind(&mut self, bind_ips: Vec<IpAddr>) {
+        if bind_ips != self.bind_ips {
+            self.bind_ips = bind_ips;
+            self.servers.clear();
         }
     }
 

@@ -65,9 +65,12 @@ pub struct Config {
     pub inspection_bind_address: SocketAddr,
     /// Whether pod traffic is told by the Node's pod CIDRs (kube-proxy's `NodeCIDR` detector).
     pub node_cidr_detector: bool,
-    /// The addresses health-check node ports listen on, when `nodePortAddresses` selects some;
-    /// `None`: every address.
-    pub health_check_addresses: Option<Vec<std::net::IpAddr>>,
+    /// The addresses that take node ports and health-check node ports at start, when
+    /// `nodePortAddresses` selects some; `None`: every address.
+    pub node_port_addresses: Option<Vec<std::net::IpAddr>>,
+    /// The `nodePortAddresses` selection, matched against the node's addresses again at each
+    /// sync.
+    pub node_port_selection: node_port_addresses::NodePortSelection,
 }
 
 /// Binds every listener, then runs the stream client and the servers until a server fails.
@@ -117,21 +120,15 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
             status.clone(),
         ),
     );
-    // kube-proxy binds the health-check node ports on the node-port addresses when
-    // nodePortAddresses selects some, else on every address of each family it serves: `[::]`
-    // takes both where the host has IPv6 (Linux's bindv6only is off by default).
-    let health_check_ips = config
-        .health_check_addresses
-        .clone()
-        .unwrap_or_else(|| vec![any_address()]);
     let health_checks = health_check::HealthChecks::new(
-        health_check_ips,
+        health_check::bind_addresses(config.node_port_addresses.clone()),
         status.clone(),
         config.sync_periods.health_timeout(),
     );
     let mut applier = sync::Applier::new(dataplane, status.clone(), metrics.clone())
         .with_sync_periods(config.sync_periods)
-        .with_health_checks(health_checks);
+        .with_health_checks(health_checks)
+        .with_node_port_selection(config.node_port_selection, config.node_port_addresses);
     if config.node_cidr_detector {
         applier = applier.with_node_cidr_detector();
     }
@@ -141,16 +138,6 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
         result = metrics_server => result,
         result = health_server => result,
         result = inspection_server => result,
-    }
-}
-
-/// The wildcard address for both families where the host has IPv6, else IPv4's.
-fn any_address() -> std::net::IpAddr {
-    let ipv6 = std::net::Ipv6Addr::UNSPECIFIED;
-    if std::net::TcpListener::bind((ipv6, 0)).is_ok() {
-        ipv6.into()
-    } else {
-        std::net::Ipv4Addr::UNSPECIFIED.into()
     }
 }
 

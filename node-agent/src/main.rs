@@ -11,7 +11,7 @@ use splitproxy_agent::{
     host_setup,
     kube_proxy_config::{self, LocalDetector, Settings},
     node_port_addresses::{
-        includes_ipv4_loopback, interface_addresses, needs_primary, primary_toward, select,
+        NodePortSelection, includes_ipv4_loopback, needs_primary, primary_toward,
     },
     wire_mode,
 };
@@ -250,8 +250,14 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
             }
         },
     };
-    let node_port_addresses = node_port_addresses(&settings, primary_ip)
+    let node_port_selection = node_port_addresses(&settings, primary_ip)
         .map_err(|err| anyhow::anyhow!("cannot resolve --nodeport-addresses: {err}"))?;
+    let node_port_addresses = node_port_selection
+        .resolve()
+        .map_err(|err| anyhow::anyhow!("cannot resolve --nodeport-addresses: {err}"))?;
+    if let Some(addresses) = &node_port_addresses {
+        tracing::info!(?addresses, "node ports accepted on");
+    }
     let render = RenderOptions::default()
         .with_cluster_cidrs(cluster_cidrs)
         .with_pod_interfaces(pod_interfaces)
@@ -294,7 +300,8 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
         bind_address_hard_fail: settings.bind_address_hard_fail,
         inspection_bind_address: cli.inspection_bind_address,
         node_cidr_detector: settings.local_detector == LocalDetector::NodeCidr,
-        health_check_addresses: node_port_addresses,
+        node_port_addresses,
+        node_port_selection,
     };
     let span = tracing::info_span!("agent", node = %config.client.node_name);
     let agent = run(config, settings.mode, iptables, ipvs).instrument(span);
@@ -476,20 +483,18 @@ fn localhost_node_ports(settings: &Settings) -> bool {
 fn node_port_addresses(
     settings: &Settings,
     primary_ip: Option<IpAddr>,
-) -> std::io::Result<Option<Vec<IpAddr>>> {
+) -> std::io::Result<NodePortSelection> {
     // The nftables mode's default, `primary`, is filled in with the configuration.
     let selection = settings.node_port_addresses.clone();
-    if selection.is_empty() {
-        return Ok(None);
-    }
     if needs_primary(&selection) && primary_ip.is_none() {
         return Err(std::io::Error::other(
             "`primary` needs the node's primary IP: set --bind-address",
         ));
     }
-    let selected = select(&selection, &interface_addresses()?, primary_ip);
-    tracing::info!(addresses = ?selected, "node ports accepted on");
-    Ok(selected)
+    Ok(NodePortSelection {
+        selection,
+        primary: primary_ip,
+    })
 }
 
 fn host_name() -> std::io::Result<String> {

@@ -38,6 +38,34 @@ impl FromStr for NodePortAddress {
     }
 }
 
+/// A `--nodeport-addresses` selection with what it needs to be matched against the node's
+/// addresses, which kube-proxy does again at each sync.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePortSelection {
+    /// The values given.
+    pub selection: Vec<NodePortAddress>,
+    /// The node's primary IP, for `primary`.
+    pub primary: Option<IpAddr>,
+}
+
+impl NodePortSelection {
+    /// The addresses that take node ports now; `None` for every local address.
+    ///
+    /// # Errors
+    ///
+    /// If the kernel cannot list the node's addresses.
+    pub fn resolve(&self) -> std::io::Result<Option<Vec<IpAddr>>> {
+        if self.selection.is_empty() {
+            return Ok(None);
+        }
+        Ok(select(
+            &self.selection,
+            &interface_addresses()?,
+            self.primary,
+        ))
+    }
+}
+
 /// The addresses that take node ports, or `None` for every local address.
 ///
 /// `interfaces` are the node's interface addresses; `primary` its primary IP, needed only when

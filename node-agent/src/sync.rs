@@ -6,6 +6,7 @@ use crate::{
     client::error_chain,
     health_check::HealthChecks,
     metrics::{FamilyLabel, Metrics, TableLabel, TrafficPolicyLabel},
+    node_port_addresses::NodePortSelection,
     runner::{SyncPeriods, SyncTimer},
     state::{Conversion, Eligibility, Key, NodeState, Revision},
     status::{Snapshot, Status, SyncOutcome},
@@ -17,6 +18,7 @@ use splitproxy_dataplane::{
 use std::{
     collections::BTreeSet,
     future::Future,
+    net::IpAddr,
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -67,6 +69,9 @@ pub struct Applier<D> {
     converted: (Arc<NodeState>, Conversion),
     /// Whether pod traffic is told by the Node's pod CIDRs (kube-proxy's `NodeCIDR` detector).
     node_cidr_detector: bool,
+    /// The `nodePortAddresses` selection and the addresses it matched last: matched again
+    /// before each sync, as kube-proxy does.
+    node_ports: Option<(NodePortSelection, Option<Vec<IpAddr>>)>,
 }
 
 impl<D: Dataplane> Applier<D> {
@@ -81,6 +86,46 @@ impl<D: Dataplane> Applier<D> {
             health_checks: None,
             converted: Default::default(),
             node_cidr_detector: false,
+            node_ports: None,
+        }
+    }
+
+    /// The same applier, matching `selection` against the node's addresses before each sync
+    /// (it matched `current` at start), and moving node ports and health-check node ports when
+    /// the match changes.
+    #[must_use]
+    pub fn with_node_port_selection(
+        mut self,
+        selection: NodePortSelection,
+        current: Option<Vec<IpAddr>>,
+    ) -> Self {
+        if !selection.selection.is_empty() {
+            self.node_ports = Some((selection, current));
+        }
+        self
+    }
+
+    /// Matches the `nodePortAddresses` selection again; when the node's addresses moved, the
+    /// dataplane and the health-check servers move with them.
+    fn follow_node_port_addresses(&mut self) {
+        let Some((selection, current)) = &mut self.node_ports else {
+            return;
+        };
+        let addresses = match selection.resolve() {
+            Ok(addresses) => addresses,
+            Err(err) => {
+                tracing::warn!(%err, "cannot list the node's addresses; node ports stay where they are");
+                return;
+            }
+        };
+        if addresses == *current {
+            return;
+        }
+        tracing::info!(?addresses, before = ?current, "node ports move to the node's addresses now selected");
+        current.clone_from(&addresses);
+        self.dataplane.set_node_port_addresses(addresses.clone());
+        if let Some(health_checks) = &mut self.health_checks {
+            health_checks.rebind(crate::health_check::bind_addresses(addresses));
         }
     }
 
@@ -282,6 +327,7 @@ impl<D: Dataplane> Applier<D> {
         if let Some(allowed) = self.timer.next_sync_allowed() {
             tokio::time::sleep_until(allowed).await;
         }
+        self.follow_node_port_addresses();
         // The sync takes the pending changes in, as kube-proxy's checks them out when it starts.
         self.metrics.service_changes_pending.set(0);
         self.metrics.endpoint_changes_pending.set(0);

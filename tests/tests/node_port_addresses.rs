@@ -16,6 +16,8 @@ const CONVERGE: Duration = Duration::from_secs(90);
 const REQUESTS: u32 = 20;
 /// A second address of node-1 (on its loopback device), routed to node-1 by the external host.
 const SECOND_ADDRESS: &str = "198.51.100.1";
+/// One more, added while the agent runs.
+const THIRD_ADDRESS: &str = "198.51.100.2";
 
 /// Requests from the external host to node-1's node port on `address`: answered and failed.
 fn from_outside(cluster: &DemoCluster, address: &str) -> Result<(u32, u32)> {
@@ -81,6 +83,26 @@ fn node_ports_answer_only_on_the_selected_node_addresses() -> Result<()> {
         ensure!(answered == REQUESTS, "{answered} of {REQUESTS} answered");
         let (answered_lan, _) = from_outside(&cluster, &lan)?;
         ensure!(answered_lan == 0, "{answered_lan} answered on {lan}");
+        Ok(())
+    })
+    .with_context(|| cluster.logs())?;
+
+    // An address the node gains inside the selection takes node ports too, without a restart:
+    // the selection is matched again at each sync (every sync period at the latest), as
+    // upstream.
+    cluster.run(
+        &node1,
+        "ip",
+        &["addr", "add", &format!("{THIRD_ADDRESS}/32"), "dev", "lo"],
+    )?;
+    cluster.run(
+        &cluster.external,
+        "ip",
+        &["route", "add", &format!("{THIRD_ADDRESS}/32"), "via", &lan],
+    )?;
+    eventually("node ports on an address added later", CONVERGE, || {
+        let (answered, _) = from_outside(&cluster, THIRD_ADDRESS)?;
+        ensure!(answered == REQUESTS, "{answered} of {REQUESTS} answered");
         Ok(())
     })
     .with_context(|| cluster.logs())?;

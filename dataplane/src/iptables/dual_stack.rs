@@ -113,6 +113,12 @@ impl Dataplane for DualStack {
         }
     }
 
+    fn set_node_port_addresses(&mut self, addresses: Option<Vec<std::net::IpAddr>>) {
+        for executor in &mut self.families {
+            executor.set_node_port_addresses(addresses.clone());
+        }
+    }
+
     /// Syncs every family, also after one failed (the families are independent, as upstream's
     /// proxiers are); the report sums the tables and keeps each family's counts. Returns the
     /// first failing family's error when any failed, so the whole sync is retried.

@@ -234,6 +234,15 @@ impl Dataplane for IpvsBackend {
         self.config.iptables.render.cluster_cidrs = cidrs;
     }
 
+    fn set_node_port_addresses(&mut self, addresses: Option<Vec<std::net::IpAddr>>) {
+        self.config
+            .iptables
+            .render
+            .node_port_addresses
+            .clone_from(&addresses);
+        self.config.node_port_addresses = addresses;
+    }
+
     fn ip_families(&self) -> Vec<IpFamily> {
         self.config.families.clone()
     }

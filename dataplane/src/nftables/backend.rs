@@ -176,12 +176,12 @@ impl Dataplane for NftablesBackend {
 
     fn set_local_cidrs(&mut self, cidrs: Vec<crate::Cidr>) {
         self.config.render.cluster_cidrs = cidrs;
-        for table in &mut self.tables {
-            table.options = Options::new(table.options.family(), &self.config.render);
-            // Rendered again from nothing, and written in full.
-            table.rendered = None;
-        }
-        self.forget();
+        self.render_all_again();
+    }
+
+    fn set_node_port_addresses(&mut self, addresses: Option<Vec<std::net::IpAddr>>) {
+        self.config.render.node_port_addresses = addresses;
+        self.render_all_again();
     }
 
     async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport, Error> {
@@ -252,6 +252,16 @@ impl Dataplane for NftablesBackend {
 }
 
 impl NftablesBackend {
+    /// After a change of render options: each table's options made again, its rules rendered
+    /// again from nothing and written in full.
+    fn render_all_again(&mut self) {
+        for table in &mut self.tables {
+            table.options = Options::new(table.options.family(), &self.config.render);
+            table.rendered = None;
+        }
+        self.forget();
+    }
+
     /// Whether `state` is what the kernel holds, in every table.
     fn unchanged(&self, state: &ProxyState) -> bool {
         // Services both states share are skipped without a look inside.

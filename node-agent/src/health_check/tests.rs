@@ -462,3 +462,26 @@ async fn every_bind_address_listens_or_none_does() {
             .expect("listening");
     }
 }
+
+#[tokio::test]
+async fn rebinding_moves_the_servers_at_the_next_reconcile() {
+    let status = Status::default();
+    let (first, second): (IpAddr, IpAddr) = (
+        Ipv4Addr::LOCALHOST.into(),
+        Ipv4Addr::new(127, 0, 0, 3).into(),
+    );
+    let mut checks = HealthChecks::new(vec![first], status.clone(), TIMEOUT);
+    let port = free_port();
+    let web = state(vec![service(
+        "web",
+        port,
+        vec![vec![ready("10.244.0.1", true)]],
+    )]);
+    checks.reconcile(&web);
+    checks.rebind(vec![second]);
+    checks.reconcile(&web);
+    assert_eq!(
+        checks.addresses(),
+        BTreeMap::from([(port, vec![SocketAddr::new(second, port)])])
+    );
+}
