@@ -479,6 +479,28 @@ impl DemoCluster {
         .with_context(|| self.logs())
     }
 
+    /// Gives node `index` one more address, `ip`, on its loopback device, and routes it to that
+    /// node from the external host.
+    ///
+    /// # Errors
+    ///
+    /// If `ip` fails.
+    pub fn add_node_address(&self, index: usize, ip: &str) -> Result<()> {
+        let node = &self.nodes[index];
+        self.run(
+            node,
+            "ip",
+            &["addr", "add", &format!("{ip}/32"), "dev", "lo"],
+        )?;
+        let via = node.ip().to_string();
+        self.run(
+            &self.external,
+            "ip",
+            &["route", "add", &format!("{ip}/32"), "via", &via],
+        )?;
+        Ok(())
+    }
+
     /// Runs a command in `ns` and returns its standard output, failing on a non-zero exit.
     ///
     /// # Errors

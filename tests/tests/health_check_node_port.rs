@@ -157,18 +157,8 @@ fn with_node_port_addresses_health_checks_listen_only_there() -> Result<()> {
     let mut cluster = DemoCluster::start("hcnpaddr")?;
     let web_a = web(&cluster, "web-a")?.clone();
     cluster.write_manifest(MANIFEST, &web_local_yaml(&[&web_a]))?;
-    let node1 = cluster.nodes[0].clone();
-    let lan = node1.ip().to_string();
-    cluster.run(
-        &node1,
-        "ip",
-        &["addr", "add", &format!("{SECOND_ADDRESS}/32"), "dev", "lo"],
-    )?;
-    cluster.run(
-        &cluster.external,
-        "ip",
-        &["route", "add", &format!("{SECOND_ADDRESS}/32"), "via", &lan],
-    )?;
+    let lan = cluster.nodes[0].ip().to_string();
+    cluster.add_node_address(0, SECOND_ADDRESS)?;
     // Every address by default.
     expect_health_at(&cluster, &lan, 200, 1)?;
     expect_health_at(&cluster, SECOND_ADDRESS, 200, 1)?;

@@ -47,18 +47,9 @@ fn expect_node_port(cluster: &DemoCluster, second_answers: bool, what: &str) -> 
 #[test]
 fn node_ports_answer_only_on_the_selected_node_addresses() -> Result<()> {
     let mut cluster = DemoCluster::start("npaddr")?;
-    let node1 = cluster.nodes[0].clone();
-    let lan = node1.ip().to_string();
-    cluster.run(
-        &node1,
-        "ip",
-        &["addr", "add", &format!("{SECOND_ADDRESS}/32"), "dev", "lo"],
-    )?;
-    cluster.run(
-        &cluster.external,
-        "ip",
-        &["route", "add", &format!("{SECOND_ADDRESS}/32"), "via", &lan],
-    )?;
+    let lan = cluster.nodes[0].ip().to_string();
+
+    cluster.add_node_address(0, SECOND_ADDRESS)?;
 
     expect_node_port(
         &cluster,
@@ -90,16 +81,7 @@ fn node_ports_answer_only_on_the_selected_node_addresses() -> Result<()> {
     // An address the node gains inside the selection takes node ports too, without a restart:
     // the selection is matched again at each sync (every sync period at the latest), as
     // upstream.
-    cluster.run(
-        &node1,
-        "ip",
-        &["addr", "add", &format!("{THIRD_ADDRESS}/32"), "dev", "lo"],
-    )?;
-    cluster.run(
-        &cluster.external,
-        "ip",
-        &["route", "add", &format!("{THIRD_ADDRESS}/32"), "via", &lan],
-    )?;
+    cluster.add_node_address(0, THIRD_ADDRESS)?;
     eventually("node ports on an address added later", CONVERGE, || {
         let (answered, _) = from_outside(&cluster, THIRD_ADDRESS)?;
         ensure!(answered == REQUESTS, "{answered} of {REQUESTS} answered");
