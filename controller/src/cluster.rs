@@ -6,6 +6,7 @@ use crate::eligibility::Ineligible;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
 };
 use splitproxy_proto::{names::is_dns_label, v1alpha1 as pb};
 use std::{
@@ -106,6 +107,8 @@ pub struct Objects {
     pub slices: BTreeMap<Key, Arc<EndpointSlice>>,
     /// Nodes by name.
     pub nodes: BTreeMap<String, Arc<Node>>,
+    /// ServiceCIDRs by name.
+    pub service_cidrs: BTreeMap<String, Arc<ServiceCIDR>>,
 }
 
 /// The converted Services by key; an entry keeps its `Arc` while it does not change, so states
@@ -124,6 +127,8 @@ pub struct ClusterState {
     pub endpoints: Arc<Endpoints>,
     /// The known Nodes by name, with what the views need of each.
     pub nodes: BTreeMap<String, NodeInfo>,
+    /// The cluster's service CIDRs: every ServiceCIDR's `spec.cidrs`, sorted, without repeats.
+    pub service_cidrs: Arc<Vec<String>>,
     /// The Services left out because they cannot be programmed (each logged once).
     pub invalid_services: BTreeSet<Key>,
     /// The change this state came from.

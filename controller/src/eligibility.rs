@@ -46,9 +46,9 @@ impl Ineligible {
 }
 
 /// The status sent to the agent of a node the cluster knows as `known` (`None`: not at all): its
-/// eligibility and, passed along, its pod CIDRs.
+/// eligibility and, passed along, its pod CIDRs and the cluster's `service_cidrs`.
 #[must_use]
-pub fn status(known: Option<&NodeInfo>) -> pb::NodeStatus {
+pub fn status(known: Option<&NodeInfo>, service_cidrs: &[String]) -> pb::NodeStatus {
     let ineligible = match known {
         None => Some(Ineligible::UnknownNode),
         Some(node) => node.ineligible,
@@ -57,6 +57,7 @@ pub fn status(known: Option<&NodeInfo>) -> pb::NodeStatus {
         eligible: ineligible.is_none(),
         reason: ineligible.map(|i| i.to_string()).unwrap_or_default(),
         pod_cidrs: known.map(|node| node.pod_cidrs.clone()).unwrap_or_default(),
+        service_cidrs: service_cidrs.to_vec(),
     }
 }
 

@@ -25,6 +25,8 @@ pub struct ChangeSet {
     pub endpoints: BTreeSet<Key>,
     /// Nodes added, changed (topology, eligibility) or removed.
     pub nodes: BTreeSet<String>,
+    /// Whether the cluster's service CIDRs changed (every node's status carries them).
+    pub service_cidrs: bool,
 }
 
 impl ChangeSet {
@@ -40,19 +42,24 @@ impl ChangeSet {
                 Arc::ptr_eq(a, b) || a == b
             }),
             nodes: changed_keys(&before.nodes, &after.nodes, PartialEq::eq),
+            service_cidrs: before.service_cidrs != after.service_cidrs,
         }
     }
 
     /// Whether nothing changed.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && self.endpoints.is_empty() && self.nodes.is_empty()
+        self.services.is_empty()
+            && self.endpoints.is_empty()
+            && self.nodes.is_empty()
+            && !self.service_cidrs
     }
 
     fn extend(&mut self, other: &Self) {
         self.services.extend(other.services.iter().cloned());
         self.endpoints.extend(other.endpoints.iter().cloned());
         self.nodes.extend(other.nodes.iter().cloned());
+        self.service_cidrs |= other.service_cidrs;
     }
 }
 

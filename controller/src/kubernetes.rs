@@ -1,6 +1,7 @@
-//! The Kubernetes API source: one reflector each on Services, EndpointSlices and Nodes.
+//! The Kubernetes API source: one reflector each on Services, EndpointSlices, Nodes and
+//! ServiceCIDRs.
 //!
-//! Nothing is published before all three have listed once, so agents never see a half-read
+//! Nothing is published before all four have listed once, so agents never see a half-read
 //! cluster. A relist (after a 410 or an API-server restart) is swapped into the stores atomically
 //! when it completes, so objects that still exist never disappear in between.
 
@@ -12,6 +13,7 @@ use futures::{FutureExt, StreamExt, stream::BoxStream};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
 };
 use kube::{
     Api, Client, Resource,
@@ -27,12 +29,13 @@ pub enum Error {
     StreamsEnded,
 }
 
-/// Which of the three watches an event came from.
+/// Which of the watches an event came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Services,
     EndpointSlices,
     Nodes,
+    ServiceCidrs,
 }
 
 /// What a watch event means for publishing.
@@ -44,6 +47,8 @@ enum Signal {
     Listed(Kind),
     /// A relist started: the store keeps the old objects until it completes.
     Relisting,
+    /// The API server does not serve this kind: it counts as listed, with nothing in it.
+    Missing(Kind),
 }
 
 /// Watches the API server through `client`.
@@ -85,6 +90,13 @@ where
                 Ok(watcher::Event::InitApply(_)) => None,
                 Ok(watcher::Event::InitDone) => Some(Signal::Listed(kind)),
                 Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => Some(Signal::Changed),
+                // An API server without the kind (ServiceCIDRs before v1.33) has none of it:
+                // kube-proxy then runs without them too.
+                Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
+                    if status.code == 404 && kind == Kind::ServiceCidrs =>
+                {
+                    Some(Signal::Missing(kind))
+                }
                 Err(err) => {
                     tracing::warn!(
                         ?kind,
@@ -105,6 +117,7 @@ impl Source for KubernetesSource {
         let (services, services_writer) = reflector::store();
         let (slices, slices_writer) = reflector::store();
         let (nodes, nodes_writer) = reflector::store();
+        let (service_cidrs, service_cidrs_writer) = reflector::store();
         // kube-proxy's informer filters: Services another proxy claims and the slices of
         // headless Services are never read.
         let streams = [
@@ -126,6 +139,12 @@ impl Source for KubernetesSource {
                 nodes_writer,
                 Kind::Nodes,
             ),
+            watch(
+                Api::<ServiceCIDR>::all(self.client.clone()),
+                watcher::Config::default(),
+                service_cidrs_writer,
+                Kind::ServiceCidrs,
+            ),
         ];
         let mut signals = futures::stream::select_all(streams);
         let mut listed = Listed::default();
@@ -144,11 +163,8 @@ impl Source for KubernetesSource {
                     publish(Objects {
                         services: keyed(&services.state()),
                         slices: keyed(&slices.state()),
-                        nodes: nodes
-                            .state()
-                            .iter()
-                            .filter_map(|n| Some((n.metadata.name.clone()?, Arc::clone(n))))
-                            .collect(),
+                        nodes: by_name(&nodes.state()),
+                        service_cidrs: by_name(&service_cidrs.state()),
                     });
                 });
             }
@@ -163,6 +179,7 @@ struct Listed {
     services: bool,
     slices: bool,
     nodes: bool,
+    service_cidrs: bool,
 }
 
 impl Listed {
@@ -172,19 +189,34 @@ impl Listed {
             Signal::Relisting => false,
             Signal::Changed => true,
             Signal::Listed(kind) => {
-                match kind {
-                    Kind::Services => self.services = true,
-                    Kind::EndpointSlices => self.slices = true,
-                    Kind::Nodes => self.nodes = true,
-                }
+                *self.flag(kind) = true;
                 true
             }
+            // Once: an API server without the kind answers every retry the same.
+            Signal::Missing(kind) => !std::mem::replace(self.flag(kind), true),
+        }
+    }
+
+    fn flag(&mut self, kind: Kind) -> &mut bool {
+        match kind {
+            Kind::Services => &mut self.services,
+            Kind::EndpointSlices => &mut self.slices,
+            Kind::Nodes => &mut self.nodes,
+            Kind::ServiceCidrs => &mut self.service_cidrs,
         }
     }
 
     fn all(&self) -> bool {
-        self.services && self.slices && self.nodes
+        self.services && self.slices && self.nodes && self.service_cidrs
     }
+}
+
+/// The store's cluster-scoped objects by name, as [`keyed`] does.
+fn by_name<K: Resource>(objects: &[Arc<K>]) -> std::collections::BTreeMap<String, Arc<K>> {
+    objects
+        .iter()
+        .filter_map(|o| Some((o.meta().name.clone()?, Arc::clone(o))))
+        .collect()
 }
 
 /// The store's objects by key: the store's own `Arc`s, which it replaces only when an object
@@ -212,7 +244,20 @@ mod tests {
         assert!(listed.note(Signal::Listed(Kind::EndpointSlices)));
         assert!(!listed.all());
         listed.note(Signal::Listed(Kind::Nodes));
+        assert!(!listed.all());
+        listed.note(Signal::Listed(Kind::ServiceCidrs));
         assert!(listed.all());
+    }
+
+    #[test]
+    fn a_kind_the_api_server_lacks_counts_as_listed_once() {
+        let mut listed = Listed::default();
+        for kind in [Kind::Services, Kind::EndpointSlices, Kind::Nodes] {
+            listed.note(Signal::Listed(kind));
+        }
+        assert!(listed.note(Signal::Missing(Kind::ServiceCidrs)));
+        assert!(listed.all());
+        assert!(!listed.note(Signal::Missing(Kind::ServiceCidrs)));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The manifests source: Services, EndpointSlices and Nodes read from a directory of YAML files in
+//! The manifests source: Services, EndpointSlices, Nodes and ServiceCIDRs read from a directory of YAML files in
 //! the form `kubectl get -o yaml` prints, re-read whenever the directory changes.
 //!
 //! A file that does not parse is reported and keeps contributing what it held when it last parsed,
@@ -11,6 +11,7 @@ use crate::{
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
 };
 use notify::Watcher;
 use serde::Deserialize;
@@ -66,6 +67,8 @@ pub enum Object {
     EndpointSlice(Arc<EndpointSlice>),
     /// A core/v1 Node.
     Node(Arc<Node>),
+    /// A networking.k8s.io/v1 ServiceCIDR.
+    ServiceCidr(Arc<ServiceCIDR>),
 }
 
 impl Object {
@@ -76,6 +79,7 @@ impl Object {
             Self::Service(svc) => svc.metadata.name.as_deref(),
             Self::EndpointSlice(slice) => slice.metadata.name.as_deref(),
             Self::Node(node) => node.metadata.name.as_deref(),
+            Self::ServiceCidr(cidr) => cidr.metadata.name.as_deref(),
         }
     }
 
@@ -86,6 +90,7 @@ impl Object {
             Self::Service(_) => "Service",
             Self::EndpointSlice(_) => "EndpointSlice",
             Self::Node(_) => "Node",
+            Self::ServiceCidr(_) => "ServiceCIDR",
         }
     }
 }
@@ -149,6 +154,11 @@ fn decode(value: serde_json::Value, index: usize) -> Result<Option<Object>, Erro
                 .map_err(invalid)?,
         )),
         ("v1", "Node") => Some(Object::Node(
+            serde_json::from_value(value)
+                .map(Arc::new)
+                .map_err(invalid)?,
+        )),
+        ("networking.k8s.io/v1", "ServiceCIDR") => Some(Object::ServiceCidr(
             serde_json::from_value(value)
                 .map(Arc::new)
                 .map_err(invalid)?,
@@ -292,6 +302,11 @@ impl Objects {
                 Object::Node(node) => {
                     if let Some(name) = &node.metadata.name {
                         objects.nodes.insert(name.clone(), Arc::clone(node));
+                    }
+                }
+                Object::ServiceCidr(cidr) => {
+                    if let Some(name) = &cidr.metadata.name {
+                        objects.service_cidrs.insert(name.clone(), Arc::clone(cidr));
                     }
                 }
             }

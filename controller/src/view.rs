@@ -115,7 +115,10 @@ impl NodeView {
             services: Arc::clone(&cluster.services),
             backends: Arc::clone(&cluster.endpoints),
             own,
-            status: Some(eligibility::status(cluster.nodes.get(node))),
+            status: Some(eligibility::status(
+                cluster.nodes.get(node),
+                &cluster.service_cidrs,
+            )),
         }
     }
 

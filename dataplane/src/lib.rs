@@ -152,6 +152,13 @@ pub trait Dataplane: Send + 'static {
         let _ = cidrs;
     }
 
+    /// Replaces the cluster's service CIDRs (kube-proxy's `ServiceCIDR`s): nftables mode drops
+    /// traffic to their addresses that no Service holds, so the next sync writes every rule
+    /// again. The other modes do not use them, as upstream.
+    fn set_service_cidrs(&mut self, cidrs: Vec<Cidr>) {
+        let _ = cidrs;
+    }
+
     /// Replaces the addresses that take node ports (`None`: every local address), as
     /// kube-proxy matches `nodePortAddresses` against the node's addresses again at each sync;
     /// the next sync writes every rule again. A backend that reads them at each sync anyway

@@ -174,6 +174,15 @@ impl Cidr {
         Self { address, prefix }
     }
 
+    /// The block holding `ip` alone (`/32`, `/128`).
+    #[must_use]
+    pub fn host(ip: IpAddr) -> Self {
+        Self {
+            address: ip,
+            prefix: if ip.is_ipv4() { 32 } else { 128 },
+        }
+    }
+
     /// Whether `ip` is inside this block; never for an address of the other family.
     #[must_use]
     pub fn contains(&self, ip: IpAddr) -> bool {

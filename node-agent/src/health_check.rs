@@ -96,18 +96,40 @@ struct Server {
 }
 
 /// Where health-check node ports listen, as kube-proxy: on the node-port addresses when
-/// `nodePortAddresses` selects some, else on every address of each family served, which `[::]`
-/// is where the host has IPv6 (Linux's bindv6only is off by default).
+/// `nodePortAddresses` selects some (a family's unspecified address standing for all of the
+/// family's, left out where the host has no IPv6), else on every address of each family served,
+/// which `[::]` is where the host has IPv6 (Linux's bindv6only is off by default).
 #[must_use]
 pub fn bind_addresses(node_port_addresses: Option<Vec<IpAddr>>) -> Vec<IpAddr> {
-    node_port_addresses.unwrap_or_else(|| {
-        let ipv6 = std::net::Ipv6Addr::UNSPECIFIED;
-        if std::net::TcpListener::bind((ipv6, 0)).is_ok() {
-            vec![ipv6.into()]
-        } else {
-            vec![std::net::Ipv4Addr::UNSPECIFIED.into()]
-        }
-    })
+    let ipv6 = IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED);
+    let host_has_ipv6 = || std::net::TcpListener::bind((ipv6, 0)).is_ok();
+    match node_port_addresses {
+        Some(addresses) => addresses
+            .into_iter()
+            .filter(|ip| *ip != ipv6 || host_has_ipv6())
+            .collect(),
+        None if host_has_ipv6() => vec![ipv6],
+        None => vec![std::net::Ipv4Addr::UNSPECIFIED.into()],
+    }
+}
+
+/// A listener on `ip`:`port`. `[::]` beside other addresses takes IPv6 alone, as upstream's
+/// per-family servers: IPv4 connections belong to the IPv4 addresses listed.
+fn listen(ip: IpAddr, port: u16, beside_others: bool) -> std::io::Result<std::net::TcpListener> {
+    let address = SocketAddr::new(ip, port);
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(address),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    if ip.is_ipv6() && ip.is_unspecified() {
+        socket.set_only_v6(beside_others)?;
+    }
+    // As std's listeners: a restarted agent binds again while old connections linger.
+    socket.set_reuse_address(true)?;
+    socket.bind(&address.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
 }
 
 /// The health-check servers of one node, reconciled with each applied state.
@@ -199,7 +221,7 @@ impl HealthChecks {
         let listeners = self
             .bind_ips
             .iter()
-            .map(|ip| std::net::TcpListener::bind((*ip, port)))
+            .map(|ip| listen(*ip, port, self.bind_ips.len() > 1))
             .collect::<std::io::Result<Vec<_>>>()?;
         let (health, reported) = watch::channel(health);
         let (mut shutdowns, mut addresses) = (Vec::new(), Vec::new());

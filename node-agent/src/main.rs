@@ -150,7 +150,7 @@ async fn start(cli: Cli, settings: Settings, node_name: String) -> ExitCode {
 fn set_up_node(settings: &Settings, init_only: bool) -> Result<(), ExitCode> {
     let paths = host_setup::Paths::default();
     let mut applied = host_setup::set_conntrack_sysctls(&settings.conntrack, &paths);
-    if localhost_node_ports(settings) {
+    if localhost_node_ports(settings, settings.bind_address) {
         tracing::info!(
             "setting route_localnet=1 for node ports on 127.0.0.1; iptables.localhostNodePorts \
              false (--iptables-localhost-nodeports=false) or nodePortAddresses without \
@@ -265,7 +265,7 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
         .with_masquerade_bit(settings.masquerade_bit)
         .with_node_port_addresses(node_port_addresses.clone())
         .with_node_ips(primary_ip)
-        .with_localhost_node_ports(localhost_node_ports(&settings))
+        .with_localhost_node_ports(localhost_node_ports(&settings, primary_ip))
         .with_tcp_be_liberal(host_setup::tcp_be_liberal());
     let iptables = iptables::Config::default().with_render_options(render);
     let ipvs = ipvs::Config {
@@ -473,10 +473,10 @@ fn log_removed(removed: &Removed, message: &str) {
 
 /// Whether node ports answer on 127.0.0.1: only in iptables mode, when asked and when the node
 /// port addresses include loopback, as kube-proxy.
-fn localhost_node_ports(settings: &Settings) -> bool {
+fn localhost_node_ports(settings: &Settings, primary_ip: Option<IpAddr>) -> bool {
     settings.mode == ProxyMode::Iptables
         && settings.localhost_node_ports
-        && includes_ipv4_loopback(&settings.node_port_addresses)
+        && includes_ipv4_loopback(&settings.node_port_addresses, primary_ip)
 }
 
 /// The node addresses `--nodeport-addresses` selects, read once at start-up; `None` for all.

@@ -1,9 +1,11 @@
 //! `--nodeport-addresses`: which of the node's addresses accept node-port traffic.
 //!
-//! As kube-proxy: unset means every local address (`-m addrtype --dst-type LOCAL`); a list of
-//! CIDRs means the node's interface addresses inside them; `primary` means the node's primary
-//! IP. A CIDR matching everything (`0.0.0.0/0`) is the same as unset. Loopback addresses never
-//! take node ports: that needs `route_localnet`, which the agent does not set.
+//! As kube-proxy, per IP family: unset means every local address (`-m addrtype --dst-type
+//! LOCAL`); a list of CIDRs means the node's interface addresses inside them; `primary` means the
+//! node's primary IP. A family the list says nothing of, or a CIDR matching all of a family
+//! (`0.0.0.0/0`, `::/0`), means every local address of that family: the selection then holds the
+//! family's unspecified address, which the dataplane reads that way. Loopback addresses are
+//! never selected by CIDR.
 
 use splitproxy_dataplane::Cidr;
 use std::{
@@ -66,7 +68,8 @@ impl NodePortSelection {
     }
 }
 
-/// The addresses that take node ports, or `None` for every local address.
+/// The addresses that take node ports, or `None` for every local address of both families. A
+/// family's unspecified address (`0.0.0.0`, `::`) stands for every local address of the family.
 ///
 /// `interfaces` are the node's interface addresses; `primary` its primary IP, needed only when
 /// `selection` asks for it.
@@ -76,41 +79,59 @@ pub fn select(
     interfaces: &[IpAddr],
     primary: Option<IpAddr>,
 ) -> Option<Vec<IpAddr>> {
-    let matches_all = selection
-        .iter()
-        .any(|value| matches!(value, NodePortAddress::Cidr(cidr) if cidr.prefix == 0));
-    if selection.is_empty() || matches_all {
+    let mut chosen = Vec::new();
+    let mut every_address = true;
+    for unspecified in [
+        IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED),
+        IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED),
+    ] {
+        let family = |ip: &IpAddr| ip.is_ipv4() == unspecified.is_ipv4();
+        let of_family: Vec<Cidr> = selection
+            .iter()
+            .filter_map(|value| match value {
+                NodePortAddress::Primary => primary.map(Cidr::host),
+                NodePortAddress::Cidr(cidr) => Some(*cidr),
+            })
+            .filter(|cidr| family(&cidr.address))
+            .collect();
+        if of_family.is_empty() || of_family.iter().any(|cidr| cidr.prefix == 0) {
+            chosen.push(unspecified);
+            continue;
+        }
+        every_address = false;
+        // The primary IP as given; CIDRs pick from the interfaces' addresses.
+        let primary_selected = selection.contains(&NodePortAddress::Primary);
+        chosen.extend(
+            interfaces
+                .iter()
+                .copied()
+                .filter(|ip| of_family.iter().any(|cidr| cidr.contains(*ip)))
+                .chain(primary.filter(|_| primary_selected))
+                .filter(|ip| family(ip) && !ip.is_loopback()),
+        );
+    }
+    if every_address {
         return None;
     }
-    let mut chosen: Vec<IpAddr> = selection
-        .iter()
-        .flat_map(|value| -> Vec<IpAddr> {
-            match value {
-                NodePortAddress::Primary => primary.into_iter().collect(),
-                NodePortAddress::Cidr(cidr) => interfaces
-                    .iter()
-                    .copied()
-                    .filter(|ip| cidr.contains(*ip))
-                    .collect(),
-            }
-        })
-        .filter(|ip| !ip.is_loopback())
-        .collect();
     chosen.sort_unstable();
     chosen.dedup();
     Some(chosen)
 }
 
-/// Whether `selection` takes every IPv4 address, loopback included (unset, or a CIDR matching
-/// everything): only then are node ports served on 127.0.0.1. Upstream also serves them for a
-/// CIDR holding 127.0.0.1, but the agent never selects loopback addresses by CIDR.
+/// Whether `selection` takes every IPv4 address, loopback included (no IPv4 CIDR, or one
+/// matching everything): only then are node ports served on 127.0.0.1. `primary` is the node's
+/// primary IP, which `primary` in the selection stands for. Upstream also serves them for a CIDR
+/// holding 127.0.0.1, but the agent never selects loopback addresses by CIDR.
 #[must_use]
-pub fn includes_ipv4_loopback(selection: &[NodePortAddress]) -> bool {
-    selection.is_empty()
-        || selection.iter().any(|value| {
-            matches!(value, NodePortAddress::Cidr(cidr)
-                if cidr.prefix == 0 && cidr.address.is_ipv4())
+pub fn includes_ipv4_loopback(selection: &[NodePortAddress], primary: Option<IpAddr>) -> bool {
+    let ipv4: Vec<u8> = selection
+        .iter()
+        .filter_map(|value| match value {
+            NodePortAddress::Primary => primary.filter(IpAddr::is_ipv4).map(|_| 32),
+            NodePortAddress::Cidr(cidr) => cidr.address.is_ipv4().then_some(cidr.prefix),
         })
+        .collect();
+    ipv4.is_empty() || ipv4.contains(&0)
 }
 
 /// Whether `selection` needs the node's primary IP.
@@ -188,18 +209,54 @@ mod tests {
         assert_eq!(select(&[], &interfaces, None), None);
         assert_eq!(select(&values(&["0.0.0.0/0"]), &interfaces, None), None);
         assert_eq!(
-            select(&values(&["10.0.0.0/8", "::/0"]), &interfaces, None),
+            select(&values(&["0.0.0.0/0", "::/0"]), &interfaces, None),
             None
         );
     }
 
     #[test]
-    fn loopback_is_included_only_when_every_address_is() {
-        assert!(includes_ipv4_loopback(&[]));
-        assert!(!includes_ipv4_loopback(&values(&["127.0.0.0/8"])));
-        assert!(includes_ipv4_loopback(&values(&["0.0.0.0/0"])));
-        assert!(!includes_ipv4_loopback(&values(&["198.18.0.0/24", "::/0"])));
-        assert!(!includes_ipv4_loopback(&values(&["primary"])));
+    fn a_family_the_selection_leaves_out_takes_every_local_address_of_its_own() {
+        let interfaces = ips(&INTERFACES);
+        // As upstream: a family without CIDRs of its own gets the catch-all CIDR.
+        assert_eq!(
+            select(&values(&["10.0.0.0/8", "::/0"]), &interfaces, None),
+            Some(ips(&["10.244.1.1", "::"]))
+        );
+        assert_eq!(
+            select(&values(&["198.18.0.0/24"]), &interfaces, None),
+            Some(ips(&["198.18.0.11", "::"]))
+        );
+        assert_eq!(
+            select(&values(&["fd00::/8"]), &interfaces, None),
+            Some(ips(&["0.0.0.0", "fd00:198:18::11"]))
+        );
+        // `primary` on a node with an IPv4 primary IP alone.
+        assert_eq!(
+            select(
+                &values(&["primary"]),
+                &interfaces,
+                "198.18.0.11".parse().ok()
+            ),
+            Some(ips(&["198.18.0.11", "::"]))
+        );
+    }
+
+    #[test]
+    fn loopback_is_included_only_when_every_ipv4_address_is() {
+        let v4 = "198.18.0.11".parse().ok();
+        assert!(includes_ipv4_loopback(&[], v4));
+        assert!(!includes_ipv4_loopback(&values(&["127.0.0.0/8"]), v4));
+        assert!(includes_ipv4_loopback(&values(&["0.0.0.0/0"]), v4));
+        assert!(!includes_ipv4_loopback(
+            &values(&["198.18.0.0/24", "::/0"]),
+            v4
+        ));
+        assert!(includes_ipv4_loopback(&values(&["fd00::/8"]), v4));
+        assert!(!includes_ipv4_loopback(&values(&["primary"]), v4));
+        assert!(includes_ipv4_loopback(
+            &values(&["primary"]),
+            "fd00::1".parse().ok()
+        ));
     }
 
     #[test]
@@ -207,7 +264,7 @@ mod tests {
         let interfaces = ips(&INTERFACES);
         assert_eq!(
             select(&values(&["198.18.0.0/24"]), &interfaces, None),
-            Some(ips(&["198.18.0.11"]))
+            Some(ips(&["198.18.0.11", "::"]))
         );
         assert_eq!(
             select(
@@ -218,7 +275,11 @@ mod tests {
             Some(ips(&["10.244.1.1", "fd00:198:18::11"]))
         );
         assert_eq!(
-            select(&values(&["192.0.2.0/24"]), &interfaces, None),
+            select(
+                &values(&["192.0.2.0/24", "2001:db8::/32"]),
+                &interfaces,
+                None
+            ),
             Some(Vec::new())
         );
     }
@@ -231,7 +292,7 @@ mod tests {
         let primary = "198.18.0.11".parse().ok();
         assert_eq!(
             select(&selection, &ips(&INTERFACES), primary),
-            Some(ips(&["198.18.0.11"]))
+            Some(ips(&["198.18.0.11", "::"]))
         );
     }
 

@@ -194,6 +194,8 @@ pub struct NodeState {
     pub eligibility: Eligibility,
     /// The Node's pod CIDRs, as written on it: from the last revision that carried a status.
     pub pod_cidrs: Vec<String>,
+    /// The cluster's service CIDRs: from the last revision that carried a status.
+    pub service_cidrs: Vec<String>,
 }
 
 impl NodeState {
@@ -240,6 +242,7 @@ impl NodeState {
             if let Some(status) = &part.node_status {
                 next.eligibility = status.into();
                 next.pod_cidrs.clone_from(&status.pod_cidrs);
+                next.service_cidrs.clone_from(&status.service_cidrs);
             }
         }
         Ok(next)

@@ -25,19 +25,24 @@ use std::{
 use tokio::time::Instant;
 use tracing::Instrument;
 
-/// The pod CIDRs of the Node that parse, the others named in a warning: the API server checks
-/// them, so one that does not parse is not worth refusing the node's view over.
-fn local_cidrs(pod_cidrs: &[String]) -> Vec<Cidr> {
-    let cidrs: Vec<Cidr> = pod_cidrs
+/// The CIDRs of `texts` (`what` they are) that parse, the others named in a warning: the API
+/// server checks them, so one that does not parse is not worth refusing the node's view over.
+fn parse_cidrs(what: &str, texts: &[String]) -> Vec<Cidr> {
+    texts
         .iter()
         .filter_map(|text| match text.parse() {
             Ok(cidr) => Some(cidr),
             Err(err) => {
-                tracing::warn!(cidr = ?text, %err, "ignoring a pod CIDR of the Node that does not parse");
+                tracing::warn!(cidr = ?text, %err, "ignoring one of the {what} that does not parse");
                 None
             }
         })
-        .collect();
+        .collect()
+}
+
+/// The Node's pod CIDRs that parse, for the `NodeCIDR` detector.
+fn local_cidrs(pod_cidrs: &[String]) -> Vec<Cidr> {
+    let cidrs = parse_cidrs("Node's pod CIDRs", pod_cidrs);
     tracing::info!(
         pod_cidrs = ?cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "pod traffic is told by the Node's pod CIDRs (NodeCIDR)"
@@ -212,12 +217,18 @@ impl<D: Dataplane> Applier<D> {
         if detector_moved {
             self.dataplane.set_local_cidrs(local_cidrs(&next.pod_cidrs));
         }
+        let service_cidrs_moved = next.service_cidrs != current.service_cidrs;
+        if service_cidrs_moved {
+            tracing::info!(service_cidrs = ?next.service_cidrs, "the cluster's service CIDRs");
+            self.dataplane
+                .set_service_cidrs(parse_cidrs("service CIDRs", &next.service_cidrs));
+        }
         // Each is a walk of both states: taken once, for the conversion, the counts and the
         // programming latency.
         let service_changes: Vec<Key> = current.service_changes(&next).cloned().collect();
         let endpoint_changes: Vec<Key> = current.endpoint_changes(&next).cloned().collect();
         let changed: BTreeSet<&Key> = service_changes.iter().chain(&endpoint_changes).collect();
-        if !revision.reset && changed.is_empty() && !detector_moved {
+        if !revision.reset && changed.is_empty() && !detector_moved && !service_cidrs_moved {
             // Only the node's status changed: nothing to write, and no reason to wait for
             // min-sync-period or to fail with the kernel (protocol rule 9).
             let next = Arc::new(next);

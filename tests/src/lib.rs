@@ -11,6 +11,7 @@ pub mod flows;
 pub mod jaeger;
 pub mod lab;
 pub mod load;
+pub mod nft_compare;
 pub mod pki;
 pub mod real_cluster;
 pub mod rule_compare;

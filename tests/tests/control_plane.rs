@@ -136,6 +136,7 @@ fn services_from_a_real_api_server_reach_ready_pods_and_survive_its_restart() ->
         ("services", "", "list watch"),
         ("nodes", "", "list watch"),
         ("endpointslices.discovery.k8s.io", "", "list watch"),
+        ("servicecidrs.networking.k8s.io", "", "list watch"),
         ("tokenreviews.authentication.k8s.io", "", "create"),
     ];
     let mut own_namespace = cluster_wide.to_vec();

@@ -2,7 +2,8 @@
 //! the pinned release in one network namespace and splitproxy (controller and agent) in
 //! another, both programming node-1 from the same `KubeProxyConfiguration`. A seeded generator
 //! applies rounds of Services and EndpointSlices over every feature; after each round both
-//! nodes' rules must agree (`rule_compare` says what is normalised away and why).
+//! nodes' rules must agree: iptables and ip6tables rules in iptables mode (`rule_compare` says
+//! what is normalised away and why), both `kube-proxy` tables in nftables mode (`nft_compare`).
 //!
 //! `SPLITPROXY_DIFF_SEEDS` (comma-separated, default `1,2`), `SPLITPROXY_DIFF_ROUNDS` (default
 //! 3) and `SPLITPROXY_DIFF_SERVICES` (default 24) widen it; `scripts/differential.sh` runs many
@@ -14,6 +15,7 @@ use splitproxy_e2e::{
     control_plane::{Binaries, CONTROLLER_PORT, ControlPlane},
     eventually,
     lab::{Lab, Node},
+    nft_compare::Ruleset,
     rule_compare::Rules,
     service_generator::{Generator, NAMESPACE, NODE, Round, ZONES},
     workspace_binary,
@@ -27,9 +29,23 @@ fn setting(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
 }
 
-/// Both nodes' rules, every table, both families, in comparable form; `None` until both have
-/// programmed `marker`.
-fn saved(lab: &Lab, nodes: &[Node], marker: &str) -> Result<Option<(Rules, Rules)>> {
+/// What differs between the two nodes' rules (every table, both families, `mode`'s), one line
+/// each; `None` until both have programmed `marker`.
+fn compare(lab: &Lab, nodes: &[Node], mode: &str, marker: &str) -> Result<Option<Vec<String>>> {
+    if mode == "nftables" {
+        let mut sides = Vec::new();
+        for node in nodes {
+            let v4 = lab.exec_ok(node, "nft", &["list", "table", "ip", "kube-proxy"])?;
+            if !v4.contains(&format!("{marker} . ")) && !v4.contains(&format!("{marker}:")) {
+                return Ok(None);
+            }
+            let v6 = lab.exec_ok(node, "nft", &["list", "table", "ip6", "kube-proxy"])?;
+            sides.push(format!("{v4}{v6}"));
+        }
+        let kube_proxy = Ruleset::parse(&sides[0])?;
+        let splitproxy = Ruleset::parse(&sides[1])?;
+        return Ok(Some(kube_proxy.differences(&splitproxy)));
+    }
     let mut sides = Vec::new();
     for node in nodes {
         let v4 = lab.exec_ok(node, "iptables-save", &[])?;
@@ -41,7 +57,7 @@ fn saved(lab: &Lab, nodes: &[Node], marker: &str) -> Result<Option<(Rules, Rules
     }
     let splitproxy = sides.pop().context("two nodes")?;
     let kube_proxy = sides.pop().context("two nodes")?;
-    Ok(Some((kube_proxy, splitproxy)))
+    Ok(Some(kube_proxy.differences(&splitproxy)))
 }
 
 fn apply(lab: &Lab, control_plane: &ControlPlane, dir: &Path, round: &Round) -> Result<()> {
@@ -88,23 +104,44 @@ fn splitproxy_programs_what_kube_proxy_programs_round_after_round() -> Result<()
         .collect::<Result<_>>()?;
     let rounds: usize = setting("SPLITPROXY_DIFF_ROUNDS", "3").parse()?;
     let size: usize = setting("SPLITPROXY_DIFF_SERVICES", "24").parse()?;
-    differential("diffcluster", "ClusterCIDR", &seeds, rounds, size)
+    differential(
+        "diffcluster",
+        "iptables",
+        "ClusterCIDR",
+        &seeds,
+        rounds,
+        size,
+    )
+}
+
+/// The same in nftables mode: both nodes' `kube-proxy` tables, splitproxy's shared endpoint
+/// maps resolved into the chains that pick from them.
+#[test]
+fn in_nftables_mode_splitproxy_programs_what_kube_proxy_programs() -> Result<()> {
+    let seeds: Vec<u64> = setting("SPLITPROXY_DIFF_SEEDS", "1,2")
+        .split(',')
+        .map(|seed| seed.trim().parse().context("SPLITPROXY_DIFF_SEEDS"))
+        .collect::<Result<_>>()?;
+    let rounds: usize = setting("SPLITPROXY_DIFF_ROUNDS", "3").parse()?;
+    let size: usize = setting("SPLITPROXY_DIFF_SERVICES", "24").parse()?;
+    differential("diffnft", "nftables", "ClusterCIDR", &seeds, rounds, size)
 }
 
 /// kube-proxy's NodeCIDR detector: pod traffic told by node-1's own pod CIDR, which splitproxy's
 /// controller sends from the Node object. One seed: only the detector differs.
 #[test]
 fn with_the_node_cidr_detector_splitproxy_programs_what_kube_proxy_programs() -> Result<()> {
-    differential("diffnode", "NodeCIDR", &[3], 2, 16)
+    differential("diffnode", "iptables", "NodeCIDR", &[3], 2, 16)
 }
 
 /// One comparison at a time: each runs an API server and both proxies.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Runs upstream kube-proxy and splitproxy as node-1 with `detectLocalMode: detect_local` in a
-/// lab tagged `tag`, and compares their rules after each round of every seed.
+/// Runs upstream kube-proxy and splitproxy as node-1 in `mode` with `detectLocalMode:
+/// detect_local` in a lab tagged `tag`, and compares their rules after each round of every seed.
 fn differential(
     tag: &str,
+    mode: &str,
     detect_local: &str,
     seeds: &[u64],
     rounds: usize,
@@ -136,7 +173,7 @@ fn differential(
         &config,
         format!(
             "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
-             mode: iptables\nclusterCIDR: 10.244.0.0/16\ndetectLocalMode: {detect_local}\n\
+             mode: {mode}\nclusterCIDR: 10.244.0.0/16\ndetectLocalMode: {detect_local}\n\
              bindAddress: {}\nclientConnection:\n  kubeconfig: {}\nconntrack:\n  maxPerCore: 0\n",
             nodes[0].ip(),
             control_plane.lan_admin_kubeconfig()?.display()
@@ -175,19 +212,17 @@ fn differential(
                 &format!("seed {seed} round {round_number}: the same rules on both nodes"),
                 CONVERGE_TIMEOUT,
                 || {
-                    let Some((kube_proxy, splitproxy)) = saved(&lab, &nodes, &round.marker)? else {
+                    let Some(differences) = compare(&lab, &nodes, mode, &round.marker)? else {
                         bail!("a proxy has not programmed the round yet");
                     };
-                    let differences = kube_proxy.differences(&splitproxy);
                     if !differences.is_empty() {
                         bail!("{}", differences.join("\n"));
                     }
                     // Once more after a pause: a sync may have been half-way.
                     std::thread::sleep(Duration::from_secs(2));
-                    let Some((kube_proxy, splitproxy)) = saved(&lab, &nodes, &round.marker)? else {
+                    let Some(differences) = compare(&lab, &nodes, mode, &round.marker)? else {
                         bail!("the marker went away");
                     };
-                    let differences = kube_proxy.differences(&splitproxy);
                     if differences.is_empty() {
                         Ok(())
                     } else {
@@ -197,7 +232,7 @@ fn differential(
             );
             if outcome.is_ok() {
                 eprintln!(
-                    "{detect_local}: seed {seed} round {round_number}: {} Services, the same rules \
+                    "{mode}, {detect_local}: seed {seed} round {round_number}: {} Services, the same rules \
                      after {:.1} s",
                     generator.services(),
                     started.elapsed().as_secs_f64()

@@ -83,10 +83,22 @@ impl Builder {
                 .iter()
                 .map(|(name, node)| (name.clone(), NodeInfo::of(node)))
                 .collect(),
+            service_cidrs: Arc::new(service_cidrs(objects)),
             invalid_services,
             ..ClusterState::default()
         }
     }
+}
+
+/// Every ServiceCIDR's CIDRs, sorted, without repeats: kube-proxy takes their union.
+fn service_cidrs(objects: &Objects) -> Vec<String> {
+    let cidrs: BTreeSet<&String> = objects
+        .service_cidrs
+        .values()
+        .filter_map(|object| object.spec.as_ref()?.cidrs.as_ref())
+        .flatten()
+        .collect();
+    cidrs.into_iter().cloned().collect()
 }
 
 /// Converts a Service that is new or changed; an equal result keeps the `Arc` of `before`.

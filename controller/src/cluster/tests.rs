@@ -537,3 +537,26 @@ fn nodes_being_deleted_or_tainted_for_removal_are_carried_as_ineligible() {
         ]
     );
 }
+
+#[test]
+fn the_service_cidrs_are_the_union_of_every_service_cidr_object() {
+    let text = "
+apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {name: kubernetes}
+spec: {cidrs: [10.96.0.0/16, fd00:10:96::/112]}
+---
+apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {name: extra}
+spec: {cidrs: [10.100.0.0/24, 10.96.0.0/16]}
+";
+    let state = Builder::default().build(&objects(text), &ServiceSelector::default());
+    assert_eq!(
+        *state.service_cidrs,
+        ["10.100.0.0/24", "10.96.0.0/16", "fd00:10:96::/112"]
+    );
+    let before = Builder::default().build(&objects(""), &ServiceSelector::default());
+    let changes = crate::history::ChangeSet::between(&before, &state);
+    assert!(changes.service_cidrs && !changes.is_empty());
+}

@@ -33,11 +33,12 @@ fn node(taints: &[(&str, &str)], deleting: bool) -> Node {
 fn a_plain_node_is_eligible() {
     assert_eq!(Ineligible::of(&node(&[], false)), None);
     assert_eq!(
-        status(Some(&NodeInfo::of(&node(&[], false)))),
+        status(Some(&NodeInfo::of(&node(&[], false))), &[]),
         pb::NodeStatus {
             eligible: true,
             reason: String::new(),
             pod_cidrs: Vec::new(),
+            service_cidrs: Vec::new(),
         }
     );
 }
@@ -71,11 +72,12 @@ fn a_node_being_deleted_is_ineligible_and_says_so_first() {
     let deleting = node(&[(TO_BE_DELETED_TAINT, "NoSchedule")], true);
     assert_eq!(Ineligible::of(&deleting), Some(Ineligible::Deleting));
     assert_eq!(
-        status(Some(&NodeInfo::of(&deleting))),
+        status(Some(&NodeInfo::of(&deleting)), &[]),
         pb::NodeStatus {
             eligible: false,
             reason: "the Node is being deleted".into(),
             pod_cidrs: Vec::new(),
+            service_cidrs: Vec::new(),
         }
     );
 }
@@ -83,11 +85,12 @@ fn a_node_being_deleted_is_ineligible_and_says_so_first() {
 #[test]
 fn an_unknown_node_is_ineligible() {
     assert_eq!(
-        status(None),
+        status(None, &[]),
         pb::NodeStatus {
             eligible: false,
             reason: "no Node object of this name is known".into(),
             pod_cidrs: Vec::new(),
+            service_cidrs: Vec::new(),
         }
     );
 }
@@ -100,7 +103,7 @@ fn the_status_passes_the_pod_cidrs_on_from_either_field() {
         spec.pod_cidrs = Some(vec!["10.244.1.0/24".into(), "fd00:1::/64".into()]);
     }
     assert_eq!(
-        status(Some(&NodeInfo::of(&dual))).pod_cidrs,
+        status(Some(&NodeInfo::of(&dual)), &[]).pod_cidrs,
         ["10.244.1.0/24", "fd00:1::/64"]
     );
     let mut old = node(&[], false);
@@ -108,7 +111,7 @@ fn the_status_passes_the_pod_cidrs_on_from_either_field() {
         spec.pod_cidr = Some("10.244.2.0/24".into());
     }
     assert_eq!(
-        status(Some(&NodeInfo::of(&old))).pod_cidrs,
+        status(Some(&NodeInfo::of(&old)), &[]).pod_cidrs,
         ["10.244.2.0/24"]
     );
 }

@@ -19,6 +19,7 @@ fn kubectl_lists_and_multi_document_files_are_read() {
             Object::Service(_) => "Service",
             Object::EndpointSlice(_) => "EndpointSlice",
             Object::Node(_) => "Node",
+            Object::ServiceCidr(_) => "ServiceCIDR",
         })
         .collect();
     assert_eq!(kinds, ["Service", "EndpointSlice", "EndpointSlice", "Node"]);

@@ -225,6 +225,7 @@ fn a_reset_carries_the_node_status_and_a_delta_leaves_an_unchanged_one_out() {
             eligible: true,
             reason: String::new(),
             pod_cidrs: vec!["10.244.1.0/24".into()],
+            service_cidrs: Vec::new(),
         })
     );
     let mut moved = known;
@@ -257,6 +258,7 @@ fn a_node_the_cluster_does_not_know_is_not_eligible() {
             eligible: false,
             reason: "no Node object of this name is known".into(),
             pod_cidrs: Vec::new(),
+            service_cidrs: Vec::new(),
         })
     );
 }
@@ -274,6 +276,7 @@ fn a_taint_alone_makes_a_delta_that_carries_only_the_new_status() {
                 eligible: false,
                 reason: "the Node is tainted ToBeDeletedByClusterAutoscaler".into(),
                 pod_cidrs: vec!["10.244.1.0/24".into()],
+                service_cidrs: Vec::new(),
             }),
             ..Delta::default()
         }
@@ -352,4 +355,22 @@ fn a_view_further_behind_than_the_history_gets_a_delta_from_whole_views() {
         delta.upserted_services.is_empty(),
         "the Service did not change"
     );
+}
+
+#[test]
+fn new_service_cidrs_alone_make_a_delta_that_carries_them_to_every_node() {
+    let before = with_node_1(None);
+    let mut extended = with_node_1(None);
+    extended.service_cidrs = Arc::new(vec!["10.96.0.0/16".into(), "10.100.0.0/24".into()]);
+    for node in ["node-1", "node-9"] {
+        let delta = Delta::between(
+            &NodeView::for_node(&before, node),
+            &NodeView::for_node(&extended, node),
+        );
+        assert_eq!(
+            delta.node_status.map(|status| status.service_cidrs),
+            Some(vec!["10.96.0.0/16".to_owned(), "10.100.0.0/24".to_owned()]),
+            "{node}"
+        );
+    }
 }

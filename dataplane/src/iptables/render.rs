@@ -103,7 +103,8 @@ pub struct RenderOptions {
     pub masquerade_all: bool,
     /// The node addresses that take node ports (`--nodeport-addresses`, resolved to the node's
     /// addresses); `None` (the default) for every local address, as upstream without the flag.
-    /// This IPv4 renderer uses the IPv4 ones.
+    /// A family's unspecified address (`0.0.0.0`, `::`) in the list stands for every local
+    /// address of that family, as upstream's catch-all CIDR. Each family's render uses its own.
     pub node_port_addresses: Option<Vec<IpAddr>>,
     /// The node's own IPs (kube-proxy's node IP, `--bind-address`). When one is inside a
     /// Service's `loadBalancerSourceRanges`, connections from the load-balancer IPs themselves are
@@ -207,7 +208,7 @@ pub(crate) struct FamilyOptions {
     pub masquerade_mark: String,
     /// How the family's pod traffic is told apart (the local-traffic detector), if it is.
     pub local: Option<LocalMatch>,
-    /// The family's addresses taking node ports; `None` for every local address.
+    /// The family's addresses taking node ports; `None` for every local address of the family.
     pub node_port_addresses: Option<Vec<IpAddr>>,
     /// The node's addresses of the family ([`RenderOptions::node_ips`]).
     pub node_ips: Vec<IpAddr>,
@@ -226,6 +227,11 @@ impl FamilyOptions {
                 .filter(|ip| family.contains(ip))
                 .collect()
         };
+        let node_port_addresses = options
+            .node_port_addresses
+            .as_deref()
+            .map(of_family)
+            .filter(|ips| !ips.iter().any(IpAddr::is_unspecified));
         Self {
             family,
             masquerade_all: options.masquerade_all,
@@ -235,12 +241,12 @@ impl FamilyOptions {
                 options.pod_interfaces.as_ref(),
                 &options.cluster_cidrs,
             ),
-            node_port_addresses: options.node_port_addresses.as_deref().map(of_family),
-            node_ips: of_family(&options.node_ips),
             // As upstream: only when node ports are taken on every address, loopback included.
             localhost_node_ports: family == IpFamily::V4
                 && options.localhost_node_ports
-                && options.node_port_addresses.is_none(),
+                && node_port_addresses.is_none(),
+            node_port_addresses,
+            node_ips: of_family(&options.node_ips),
             tcp_be_liberal: options.tcp_be_liberal,
         }
     }

@@ -142,14 +142,28 @@ impl IpvsBackend {
             .filter(|interface| interface.name != INTERFACE)
             .map(if_addrs::Interface::ip)
             .collect();
-        let node_ports = match &self.config.node_port_addresses {
-            Some(addresses) => addresses.clone(),
-            None => interfaces
+        // Every local address (of one family: `Some(ipv4)`); a family's unspecified address in
+        // the selection stands for all of the family's.
+        let every = |ipv4: Option<bool>| -> Vec<IpAddr> {
+            interfaces
                 .iter()
                 .filter(|interface| interface.name != INTERFACE && !interface.is_loopback())
                 .map(if_addrs::Interface::ip)
-                .filter(|ip| !is_link_local_v6(ip))
+                .filter(|ip| !is_link_local_v6(ip) && ipv4.is_none_or(|v4| ip.is_ipv4() == v4))
+                .collect()
+        };
+        let node_ports = match &self.config.node_port_addresses {
+            Some(addresses) => addresses
+                .iter()
+                .flat_map(|ip| {
+                    if ip.is_unspecified() {
+                        every(Some(ip.is_ipv4()))
+                    } else {
+                        vec![*ip]
+                    }
+                })
                 .collect(),
+            None => every(None),
         };
         Ok(NodeAddresses { local, node_ports })
     }

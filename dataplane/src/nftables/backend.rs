@@ -32,6 +32,9 @@ pub struct Config {
     /// The node's configuration the rules depend on (cluster CIDR, masquerade-all, node-port
     /// addresses, node IPs).
     pub render: RenderOptions,
+    /// The cluster's service CIDRs, of both families (see [`Options::with_service_cidrs`]);
+    /// none by default.
+    pub service_cidrs: Vec<crate::Cidr>,
 }
 
 impl Default for Config {
@@ -44,6 +47,7 @@ impl Default for Config {
             conntrack: "conntrack".to_owned(),
             command_prefix: Vec::new(),
             render: RenderOptions::default(),
+            service_cidrs: Vec::new(),
         }
     }
 }
@@ -111,7 +115,8 @@ impl NftablesBackend {
             .families
             .iter()
             .map(|&family| Table {
-                options: Options::new(family, &config.render),
+                options: Options::new(family, &config.render)
+                    .with_service_cidrs(config.service_cidrs.iter().copied()),
                 rendered: None,
                 in_kernel: None,
                 leftovers: None,
@@ -181,6 +186,11 @@ impl Dataplane for NftablesBackend {
 
     fn set_node_port_addresses(&mut self, addresses: Option<Vec<std::net::IpAddr>>) {
         self.config.render.node_port_addresses = addresses;
+        self.render_all_again();
+    }
+
+    fn set_service_cidrs(&mut self, cidrs: Vec<crate::Cidr>) {
+        self.config.service_cidrs = cidrs;
         self.render_all_again();
     }
 
@@ -256,7 +266,8 @@ impl NftablesBackend {
     /// again from nothing and written in full.
     fn render_all_again(&mut self) {
         for table in &mut self.tables {
-            table.options = Options::new(table.options.family(), &self.config.render);
+            table.options = Options::new(table.options.family(), &self.config.render)
+                .with_service_cidrs(self.config.service_cidrs.iter().copied());
             table.rendered = None;
         }
         self.forget();

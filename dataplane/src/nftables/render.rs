@@ -43,10 +43,7 @@
 //!   Service's verdict in key order, where upstream's is whichever it wrote last in its map's
 //!   random order;
 //! * endpoints are numbered in the model's order (address, then port), where upstream sorts
-//!   their `ip:port` text (`10.0.0.10` before `10.0.0.9`); the choice is as random either way;
-//! * with node-port addresses given but none of the family, the family takes no node ports
-//!   (as this project's iptables mode), where upstream takes them on every local address of a
-//!   family its `--nodeport-addresses` has no CIDR of.
+//!   their `ip:port` text (`10.0.0.10` before `10.0.0.9`); the choice is as random either way.
 
 mod service;
 pub(crate) mod skeleton;

@@ -434,6 +434,7 @@ fn status_only(number: u64, eligible: bool) -> pb::SyncResponse {
                 "the Node is being deleted".into()
             },
             pod_cidrs: Vec::new(),
+            service_cidrs: Vec::new(),
         }),
         ..Default::default()
     }
@@ -467,6 +468,7 @@ async fn the_last_eligibility_outlives_the_controller_stream() {
         eligible: true,
         reason: String::new(),
         pod_cidrs: Vec::new(),
+        service_cidrs: Vec::new(),
     });
     agent.send(reset).await;
     agent.ack().await;

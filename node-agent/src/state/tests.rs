@@ -541,6 +541,7 @@ fn the_conversion_carries_endpoint_conditions_and_topology() {
         endpoints: OrdMap::unit(key("a"), Arc::new(eps)),
         eligibility: Eligibility::Eligible,
         pod_cidrs: Vec::new(),
+        service_cidrs: Vec::new(),
     };
     let Conversion {
         model: proxy,
@@ -810,6 +811,7 @@ fn node_status(eligible: bool, reason: &str) -> Option<pb::NodeStatus> {
         eligible,
         reason: reason.into(),
         pod_cidrs: Vec::new(),
+        service_cidrs: Vec::new(),
     })
 }
 

@@ -272,9 +272,10 @@ async fn in_nftables_mode_a_refused_transaction_counts_per_family_and_not_as_ipt
     assert_eq!(metrics.partial_restore_failures.get(), 0);
 }
 
-/// Records the syncs and the local CIDRs it is given.
+/// Records the syncs, the local CIDRs and the service CIDRs it is given.
 #[derive(Debug, Clone, Default)]
-struct DetectorRecord(Arc<std::sync::Mutex<(usize, Vec<Vec<Cidr>>)>>);
+#[allow(clippy::type_complexity)]
+struct DetectorRecord(Arc<std::sync::Mutex<(usize, Vec<Vec<Cidr>>, Vec<Vec<Cidr>>)>>);
 
 impl Dataplane for DetectorRecord {
     type Error = std::convert::Infallible;
@@ -295,10 +296,21 @@ impl Dataplane for DetectorRecord {
             record.1.push(cidrs);
         }
     }
+
+    fn set_service_cidrs(&mut self, cidrs: Vec<Cidr>) {
+        if let Ok(mut record) = self.0.lock() {
+            record.2.push(cidrs);
+        }
+    }
 }
 
 /// A status-only delta, revision `number`, carrying `pod_cidrs`.
 fn status_delta(number: u64, pod_cidrs: &[&str]) -> Revision {
+    status_delta_with(number, pod_cidrs, &[])
+}
+
+/// A status-only delta, revision `number`, carrying `pod_cidrs` and `service_cidrs`.
+fn status_delta_with(number: u64, pod_cidrs: &[&str], service_cidrs: &[&str]) -> Revision {
     Revision {
         epoch: "epoch-1".into(),
         number,
@@ -312,6 +324,10 @@ fn status_delta(number: u64, pod_cidrs: &[&str]) -> Revision {
                 eligible: true,
                 reason: String::new(),
                 pod_cidrs: pod_cidrs.iter().map(|cidr| (*cidr).to_owned()).collect(),
+                service_cidrs: service_cidrs
+                    .iter()
+                    .map(|cidr| (*cidr).to_owned())
+                    .collect(),
             }),
             ..Default::default()
         }],
@@ -352,7 +368,7 @@ async fn the_node_cidr_detector_follows_the_nodes_pod_cidrs_and_rewrites_the_rul
             .map(|text| text.parse().expect("a CIDR"))
             .collect()
     };
-    let (syncs, given) = record.0.lock().map(|r| r.clone()).unwrap_or_default();
+    let (syncs, given, _) = record.0.lock().map(|r| r.clone()).unwrap_or_default();
     assert_eq!(syncs, 2);
     assert_eq!(
         given,
@@ -372,6 +388,45 @@ async fn the_node_cidr_detector_follows_the_nodes_pod_cidrs_and_rewrites_the_rul
         .expect("applied");
     assert_eq!(
         other.0.lock().map(|r| r.clone()).unwrap_or_default(),
-        (1, Vec::new())
+        (1, Vec::new(), Vec::new())
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn new_service_cidrs_reach_the_dataplane_and_are_written_at_once() {
+    let record = DetectorRecord::default();
+    let periods = SyncPeriods::new(SYNC_PERIOD, Duration::ZERO).expect("valid periods");
+    let mut applier = Applier::new(
+        record.clone(),
+        Status::default(),
+        Metrics::new(&mut Default::default()),
+    )
+    .with_sync_periods(periods);
+    applier.apply(&web_revision()).await.expect("applied");
+    for (number, cidrs) in [
+        (2, &["10.96.0.0/16"][..]),
+        (3, &["10.96.0.0/16"][..]),
+        (4, &["10.96.0.0/16", "fd00:10:96::/112"][..]),
+    ] {
+        applier
+            .apply(&status_delta_with(number, &[], cidrs))
+            .await
+            .expect("applied");
+    }
+    let cidrs = |texts: &[&str]| -> Vec<Cidr> {
+        texts
+            .iter()
+            .map(|text| text.parse().expect("a CIDR"))
+            .collect()
+    };
+    let (syncs, _, given) = record.0.lock().map(|r| r.clone()).unwrap_or_default();
+    // The reset, then each change of the CIDRs; the repeat writes nothing.
+    assert_eq!(syncs, 3);
+    assert_eq!(
+        given,
+        [
+            cidrs(&["10.96.0.0/16"]),
+            cidrs(&["10.96.0.0/16", "fd00:10:96::/112"])
+        ]
     );
 }

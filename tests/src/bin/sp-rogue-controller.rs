@@ -333,6 +333,7 @@ async fn main() -> anyhow::Result<()> {
         eligible: true,
         reason: String::new(),
         pod_cidrs: Vec::new(),
+        service_cidrs: Vec::new(),
     });
     let rogue = Rogue {
         good: vec![good],
