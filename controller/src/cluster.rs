@@ -189,6 +189,8 @@ pub struct NodeInfo {
     pub ineligible: Option<Ineligible>,
     /// `spec.podCIDRs` (or the older `spec.podCIDR`), as written.
     pub pod_cidrs: Vec<String>,
+    /// The node's IPs as kube-proxy picks them (see [`node_ips`]).
+    pub node_ips: Vec<String>,
 }
 
 impl NodeInfo {
@@ -207,8 +209,31 @@ impl NodeInfo {
                     _ => Vec::new(),
                 })
                 .unwrap_or_default(),
+            node_ips: node_ips(node).iter().map(ToString::to_string).collect(),
         }
     }
+}
+
+/// The Node's IPs as kube-proxy takes them from `status.addresses`: the first InternalIP, else
+/// the first ExternalIP, then the first address of the other family (InternalIPs first again).
+fn node_ips(node: &Node) -> Vec<IpAddr> {
+    let addresses = node
+        .status
+        .as_ref()
+        .and_then(|status| status.addresses.as_deref())
+        .unwrap_or_default();
+    let of_type = |kind: &'static str| {
+        addresses
+            .iter()
+            .filter(move |address| address.type_ == kind)
+            .filter_map(|address| address.address.parse::<IpAddr>().ok())
+    };
+    let mut ips = of_type("InternalIP").chain(of_type("ExternalIP"));
+    let Some(first) = ips.next() else {
+        return Vec::new();
+    };
+    let other = ips.find(|ip| ip.is_ipv4() != first.is_ipv4());
+    std::iter::once(first).chain(other).collect()
 }
 
 /// What of a Node topology hints are matched against.

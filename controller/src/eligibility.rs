@@ -46,7 +46,7 @@ impl Ineligible {
 }
 
 /// The status sent to the agent of a node the cluster knows as `known` (`None`: not at all): its
-/// eligibility and, passed along, its pod CIDRs and the cluster's `service_cidrs`.
+/// eligibility and, passed along, its pod CIDRs and IPs and the cluster's `service_cidrs`.
 #[must_use]
 pub fn status(known: Option<&NodeInfo>, service_cidrs: &[String]) -> pb::NodeStatus {
     let ineligible = match known {
@@ -58,6 +58,7 @@ pub fn status(known: Option<&NodeInfo>, service_cidrs: &[String]) -> pb::NodeSta
         reason: ineligible.map(|i| i.to_string()).unwrap_or_default(),
         pod_cidrs: known.map(|node| node.pod_cidrs.clone()).unwrap_or_default(),
         service_cidrs: service_cidrs.to_vec(),
+        node_ips: known.map(|node| node.node_ips.clone()).unwrap_or_default(),
     }
 }
 

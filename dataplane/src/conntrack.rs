@@ -260,6 +260,18 @@ pub fn deleted_count(output: &str) -> Option<u32> {
         .and_then(|digits| digits.parse().ok())
 }
 
+/// What one family's deletion of stale flows took and did: kube-proxy's conntrack reconciler
+/// metrics (`kubeproxy_conntrack_reconciler_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cleanup {
+    /// The family whose flows were looked at.
+    pub family: IpFamily,
+    /// How long it took.
+    pub duration: std::time::Duration,
+    /// How many flows `conntrack` deleted.
+    pub deleted: u32,
+}
+
 /// Deletes the flows of `family` that the change from `previous` to `current` left stale
 /// ([`stale_flows`]) with `executor`. Failures are logged, never returned: the rules are in
 /// place, and a stale flow is less harm than a failed sync.
@@ -268,11 +280,9 @@ pub async fn delete_stale_flows(
     previous: &ProxyState,
     current: &ProxyState,
     family: IpFamily,
-) {
+) -> Cleanup {
+    let started = std::time::Instant::now();
     let deletions = stale_flows(previous, current, family);
-    if deletions.is_empty() {
-        return;
-    }
     let (mut deleted, mut failed) = (0_u32, 0_u32);
     for deletion in &deletions {
         match executor.delete(deletion).await {
@@ -286,13 +296,20 @@ pub async fn delete_stale_flows(
             }
         }
     }
-    tracing::debug!(
-        ip_family = family.name(),
-        deletions = deletions.len(),
+    if !deletions.is_empty() {
+        tracing::debug!(
+            ip_family = family.name(),
+            deletions = deletions.len(),
+            deleted,
+            failed,
+            "deleted stale conntrack entries"
+        );
+    }
+    Cleanup {
+        family,
+        duration: started.elapsed(),
         deleted,
-        failed,
-        "deleted stale conntrack entries"
-    );
+    }
 }
 
 /// The thin executor: runs `conntrack -D` (under a command prefix such as `ip netns exec`).

@@ -332,10 +332,14 @@ impl Iptables {
     }
 
     /// Deletes the conntrack entries the change from `previous` to `current` left stale.
-    async fn delete_stale_flows(&self, previous: &ProxyState, current: &ProxyState) {
+    async fn delete_stale_flows(
+        &self,
+        previous: &ProxyState,
+        current: &ProxyState,
+    ) -> conntrack::Cleanup {
         let config = self.config();
         let executor = Conntrack::new(&config.command_prefix, &config.conntrack);
-        conntrack::delete_stale_flows(&executor, previous, current, config.family).await;
+        conntrack::delete_stale_flows(&executor, previous, current, config.family).await
     }
 }
 
@@ -381,6 +385,11 @@ impl Dataplane for Iptables {
 
     fn set_node_port_addresses(&mut self, addresses: Option<Vec<std::net::IpAddr>>) {
         self.tools.config_mut().render.node_port_addresses = addresses;
+        self.render_all_again();
+    }
+
+    fn set_node_ips(&mut self, ips: Vec<std::net::IpAddr>) {
+        self.tools.config_mut().render.node_ips = ips;
         self.render_all_again();
     }
 }
@@ -437,16 +446,19 @@ impl Iptables {
             rules_total = ?payload.rules_total,
             "synced iptables rules"
         );
-        if let Some(previous) = &self.applied {
-            self.delete_stale_flows(previous, state).await;
-        }
+        let cleanup = match &self.applied {
+            Some(previous) => Some(self.delete_stale_flows(previous, state).await),
+            None => None,
+        };
         self.applied = Some(state.clone());
         self.in_kernel = true;
-        Ok(SyncReport::for_family(
+        let mut report = SyncReport::for_family(
             family,
             payload.rules_written,
             payload.rules_total,
             full_reason.is_some(),
-        ))
+        );
+        report.conntrack.extend(cleanup);
+        Ok(report)
     }
 }

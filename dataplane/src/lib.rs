@@ -36,6 +36,9 @@ pub struct SyncReport {
     /// Every rule was written, not only the changed Services' (kube-proxy's full sync); with
     /// several families, in at least one of them, whose sync then takes a full sync's time.
     pub full: bool,
+    /// The deletion of stale conntrack flows after the sync, per family; none on the first
+    /// sync, which has no earlier state to compare with.
+    pub conntrack: Vec<conntrack::Cleanup>,
 }
 
 impl SyncReport {
@@ -58,6 +61,7 @@ impl SyncReport {
             family_rules: per_family(written),
             family_totals: per_family(total),
             full,
+            conntrack: Vec::new(),
         }
     }
 
@@ -68,6 +72,7 @@ impl SyncReport {
         self.family_rules.extend(other.family_rules);
         self.family_totals.extend(other.family_totals);
         self.full = self.full || other.full;
+        self.conntrack.extend(other.conntrack);
     }
 
     /// Rules written per table, e.g. `("nat", 12)`, summed over the IP families.
@@ -157,6 +162,12 @@ pub trait Dataplane: Send + 'static {
     /// again. The other modes do not use them, as upstream.
     fn set_service_cidrs(&mut self, cidrs: Vec<Cidr>) {
         let _ = cidrs;
+    }
+
+    /// Replaces the node's own IPs (kube-proxy's node IPs, one per family), which the
+    /// load-balancer source-range rules match; the next sync writes every rule again.
+    fn set_node_ips(&mut self, ips: Vec<std::net::IpAddr>) {
+        let _ = ips;
     }
 
     /// Replaces the addresses that take node ports (`None`: every local address), as

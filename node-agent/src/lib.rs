@@ -69,8 +69,11 @@ pub struct Config {
     /// `nodePortAddresses` selects some; `None`: every address.
     pub node_port_addresses: Option<Vec<std::net::IpAddr>>,
     /// The `nodePortAddresses` selection, matched against the node's addresses again at each
-    /// sync.
+    /// sync; its node IPs are those known at start.
     pub node_port_selection: node_port_addresses::NodePortSelection,
+    /// kube-proxy's `bindAddress` when it names an address: the node IP of its family, whatever
+    /// the Node object says.
+    pub bind_address: Option<std::net::IpAddr>,
 }
 
 /// Binds every listener, then runs the stream client and the servers until a server fails.
@@ -125,9 +128,11 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
         status.clone(),
         config.sync_periods.health_timeout(),
     );
+    let node_ips = config.node_port_selection.node_ips.clone();
     let mut applier = sync::Applier::new(dataplane, status.clone(), metrics.clone())
         .with_sync_periods(config.sync_periods)
         .with_health_checks(health_checks)
+        .with_node_ips(config.bind_address, node_ips)
         .with_node_port_selection(config.node_port_selection, config.node_port_addresses);
     if config.node_cidr_detector {
         applier = applier.with_node_cidr_detector();

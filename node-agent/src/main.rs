@@ -250,7 +250,7 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
             }
         },
     };
-    let node_port_selection = node_port_addresses(&settings, primary_ip)
+    let node_port_selection = node_port_selection(&settings, primary_ip)
         .map_err(|err| anyhow::anyhow!("cannot resolve --nodeport-addresses: {err}"))?;
     let node_port_addresses = node_port_selection
         .resolve()
@@ -302,6 +302,7 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
         node_cidr_detector: settings.local_detector == LocalDetector::NodeCidr,
         node_port_addresses,
         node_port_selection,
+        bind_address: settings.bind_address,
     };
     let span = tracing::info_span!("agent", node = %config.client.node_name);
     let agent = run(config, settings.mode, iptables, ipvs).instrument(span);
@@ -476,11 +477,11 @@ fn log_removed(removed: &Removed, message: &str) {
 fn localhost_node_ports(settings: &Settings, primary_ip: Option<IpAddr>) -> bool {
     settings.mode == ProxyMode::Iptables
         && settings.localhost_node_ports
-        && includes_ipv4_loopback(&settings.node_port_addresses, primary_ip)
+        && includes_ipv4_loopback(&settings.node_port_addresses, primary_ip.as_slice())
 }
 
-/// The node addresses `--nodeport-addresses` selects, read once at start-up; `None` for all.
-fn node_port_addresses(
+/// The `--nodeport-addresses` selection with the node's IP known at start-up.
+fn node_port_selection(
     settings: &Settings,
     primary_ip: Option<IpAddr>,
 ) -> std::io::Result<NodePortSelection> {
@@ -493,7 +494,7 @@ fn node_port_addresses(
     }
     Ok(NodePortSelection {
         selection,
-        primary: primary_ip,
+        node_ips: primary_ip.into_iter().collect(),
     })
 }
 

@@ -83,6 +83,13 @@ pub struct Metrics {
     /// transaction the kernel refused, per IP family whose table it held (one transaction holds
     /// every family's, so each counts). The iptables counters stay 0 in that mode, as upstream.
     pub nftables_sync_failures: Family<FamilyLabel, Counter>,
+    /// `kubeproxy_conntrack_reconciler_sync_duration_seconds`: per IP family, how long the
+    /// deletion of stale conntrack flows after each sync took (upstream's reconciler runs at the
+    /// same point).
+    pub conntrack_cleanup_duration: Family<FamilyLabel, Histogram>,
+    /// `kubeproxy_conntrack_reconciler_deleted_entries_total`: per IP family, the stale flows
+    /// deleted.
+    pub conntrack_deleted_entries: Family<FamilyLabel, Counter>,
     /// `kubeproxy_proxy_healthz_total`.
     pub healthz: Family<CodeLabel, Counter>,
     /// `kubeproxy_proxy_livez_total`.
@@ -124,6 +131,10 @@ impl Metrics {
             restore_failures: Counter::default(),
             partial_restore_failures: Counter::default(),
             nftables_sync_failures: Family::default(),
+            conntrack_cleanup_duration: Family::new_with_constructor(|| {
+                Histogram::new(sync_buckets())
+            }),
+            conntrack_deleted_entries: Family::default(),
             healthz: Family::default(),
             livez: Family::default(),
             reconnects: Counter::default(),
@@ -220,6 +231,16 @@ impl Metrics {
             "kubeproxy_sync_proxy_rules_nftables_sync_failures",
             "Cumulative proxy nftables sync failures",
             metrics.nftables_sync_failures.clone(),
+        );
+        registry.register(
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+            "ReconcileConntrackFlowsLatency latency in seconds",
+            metrics.conntrack_cleanup_duration.clone(),
+        );
+        registry.register(
+            "kubeproxy_conntrack_reconciler_deleted_entries",
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            metrics.conntrack_deleted_entries.clone(),
         );
         registry.register(
             "kubeproxy_proxy_healthz",

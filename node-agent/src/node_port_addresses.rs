@@ -46,8 +46,8 @@ impl FromStr for NodePortAddress {
 pub struct NodePortSelection {
     /// The values given.
     pub selection: Vec<NodePortAddress>,
-    /// The node's primary IP, for `primary`.
-    pub primary: Option<IpAddr>,
+    /// The node's IPs (one per family), for `primary`.
+    pub node_ips: Vec<IpAddr>,
 }
 
 impl NodePortSelection {
@@ -63,7 +63,7 @@ impl NodePortSelection {
         Ok(select(
             &self.selection,
             &interface_addresses()?,
-            self.primary,
+            &self.node_ips,
         ))
     }
 }
@@ -71,13 +71,13 @@ impl NodePortSelection {
 /// The addresses that take node ports, or `None` for every local address of both families. A
 /// family's unspecified address (`0.0.0.0`, `::`) stands for every local address of the family.
 ///
-/// `interfaces` are the node's interface addresses; `primary` its primary IP, needed only when
-/// `selection` asks for it.
+/// `interfaces` are the node's interface addresses; `node_ips` its IPs (one per family), which
+/// `primary` in the selection stands for.
 #[must_use]
 pub fn select(
     selection: &[NodePortAddress],
     interfaces: &[IpAddr],
-    primary: Option<IpAddr>,
+    node_ips: &[IpAddr],
 ) -> Option<Vec<IpAddr>> {
     let mut chosen = Vec::new();
     let mut every_address = true;
@@ -86,13 +86,19 @@ pub fn select(
         IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED),
     ] {
         let family = |ip: &IpAddr| ip.is_ipv4() == unspecified.is_ipv4();
+        let primary_selected = selection.contains(&NodePortAddress::Primary);
+        let primary = node_ips
+            .iter()
+            .copied()
+            .find(|ip| primary_selected && family(ip));
         let of_family: Vec<Cidr> = selection
             .iter()
             .filter_map(|value| match value {
-                NodePortAddress::Primary => primary.map(Cidr::host),
+                NodePortAddress::Primary => None,
                 NodePortAddress::Cidr(cidr) => Some(*cidr),
             })
             .filter(|cidr| family(&cidr.address))
+            .chain(primary.map(Cidr::host))
             .collect();
         if of_family.is_empty() || of_family.iter().any(|cidr| cidr.prefix == 0) {
             chosen.push(unspecified);
@@ -100,13 +106,12 @@ pub fn select(
         }
         every_address = false;
         // The primary IP as given; CIDRs pick from the interfaces' addresses.
-        let primary_selected = selection.contains(&NodePortAddress::Primary);
         chosen.extend(
             interfaces
                 .iter()
                 .copied()
                 .filter(|ip| of_family.iter().any(|cidr| cidr.contains(*ip)))
-                .chain(primary.filter(|_| primary_selected))
+                .chain(primary)
                 .filter(|ip| family(ip) && !ip.is_loopback()),
         );
     }
@@ -119,15 +124,16 @@ pub fn select(
 }
 
 /// Whether `selection` takes every IPv4 address, loopback included (no IPv4 CIDR, or one
-/// matching everything): only then are node ports served on 127.0.0.1. `primary` is the node's
-/// primary IP, which `primary` in the selection stands for. Upstream also serves them for a CIDR
-/// holding 127.0.0.1, but the agent never selects loopback addresses by CIDR.
+/// matching everything): only then are node ports served on 127.0.0.1. `node_ips` are the
+/// node's IPs, which `primary` in the selection stands for. Upstream also serves them for a
+/// CIDR holding 127.0.0.1, but the agent never selects loopback addresses by CIDR.
 #[must_use]
-pub fn includes_ipv4_loopback(selection: &[NodePortAddress], primary: Option<IpAddr>) -> bool {
+pub fn includes_ipv4_loopback(selection: &[NodePortAddress], node_ips: &[IpAddr]) -> bool {
+    let has_ipv4_node_ip = node_ips.iter().any(IpAddr::is_ipv4);
     let ipv4: Vec<u8> = selection
         .iter()
         .filter_map(|value| match value {
-            NodePortAddress::Primary => primary.filter(IpAddr::is_ipv4).map(|_| 32),
+            NodePortAddress::Primary => has_ipv4_node_ip.then_some(32),
             NodePortAddress::Cidr(cidr) => cidr.address.is_ipv4().then_some(cidr.prefix),
         })
         .collect();
@@ -206,10 +212,10 @@ mod tests {
     #[test]
     fn unset_or_a_catch_all_cidr_means_every_local_address() {
         let interfaces = ips(&INTERFACES);
-        assert_eq!(select(&[], &interfaces, None), None);
-        assert_eq!(select(&values(&["0.0.0.0/0"]), &interfaces, None), None);
+        assert_eq!(select(&[], &interfaces, &[]), None);
+        assert_eq!(select(&values(&["0.0.0.0/0"]), &interfaces, &[]), None);
         assert_eq!(
-            select(&values(&["0.0.0.0/0", "::/0"]), &interfaces, None),
+            select(&values(&["0.0.0.0/0", "::/0"]), &interfaces, &[]),
             None
         );
     }
@@ -219,31 +225,27 @@ mod tests {
         let interfaces = ips(&INTERFACES);
         // As upstream: a family without CIDRs of its own gets the catch-all CIDR.
         assert_eq!(
-            select(&values(&["10.0.0.0/8", "::/0"]), &interfaces, None),
+            select(&values(&["10.0.0.0/8", "::/0"]), &interfaces, &[]),
             Some(ips(&["10.244.1.1", "::"]))
         );
         assert_eq!(
-            select(&values(&["198.18.0.0/24"]), &interfaces, None),
+            select(&values(&["198.18.0.0/24"]), &interfaces, &[]),
             Some(ips(&["198.18.0.11", "::"]))
         );
         assert_eq!(
-            select(&values(&["fd00::/8"]), &interfaces, None),
+            select(&values(&["fd00::/8"]), &interfaces, &[]),
             Some(ips(&["0.0.0.0", "fd00:198:18::11"]))
         );
         // `primary` on a node with an IPv4 primary IP alone.
         assert_eq!(
-            select(
-                &values(&["primary"]),
-                &interfaces,
-                "198.18.0.11".parse().ok()
-            ),
+            select(&values(&["primary"]), &interfaces, &ips(&["198.18.0.11"])),
             Some(ips(&["198.18.0.11", "::"]))
         );
     }
 
     #[test]
     fn loopback_is_included_only_when_every_ipv4_address_is() {
-        let v4 = "198.18.0.11".parse().ok();
+        let v4 = &ips(&["198.18.0.11"]);
         assert!(includes_ipv4_loopback(&[], v4));
         assert!(!includes_ipv4_loopback(&values(&["127.0.0.0/8"]), v4));
         assert!(includes_ipv4_loopback(&values(&["0.0.0.0/0"]), v4));
@@ -255,7 +257,7 @@ mod tests {
         assert!(!includes_ipv4_loopback(&values(&["primary"]), v4));
         assert!(includes_ipv4_loopback(
             &values(&["primary"]),
-            "fd00::1".parse().ok()
+            &ips(&["fd00::1"])
         ));
     }
 
@@ -263,14 +265,14 @@ mod tests {
     fn cidrs_pick_the_interface_addresses_inside_them_without_loopback() {
         let interfaces = ips(&INTERFACES);
         assert_eq!(
-            select(&values(&["198.18.0.0/24"]), &interfaces, None),
+            select(&values(&["198.18.0.0/24"]), &interfaces, &[]),
             Some(ips(&["198.18.0.11", "::"]))
         );
         assert_eq!(
             select(
                 &values(&["127.0.0.0/8", "10.244.0.0/16", "fd00::/8"]),
                 &interfaces,
-                None
+                &[]
             ),
             Some(ips(&["10.244.1.1", "fd00:198:18::11"]))
         );
@@ -278,7 +280,7 @@ mod tests {
             select(
                 &values(&["192.0.2.0/24", "2001:db8::/32"]),
                 &interfaces,
-                None
+                &[]
             ),
             Some(Vec::new())
         );
@@ -289,9 +291,8 @@ mod tests {
         let selection = values(&["primary"]);
         assert!(needs_primary(&selection));
         assert!(!needs_primary(&values(&["10.0.0.0/8"])));
-        let primary = "198.18.0.11".parse().ok();
         assert_eq!(
-            select(&selection, &ips(&INTERFACES), primary),
+            select(&selection, &ips(&INTERFACES), &ips(&["198.18.0.11"])),
             Some(ips(&["198.18.0.11", "::"]))
         );
     }

@@ -196,6 +196,8 @@ pub struct NodeState {
     pub pod_cidrs: Vec<String>,
     /// The cluster's service CIDRs: from the last revision that carried a status.
     pub service_cidrs: Vec<String>,
+    /// The Node's IPs: from the last revision that carried a status.
+    pub node_ips: Vec<String>,
 }
 
 impl NodeState {
@@ -243,6 +245,7 @@ impl NodeState {
                 next.eligibility = status.into();
                 next.pod_cidrs.clone_from(&status.pod_cidrs);
                 next.service_cidrs.clone_from(&status.service_cidrs);
+                next.node_ips.clone_from(&status.node_ips);
             }
         }
         Ok(next)

@@ -77,6 +77,39 @@ pub struct Applier<D> {
     /// The `nodePortAddresses` selection and the addresses it matched last: matched again
     /// before each sync, as kube-proxy does.
     node_ports: Option<(NodePortSelection, Option<Vec<IpAddr>>)>,
+    /// The node's IPs in use, and the `bindAddress` that names the one of its family.
+    node_ips: NodeIps,
+}
+
+/// The node's IPs (kube-proxy's node IPs): those of its Node object, which the controller sends,
+/// with `bindAddress` in place of the one of its family; until the Node's arrive, those known at
+/// start.
+#[derive(Debug, Default)]
+struct NodeIps {
+    bind_address: Option<IpAddr>,
+    in_use: Vec<IpAddr>,
+}
+
+impl NodeIps {
+    /// The node IPs after the Node's `from_node` arrive; `None` when they change nothing (or
+    /// the Node has none: the ones in use stay).
+    fn follow(&mut self, from_node: &[String]) -> Option<Vec<IpAddr>> {
+        let mut ips: Vec<IpAddr> = from_node.iter().filter_map(|ip| ip.parse().ok()).collect();
+        if ips.is_empty() {
+            return None;
+        }
+        if let Some(bind) = self.bind_address {
+            match ips.iter_mut().find(|ip| ip.is_ipv4() == bind.is_ipv4()) {
+                Some(same_family) => *same_family = bind,
+                None => ips.insert(0, bind),
+            }
+        }
+        if ips == self.in_use {
+            return None;
+        }
+        self.in_use.clone_from(&ips);
+        Some(ips)
+    }
 }
 
 impl<D: Dataplane> Applier<D> {
@@ -92,7 +125,19 @@ impl<D: Dataplane> Applier<D> {
             converted: Default::default(),
             node_cidr_detector: false,
             node_ports: None,
+            node_ips: NodeIps::default(),
         }
+    }
+
+    /// The same applier, with the node's IPs known at start (`start`) replaced by its Node's
+    /// when the controller sends them, `bind_address` keeping its family's.
+    #[must_use]
+    pub fn with_node_ips(mut self, bind_address: Option<IpAddr>, start: Vec<IpAddr>) -> Self {
+        self.node_ips = NodeIps {
+            bind_address,
+            in_use: start,
+        };
+        self
     }
 
     /// The same applier, matching `selection` against the node's addresses before each sync
@@ -217,6 +262,17 @@ impl<D: Dataplane> Applier<D> {
         if detector_moved {
             self.dataplane.set_local_cidrs(local_cidrs(&next.pod_cidrs));
         }
+        let node_ips_moved = match self.node_ips.follow(&next.node_ips) {
+            Some(ips) => {
+                tracing::info!(node_ips = ?ips, "the node's IPs, from its Node object");
+                self.dataplane.set_node_ips(ips.clone());
+                if let Some((selection, _)) = &mut self.node_ports {
+                    selection.node_ips = ips;
+                }
+                true
+            }
+            None => false,
+        };
         let service_cidrs_moved = next.service_cidrs != current.service_cidrs;
         if service_cidrs_moved {
             tracing::info!(service_cidrs = ?next.service_cidrs, "the cluster's service CIDRs");
@@ -228,7 +284,8 @@ impl<D: Dataplane> Applier<D> {
         let service_changes: Vec<Key> = current.service_changes(&next).cloned().collect();
         let endpoint_changes: Vec<Key> = current.endpoint_changes(&next).cloned().collect();
         let changed: BTreeSet<&Key> = service_changes.iter().chain(&endpoint_changes).collect();
-        if !revision.reset && changed.is_empty() && !detector_moved && !service_cidrs_moved {
+        let rules_moved = detector_moved || service_cidrs_moved || node_ips_moved;
+        if !revision.reset && changed.is_empty() && !rules_moved {
             // Only the node's status changed: nothing to write, and no reason to wait for
             // min-sync-period or to fail with the kernel (protocol rule 9).
             let next = Arc::new(next);
@@ -442,6 +499,19 @@ impl<D: Dataplane> Applier<D> {
                     })
                     .set(i64::from(*rules));
             }
+        }
+        for cleanup in &report.conntrack {
+            let family = FamilyLabel {
+                ip_family: cleanup.family.name(),
+            };
+            self.metrics
+                .conntrack_cleanup_duration
+                .get_or_create(&family)
+                .observe(cleanup.duration.as_secs_f64());
+            self.metrics
+                .conntrack_deleted_entries
+                .get_or_create(&family)
+                .inc_by(u64::from(cleanup.deleted));
         }
         self.metrics
             .last_sync_timestamp

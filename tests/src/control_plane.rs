@@ -450,7 +450,8 @@ spec:
         self.kubectl(lab, &["apply", "-f", &path(&input)])
     }
 
-    /// Registers `node` as a Node object (Ready, with its LAN address), as a kubelet would.
+    /// Registers `node` as a Node object (Ready, with its LAN addresses of both families), as a
+    /// kubelet of a dual-stack node would.
     ///
     /// # Errors
     ///
@@ -502,8 +503,9 @@ metadata:
                 "--type=merge",
                 "-p",
                 &format!(
-                    r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{}"}}],"conditions":[{{"type":"Ready","status":"True","reason":"KubeletReady","message":"e2e"}}]}}}}"#,
-                    node.ip()
+                    r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{}"}},{{"type":"InternalIP","address":"{}"}}],"conditions":[{{"type":"Ready","status":"True","reason":"KubeletReady","message":"e2e"}}]}}}}"#,
+                    node.ip(),
+                    node.ip6()
                 ),
             ],
         )?;

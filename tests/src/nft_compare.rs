@@ -9,6 +9,9 @@
 //!   random either way);
 //! * a `service-…` or `local-…` chain's affinity rules (one per endpoint, in endpoint order) are
 //!   compared as a set, as are the elements of every set and map and of anonymous sets in rules;
+//! * a Service's chain without rules is left out: upstream flushes a chain that went stale and
+//!   deletes it at its next sync (a second later at the earliest, which may be an hour away when
+//!   nothing changes); an empty chain nothing jumps to does nothing;
 //! * everything else is compared line for line, in order.
 
 use anyhow::{Context, Result, bail};
@@ -104,6 +107,9 @@ impl Ruleset {
             bail!("the listing ends inside an object");
         }
         let mut ruleset = Self(objects);
+        ruleset.0.retain(|(_, kind, name), object| {
+            !(*kind == Kind::Chain && object.body.is_empty() && per_service(name))
+        });
         ruleset.resolve_shared_endpoint_maps()?;
         for ((_, kind, name), object) in &mut ruleset.0 {
             if *kind != Kind::Chain || name.starts_with("service-") || name.starts_with("local-") {
@@ -218,6 +224,13 @@ impl Ruleset {
         }
         out
     }
+}
+
+/// Whether `chain` is one of a Service's own chains.
+fn per_service(chain: &str) -> bool {
+    ["service-", "local-", "external-", "firewall-", "endpoint-"]
+        .iter()
+        .any(|prefix| chain.starts_with(prefix))
 }
 
 /// `chain NAME {`, `set NAME {` or `map NAME {` → its kind and name.
@@ -403,6 +416,27 @@ mod tests {
         assert_eq!(
             upstream.differences(&Ruleset::parse(&one_ip)?),
             ["ip Set cluster-ips: only kube-proxy: 10.96.0.1"]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn an_empty_service_chain_is_left_out_but_not_an_empty_base_chain() -> Result<()> {
+        let flushed = UPSTREAM.replace(
+            "\tchain cluster-ips-check {",
+            "\tchain external-BBBB-ns/old/tcp/p80 {\n\t}\n\tchain cluster-ips-check {",
+        );
+        assert_eq!(
+            Ruleset::parse(&flushed)?.differences(&Ruleset::parse(SPLITPROXY)?),
+            Vec::<String>::new()
+        );
+        let empty_base = UPSTREAM.replace(
+            "\tchain cluster-ips-check {",
+            "\tchain nat-output {\n\t}\n\tchain cluster-ips-check {",
+        );
+        assert_eq!(
+            Ruleset::parse(&empty_base)?.differences(&Ruleset::parse(SPLITPROXY)?),
+            ["ip Chain nat-output: only kube-proxy has it"]
         );
         Ok(())
     }

@@ -5,7 +5,8 @@
 //! Services are selector-less, so their EndpointSlices are the generator's own (managed by
 //! `differential-test`). One address never appears in two slices of one Service: upstream
 //! settles such a conflict by Go map order in its endpoint-slice cache, which no other
-//! implementation can reproduce.
+//! implementation can reproduce. For the same reason no two Services share an external or
+//! load-balancer IP: upstream's nftables mode keeps whichever Service it wrote last.
 
 // `choose(…).expect("not empty")` below picks from constant, non-empty arrays: it cannot fail.
 use rand::{Rng, SeedableRng, rngs::StdRng, seq::IndexedRandom};
@@ -257,7 +258,7 @@ impl Generator {
             hint_all(&mut service.slices, &mut self.rng);
         }
         if self.rng.random_bool(0.2) {
-            service.external_ips.push(self.address("192.0.2"));
+            service.external_ips.push(self.address("192.0"));
         }
         self.fit_to_kind(&mut service);
         service
@@ -271,7 +272,7 @@ impl Generator {
                     let mode = *["VIP", "VIP", "Proxy"]
                         .choose(&mut self.rng)
                         .expect("not empty");
-                    service.ingress.push((self.address("203.0.113"), mode));
+                    service.ingress.push((self.address("203.0"), mode));
                 }
                 if self.rng.random_bool(0.4) {
                     let ranges = ["198.18.0.0/24", "203.0.113.0/25", "100.64.0.0/10"];
@@ -328,15 +329,13 @@ impl Generator {
             .collect()
     }
 
-    /// A new address under `prefix` (`10.180` or `192.0.2`).
+    /// A new address under the two-octet `prefix` (`10.180`, `192.0`), used by no other
+    /// object of the seed: an external or load-balancer IP two Services share (on one port) is
+    /// settled by Go map order in upstream's nftables mode.
     fn address(&mut self, prefix: &str) -> String {
         self.next_address += 1;
         let n = self.next_address;
-        if prefix.matches('.').count() == 2 {
-            format!("{prefix}.{}", n % 250 + 1)
-        } else {
-            format!("{prefix}.{}.{}", n / 250 % 250, n % 250 + 1)
-        }
+        format!("{prefix}.{}.{}", n / 250 % 250, n % 250 + 1)
     }
 }
 

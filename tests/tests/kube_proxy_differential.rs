@@ -96,14 +96,20 @@ fn apply(lab: &Lab, control_plane: &ControlPlane, dir: &Path, round: &Round) -> 
     Ok(())
 }
 
-#[test]
-fn splitproxy_programs_what_kube_proxy_programs_round_after_round() -> Result<()> {
-    let seeds: Vec<u64> = setting("SPLITPROXY_DIFF_SEEDS", "1,2")
+/// The seeds, rounds and Services per seed of the random runs (`SPLITPROXY_DIFF_*`).
+fn random_runs() -> Result<(Vec<u64>, usize, usize)> {
+    let seeds = setting("SPLITPROXY_DIFF_SEEDS", "1,2")
         .split(',')
         .map(|seed| seed.trim().parse().context("SPLITPROXY_DIFF_SEEDS"))
         .collect::<Result<_>>()?;
-    let rounds: usize = setting("SPLITPROXY_DIFF_ROUNDS", "3").parse()?;
-    let size: usize = setting("SPLITPROXY_DIFF_SERVICES", "24").parse()?;
+    let rounds = setting("SPLITPROXY_DIFF_ROUNDS", "3").parse()?;
+    let size = setting("SPLITPROXY_DIFF_SERVICES", "24").parse()?;
+    Ok((seeds, rounds, size))
+}
+
+#[test]
+fn splitproxy_programs_what_kube_proxy_programs_round_after_round() -> Result<()> {
+    let (seeds, rounds, size) = random_runs()?;
     differential(
         "diffcluster",
         "iptables",
@@ -118,12 +124,7 @@ fn splitproxy_programs_what_kube_proxy_programs_round_after_round() -> Result<()
 /// maps resolved into the chains that pick from them.
 #[test]
 fn in_nftables_mode_splitproxy_programs_what_kube_proxy_programs() -> Result<()> {
-    let seeds: Vec<u64> = setting("SPLITPROXY_DIFF_SEEDS", "1,2")
-        .split(',')
-        .map(|seed| seed.trim().parse().context("SPLITPROXY_DIFF_SEEDS"))
-        .collect::<Result<_>>()?;
-    let rounds: usize = setting("SPLITPROXY_DIFF_ROUNDS", "3").parse()?;
-    let size: usize = setting("SPLITPROXY_DIFF_SERVICES", "24").parse()?;
+    let (seeds, rounds, size) = random_runs()?;
     differential("diffnft", "nftables", "ClusterCIDR", &seeds, rounds, size)
 }
 

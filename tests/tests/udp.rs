@@ -8,6 +8,7 @@
 
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
+    agent_metric,
     demo_cluster::DemoCluster,
     eventually,
     lab::{HasNamespace, Pod},
@@ -151,5 +152,16 @@ fn client_leaves_a_removed_endpoint(tag: &str, agent_flags: &[&str]) -> Result<(
             Ok(())
         },
     )
-    .with_context(|| cluster.logs())
+    .with_context(|| cluster.logs())?;
+    // node-1's agent deleted the flow, and counts it as kube-proxy's conntrack reconciler does.
+    let deleted = agent_metric(
+        &cluster.lab,
+        &cluster.nodes[0],
+        r#"kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"}"#,
+    )?;
+    ensure!(
+        deleted >= 1.0,
+        "node-1 counted {deleted} deleted conntrack entries"
+    );
+    Ok(())
 }

@@ -487,6 +487,7 @@ fn endpoint_hints_and_node_zones_are_carried_into_the_state() {
                     },
                     ineligible: None,
                     pod_cidrs: Vec::new(),
+                    node_ips: Vec::new(),
                 }
             ),
             ("node-2".to_owned(), NodeInfo::default()),
@@ -559,4 +560,32 @@ spec: {cidrs: [10.100.0.0/24, 10.96.0.0/16]}
     let before = Builder::default().build(&objects(""), &ServiceSelector::default());
     let changes = crate::history::ChangeSet::between(&before, &state);
     assert!(changes.service_cidrs && !changes.is_empty());
+}
+
+#[test]
+fn node_ips_are_the_first_internal_ip_then_one_of_the_other_family() {
+    let node = |addresses: &str| -> Vec<String> {
+        let text = format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: node-1}}\nstatus: {{addresses: [{addresses}]}}\n"
+        );
+        let state = Builder::default().build(&objects(&text), &ServiceSelector::default());
+        state.nodes["node-1"].node_ips.clone()
+    };
+    assert_eq!(
+        node(
+            "{type: Hostname, address: node-1}, {type: ExternalIP, address: 203.0.113.1}, \
+             {type: InternalIP, address: 198.18.0.11}, {type: InternalIP, address: 198.18.0.99}, \
+             {type: InternalIP, address: 'fd00:198:18::11'}"
+        ),
+        ["198.18.0.11", "fd00:198:18::11"]
+    );
+    // ExternalIPs after every InternalIP; IPv6 first when it is the first.
+    assert_eq!(
+        node("{type: ExternalIP, address: 203.0.113.1}, {type: InternalIP, address: 'fd00::1'}"),
+        ["fd00::1", "203.0.113.1"]
+    );
+    assert_eq!(
+        node("{type: InternalIP, address: not-an-ip}"),
+        Vec::<String>::new()
+    );
 }

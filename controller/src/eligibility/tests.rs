@@ -39,6 +39,7 @@ fn a_plain_node_is_eligible() {
             reason: String::new(),
             pod_cidrs: Vec::new(),
             service_cidrs: Vec::new(),
+            node_ips: Vec::new(),
         }
     );
 }
@@ -78,6 +79,7 @@ fn a_node_being_deleted_is_ineligible_and_says_so_first() {
             reason: "the Node is being deleted".into(),
             pod_cidrs: Vec::new(),
             service_cidrs: Vec::new(),
+            node_ips: Vec::new(),
         }
     );
 }
@@ -91,6 +93,7 @@ fn an_unknown_node_is_ineligible() {
             reason: "no Node object of this name is known".into(),
             pod_cidrs: Vec::new(),
             service_cidrs: Vec::new(),
+            node_ips: Vec::new(),
         }
     );
 }

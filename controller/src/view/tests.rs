@@ -131,6 +131,7 @@ fn zoned(endpoints: &[(&str, &str, &str)], nodes: &[(&str, &str)]) -> ClusterSta
                     },
                     ineligible: None,
                     pod_cidrs: Vec::new(),
+                    node_ips: Vec::new(),
                 },
             )
         })
@@ -209,6 +210,7 @@ fn with_node_1(ineligible: Option<Ineligible>) -> ClusterState {
             topology: NodeTopology::default(),
             ineligible,
             pod_cidrs: vec!["10.244.1.0/24".into()],
+            node_ips: Vec::new(),
         },
     );
     state
@@ -226,6 +228,7 @@ fn a_reset_carries_the_node_status_and_a_delta_leaves_an_unchanged_one_out() {
             reason: String::new(),
             pod_cidrs: vec!["10.244.1.0/24".into()],
             service_cidrs: Vec::new(),
+            node_ips: Vec::new(),
         })
     );
     let mut moved = known;
@@ -259,6 +262,7 @@ fn a_node_the_cluster_does_not_know_is_not_eligible() {
             reason: "no Node object of this name is known".into(),
             pod_cidrs: Vec::new(),
             service_cidrs: Vec::new(),
+            node_ips: Vec::new(),
         })
     );
 }
@@ -277,6 +281,7 @@ fn a_taint_alone_makes_a_delta_that_carries_only_the_new_status() {
                 reason: "the Node is tainted ToBeDeletedByClusterAutoscaler".into(),
                 pod_cidrs: vec!["10.244.1.0/24".into()],
                 service_cidrs: Vec::new(),
+                node_ips: Vec::new(),
             }),
             ..Delta::default()
         }

@@ -119,6 +119,12 @@ impl Dataplane for DualStack {
         }
     }
 
+    fn set_node_ips(&mut self, ips: Vec<std::net::IpAddr>) {
+        for executor in &mut self.families {
+            executor.set_node_ips(ips.clone());
+        }
+    }
+
     /// Syncs every family, also after one failed (the families are independent, as upstream's
     /// proxiers are); the report sums the tables and keeps each family's counts. Returns the
     /// first failing family's error when any failed, so the whole sync is retried.

@@ -257,6 +257,10 @@ impl Dataplane for IpvsBackend {
         self.config.node_port_addresses = addresses;
     }
 
+    fn set_node_ips(&mut self, ips: Vec<std::net::IpAddr>) {
+        self.config.iptables.render.node_ips = ips;
+    }
+
     fn ip_families(&self) -> Vec<IpFamily> {
         self.config.families.clone()
     }
@@ -290,17 +294,19 @@ impl Dataplane for IpvsBackend {
             );
         }
         tracing::debug!(changes = applied.made.len(), "IPVS synced");
-        if let Some(previous) = self.applied.replace(state.clone()) {
-            let iptables = &self.config.iptables;
-            let conntrack = Conntrack::new(&iptables.command_prefix, &iptables.conntrack);
-            for &family in &self.config.families {
-                conntrack::delete_stale_flows(&conntrack, &previous, state, family).await;
-            }
-        }
         let mut report = SyncReport {
             full,
             ..SyncReport::default()
         };
+        if let Some(previous) = self.applied.replace(state.clone()) {
+            let iptables = &self.config.iptables;
+            let conntrack = Conntrack::new(&iptables.command_prefix, &iptables.conntrack);
+            for &family in &self.config.families {
+                report.conntrack.push(
+                    conntrack::delete_stale_flows(&conntrack, &previous, state, family).await,
+                );
+            }
+        }
         for family in written {
             let rules = if family.written {
                 family.totals.clone()

@@ -189,6 +189,11 @@ impl Dataplane for NftablesBackend {
         self.render_all_again();
     }
 
+    fn set_node_ips(&mut self, ips: Vec<std::net::IpAddr>) {
+        self.config.render.node_ips = ips;
+        self.render_all_again();
+    }
+
     fn set_service_cidrs(&mut self, cidrs: Vec<crate::Cidr>) {
         self.config.service_cidrs = cidrs;
         self.render_all_again();
@@ -253,9 +258,9 @@ impl Dataplane for NftablesBackend {
                 ..Leftovers::default()
             });
         }
-        self.delete_stale_flows(state).await;
         Ok(SyncReport {
             full,
+            conntrack: self.delete_stale_flows(state).await,
             ..SyncReport::default()
         })
     }
@@ -309,12 +314,15 @@ impl NftablesBackend {
     }
 
     /// Deletes the UDP and SCTP flows the change to `state` left stale, as upstream.
-    async fn delete_stale_flows(&mut self, state: &ProxyState) {
+    async fn delete_stale_flows(&mut self, state: &ProxyState) -> Vec<conntrack::Cleanup> {
+        let mut cleanups = Vec::new();
         if let Some(previous) = self.applied.replace(state.clone()) {
             let executor = Conntrack::new(&self.config.command_prefix, &self.config.conntrack);
             for &family in &self.config.families {
-                conntrack::delete_stale_flows(&executor, &previous, state, family).await;
+                cleanups
+                    .push(conntrack::delete_stale_flows(&executor, &previous, state, family).await);
             }
         }
+        cleanups
     }
 }

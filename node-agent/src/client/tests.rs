@@ -435,6 +435,7 @@ fn status_only(number: u64, eligible: bool) -> pb::SyncResponse {
             },
             pod_cidrs: Vec::new(),
             service_cidrs: Vec::new(),
+            node_ips: Vec::new(),
         }),
         ..Default::default()
     }
@@ -469,6 +470,7 @@ async fn the_last_eligibility_outlives_the_controller_stream() {
         reason: String::new(),
         pod_cidrs: Vec::new(),
         service_cidrs: Vec::new(),
+        node_ips: Vec::new(),
     });
     agent.send(reset).await;
     agent.ack().await;

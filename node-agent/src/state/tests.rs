@@ -542,6 +542,7 @@ fn the_conversion_carries_endpoint_conditions_and_topology() {
         eligibility: Eligibility::Eligible,
         pod_cidrs: Vec::new(),
         service_cidrs: Vec::new(),
+        node_ips: Vec::new(),
     };
     let Conversion {
         model: proxy,
@@ -812,6 +813,7 @@ fn node_status(eligible: bool, reason: &str) -> Option<pb::NodeStatus> {
         reason: reason.into(),
         pod_cidrs: Vec::new(),
         service_cidrs: Vec::new(),
+        node_ips: Vec::new(),
     })
 }
 

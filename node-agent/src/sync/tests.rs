@@ -107,6 +107,19 @@ impl Dataplane for DualStackReport {
             vec![("filter".into(), 3), ("nat".into(), 9)],
             true,
         ));
+        // Each family then deleted its stale flows.
+        report.conntrack = vec![
+            splitproxy_dataplane::conntrack::Cleanup {
+                family: IpFamily::V4,
+                duration: Duration::from_millis(3),
+                deleted: 2,
+            },
+            splitproxy_dataplane::conntrack::Cleanup {
+                family: IpFamily::V6,
+                duration: Duration::from_millis(1),
+                deleted: 0,
+            },
+        ];
         Ok(report)
     }
 }
@@ -129,6 +142,10 @@ async fn rules_written_are_exported_per_table_and_ip_family() {
         // One family was rewritten whole: the sync counts as full.
         "kubeproxy_sync_partial_proxy_rules_duration_seconds_count 0",
         "kubeproxy_sync_full_proxy_rules_duration_seconds_count 1",
+        r#"kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"} 2"#,
+        r#"kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv6"} 0"#,
+        r#"kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family="IPv4"} 1"#,
+        r#"kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{le="0.004",ip_family="IPv4"} 1"#,
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
     }
@@ -304,6 +321,13 @@ impl Dataplane for DetectorRecord {
     }
 }
 
+fn cidrs(texts: &[&str]) -> Vec<Cidr> {
+    texts
+        .iter()
+        .map(|text| text.parse().expect("a CIDR"))
+        .collect()
+}
+
 /// A status-only delta, revision `number`, carrying `pod_cidrs`.
 fn status_delta(number: u64, pod_cidrs: &[&str]) -> Revision {
     status_delta_with(number, pod_cidrs, &[])
@@ -328,6 +352,7 @@ fn status_delta_with(number: u64, pod_cidrs: &[&str], service_cidrs: &[&str]) ->
                     .iter()
                     .map(|cidr| (*cidr).to_owned())
                     .collect(),
+                node_ips: Vec::new(),
             }),
             ..Default::default()
         }],
@@ -362,12 +387,6 @@ async fn the_node_cidr_detector_follows_the_nodes_pod_cidrs_and_rewrites_the_rul
         .apply(&status_delta(3, &["10.244.9.0/24", "not a cidr"]))
         .await
         .expect("applied");
-    let cidrs = |texts: &[&str]| -> Vec<Cidr> {
-        texts
-            .iter()
-            .map(|text| text.parse().expect("a CIDR"))
-            .collect()
-    };
     let (syncs, given, _) = record.0.lock().map(|r| r.clone()).unwrap_or_default();
     assert_eq!(syncs, 2);
     assert_eq!(
@@ -413,12 +432,6 @@ async fn new_service_cidrs_reach_the_dataplane_and_are_written_at_once() {
             .await
             .expect("applied");
     }
-    let cidrs = |texts: &[&str]| -> Vec<Cidr> {
-        texts
-            .iter()
-            .map(|text| text.parse().expect("a CIDR"))
-            .collect()
-    };
     let (syncs, _, given) = record.0.lock().map(|r| r.clone()).unwrap_or_default();
     // The reset, then each change of the CIDRs; the repeat writes nothing.
     assert_eq!(syncs, 3);
@@ -428,5 +441,44 @@ async fn new_service_cidrs_reach_the_dataplane_and_are_written_at_once() {
             cidrs(&["10.96.0.0/16"]),
             cidrs(&["10.96.0.0/16", "fd00:10:96::/112"])
         ]
+    );
+}
+
+#[test]
+fn the_nodes_ips_replace_those_known_at_start_and_bind_address_keeps_its_family() {
+    let ip = |text: &str| -> IpAddr { text.parse().expect("an IP") };
+    let from_node =
+        |texts: &[&str]| -> Vec<String> { texts.iter().map(|text| (*text).to_owned()).collect() };
+    let mut ips = NodeIps {
+        bind_address: None,
+        in_use: vec![ip("198.18.0.12")],
+    };
+    assert_eq!(
+        ips.follow(&[]),
+        None,
+        "a Node without IPs keeps the start ones"
+    );
+    let dual = from_node(&["198.18.0.11", "fd00:198:18::11"]);
+    assert_eq!(
+        ips.follow(&dual),
+        Some(vec![ip("198.18.0.11"), ip("fd00:198:18::11")])
+    );
+    assert_eq!(ips.follow(&dual), None, "the same again changes nothing");
+
+    let mut bound = NodeIps {
+        bind_address: Some(ip("198.18.0.99")),
+        in_use: vec![ip("198.18.0.99")],
+    };
+    assert_eq!(
+        bound.follow(&dual),
+        Some(vec![ip("198.18.0.99"), ip("fd00:198:18::11")])
+    );
+    let mut bound_v6 = NodeIps {
+        bind_address: Some(ip("fd00::99")),
+        in_use: Vec::new(),
+    };
+    assert_eq!(
+        bound_v6.follow(&from_node(&["198.18.0.11"])),
+        Some(vec![ip("fd00::99"), ip("198.18.0.11")])
     );
 }

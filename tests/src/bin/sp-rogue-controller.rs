@@ -334,6 +334,7 @@ async fn main() -> anyhow::Result<()> {
         reason: String::new(),
         pod_cidrs: Vec::new(),
         service_cidrs: Vec::new(),
+        node_ips: Vec::new(),
     });
     let rogue = Rogue {
         good: vec![good],
