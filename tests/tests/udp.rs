@@ -153,15 +153,19 @@ fn client_leaves_a_removed_endpoint(tag: &str, agent_flags: &[&str]) -> Result<(
         },
     )
     .with_context(|| cluster.logs())?;
-    // node-1's agent deleted the flow, and counts it as kube-proxy's conntrack reconciler does.
-    let deleted = agent_metric(
-        &cluster.lab,
-        &cluster.nodes[0],
-        r#"kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"}"#,
-    )?;
-    ensure!(
-        deleted >= 1.0,
-        "node-1 counted {deleted} deleted conntrack entries"
-    );
-    Ok(())
+    // node-1's agent deleted the flow, and counts it as kube-proxy's conntrack reconciler does
+    // once its sync is over (the other family's rules may still be written when the flow moves).
+    eventually("node-1 counts the deleted flow", CONVERGE, || {
+        let deleted = agent_metric(
+            &cluster.lab,
+            &cluster.nodes[0],
+            r#"kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"}"#,
+        )?;
+        ensure!(
+            deleted >= 1.0,
+            "node-1 counted {deleted} deleted conntrack entries"
+        );
+        Ok(())
+    })
+    .with_context(|| cluster.logs())
 }
