@@ -18,7 +18,7 @@
 //! calling [`categorize`], as upstream runs one proxier per family (an IPv4 proxier never sees the
 //! IPv6 endpoints, so they cannot mask its fallback).
 
-use crate::{Endpoint, ProxyState, TrafficPolicy};
+use crate::{Endpoint, IpFamily, ProxyState, TrafficPolicy};
 use std::collections::BTreeSet;
 
 /// Service ports whose `Local` traffic policy finds no endpoint to use on this node, per policy:
@@ -35,23 +35,25 @@ pub struct NoLocalEndpoints {
 }
 
 impl NoLocalEndpoints {
-    /// Counts the ports of `state`, each once over all its endpoints (upstream counts per IP
-    /// family proxier; on a single-stack node that is the same number).
+    /// Counts the ports of `state` as `family`'s proxier upstream does: those of Services with a
+    /// cluster IP of that family, over that family's endpoints and external addresses.
     #[must_use]
-    pub fn of(state: &ProxyState) -> Self {
+    pub fn of(state: &ProxyState, family: IpFamily) -> Self {
         let mut counts = Self::default();
-        for service in state.services.values() {
+        let services = state.services.values();
+        for service in services.filter(|s| s.cluster_ips.iter().any(|ip| family.contains(ip))) {
             for port in &service.ports {
-                let sets = categorize(&port.endpoints);
+                let sets = categorize(port.endpoints.iter().filter(|e| family.contains(&e.ip)));
                 if !sets.local.is_empty() {
                     continue;
                 }
                 if service.internal_traffic_policy == TrafficPolicy::Local {
                     counts.internal += 1;
                 }
+                let of_family = |ips: &[std::net::IpAddr]| ips.iter().any(|ip| family.contains(ip));
                 let externally_accessible = port.node_port.is_some()
-                    || !service.external_ips.is_empty()
-                    || !service.load_balancer_ips.is_empty();
+                    || of_family(&service.external_ips)
+                    || of_family(&service.load_balancer_ips);
                 if externally_accessible && service.external_traffic_policy == TrafficPolicy::Local
                 {
                     counts.external += 1;
@@ -252,9 +254,51 @@ mod tests {
         }
 
         assert_eq!(
-            NoLocalEndpoints::of(&state),
+            NoLocalEndpoints::of(&state, IpFamily::V4),
             NoLocalEndpoints {
                 internal: 2,
+                external: 1
+            }
+        );
+        // An IPv4-only state has nothing for the IPv6 proxier to count.
+        assert_eq!(
+            NoLocalEndpoints::of(&state, IpFamily::V6),
+            NoLocalEndpoints::default()
+        );
+    }
+
+    #[test]
+    fn no_local_endpoints_are_counted_per_family_of_endpoints_and_addresses() {
+        use crate::{Protocol, Service, ServiceKey, ServicePort};
+        // Dual-stack, both policies Local, no node port: its only local endpoint is IPv4, and
+        // only its IPv6 side has an external IP.
+        let service = Service {
+            internal_traffic_policy: TrafficPolicy::Local,
+            external_traffic_policy: TrafficPolicy::Local,
+            external_ips: vec!["2001:db8::10".parse().unwrap()],
+            ..Service::new(
+                ServiceKey::new("demo", "dual"),
+                vec!["10.96.0.1".parse().unwrap(), "fd00::1".parse().unwrap()],
+                vec![ServicePort::new(
+                    "a",
+                    Protocol::Tcp,
+                    80,
+                    None,
+                    vec![ready("10.244.0.1", true), ready("fd00:244::1", false)],
+                )],
+            )
+        };
+        let mut state = ProxyState::default();
+        state.insert(service);
+
+        assert_eq!(
+            NoLocalEndpoints::of(&state, IpFamily::V4),
+            NoLocalEndpoints::default()
+        );
+        assert_eq!(
+            NoLocalEndpoints::of(&state, IpFamily::V6),
+            NoLocalEndpoints {
+                internal: 1,
                 external: 1
             }
         );

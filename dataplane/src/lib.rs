@@ -117,6 +117,12 @@ pub enum FailedStep {
 pub trait SyncError: std::error::Error + Send + Sync + 'static {
     /// The step that failed.
     fn failed_step(&self) -> FailedStep;
+
+    /// The IP family whose rules failed, when the sync writes each family's on its own; `None`
+    /// when one step holds every family's (nftables) or the backend programs one family.
+    fn failed_family(&self) -> Option<IpFamily> {
+        None
+    }
 }
 
 impl SyncError for std::convert::Infallible {

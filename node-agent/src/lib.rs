@@ -128,12 +128,14 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
         status.clone(),
         config.sync_periods.health_timeout(),
     );
-    let node_ips = config.node_port_selection.node_ips.clone();
     let mut applier = sync::Applier::new(dataplane, status.clone(), metrics.clone())
         .with_sync_periods(config.sync_periods)
         .with_health_checks(health_checks)
-        .with_node_ips(config.bind_address, node_ips)
-        .with_node_port_selection(config.node_port_selection, config.node_port_addresses);
+        .with_node_ips(config.bind_address, config.node_port_selection.node_ips)
+        .with_node_port_selection(
+            config.node_port_selection.selection,
+            config.node_port_addresses,
+        );
     if config.node_cidr_detector {
         applier = applier.with_node_cidr_detector();
     }

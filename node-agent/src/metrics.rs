@@ -6,6 +6,7 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
+use splitproxy_dataplane::IpFamily;
 use std::sync::atomic::AtomicU64;
 
 /// A `table` and `ip_family` label.
@@ -31,28 +32,35 @@ pub struct CodeLabel {
     pub code: String,
 }
 
-/// A `traffic_policy` label: `internal` or `external`, as kube-proxy labels it.
+/// A `traffic_policy` and `ip_family` label, as kube-proxy labels its no-local-endpoints gauge.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TrafficPolicyLabel {
     /// `internal` (internalTrafficPolicy) or `external` (externalTrafficPolicy).
     pub traffic_policy: &'static str,
+    /// The IP family whose Service ports are counted.
+    pub ip_family: &'static str,
 }
 
-/// Every metric the agent exports.
+/// A family of gauges holding seconds (timestamps), one per label set.
+type SecondsGauges = Family<FamilyLabel, Gauge<f64, AtomicU64>>;
+
+/// Every metric the agent exports. Those kube-proxy labels with `ip_family` carry it here too:
+/// one sync programs every family the node has, so it is recorded under each of them.
 #[derive(Debug, Clone)]
 pub struct Metrics {
     /// `kubeproxy_sync_proxy_rules_duration_seconds`.
-    pub sync_duration: Histogram,
+    pub sync_duration: Family<FamilyLabel, Histogram>,
     /// `kubeproxy_sync_full_proxy_rules_duration_seconds`.
-    pub full_sync_duration: Histogram,
+    pub full_sync_duration: Family<FamilyLabel, Histogram>,
     /// `kubeproxy_sync_partial_proxy_rules_duration_seconds`.
-    pub partial_sync_duration: Histogram,
+    pub partial_sync_duration: Family<FamilyLabel, Histogram>,
     /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`.
-    pub last_sync_timestamp: Gauge<f64, AtomicU64>,
+    pub last_sync_timestamp: SecondsGauges,
     /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`.
-    pub last_queued_timestamp: Gauge<f64, AtomicU64>,
-    /// `kubeproxy_network_programming_duration_seconds`.
-    pub network_programming: Histogram,
+    pub last_queued_timestamp: SecondsGauges,
+    /// `kubeproxy_network_programming_duration_seconds`, under the IP families of the Service
+    /// whose endpoints changed.
+    pub network_programming: Family<FamilyLabel, Histogram>,
     /// `kubeproxy_sync_proxy_rules_endpoint_changes_total`: Services whose endpoints a received
     /// revision changes, compared with the state held (a revision that changes nothing counts 0).
     pub endpoint_changes: Counter,
@@ -67,7 +75,7 @@ pub struct Metrics {
     pub service_changes_pending: Gauge,
     /// `kubeproxy_sync_proxy_rules_no_local_endpoints_total` (a gauge despite the name, as
     /// upstream): Service ports with a Local traffic policy and no local endpoint to use, after
-    /// the last successful sync.
+    /// the last successful sync, per IP family of their Service.
     pub no_local_endpoints: Family<TrafficPolicyLabel, Gauge>,
     /// `kubeproxy_sync_proxy_rules_iptables_last`, per table and IP family.
     pub rules_last: Family<TableLabel, Gauge>,
@@ -75,10 +83,10 @@ pub struct Metrics {
     pub rules_total: Family<TableLabel, Gauge>,
     /// `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`: syncs whose rules the
     /// kernel refused (not failures to read the tables or run the tools).
-    pub restore_failures: Counter,
+    pub restore_failures: Family<FamilyLabel, Counter>,
     /// `kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total`: those of them that
     /// were partial syncs (the next sync is full).
-    pub partial_restore_failures: Counter,
+    pub partial_restore_failures: Family<FamilyLabel, Counter>,
     /// `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`: in nftables mode, syncs whose
     /// transaction the kernel refused, per IP family whose table it held (one transaction holds
     /// every family's, so each counts). The iptables counters stay 0 in that mode, as upstream.
@@ -115,12 +123,14 @@ impl Metrics {
     #[must_use]
     pub fn new(registry: &mut Registry) -> Self {
         let metrics = Self {
-            sync_duration: Histogram::new(sync_buckets()),
-            full_sync_duration: Histogram::new(sync_buckets()),
-            partial_sync_duration: Histogram::new(sync_buckets()),
-            last_sync_timestamp: Gauge::default(),
-            last_queued_timestamp: Gauge::default(),
-            network_programming: Histogram::new(network_programming_buckets()),
+            sync_duration: Family::new_with_constructor(sync_histogram),
+            full_sync_duration: Family::new_with_constructor(sync_histogram),
+            partial_sync_duration: Family::new_with_constructor(sync_histogram),
+            last_sync_timestamp: Family::default(),
+            last_queued_timestamp: Family::default(),
+            network_programming: Family::new_with_constructor(|| {
+                Histogram::new(network_programming_buckets())
+            }),
             endpoint_changes: Counter::default(),
             endpoint_changes_pending: Gauge::default(),
             service_changes: Counter::default(),
@@ -128,12 +138,10 @@ impl Metrics {
             no_local_endpoints: Family::default(),
             rules_last: Family::default(),
             rules_total: Family::default(),
-            restore_failures: Counter::default(),
-            partial_restore_failures: Counter::default(),
+            restore_failures: Family::default(),
+            partial_restore_failures: Family::default(),
             nftables_sync_failures: Family::default(),
-            conntrack_cleanup_duration: Family::new_with_constructor(|| {
-                Histogram::new(sync_buckets())
-            }),
+            conntrack_cleanup_duration: Family::new_with_constructor(sync_histogram),
             conntrack_deleted_entries: Family::default(),
             healthz: Family::default(),
             livez: Family::default(),
@@ -144,13 +152,6 @@ impl Metrics {
             update_messages_received: Counter::default(),
             update_bytes_received: Counter::default(),
         };
-        // Both policies from the start, so a dashboard shows 0 rather than no data.
-        for traffic_policy in ["internal", "external"] {
-            metrics
-                .no_local_endpoints
-                .get_or_create(&TrafficPolicyLabel { traffic_policy })
-                .set(0);
-        }
         // kube-proxy's names and HELP texts, so dashboards and alerts written for it work.
         registry.register(
             "kubeproxy_sync_proxy_rules_duration_seconds",
@@ -284,11 +285,31 @@ impl Metrics {
         );
         metrics
     }
+
+    /// Creates, at 0, the series a dashboard should find before anything happened: the
+    /// no-local-endpoints gauges and the restore failure counters of each of `families`.
+    pub fn start_families(&self, families: &[IpFamily]) {
+        for family in families {
+            let ip_family = family.name();
+            for traffic_policy in ["internal", "external"] {
+                self.no_local_endpoints
+                    .get_or_create_owned(&TrafficPolicyLabel {
+                        traffic_policy,
+                        ip_family,
+                    });
+            }
+            let label = FamilyLabel { ip_family };
+            self.restore_failures.get_or_create_owned(&label);
+            self.partial_restore_failures.get_or_create_owned(&label);
+        }
+    }
 }
 
-/// kube-proxy's sync duration buckets: `ExponentialBuckets(0.001, 2, 15)`.
-fn sync_buckets() -> impl Iterator<Item = f64> {
-    prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 15)
+/// A histogram with kube-proxy's sync duration buckets: `ExponentialBuckets(0.001, 2, 15)`.
+fn sync_histogram() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.001, 2.0, 15,
+    ))
 }
 
 /// kube-proxy's network programming buckets: 0.25, 0.5, 1..59 by 1, 60..115 by 5, 120..300 by 30.
@@ -308,7 +329,11 @@ mod tests {
     fn kube_proxy_metrics_are_exported_under_kube_proxys_names() {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
-        metrics.restore_failures.inc();
+        metrics.start_families(&[IpFamily::V4, IpFamily::V6]);
+        metrics
+            .restore_failures
+            .get_or_create(&FamilyLabel { ip_family: "IPv6" })
+            .inc();
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
         // Counters get `_total` on their samples; the gauge keeps upstream's `_total` name.
@@ -317,8 +342,6 @@ mod tests {
             "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0",
             "kubeproxy_sync_proxy_rules_service_changes_total 0",
             "kubeproxy_sync_proxy_rules_service_changes_pending 0",
-            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total 1",
-            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total 0",
             "splitproxy_agent_update_messages_received_total 0",
             "splitproxy_agent_update_bytes_received_total 0",
         ] {
@@ -328,8 +351,11 @@ mod tests {
             );
         }
         for sample in [
-            r#"kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"} 0"#,
-            r#"kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 0"#,
+            r#"kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal",ip_family="IPv4"} 0"#,
+            r#"kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external",ip_family="IPv6"} 0"#,
+            r#"kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"} 0"#,
+            r#"kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv6"} 1"#,
+            r#"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family="IPv6"} 0"#,
         ] {
             assert!(
                 text.lines().any(|l| l == sample),

@@ -6,13 +6,13 @@ use crate::{
     client::error_chain,
     health_check::HealthChecks,
     metrics::{FamilyLabel, Metrics, TableLabel, TrafficPolicyLabel},
-    node_port_addresses::NodePortSelection,
+    node_port_addresses::{NodePortAddress, interface_addresses, select},
     runner::{SyncPeriods, SyncTimer},
     state::{Conversion, Eligibility, Key, NodeState, Revision},
     status::{Snapshot, Status, SyncOutcome},
 };
 use splitproxy_dataplane::{
-    Cidr, Dataplane, FailedStep, IpFamily, ProxyState, SyncError, SyncReport,
+    Cidr, Dataplane, FailedStep, IpFamily, ProxyState, ServiceKey, SyncError, SyncReport,
     endpoints::NoLocalEndpoints,
 };
 use std::{
@@ -76,7 +76,7 @@ pub struct Applier<D> {
     node_cidr_detector: bool,
     /// The `nodePortAddresses` selection and the addresses it matched last: matched again
     /// before each sync, as kube-proxy does.
-    node_ports: Option<(NodePortSelection, Option<Vec<IpAddr>>)>,
+    node_ports: Option<(Vec<NodePortAddress>, Option<Vec<IpAddr>>)>,
     /// The node's IPs in use, and the `bindAddress` that names the one of its family.
     node_ips: NodeIps,
 }
@@ -116,6 +116,7 @@ impl<D: Dataplane> Applier<D> {
     /// An applier that programs `dataplane` and reports to `status` and `metrics`, with
     /// kube-proxy's default sync periods.
     pub fn new(dataplane: D, status: Status, metrics: Metrics) -> Self {
+        metrics.start_families(&dataplane.ip_families());
         Self {
             dataplane,
             status,
@@ -140,16 +141,16 @@ impl<D: Dataplane> Applier<D> {
         self
     }
 
-    /// The same applier, matching `selection` against the node's addresses before each sync
-    /// (it matched `current` at start), and moving node ports and health-check node ports when
-    /// the match changes.
+    /// The same applier, matching `selection` against the node's addresses and IPs before each
+    /// sync (it matched `current` at start), and moving node ports and health-check node ports
+    /// when the match changes.
     #[must_use]
     pub fn with_node_port_selection(
         mut self,
-        selection: NodePortSelection,
+        selection: Vec<NodePortAddress>,
         current: Option<Vec<IpAddr>>,
     ) -> Self {
-        if !selection.selection.is_empty() {
+        if !selection.is_empty() {
             self.node_ports = Some((selection, current));
         }
         self
@@ -161,8 +162,8 @@ impl<D: Dataplane> Applier<D> {
         let Some((selection, current)) = &mut self.node_ports else {
             return;
         };
-        let addresses = match selection.resolve() {
-            Ok(addresses) => addresses,
+        let addresses = match interface_addresses() {
+            Ok(interfaces) => select(selection, &interfaces, &self.node_ips.in_use),
             Err(err) => {
                 tracing::warn!(%err, "cannot list the node's addresses; node ports stay where they are");
                 return;
@@ -209,6 +210,14 @@ impl<D: Dataplane> Applier<D> {
         self.dataplane.ip_families()
     }
 
+    /// The `ip_family` label of each family the dataplane programs: a sync programs them all.
+    fn family_labels(&self) -> impl Iterator<Item = FamilyLabel> + use<D> {
+        let families = self.dataplane.ip_families().into_iter();
+        families.map(|family| FamilyLabel {
+            ip_family: family.name(),
+        })
+    }
+
     /// When the next periodic resync is due; `None` while no state is held.
     #[must_use]
     pub fn resync_due(&self) -> Option<Instant> {
@@ -232,9 +241,13 @@ impl<D: Dataplane> Applier<D> {
 
     /// Notes that a revision has arrived and waits to be applied (for `/healthz`).
     pub fn queued(&self) {
-        self.metrics
-            .last_queued_timestamp
-            .set(unix_seconds(SystemTime::now()));
+        let now = unix_seconds(SystemTime::now());
+        for label in self.family_labels() {
+            self.metrics
+                .last_queued_timestamp
+                .get_or_create(&label)
+                .set(now);
+        }
         self.status.update(|s| {
             s.queued_since.get_or_insert_with(tokio::time::Instant::now);
         });
@@ -265,10 +278,7 @@ impl<D: Dataplane> Applier<D> {
         let node_ips_moved = match self.node_ips.follow(&next.node_ips) {
             Some(ips) => {
                 tracing::info!(node_ips = ?ips, "the node's IPs, from its Node object");
-                self.dataplane.set_node_ips(ips.clone());
-                if let Some((selection, _)) = &mut self.node_ports {
-                    selection.node_ips = ips;
-                }
+                self.dataplane.set_node_ips(ips);
                 true
             }
             None => false,
@@ -316,15 +326,21 @@ impl<D: Dataplane> Applier<D> {
         let next = Arc::new(next);
         self.converted = (Arc::clone(&next), conversion);
         self.record_success(&endpoint_changes, next, report, duration, finished_at);
-        let no_local = NoLocalEndpoints::of(&proxy_state);
-        for (traffic_policy, ports) in [
-            ("internal", no_local.internal),
-            ("external", no_local.external),
-        ] {
-            self.metrics
-                .no_local_endpoints
-                .get_or_create(&TrafficPolicyLabel { traffic_policy })
-                .set(i64::try_from(ports).unwrap_or(i64::MAX));
+        for family in self.dataplane.ip_families() {
+            let no_local = NoLocalEndpoints::of(&proxy_state, family);
+            for (traffic_policy, ports) in [
+                ("internal", no_local.internal),
+                ("external", no_local.external),
+            ] {
+                let label = TrafficPolicyLabel {
+                    traffic_policy,
+                    ip_family: family.name(),
+                };
+                self.metrics
+                    .no_local_endpoints
+                    .get_or_create(&label)
+                    .set(i64::try_from(ports).unwrap_or(i64::MAX));
+            }
         }
         self.reconcile_health_checks(&proxy_state);
         Ok(())
@@ -403,7 +419,13 @@ impl<D: Dataplane> Applier<D> {
         let result = self.dataplane.sync(state).await;
         let finished = Instant::now();
         let duration = finished - started;
-        self.metrics.sync_duration.observe(duration.as_secs_f64());
+        for label in self.family_labels() {
+            let seconds = duration.as_secs_f64();
+            self.metrics
+                .sync_duration
+                .get_or_create(&label)
+                .observe(seconds);
+        }
         let finished_at = SystemTime::now();
         match result {
             Ok(report) => {
@@ -412,7 +434,9 @@ impl<D: Dataplane> Applier<D> {
                 } else {
                     &self.metrics.partial_sync_duration
                 };
-                kind.observe(duration.as_secs_f64());
+                for label in self.family_labels() {
+                    kind.get_or_create(&label).observe(duration.as_secs_f64());
+                }
                 self.timer.succeeded(started, finished);
                 Ok((report, duration, finished_at))
             }
@@ -422,19 +446,27 @@ impl<D: Dataplane> Applier<D> {
                 let state_held = self.status.snapshot().state.epoch.is_some();
                 self.timer.failed(started, finished, state_held);
                 if let FailedStep::Restore { partial } = err.failed_step() {
-                    if self.dataplane.mode() == "nftables" {
-                        for family in self.dataplane.ip_families() {
+                    let families = match err.failed_family() {
+                        Some(family) => vec![family],
+                        None => self.dataplane.ip_families(),
+                    };
+                    for family in families {
+                        let label = FamilyLabel {
+                            ip_family: family.name(),
+                        };
+                        if self.dataplane.mode() == "nftables" {
                             self.metrics
                                 .nftables_sync_failures
-                                .get_or_create(&FamilyLabel {
-                                    ip_family: family.name(),
-                                })
+                                .get_or_create(&label)
                                 .inc();
-                        }
-                    } else {
-                        self.metrics.restore_failures.inc();
-                        if partial {
-                            self.metrics.partial_restore_failures.inc();
+                        } else {
+                            self.metrics.restore_failures.get_or_create(&label).inc();
+                            if partial {
+                                self.metrics
+                                    .partial_restore_failures
+                                    .get_or_create(&label)
+                                    .inc();
+                            }
                         }
                     }
                 }
@@ -461,14 +493,30 @@ impl<D: Dataplane> Applier<D> {
         finished_at: SystemTime,
     ) {
         let now = unix_seconds(finished_at);
-        for key in endpoint_changes {
+        let programmed = &self.converted.1.model;
+        let families = self.dataplane.ip_families();
+        for key @ (namespace, name) in endpoint_changes {
             let trigger = next
                 .endpoints
                 .get(key)
                 .and_then(|e| e.last_change_trigger_time);
-            if let Some(trigger) = trigger {
-                let since = now - (trigger.seconds as f64 + f64::from(trigger.nanos) / 1e9);
-                self.metrics.network_programming.observe(since.max(0.0));
+            let service = programmed
+                .services
+                .get(&ServiceKey::new(namespace.as_str(), name.as_str()));
+            let (Some(trigger), Some(service)) = (trigger, service) else {
+                continue;
+            };
+            let since = now - (trigger.seconds as f64 + f64::from(trigger.nanos) / 1e9);
+            // Upstream's proxier of each family observes the Services it programs: those with
+            // a cluster IP of its family.
+            for family in &families {
+                if service.cluster_ips.iter().any(|ip| family.contains(ip)) {
+                    let label = FamilyLabel {
+                        ip_family: family.name(),
+                    };
+                    let histogram = self.metrics.network_programming.get_or_create(&label);
+                    histogram.observe(since.max(0.0));
+                }
             }
         }
         self.record_sync(report, duration, finished_at, |s| {
@@ -513,9 +561,10 @@ impl<D: Dataplane> Applier<D> {
                 .get_or_create(&family)
                 .inc_by(u64::from(cleanup.deleted));
         }
-        self.metrics
-            .last_sync_timestamp
-            .set(unix_seconds(finished_at));
+        for label in self.family_labels() {
+            let gauge = self.metrics.last_sync_timestamp.get_or_create(&label);
+            gauge.set(unix_seconds(finished_at));
+        }
         self.status.update(|s| {
             change(s);
             s.last_sync = Some(SyncOutcome {

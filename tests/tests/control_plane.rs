@@ -269,7 +269,11 @@ spec:
     )?;
     let programmed = metrics
         .lines()
-        .find_map(|l| l.strip_prefix("kubeproxy_network_programming_duration_seconds_count "))
+        .find_map(|l| {
+            l.strip_prefix(
+                r#"kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"} "#,
+            )
+        })
         .and_then(|v| v.trim().parse::<u64>().ok())
         .unwrap_or(0);
     ensure!(

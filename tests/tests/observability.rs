@@ -46,6 +46,12 @@ impl Scrape {
             .with_context(|| format!("{series} is not a number"))
     }
 
+    /// The value of `series`, or 0 before it exists: a labelled histogram appears at its first
+    /// observation. (A misspelled name stays 0, which the checks that it grows catch.)
+    fn value_or_zero(&self, series: &str) -> f64 {
+        self.value(series).unwrap_or(0.0)
+    }
+
     /// Whether any sample mentions `text` (a label, say).
     fn mentions(&self, text: &str) -> bool {
         self.0
@@ -174,7 +180,7 @@ fn metrics_and_grpcurl_show_changes_reaching_every_node_and_an_agent_leaving() -
     let controller = Scrape::of(&cluster, &cluster.control_plane, CONTROLLER_METRICS)?;
     let service_changes = "kubeproxy_sync_proxy_rules_service_changes_total";
     let endpoint_changes = "kubeproxy_sync_proxy_rules_endpoint_changes_total";
-    let programming = "kubeproxy_network_programming_duration_seconds_count";
+    let programming = r#"kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}"#;
     let received = "splitproxy_agent_update_messages_received_total";
     let sent = "splitproxy_controller_update_messages_sent_total";
     let bytes_sent = "splitproxy_controller_update_bytes_sent_total";
@@ -182,7 +188,7 @@ fn metrics_and_grpcurl_show_changes_reaching_every_node_and_an_agent_leaving() -
     let before = [
         agent.value(service_changes)?,
         agent.value(endpoint_changes)?,
-        agent.value(programming)?,
+        agent.value_or_zero(programming),
         agent.value(received)?,
     ];
     ensure!(before[0] >= 1.0, "the web Service was never counted");
@@ -208,7 +214,7 @@ fn metrics_and_grpcurl_show_changes_reaching_every_node_and_an_agent_leaving() -
             .into_iter()
             .enumerate()
         {
-            let now = agent.value(name)?;
+            let now = agent.value_or_zero(name);
             ensure!(now > before[i], "{name} stayed at {now}");
         }
         // Applied, so nothing is pending any more.

@@ -25,7 +25,7 @@ fn rules_deleted_behind_the_agents_back_come_back_and_resyncs_are_partial() -> R
     // Resync every second on node-1; its rules stay in place while the agent restarts.
     cluster.restart_agent(0, &["--iptables-sync-period", "1s"])?;
 
-    let partial = "kubeproxy_sync_partial_proxy_rules_duration_seconds_count";
+    let partial = r#"kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv4"}"#;
     eventually("node-1's resyncs to be partial", CONVERGE, || {
         let count = agent_metric(&cluster.lab, &cluster.nodes[0], partial)?;
         ensure!(count >= 2.0, "{partial} is {count}");
@@ -34,7 +34,7 @@ fn rules_deleted_behind_the_agents_back_come_back_and_resyncs_are_partial() -> R
     .with_context(|| cluster.logs())?;
 
     // What a firewall reload does: every rule and chain of nat and filter deleted.
-    let full = "kubeproxy_sync_full_proxy_rules_duration_seconds_count";
+    let full = r#"kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"}"#;
     let full_before = agent_metric(&cluster.lab, &cluster.nodes[0], full)?;
     let node1 = cluster.nodes[0].clone();
     for table in ["nat", "filter"] {

@@ -22,6 +22,10 @@ impl crate::SyncError for FamilyError {
     fn failed_step(&self) -> crate::FailedStep {
         crate::SyncError::failed_step(&self.source)
     }
+
+    fn failed_family(&self) -> Option<IpFamily> {
+        Some(self.family)
+    }
 }
 
 /// The iptables dataplane for every IP family the node can program: `iptables` for IPv4 and

@@ -336,7 +336,8 @@ async fn a_failed_resync_is_counted_recorded_and_retried_after_min_sync_period()
     tokio::time::advance(SYNC_PERIOD).await;
     settle().await;
     assert_eq!(agent.kernel.attempts(), [t0, t0 + SYNC_PERIOD]);
-    assert_eq!(agent.metrics.restore_failures.get(), 1);
+    let ipv4 = crate::metrics::FamilyLabel { ip_family: "IPv4" };
+    assert_eq!(agent.metrics.restore_failures.get_or_create(&ipv4).get(), 1);
     let last_sync = agent.status.snapshot().last_sync.expect("recorded");
     assert_eq!(last_sync.error.as_deref(), Some("kernel refused the rules"));
 

@@ -52,6 +52,7 @@ async fn get(router: Router, path: &str) -> Answer {
 /// dataplane.
 struct Servers {
     status: Status,
+    metrics: Metrics,
     metrics_router: Router,
     health_router: Router,
 }
@@ -83,11 +84,12 @@ fn servers_before_any_revision() -> Servers {
         metrics_router: metrics_router(Arc::new(registry), "iptables"),
         health_router: health_router(
             status.clone(),
-            metrics,
+            metrics.clone(),
             TIMEOUT,
             &[IpFamily::V4, IpFamily::V6],
         ),
         status,
+        metrics,
     }
 }
 
@@ -111,7 +113,11 @@ async fn proxy_mode_returns_the_mode_as_plain_text() {
 
 #[tokio::test]
 async fn metrics_exports_kube_proxy_sync_duration() {
-    let answer = get(servers().metrics_router, "/metrics").await;
+    let servers = servers();
+    let ipv6 = crate::metrics::FamilyLabel { ip_family: "IPv6" };
+    let syncs = servers.metrics.sync_duration.get_or_create_owned(&ipv6);
+    syncs.observe(0.003);
+    let answer = get(servers.metrics_router, "/metrics").await;
     assert_eq!(answer.code, StatusCode::OK);
     assert!(
         answer
@@ -121,9 +127,9 @@ async fn metrics_exports_kube_proxy_sync_duration() {
         answer.content_type
     );
     assert!(
-        answer
-            .body
-            .contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\"} 0"),
+        answer.body.contains(
+            r#"kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="0.004",ip_family="IPv6"} 1"#
+        ),
         "{}",
         answer.body
     );

@@ -3,6 +3,7 @@
 //! Test addresses: cluster IPs 10.96.0.0/16.
 
 use super::*;
+use prometheus_client::metrics::{counter::Counter, family::Family};
 use splitproxy_dataplane::{IpFamily, recording::RecordingDataplane};
 use splitproxy_proto::v1alpha1 as pb;
 
@@ -93,6 +94,10 @@ impl Dataplane for DualStackReport {
         "iptables"
     }
 
+    fn ip_families(&self) -> Vec<IpFamily> {
+        vec![IpFamily::V4, IpFamily::V6]
+    }
+
     async fn sync(&mut self, _: &ProxyState) -> Result<SyncReport, Self::Error> {
         // A partial IPv4 sync next to a full IPv6 one.
         let mut report = SyncReport::for_family(
@@ -140,8 +145,9 @@ async fn rules_written_are_exported_per_table_and_ip_family() {
         r#"kubeproxy_sync_proxy_rules_iptables_total{table="nat",ip_family="IPv4"} 30"#,
         r#"kubeproxy_sync_proxy_rules_iptables_total{table="nat",ip_family="IPv6"} 9"#,
         // One family was rewritten whole: the sync counts as full.
-        "kubeproxy_sync_partial_proxy_rules_duration_seconds_count 0",
-        "kubeproxy_sync_full_proxy_rules_duration_seconds_count 1",
+        r#"kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"} 1"#,
+        r#"kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv6"} 1"#,
+        r#"kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"} 1"#,
         r#"kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"} 2"#,
         r#"kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv6"} 0"#,
         r#"kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family="IPv4"} 1"#,
@@ -149,12 +155,78 @@ async fn rules_written_are_exported_per_table_and_ip_family() {
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
     }
+    assert!(
+        !text.contains("kubeproxy_sync_partial_proxy_rules_duration_seconds_count"),
+        "{text}"
+    );
+    // One sync programmed both families: each has its last sync time.
+    for ip_family in ["IPv4", "IPv6"] {
+        let series = format!(
+            r#"kubeproxy_sync_proxy_rules_last_timestamp_seconds{{ip_family="{ip_family}"}} "#
+        );
+        assert!(text.contains(&series), "no {series} in\n{text}");
+    }
     // The status sums the families per table.
     let synced = status.snapshot().last_sync.expect("synced");
     assert_eq!(
         synced.rules_written,
         [("filter".to_owned(), 7), ("nat".to_owned(), 21)]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn network_programming_is_observed_under_the_families_of_the_service() {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let mut applier = Applier::new(DualStackReport, Status::default(), metrics);
+    // `demo/web` (IPv4) and `demo/dual` (both families), each with an endpoint whose slices
+    // changed a second ago.
+    let mut revision = web_revision();
+    let part = &mut revision.parts[0];
+    let mut dual = part.upserted_services[0].clone();
+    dual.key = Some(pb::ObjectKey {
+        namespace: "demo".into(),
+        name: "dual".into(),
+    });
+    dual.cluster_ips = vec!["10.96.0.11".into(), "fd00::11".into()];
+    part.upserted_services.push(dual);
+    let trigger = SystemTime::now() - Duration::from_secs(1);
+    for (name, address) in [("web", "10.244.1.5"), ("dual", "fd00:244::5")] {
+        part.upserted_endpoints.push(pb::ServiceEndpoints {
+            key: Some(pb::ObjectKey {
+                namespace: "demo".into(),
+                name: name.into(),
+            }),
+            ports: vec![pb::PortEndpoints {
+                port_name: "http".into(),
+                protocol: pb::Protocol::Tcp as i32,
+                endpoints: vec![pb::Endpoint {
+                    address: address.into(),
+                    port: 8080,
+                    conditions: Some(pb::EndpointConditions {
+                        ready: true,
+                        serving: true,
+                        terminating: false,
+                    }),
+                    ..Default::default()
+                }],
+            }],
+            last_change_trigger_time: Some(trigger.into()),
+        });
+    }
+
+    applier.apply(&revision).await.expect("applied");
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encoded");
+    for line in [
+        r#"kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"} 2"#,
+        r#"kubeproxy_network_programming_duration_seconds_count{ip_family="IPv6"} 1"#,
+        // A second ago: above the 0.5 s bucket.
+        r#"kubeproxy_network_programming_duration_seconds_bucket{le="0.5",ip_family="IPv6"} 0"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
+    }
 }
 
 /// `web_revision` as revision `number`, a delta adding `demo/local`: internalTrafficPolicy Local,
@@ -211,26 +283,39 @@ async fn changes_count_against_the_state_held_and_stop_pending_when_the_sync_sta
     let gauge = |traffic_policy| {
         metrics
             .no_local_endpoints
-            .get_or_create(&TrafficPolicyLabel { traffic_policy })
+            .get_or_create(&TrafficPolicyLabel {
+                traffic_policy,
+                ip_family: "IPv4",
+            })
             .get()
     };
     assert_eq!((gauge("internal"), gauge("external")), (1, 0));
 }
 
-/// The error of [`Refusing`].
+/// The error of [`Refusing`]: the step, and the family when only one failed.
 #[derive(Debug, thiserror::Error)]
 #[error("refused")]
-struct Refusal(FailedStep);
+struct Refusal(FailedStep, Option<IpFamily>);
 
 impl SyncError for Refusal {
     fn failed_step(&self) -> FailedStep {
         self.0
     }
+
+    fn failed_family(&self) -> Option<IpFamily> {
+        self.1
+    }
 }
 
-/// Fails every sync at one step, in a proxy mode, programming both families.
+/// Fails every sync at one step (in one family, or in all when `None`), in a proxy mode,
+/// programming both families.
 #[derive(Debug)]
-struct Refusing(FailedStep, &'static str);
+struct Refusing(FailedStep, &'static str, Option<IpFamily>);
+
+/// The value of `counters`' series for `ip_family`.
+fn per_family(counters: &Family<FamilyLabel, Counter>, ip_family: &'static str) -> u64 {
+    counters.get_or_create(&FamilyLabel { ip_family }).get()
+}
 
 impl Dataplane for Refusing {
     type Error = Refusal;
@@ -244,28 +329,39 @@ impl Dataplane for Refusing {
     }
 
     async fn sync(&mut self, _: &ProxyState) -> Result<SyncReport, Refusal> {
-        Err(Refusal(self.0))
+        Err(Refusal(self.0, self.2))
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn only_refused_rules_count_as_restore_failures_and_partial_ones_in_both_counters() {
-    let counts = |step| async move {
+    // (restore failures, partial ones) of IPv4, then of IPv6.
+    let counts = |step, family| async move {
         let metrics = Metrics::new(&mut Default::default());
         let mut applier = Applier::new(
-            Refusing(step, "iptables"),
+            Refusing(step, "iptables", family),
             Status::default(),
             metrics.clone(),
         );
         applier.apply(&web_revision()).await.expect_err("refused");
-        (
-            metrics.restore_failures.get(),
-            metrics.partial_restore_failures.get(),
-        )
+        [
+            (
+                per_family(&metrics.restore_failures, "IPv4"),
+                per_family(&metrics.partial_restore_failures, "IPv4"),
+            ),
+            (
+                per_family(&metrics.restore_failures, "IPv6"),
+                per_family(&metrics.partial_restore_failures, "IPv6"),
+            ),
+        ]
     };
-    assert_eq!(counts(FailedStep::Restore { partial: true }).await, (1, 1));
-    assert_eq!(counts(FailedStep::Restore { partial: false }).await, (1, 0));
-    assert_eq!(counts(FailedStep::Other).await, (0, 0));
+    let partial = FailedStep::Restore { partial: true };
+    let full = FailedStep::Restore { partial: false };
+    assert_eq!(counts(partial, None).await, [(1, 1), (1, 1)]);
+    assert_eq!(counts(full, None).await, [(1, 0), (1, 0)]);
+    assert_eq!(counts(FailedStep::Other, None).await, [(0, 0), (0, 0)]);
+    // Dual-stack iptables writes each family on its own: only the refused family counts.
+    assert_eq!(counts(partial, Some(IpFamily::V6)).await, [(0, 0), (1, 1)]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -273,20 +369,17 @@ async fn in_nftables_mode_a_refused_transaction_counts_per_family_and_not_as_ipt
     let metrics = Metrics::new(&mut Default::default());
     let step = FailedStep::Restore { partial: true };
     let mut applier = Applier::new(
-        Refusing(step, "nftables"),
+        Refusing(step, "nftables", None),
         Status::default(),
         metrics.clone(),
     );
     applier.apply(&web_revision()).await.expect_err("refused");
-    let failures = |ip_family| {
-        metrics
-            .nftables_sync_failures
-            .get_or_create(&FamilyLabel { ip_family })
-            .get()
-    };
+    let failures = |ip_family| per_family(&metrics.nftables_sync_failures, ip_family);
     assert_eq!((failures("IPv4"), failures("IPv6")), (1, 1));
-    assert_eq!(metrics.restore_failures.get(), 0);
-    assert_eq!(metrics.partial_restore_failures.get(), 0);
+    for ip_family in ["IPv4", "IPv6"] {
+        assert_eq!(per_family(&metrics.restore_failures, ip_family), 0);
+        assert_eq!(per_family(&metrics.partial_restore_failures, ip_family), 0);
+    }
 }
 
 /// Records the syncs, the local CIDRs and the service CIDRs it is given.
