@@ -10,6 +10,7 @@ use crate::{
     view::{Delta, HeldDigests, NodeView},
 };
 use futures::{Stream, StreamExt};
+use prost::Message;
 use splitproxy_proto::v1alpha1::{
     self as pb, node_view_service_server::NodeViewService, sync_request,
 };
@@ -23,11 +24,16 @@ use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
-/// Largest number of resources in one message; bigger revisions are split (protocol rule 3), so
-/// no message nears gRPC's default 4 MiB limit.
-const MAX_RESOURCES_PER_MESSAGE: usize = 500;
+/// Largest encoded size of one message's resources; bigger revisions are split (protocol rule 3),
+/// so no message nears gRPC's default 4 MiB limit whatever the size of its resources. A resource
+/// bigger than this (a Service with tens of thousands of endpoints) goes alone in its message.
+const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 /// How long to wait before resending after a NACK.
 const RETRY_AFTER_REJECT: Duration = Duration::from_secs(2);
+/// How long an agent refused before the first complete read of the cluster waits to come back.
+/// The read takes seconds in a large cluster; meanwhile a refused stream costs the controller
+/// nothing, where a parked one would hold the agent's digests and a task.
+const RETRY_BEFORE_FIRST_READ: Duration = Duration::from_secs(2);
 
 /// What each node last acknowledged, kept across streams so a reconnecting agent gets a delta.
 #[derive(Debug, Default)]
@@ -44,6 +50,18 @@ impl Acknowledged {
         if let Ok(mut by_node) = self.by_node.lock() {
             by_node.insert(node.to_owned(), (revision, view));
         }
+    }
+
+    /// Forgets the nodes `cluster` no longer has, and the views kept for them.
+    fn forget_departed(&self, cluster: &ClusterState) {
+        if let Ok(mut by_node) = self.by_node.lock() {
+            by_node.retain(|node, _| cluster.nodes.contains_key(node));
+        }
+    }
+
+    #[cfg(test)]
+    fn nodes(&self) -> usize {
+        self.by_node.lock().map_or(0, |by_node| by_node.len())
     }
 }
 
@@ -88,6 +106,18 @@ impl FanOut {
         self
     }
 
+    /// Forgets what the nodes that leave the cluster acknowledged, as each state is published:
+    /// a node that comes back resumes from its digests. Runs until the source stops.
+    pub async fn forget_departed_nodes(&self) {
+        let mut cluster = self.cluster.clone();
+        while cluster.changed().await.is_ok() {
+            let published = cluster.borrow_and_update().clone();
+            if let Some(published) = published {
+                self.acknowledged.forget_departed(&published);
+            }
+        }
+    }
+
     /// This controller process's epoch, as sent in every response.
     #[must_use]
     pub fn epoch(&self) -> &str {
@@ -122,6 +152,10 @@ impl NodeViewService for FanOut {
             .authenticate(request.metadata())
             .await
             .map_err(|refusal| self.refuse(&peer, refusal))?;
+        if self.cluster.borrow().is_none() {
+            self.metrics.count_refusal("not_ready");
+            return Err(not_read_yet());
+        }
         let mut inbound = request.into_inner();
         let subscribe = match inbound.next().await {
             Some(Ok(pb::SyncRequest {
@@ -231,12 +265,12 @@ impl AgentStream {
             from_digests = self.held.is_some(),
             "agent subscribed"
         );
-        let known = match self.cluster.wait_for(Option::is_some).await {
-            Ok(published) => published
-                .as_ref()
-                .is_some_and(|cluster| cluster.nodes.contains_key(&self.node)),
-            Err(_) => return,
-        };
+        // Streams are opened only once a state is published (protocol rule 10).
+        let known = self
+            .cluster
+            .borrow()
+            .as_ref()
+            .is_some_and(|cluster| cluster.nodes.contains_key(&self.node));
         if !known {
             tracing::warn!("agent's node is not a known Node object");
         }
@@ -394,6 +428,18 @@ enum Item {
     Endpoints(pb::ServiceEndpoints),
 }
 
+impl Item {
+    /// Its size in a message, field tag and length prefix included.
+    fn encoded_len(&self) -> usize {
+        let body = match self {
+            Self::RemovedService(key) | Self::RemovedEndpoints(key) => key.encoded_len(),
+            Self::Service(service) => service.encoded_len(),
+            Self::Endpoints(endpoints) => endpoints.encoded_len(),
+        };
+        1 + prost::length_delimiter_len(body) + body
+    }
+}
+
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
@@ -401,9 +447,21 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// Splits one revision into messages of at most [`MAX_RESOURCES_PER_MESSAGE`] resources; the last
-/// carries `complete`, the first the node's status when it changed. Removals go first so an agent
-/// never holds a removed and an added copy.
+/// The refusal of a stream before the first complete read (protocol rule 10).
+fn not_read_yet() -> Status {
+    let mut status = Status::unavailable("the controller has not read the whole cluster yet");
+    let millis = RETRY_BEFORE_FIRST_READ.as_millis().to_string();
+    if let Ok(value) = millis.parse() {
+        status
+            .metadata_mut()
+            .insert(splitproxy_proto::RETRY_AFTER_MS, value);
+    }
+    status
+}
+
+/// Splits one revision into messages whose resources take at most [`MAX_MESSAGE_BYTES`] encoded;
+/// the last carries `complete`, the first the node's status when it changed. Removals go first so
+/// an agent never holds a removed and an added copy.
 #[must_use]
 pub fn split(delta: Delta, epoch: &str, revision: u64, reset: bool) -> Vec<pb::SyncResponse> {
     let header = || pb::SyncResponse {
@@ -428,10 +486,14 @@ pub fn split(delta: Delta, epoch: &str, revision: u64, reset: bool) -> Vec<pb::S
         node_status: delta.node_status,
         ..header()
     }];
-    for (i, item) in items.enumerate() {
-        if i > 0 && i % MAX_RESOURCES_PER_MESSAGE == 0 {
+    let mut bytes = 0;
+    for item in items {
+        let size = item.encoded_len();
+        if bytes > 0 && bytes + size > MAX_MESSAGE_BYTES {
             messages.push(header());
+            bytes = 0;
         }
+        bytes += size;
         let last = messages.len() - 1;
         let message = &mut messages[last];
         match item {

@@ -36,7 +36,8 @@ pub struct Metrics {
     /// `splitproxy_controller_rejected_revisions_total`: revisions agents rejected (NACKs).
     pub rejected_revisions: Counter,
     /// `splitproxy_controller_refused_streams_total{reason}`: agent streams refused because
-    /// their credential was missing, invalid, for another node, or could not be reviewed.
+    /// their credential was missing, invalid, for another node, or could not be reviewed, or
+    /// because the controller had not read the cluster yet (`not_ready`).
     pub refused_streams: Family<ReasonLabel, Counter>,
     /// The open streams, for `splitproxy_controller_connected_agents` and the per-node gauges.
     pub agents: Agents,
@@ -74,7 +75,7 @@ impl Metrics {
         );
         registry.register(
             "splitproxy_controller_refused_streams",
-            "Agent streams refused: credential missing, invalid, for another node, or unreviewable",
+            "Agent streams refused: credential missing, invalid, for another node, or unreviewable; or the cluster not read yet",
             metrics.refused_streams.clone(),
         );
         registry.register_collector(Box::new(AgentGauges(metrics.agents.clone())));

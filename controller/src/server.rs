@@ -160,6 +160,11 @@ pub async fn serve(
     // Reflection on both ports: it shows schemas only, and lets grpcurl check health here.
     let (reflection_v1, reflection_v1alpha) =
         splitproxy_proto::reflection_services().map_err(Error::Reflection)?;
+    // Ends with the source, which holds the sender of the published states.
+    tokio::spawn({
+        let fanout = fanout.clone();
+        async move { fanout.forget_departed_nodes().await }
+    });
     let views = builder
         .add_service(NodeViewServiceServer::new(fanout))
         .add_service(health_service.clone())

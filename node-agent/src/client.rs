@@ -112,6 +112,7 @@ pub async fn run<D: Dataplane>(
     metrics: Metrics,
 ) {
     let mut backoff = config.min_backoff;
+    let mut retry_after = None;
     let mut pass = Vec::new();
     let mut next = 0;
     loop {
@@ -137,6 +138,7 @@ pub async fn run<D: Dataplane>(
             status.update(|s| s.connected = false);
             if let Err(err) = result {
                 tracing::warn!(%controller, error = %error_chain(&err), "controller stream ended");
+                retry_after = err.retry_after().map(|hint| hint.min(config.max_backoff));
             }
             if progressed {
                 backoff = config.min_backoff;
@@ -145,10 +147,29 @@ pub async fn run<D: Dataplane>(
             tracing::warn!("no ready controller to connect to");
         }
         metrics.reconnects.inc();
-        let delay = jitter(backoff);
+        let delay = jitter(retry_after.unwrap_or(backoff));
         tracing::info!(delay_ms = delay.as_millis() as u64, "reconnecting");
         applier.resync_while(tokio::time::sleep(delay)).await;
-        backoff = (backoff * 2).min(config.max_backoff);
+        // A controller that said when to come back is not failing: no reason to back off more.
+        if retry_after.take().is_none() {
+            backoff = (backoff * 2).min(config.max_backoff);
+        }
+    }
+}
+
+impl StreamError {
+    /// When the controller asked to be tried again: a refusal before its first complete read
+    /// of the cluster (protocol rule 10).
+    fn retry_after(&self) -> Option<Duration> {
+        let Self::Status(status) = self else {
+            return None;
+        };
+        if status.code() != tonic::Code::Unavailable {
+            return None;
+        }
+        let millis = status.metadata().get(splitproxy_proto::RETRY_AFTER_MS)?;
+        let millis: u64 = millis.to_str().ok()?.parse().ok()?;
+        Some(Duration::from_millis(millis))
     }
 }
 
@@ -235,11 +256,17 @@ async fn subscribe(
     let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
     config.credentials.authorize(&mut request)?;
     let inbound = NodeViewServiceClient::new(channel)
+        .max_decoding_message_size(MAX_RESPONSE_BYTES)
         .sync(request)
         .await?
         .into_inner();
     Ok((inbound, tx))
 }
+
+/// The largest response the agent takes. The controller keeps messages to a few hundred KiB, but
+/// never splits one Service's endpoints: a Service with a hundred thousand endpoints needs more than
+/// gRPC's default 4 MiB.
+const MAX_RESPONSE_BYTES: usize = 64 << 20;
 
 /// Sends one request on the request stream.
 async fn send(tx: &mpsc::Sender<pb::SyncRequest>, kind: sync_request::Kind) {

@@ -20,6 +20,10 @@ pub fn digest(resource: &impl prost::Message) -> u64 {
     u64::from_be_bytes(prefix)
 }
 
+/// The gRPC metadata in which a controller that refuses a stream says how many milliseconds to wait
+/// before subscribing again (protocol rule 10).
+pub const RETRY_AFTER_MS: &str = "splitproxy-retry-after-ms";
+
 /// The encoded `FileDescriptorSet` of every protocol file, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));
 

@@ -47,23 +47,101 @@ fn cluster(services: usize, endpoint_host: u8) -> ClusterState {
     ClusterState::of(converted, endpoints, BTreeMap::new())
 }
 
-#[test]
-fn large_revisions_are_split_and_only_the_last_part_is_complete() {
-    let view = NodeView::for_node(&cluster(MAX_RESOURCES_PER_MESSAGE + 1, 2), "node-1");
-    let delta = Delta::between(&NodeView::default(), &view);
-    let parts = split(delta, "e", 7, true);
-    let resources: Vec<usize> = parts
+/// The resources of `parts`, in order: (kind, name).
+fn resources(parts: &[pb::SyncResponse]) -> Vec<(&'static str, String)> {
+    let name = |key: &Option<pb::ObjectKey>| key.as_ref().map_or(String::new(), |k| k.name.clone());
+    parts
         .iter()
-        .map(|p| p.upserted_services.len() + p.upserted_endpoints.len())
-        .collect();
-    assert_eq!(resources, [500, 500, 2]);
+        .flat_map(|p| {
+            let services = p
+                .upserted_services
+                .iter()
+                .map(|s| ("service", name(&s.key)));
+            let endpoints = p
+                .upserted_endpoints
+                .iter()
+                .map(|e| ("endpoints", name(&e.key)));
+            services.chain(endpoints).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn large_revisions_are_split_by_size_and_only_the_last_part_is_complete() {
+    let view = NodeView::for_node(&cluster(10_000, 2), "node-1");
+    let delta = Delta::between(&NodeView::default(), &view);
+    let everything = resources(&split(delta.clone(), "e", 7, true));
+    let parts = split(delta, "e", 7, true);
+
+    assert!(parts.len() >= 3, "{} parts", parts.len());
+    for part in &parts {
+        // The budget, and a header of a few bytes.
+        assert!(
+            part.encoded_len() <= MAX_MESSAGE_BYTES + 64,
+            "{}",
+            part.encoded_len()
+        );
+    }
+    // Filled up: each part but the last holds more than the budget less one resource.
+    for part in &parts[..parts.len() - 1] {
+        assert!(
+            part.encoded_len() > MAX_MESSAGE_BYTES - 200,
+            "{}",
+            part.encoded_len()
+        );
+    }
+    assert_eq!(everything.len(), 20_000);
+    assert_eq!(
+        resources(&parts),
+        everything,
+        "every resource once, in order"
+    );
     assert!(
         parts
             .iter()
             .all(|p| p.revision == 7 && p.reset && p.controller_epoch == "e")
     );
     let complete: Vec<bool> = parts.iter().map(|p| p.complete).collect();
-    assert_eq!(complete, [false, false, true]);
+    assert_eq!(complete.iter().filter(|c| **c).count(), 1);
+    assert_eq!(complete.last(), Some(&true));
+}
+
+#[test]
+fn a_resource_bigger_than_a_message_goes_alone() {
+    let endpoints = |name: &str, count: usize| pb::ServiceEndpoints {
+        key: Some(key(name)),
+        ports: vec![pb::PortEndpoints {
+            port_name: String::new(),
+            protocol: pb::Protocol::Tcp as i32,
+            endpoints: (0..count)
+                .map(|i| pb::Endpoint {
+                    address: format!("10.{}.{}.{}", i / 65_536, i / 256 % 256, i % 256),
+                    port: 8080,
+                    ..Default::default()
+                })
+                .collect(),
+        }],
+        last_change_trigger_time: None,
+    };
+    let huge = endpoints("huge", 30_000);
+    assert!(huge.encoded_len() > MAX_MESSAGE_BYTES);
+    let delta = Delta {
+        upserted_endpoints: vec![endpoints("a", 1), huge, endpoints("z", 1)],
+        ..Delta::default()
+    };
+
+    let parts = split(delta, "e", 1, false);
+
+    let names: Vec<Vec<String>> = parts
+        .iter()
+        .map(|p| {
+            resources(std::slice::from_ref(p))
+                .into_iter()
+                .map(|(_, n)| n)
+                .collect()
+        })
+        .collect();
+    assert_eq!(names, [vec!["a"], vec!["huge"], vec!["z"]]);
 }
 
 #[test]
@@ -310,12 +388,33 @@ async fn an_agent_moving_to_another_replica_gets_a_delta_from_its_digests() {
 }
 
 #[tokio::test]
-async fn an_agent_that_subscribes_before_the_first_full_read_waits_for_it() {
+async fn an_agent_that_subscribes_before_the_first_full_read_is_told_when_to_come_back() {
     let h = harness(None).await;
-    let mut agent = Agent::subscribe(&h.url, None).await;
-    // Let the stream task start and find nothing published.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(pb::SyncRequest {
+        kind: Some(sync_request::Kind::Subscribe(pb::Subscribe {
+            node_name: "node-1".into(),
+            ..Default::default()
+        })),
+    })
+    .await
+    .expect("queue subscribe");
+    let mut client = NodeViewServiceClient::connect(h.url.clone())
+        .await
+        .expect("connect");
+    let refused = client
+        .sync(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect_err("nothing read yet");
+    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    let retry_after = refused
+        .metadata()
+        .get(splitproxy_proto::RETRY_AFTER_MS)
+        .and_then(|v| v.to_str().ok());
+    assert_eq!(retry_after, Some("2000"));
+
     h.publish(cluster(2, 2));
+    let mut agent = Agent::subscribe(&h.url, None).await;
     let first = agent.next().await;
     assert!(first.reset);
     assert_eq!(
@@ -362,9 +461,9 @@ async fn the_node_status_comes_with_the_reset_and_again_only_when_it_changes() {
 
 #[tokio::test]
 async fn a_stream_whose_agent_stopped_reading_holds_no_replaced_cluster_state() {
-    // Forty messages, about 1 MB: more than the stream's channel and HTTP/2 buffers (400 KiB)
-    // take before its task parks in a send, with the agent's windows at HTTP/2's initial 64 KiB.
-    let h = harness(Some(cluster(20 * MAX_RESOURCES_PER_MESSAGE, 2))).await;
+    // About 3 MB: more than the stream's channel (4 messages) and HTTP/2 buffers (400 KiB) take
+    // before its task parks in a send, with the agent's windows at HTTP/2's initial 64 KiB.
+    let h = harness(Some(cluster(30_000, 2))).await;
     let first = h.tx.borrow().clone().expect("published");
     let channel = tonic::transport::Endpoint::from_shared(h.url.clone())
         .expect("url")
@@ -405,4 +504,35 @@ async fn a_stream_whose_agent_stopped_reading_holds_no_replaced_cluster_state() 
         "the parked stream still holds the replaced state"
     );
     drop(tx);
+}
+
+#[tokio::test]
+async fn what_departed_nodes_acknowledged_is_forgotten() {
+    let (tx, rx) = watch::channel(None);
+    let fanout = FanOut::new(rx);
+    for node in ["node-1", "node-2"] {
+        fanout.acknowledged.set(node, 3, Arc::default());
+    }
+    let forgetting = tokio::spawn({
+        let fanout = fanout.clone();
+        async move { fanout.forget_departed_nodes().await }
+    });
+    // node-2's Node object is gone.
+    let mut state = cluster(1, 2);
+    state
+        .nodes
+        .insert("node-1".into(), crate::cluster::NodeInfo::default());
+    tx.send_replace(Some(Arc::new(state)));
+
+    for _ in 0..300 {
+        if fanout.acknowledged.nodes() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(fanout.acknowledged.get("node-2").is_none());
+    assert_eq!(fanout.acknowledged.get("node-1").map(|(r, _)| r), Some(3));
+    assert_eq!(fanout.acknowledged.nodes(), 1);
+    drop(tx);
+    forgetting.await.expect("ends with the source");
 }

@@ -484,3 +484,31 @@ async fn the_last_eligibility_outlives_the_controller_stream() {
     // not-eligible it starts with.
     assert!(agent.status.snapshot().state.eligibility.is_eligible());
 }
+
+#[test]
+fn a_controller_not_ready_says_when_to_come_back_and_other_errors_do_not() {
+    let refusal = |code, hint: Option<&str>| {
+        let mut status = tonic::Status::new(code, "not read yet");
+        if let Some(hint) = hint {
+            let value = hint.parse().expect("ascii");
+            status
+                .metadata_mut()
+                .insert(splitproxy_proto::RETRY_AFTER_MS, value);
+        }
+        StreamError::Status(status)
+    };
+    assert_eq!(
+        refusal(tonic::Code::Unavailable, Some("2000")).retry_after(),
+        Some(Duration::from_secs(2))
+    );
+    assert_eq!(refusal(tonic::Code::Unavailable, None).retry_after(), None);
+    assert_eq!(
+        refusal(tonic::Code::Unavailable, Some("soon")).retry_after(),
+        None
+    );
+    assert_eq!(
+        refusal(tonic::Code::Internal, Some("2000")).retry_after(),
+        None
+    );
+    assert_eq!(StreamError::Closed.retry_after(), None);
+}
