@@ -180,6 +180,22 @@ async fn harness(initial: Option<ClusterState>) -> Harness {
     Harness { tx, url }
 }
 
+/// A request stream that opens with `subscribe`, and its sender for the acks.
+async fn subscription(
+    subscribe: pb::Subscribe,
+) -> (
+    mpsc::Sender<pb::SyncRequest>,
+    tokio_stream::wrappers::ReceiverStream<pb::SyncRequest>,
+) {
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(pb::SyncRequest {
+        kind: Some(sync_request::Kind::Subscribe(subscribe)),
+    })
+    .await
+    .expect("queue subscribe");
+    (tx, tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
 /// One raw agent stream.
 struct Agent {
     tx: mpsc::Sender<pb::SyncRequest>,
@@ -196,25 +212,17 @@ impl Agent {
         resume: Option<pb::ResumePoint>,
         held: Vec<pb::ResourceDigest>,
     ) -> Self {
-        let (tx, rx) = mpsc::channel(4);
-        tx.send(pb::SyncRequest {
-            kind: Some(sync_request::Kind::Subscribe(pb::Subscribe {
-                node_name: "node-1".into(),
-                capabilities: None,
-                resume,
-                held,
-            })),
+        let (tx, rx) = subscription(pb::Subscribe {
+            node_name: "node-1".into(),
+            capabilities: None,
+            resume,
+            held,
         })
-        .await
-        .expect("queue subscribe");
+        .await;
         let mut client = NodeViewServiceClient::connect(url.to_owned())
             .await
             .expect("connect");
-        let rx = client
-            .sync(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .expect("stream")
-            .into_inner();
+        let rx = client.sync(rx).await.expect("stream").into_inner();
         Self { tx, rx }
     }
 
@@ -390,22 +398,15 @@ async fn an_agent_moving_to_another_replica_gets_a_delta_from_its_digests() {
 #[tokio::test]
 async fn an_agent_that_subscribes_before_the_first_full_read_is_told_when_to_come_back() {
     let h = harness(None).await;
-    let (tx, rx) = mpsc::channel(1);
-    tx.send(pb::SyncRequest {
-        kind: Some(sync_request::Kind::Subscribe(pb::Subscribe {
-            node_name: "node-1".into(),
-            ..Default::default()
-        })),
+    let (_requests, rx) = subscription(pb::Subscribe {
+        node_name: "node-1".into(),
+        ..Default::default()
     })
-    .await
-    .expect("queue subscribe");
+    .await;
     let mut client = NodeViewServiceClient::connect(h.url.clone())
         .await
         .expect("connect");
-    let refused = client
-        .sync(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect_err("nothing read yet");
+    let refused = client.sync(rx).await.expect_err("nothing read yet");
     assert_eq!(refused.code(), tonic::Code::Unavailable);
     let retry_after = refused
         .metadata()
@@ -472,17 +473,13 @@ async fn a_stream_whose_agent_stopped_reading_holds_no_replaced_cluster_state() 
         .connect()
         .await
         .expect("connect");
-    let (tx, rx) = mpsc::channel(1);
-    tx.send(pb::SyncRequest {
-        kind: Some(sync_request::Kind::Subscribe(pb::Subscribe {
-            node_name: "node-1".into(),
-            ..Default::default()
-        })),
+    let (tx, rx) = subscription(pb::Subscribe {
+        node_name: "node-1".into(),
+        ..Default::default()
     })
-    .await
-    .expect("queue subscribe");
+    .await;
     let mut responses = NodeViewServiceClient::new(channel)
-        .sync(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .sync(rx)
         .await
         .expect("stream")
         .into_inner();
