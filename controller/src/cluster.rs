@@ -135,6 +135,8 @@ pub struct ClusterState {
     pub cause: Cause,
     /// This state's generation and what changed in the states just before it.
     pub history: crate::history::History,
+    /// The digests of this state's entries, for the agents that resume from digests.
+    pub digests: Arc<crate::view::SharedDigests>,
 }
 
 impl ClusterState {
@@ -176,6 +178,8 @@ impl ClusterState {
             None => (&crate::history::History::default(), Default::default()),
         };
         self.history = history.next(changes);
+        // A new state, whatever it was cloned from: its digests are its own.
+        self.digests = Arc::default();
         self
     }
 }

@@ -366,7 +366,7 @@ impl AgentStream {
             (None, held) => {
                 let view = NodeView::for_node(&cluster, &self.node);
                 let delta = match held {
-                    Some(held) => Delta::from_digests(held, &view),
+                    Some(held) => Delta::from_digests(held, &view, &cluster.digests),
                     None => Delta::between(&NodeView::default(), &view),
                 };
                 (view, delta)

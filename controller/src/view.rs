@@ -14,8 +14,8 @@ use crate::{
 };
 use splitproxy_proto::v1alpha1 as pb;
 use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::Arc,
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, OnceLock},
 };
 
 /// What one node must program: the Services and, for those that have any, their endpoints; and
@@ -224,22 +224,12 @@ impl Delta {
         let services = if Arc::ptr_eq(&from.services, &to.services) {
             Diff::default()
         } else {
-            diff(
-                &all_keys(&*from.services, &*to.services),
-                &*from.services,
-                &*to.services,
-                same_entry,
-            )
+            diff_all(&*from.services, &*to.services, same_entry)
         };
         let (from_endpoints, to_endpoints) = (EndpointsOf(from), EndpointsOf(to));
         Self::assemble(
             services,
-            diff(
-                &all_keys(&from_endpoints, &to_endpoints),
-                &from_endpoints,
-                &to_endpoints,
-                same_entry,
-            ),
+            diff_all(&from_endpoints, &to_endpoints, same_entry),
             to,
             to.status.clone().filter(|_| from.status != to.status),
         )
@@ -316,32 +306,80 @@ impl HeldDigests {
 
 impl Delta {
     /// The delta from what an agent holds, known only by digests, to `to`. It always carries the
-    /// node's status (rule 9), as the agent's status is not among the digests.
+    /// node's status (rule 9), as the agent's status is not among the digests. `shared` holds
+    /// the digests of the entries `to` shares with the cluster state it was computed from.
     #[must_use]
-    pub fn from_digests(held: &HeldDigests, to: &NodeView) -> Self {
+    pub fn from_digests(held: &HeldDigests, to: &NodeView, shared: &SharedDigests) -> Self {
+        let shared = shared.for_view(to);
         let endpoints = EndpointsOf(to);
         Self::assemble(
-            diff(
-                &all_keys(&held.services, &*to.services),
-                &held.services,
-                &*to.services,
-                matches_digest,
-            ),
-            diff(
-                &all_keys(&held.endpoints, &endpoints),
-                &held.endpoints,
-                &endpoints,
-                matches_digest,
-            ),
+            diff_all(&held.services, &*to.services, |digest, service| {
+                *digest == digest_in(shared, service)
+            }),
+            diff_all(&held.endpoints, &endpoints, |digest, endpoints| {
+                *digest == digest_in(shared, endpoints)
+            }),
             to,
             to.status.clone(),
         )
     }
 }
 
-/// Whether `resource` has the digest an agent presented.
-fn matches_digest<M: prost::Message>(digest: &u64, resource: &Arc<M>) -> bool {
-    *digest == splitproxy_proto::digest(&**resource)
+/// The digests of one cluster state's Services and plain endpoint sets, computed on the first
+/// resume from digests and then shared by every node's: after a controller restart every agent
+/// resumes so, and each would otherwise encode and hash the whole cluster again.
+#[derive(Debug, Default)]
+pub struct SharedDigests(OnceLock<Digests>);
+
+impl SharedDigests {
+    /// The digests for `view`'s entries; none when `view` is not of the state they belong to.
+    fn for_view(&self, view: &NodeView) -> Option<&Digests> {
+        let digests = self
+            .0
+            .get_or_init(|| Digests::of(&view.services, &view.backends));
+        let same_state = Arc::ptr_eq(&digests.services, &view.services)
+            && Arc::ptr_eq(&digests.endpoints, &view.backends);
+        same_state.then_some(digests)
+    }
+}
+
+/// Digests by entry address. The maps are held, so every entry stays alive and no address is
+/// reused while this exists.
+#[derive(Debug)]
+struct Digests {
+    services: Arc<Services>,
+    endpoints: Arc<Endpoints>,
+    by_address: HashMap<usize, u64>,
+}
+
+impl Digests {
+    fn of(services: &Arc<Services>, endpoints: &Arc<Endpoints>) -> Self {
+        let services_digests = services.values().map(|s| (address(s), digest(s)));
+        let endpoints_digests = endpoints
+            .values()
+            .map(|e| (address(&e.plain), digest(&e.plain)));
+        Self {
+            services: Arc::clone(services),
+            endpoints: Arc::clone(endpoints),
+            by_address: services_digests.chain(endpoints_digests).collect(),
+        }
+    }
+}
+
+/// The digest of `resource`: looked up in `shared` when it is a shared entry, computed for any
+/// other (a node's own endpoints).
+fn digest_in<M: prost::Message>(shared: Option<&Digests>, resource: &Arc<M>) -> u64 {
+    shared
+        .and_then(|digests| digests.by_address.get(&address(resource)).copied())
+        .unwrap_or_else(|| digest(resource))
+}
+
+fn address<T>(entry: &Arc<T>) -> usize {
+    Arc::as_ptr(entry).cast::<()>() as usize
+}
+
+fn digest<M: prost::Message>(resource: &Arc<M>) -> u64 {
+    splitproxy_proto::digest(&**resource)
 }
 
 /// Whether two entries are the same: shared, or equal.
@@ -354,7 +392,8 @@ trait Resources {
     /// What is held per key.
     type Entry;
     fn get(&self, key: &Key) -> Option<&Self::Entry>;
-    fn keys(&self) -> impl Iterator<Item = &Key>;
+    /// Every entry, sorted by key.
+    fn entries(&self) -> impl Iterator<Item = (&Key, &Self::Entry)>;
 }
 
 impl<V> Resources for BTreeMap<Key, V> {
@@ -362,8 +401,8 @@ impl<V> Resources for BTreeMap<Key, V> {
     fn get(&self, key: &Key) -> Option<&V> {
         BTreeMap::get(self, key)
     }
-    fn keys(&self) -> impl Iterator<Item = &Key> {
-        BTreeMap::keys(self)
+    fn entries(&self) -> impl Iterator<Item = (&Key, &V)> {
+        self.iter()
     }
 }
 
@@ -375,22 +414,33 @@ impl Resources for EndpointsOf<'_> {
     fn get(&self, key: &Key) -> Option<&Self::Entry> {
         self.0.endpoints_of(key)
     }
-    fn keys(&self) -> impl Iterator<Item = &Key> {
-        self.0.backends.keys()
+    fn entries(&self) -> impl Iterator<Item = (&Key, &Self::Entry)> {
+        self.0.endpoints()
     }
 }
 
-/// Every key of either.
-fn all_keys<'a>(a: &'a impl Resources, b: &'a impl Resources) -> BTreeSet<&'a Key> {
-    a.keys().chain(b.keys()).collect()
+/// What turns `from` into `to`, over every key either holds: one walk of both in key order.
+fn diff_all<F: Resources, T: Resources>(
+    from: &F,
+    to: &T,
+    same: impl Fn(&F::Entry, &T::Entry) -> bool,
+) -> Diff<T::Entry>
+where
+    T::Entry: Clone,
+{
+    use itertools::EitherOrBoth::{Both, Left, Right};
+    let pairs = itertools::merge_join_by(from.entries(), to.entries(), |(a, _), (b, _)| a.cmp(b));
+    collect_diff(
+        pairs.map(|pair| match pair {
+            Both((key, held), (_, entry)) => (key, Some(held), Some(entry)),
+            Left((key, held)) => (key, Some(held), None),
+            Right((key, entry)) => (key, None, Some(entry)),
+        }),
+        same,
+    )
 }
 
-/// The entries to upsert and the keys to remove, for one kind.
-type Diff<V> = (Vec<V>, Vec<pb::ObjectKey>);
-
-/// What turns `from` into `to` among `keys` (every key either may hold, or those that may have
-/// changed), where `same` says whether what `from` holds for a key (the entry itself, or its
-/// digest) matches `to`'s.
+/// What turns `from` into `to` among `keys` (those that may have changed).
 fn diff<'k, F: Resources, T: Resources>(
     keys: impl IntoIterator<Item = &'k (impl std::borrow::Borrow<Key> + 'k)>,
     from: &F,
@@ -400,11 +450,23 @@ fn diff<'k, F: Resources, T: Resources>(
 where
     T::Entry: Clone,
 {
+    let keys = keys.into_iter().map(std::borrow::Borrow::borrow);
+    collect_diff(keys.map(|key| (key, from.get(key), to.get(key))), same)
+}
+
+/// The entries to upsert and the keys to remove, for one kind.
+type Diff<V> = (Vec<V>, Vec<pb::ObjectKey>);
+
+/// The upserts and removals of `pairs` (a key, what `from` holds for it and what `to` does),
+/// where `same` says whether what `from` holds (the entry itself, or its digest) matches `to`'s.
+fn collect_diff<'a, H: 'a, E: Clone + 'a>(
+    pairs: impl Iterator<Item = (&'a Key, Option<&'a H>, Option<&'a E>)>,
+    same: impl Fn(&H, &E) -> bool,
+) -> Diff<E> {
     let mut upserted = Vec::new();
     let mut removed = Vec::new();
-    for key in keys {
-        let key = key.borrow();
-        match (from.get(key), to.get(key)) {
+    for (key, held, entry) in pairs {
+        match (held, entry) {
             (Some(held), Some(entry)) if same(held, entry) => {}
             (_, Some(entry)) => upserted.push(entry.clone()),
             (Some(_), None) => removed.push(object_key(key)),

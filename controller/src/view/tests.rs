@@ -379,3 +379,55 @@ fn new_service_cidrs_alone_make_a_delta_that_carries_them_to_every_node() {
         );
     }
 }
+
+/// What an agent holding `view` presents when it subscribes: the digest of each resource.
+fn held(view: &NodeView) -> HeldDigests {
+    HeldDigests {
+        services: view
+            .services()
+            .iter()
+            .map(|(key, service)| (key.clone(), splitproxy_proto::digest(&**service)))
+            .collect(),
+        endpoints: view
+            .endpoints()
+            .map(|(key, endpoints)| (key.clone(), splitproxy_proto::digest(&**endpoints)))
+            .collect(),
+    }
+}
+
+#[test]
+fn deltas_from_digests_use_the_digests_shared_by_every_node_of_a_state() {
+    let before = cluster(&[("10.244.1.2", "node-1"), ("10.244.2.2", "node-2")]);
+    let after = cluster(&[("10.244.1.2", "node-1"), ("10.244.2.3", "node-2")]);
+    for node in ["node-1", "node-3"] {
+        let old = NodeView::for_node(&before, node);
+        let new = NodeView::for_node(&after, node);
+
+        // The digests of `after`'s entries; node-1 sees its own endpoints (not shared).
+        let delta = Delta::from_digests(&held(&old), &new, &after.digests);
+        assert!(delta.upserted_services.is_empty(), "{node}: {delta:?}");
+        assert_eq!(
+            delta.upserted_endpoints,
+            [pb::ServiceEndpoints::clone(
+                new.endpoints().next().expect("web").1
+            )],
+            "{node}"
+        );
+        // Nothing changed for an agent that holds the new view.
+        let none = Delta::from_digests(&held(&new), &new, &after.digests);
+        assert!(none.upserted_services.is_empty() && none.upserted_endpoints.is_empty());
+        assert!(none.removed_services.is_empty() && none.removed_endpoints.is_empty());
+
+        // Digests computed for another state's entries are not taken for these.
+        let stale = SharedDigests::default();
+        let _ = Delta::from_digests(&held(&old), &old, &stale);
+        assert_eq!(
+            Delta::from_digests(&held(&old), &new, &stale),
+            delta,
+            "{node}"
+        );
+    }
+    // Computed once for the state, for the Service and its plain endpoints.
+    let shared = after.digests.0.get().expect("computed");
+    assert_eq!(shared.by_address.len(), 2);
+}
