@@ -25,8 +25,9 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 /// Largest encoded size of one message's resources; bigger revisions are split (protocol rule 3),
-/// so no message nears gRPC's default 4 MiB limit whatever the size of its resources. A resource
-/// bigger than this (a Service with tens of thousands of endpoints) goes alone in its message.
+/// so no message nears the 4 MiB an agent takes (gRPC's default) whatever the size of its
+/// resources. A resource bigger than this goes alone in its message: one Service's endpoints are
+/// never split, and fit up to roughly 100,000 endpoints.
 const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 /// How long to wait before resending after a NACK.
 const RETRY_AFTER_REJECT: Duration = Duration::from_secs(2);

@@ -256,17 +256,11 @@ async fn subscribe(
     let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
     config.credentials.authorize(&mut request)?;
     let inbound = NodeViewServiceClient::new(channel)
-        .max_decoding_message_size(MAX_RESPONSE_BYTES)
         .sync(request)
         .await?
         .into_inner();
     Ok((inbound, tx))
 }
-
-/// The largest response the agent takes. The controller keeps messages to a few hundred KiB, but
-/// never splits one Service's endpoints: a Service with a hundred thousand endpoints needs more than
-/// gRPC's default 4 MiB.
-const MAX_RESPONSE_BYTES: usize = 64 << 20;
 
 /// Sends one request on the request stream.
 async fn send(tx: &mpsc::Sender<pb::SyncRequest>, kind: sync_request::Kind) {
