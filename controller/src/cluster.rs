@@ -137,6 +137,8 @@ pub struct ClusterState {
     pub history: crate::history::History,
     /// The digests of this state's entries, for the agents that resume from digests.
     pub digests: Arc<crate::view::SharedDigests>,
+    /// Which Services each node may see in a form of its own, for its first view.
+    pub placement: Arc<crate::placement::Placement>,
 }
 
 impl ClusterState {
@@ -178,8 +180,9 @@ impl ClusterState {
             None => (&crate::history::History::default(), Default::default()),
         };
         self.history = history.next(changes);
-        // A new state, whatever it was cloned from: its digests are its own.
+        // A new state, whatever it was cloned from: its indexes are its own.
         self.digests = Arc::default();
+        self.placement = Arc::default();
         self
     }
 }

@@ -12,6 +12,7 @@ pub mod inspection;
 pub mod kubernetes;
 pub mod manifests;
 pub mod metrics;
+pub mod placement;
 pub mod server;
 pub mod serving_ca;
 pub mod source;

@@ -51,15 +51,7 @@ impl<'a> Place<'a> {
     #[must_use]
     pub fn mode(&self, endpoints: &[Backend]) -> Option<Mode> {
         let ready: Vec<&Backend> = endpoints.iter().filter(|b| is_ready(b)).collect();
-        if ready.is_empty() {
-            return None;
-        }
-        [Mode::PreferSameNode, Mode::PreferSameZone]
-            .into_iter()
-            .find(|&mode| {
-                ready.iter().all(|b| has_hints(b, mode))
-                    && ready.iter().any(|b| self.wants(b, mode))
-            })
+        hinted_modes(&ready).find(|&mode| ready.iter().any(|b| self.wants(b, mode)))
     }
 
     /// Whether `mode` leaves `backend` out of this place's cluster-wide traffic: it is ready (so
@@ -76,6 +68,21 @@ impl<'a> Place<'a> {
             Mode::PreferSameZone => backend.hints.for_zones.contains(self.zone),
         }
     }
+}
+
+/// Whether the hints of `endpoints` (one Service port's) may narrow some node's traffic: whether
+/// [`Place::mode`] can be `Some` for any place.
+#[must_use]
+pub fn may_narrow(endpoints: &[Backend]) -> bool {
+    let ready: Vec<&Backend> = endpoints.iter().filter(|b| is_ready(b)).collect();
+    hinted_modes(&ready).next().is_some()
+}
+
+/// The modes whose hints every one of `ready` carries; none when `ready` is empty.
+fn hinted_modes<'a>(ready: &'a [&Backend]) -> impl Iterator<Item = Mode> + 'a {
+    [Mode::PreferSameNode, Mode::PreferSameZone]
+        .into_iter()
+        .filter(move |&mode| !ready.is_empty() && ready.iter().all(|b| has_hints(b, mode)))
 }
 
 fn has_hints(backend: &Backend, mode: Mode) -> bool {

@@ -44,13 +44,16 @@ impl NodeView {
     #[must_use]
     pub fn for_node(cluster: &ClusterState, node: &str) -> Self {
         let place = place_of(cluster, node);
-        let own = cluster
-            .endpoints
-            .iter()
-            .filter_map(|(key, backends)| {
-                own_endpoints(backends, &place).map(|e| (key.clone(), Arc::new(e)))
-            })
-            .collect();
+        let mine = |(key, backends): (&Key, &Arc<ServiceBackends>)| {
+            own_endpoints(backends, &place).map(|e| (key.clone(), Arc::new(e)))
+        };
+        let own = match cluster.placement.candidates(&cluster.endpoints, node) {
+            Some(keys) => keys
+                .filter_map(|key| cluster.endpoints.get_key_value(key))
+                .filter_map(mine)
+                .collect(),
+            None => cluster.endpoints.iter().filter_map(mine).collect(),
+        };
         Self::of(cluster, node, Arc::new(own))
     }
 

@@ -28,15 +28,24 @@ fn cluster_of(backends: Vec<Backend>, nodes: BTreeMap<String, NodeInfo>) -> Clus
         ..Default::default()
     };
     let mut endpoints = BTreeMap::new();
+    insert_http_backends(&mut endpoints, &key, backends);
+    ClusterState::of(BTreeMap::from([(key, service)]), endpoints, nodes)
+}
+
+/// `backends` as the endpoints of `key`'s one port, `http`, unless there are none.
+fn insert_http_backends(
+    endpoints: &mut BTreeMap<Key, ServiceBackends>,
+    key: &Key,
+    backends: Vec<Backend>,
+) {
     if !backends.is_empty() {
         let ports = vec![PortBackends {
             port_name: "http".into(),
             protocol: pb::Protocol::Tcp,
             endpoints: backends,
         }];
-        endpoints.insert(key.clone(), ServiceBackends::new(&key, ports, None));
+        endpoints.insert(key.clone(), ServiceBackends::new(key, ports, None));
     }
-    ClusterState::of(BTreeMap::from([(key, service)]), endpoints, nodes)
 }
 
 /// Each endpoint's address and one of its flags.
@@ -430,4 +439,93 @@ fn deltas_from_digests_use_the_digests_shared_by_every_node_of_a_state() {
     // Computed once for the state, for the Service and its plain endpoints.
     let shared = after.digests.0.get().expect("computed");
     assert_eq!(shared.by_address.len(), 2);
+}
+
+/// A cluster of 300 Services with endpoints spread pseudo-randomly (from `seed`) over node-0 to
+/// node-7 and nowhere, some not ready, some with zone or node hints, and nodes in two zones.
+fn scattered(seed: u64) -> ClusterState {
+    let mut next = seed;
+    let mut roll = |n: u64| {
+        next = next
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (next >> 33) % n
+    };
+    let mut services = BTreeMap::new();
+    let mut endpoints = BTreeMap::new();
+    for i in 0..300u32 {
+        let key: Key = ("demo".into(), format!("s{i}"));
+        services.insert(
+            key.clone(),
+            pb::Service {
+                key: Some(object_key(&key)),
+                ..Default::default()
+            },
+        );
+        let hinting = roll(4);
+        let backends: Vec<Backend> = (0..roll(5))
+            .map(|j| {
+                let node = match roll(9) {
+                    8 => String::new(),
+                    n => format!("node-{n}"),
+                };
+                let mut backend = ready_backend(format!("10.244.{i}.{j}"), &node);
+                if roll(5) == 0
+                    && let Some(c) = backend.endpoint.conditions.as_mut()
+                {
+                    c.ready = false;
+                }
+                match hinting {
+                    1 => {
+                        backend.hints.for_zones.insert(format!("zone-{}", roll(2)));
+                    }
+                    2 => {
+                        backend.hints.for_nodes.insert(format!("node-{}", roll(8)));
+                    }
+                    _ => {}
+                }
+                backend
+            })
+            .collect();
+        insert_http_backends(&mut endpoints, &key, backends);
+    }
+    let nodes = (0..8)
+        .map(|n| {
+            let info = NodeInfo {
+                topology: NodeTopology {
+                    zone: format!("zone-{}", n % 2),
+                },
+                ..NodeInfo::default()
+            };
+            (format!("node-{n}"), info)
+        })
+        .collect();
+    ClusterState::of(services, endpoints, nodes)
+}
+
+#[test]
+fn first_views_from_the_placement_index_equal_those_from_every_endpoint() {
+    for seed in 1..=20 {
+        let state = scattered(seed);
+        // The same state with an index of other endpoints: its views look at every endpoint.
+        let mut unindexed = state.clone();
+        unindexed.placement = Arc::default();
+        assert!(
+            unindexed
+                .placement
+                .candidates(&Arc::default(), "node-0")
+                .is_some()
+        );
+        let mut own_seen = 0;
+        for node in (0..9).map(|n| format!("node-{n}")) {
+            let indexed = NodeView::for_node(&state, &node);
+            let scanned = NodeView::for_node(&unindexed, &node);
+            assert_eq!(indexed.own, scanned.own, "seed {seed}, {node}");
+            own_seen += indexed.own.len();
+        }
+        assert!(
+            own_seen > 0,
+            "seed {seed}: no node had endpoints of its own"
+        );
+    }
 }
