@@ -177,7 +177,7 @@ impl NodeViewService for FanOut {
             .map_err(|refusal| self.refuse(&peer, refusal))?;
         let (tx, rx) = mpsc::channel(4);
         let span = tracing::info_span!("agent_stream", node = %subscribe.node_name, %peer);
-        let mut stream = AgentStream::new(self, &subscribe, &peer, tx);
+        let mut stream = AgentStream::new(self, subscribe, &peer, tx);
         stream.credential_expires = identity.expires;
         tokio::spawn(stream.run(inbound).instrument(span));
         Ok(Response::new(Box::pin(
@@ -216,7 +216,7 @@ struct AgentStream {
 impl AgentStream {
     fn new(
         server: &FanOut,
-        subscribe: &pb::Subscribe,
+        subscribe: pb::Subscribe,
         peer: &str,
         tx: mpsc::Sender<Result<pb::SyncResponse, Status>>,
     ) -> Self {
@@ -250,7 +250,7 @@ impl AgentStream {
             held: if resumes {
                 None
             } else {
-                HeldDigests::from_subscribe(&subscribe.held)
+                HeldDigests::from_subscribe(subscribe.held)
             },
             in_flight: None,
             connection,

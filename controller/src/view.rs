@@ -283,27 +283,46 @@ impl Delta {
 /// (protocol rule 7), so any replica can send it a delta instead of a reset.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct HeldDigests {
-    services: BTreeMap<Key, u64>,
-    endpoints: BTreeMap<Key, u64>,
+    services: SortedDigests,
+    endpoints: SortedDigests,
+}
+
+/// Digests sorted by key, each key once: read in one walk beside a view's sorted maps.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct SortedDigests(Vec<(Key, u64)>);
+
+impl SortedDigests {
+    fn of(mut digests: Vec<(Key, u64)>) -> Self {
+        // Agents send them sorted, which this sort finds in one pass.
+        digests.sort_by(|(a, _), (b, _)| a.cmp(b));
+        digests.dedup_by(|(a, _), (b, _)| a == b);
+        Self(digests)
+    }
 }
 
 impl HeldDigests {
-    /// The digests of a subscribe; `None` when it lists none (the agent holds nothing). Entries
-    /// without a key or kind are ignored: the delta then upserts those resources.
+    /// The digests of a subscribe, taken from it; `None` when it lists none (the agent holds
+    /// nothing). Entries without a key or kind are ignored: the delta then upserts those
+    /// resources. A key listed twice counts once, with its first digest.
     #[must_use]
-    pub fn from_subscribe(held: &[pb::ResourceDigest]) -> Option<Self> {
-        let mut digests = Self::default();
+    pub fn from_subscribe(held: Vec<pb::ResourceDigest>) -> Option<Self> {
+        if held.is_empty() {
+            return None;
+        }
+        let (mut services, mut endpoints) = (Vec::new(), Vec::new());
         for entry in held {
-            let Some(key) = &entry.key else { continue };
-            let key = (key.namespace.clone(), key.name.clone());
-            let map = match pb::ResourceKind::try_from(entry.kind) {
-                Ok(pb::ResourceKind::Service) => &mut digests.services,
-                Ok(pb::ResourceKind::Endpoints) => &mut digests.endpoints,
+            let Some(key) = entry.key else { continue };
+            let list = match pb::ResourceKind::try_from(entry.kind) {
+                Ok(pb::ResourceKind::Service) => &mut services,
+                Ok(pb::ResourceKind::Endpoints) => &mut endpoints,
                 _ => continue,
             };
-            map.insert(key, entry.sha256_prefix);
+            list.push(((key.namespace, key.name), entry.sha256_prefix));
         }
-        (!held.is_empty()).then_some(digests)
+        Some(Self {
+            services: SortedDigests::of(services),
+            endpoints: SortedDigests::of(endpoints),
+        })
     }
 }
 
@@ -397,6 +416,17 @@ trait Resources {
     fn get(&self, key: &Key) -> Option<&Self::Entry>;
     /// Every entry, sorted by key.
     fn entries(&self) -> impl Iterator<Item = (&Key, &Self::Entry)>;
+}
+
+impl Resources for SortedDigests {
+    type Entry = u64;
+    fn get(&self, key: &Key) -> Option<&u64> {
+        let at = self.0.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
+        self.0.get(at).map(|(_, digest)| digest)
+    }
+    fn entries(&self) -> impl Iterator<Item = (&Key, &u64)> {
+        self.0.iter().map(|(key, digest)| (key, digest))
+    }
 }
 
 impl<V> Resources for BTreeMap<Key, V> {

@@ -392,15 +392,17 @@ fn new_service_cidrs_alone_make_a_delta_that_carries_them_to_every_node() {
 /// What an agent holding `view` presents when it subscribes: the digest of each resource.
 fn held(view: &NodeView) -> HeldDigests {
     HeldDigests {
-        services: view
-            .services()
-            .iter()
-            .map(|(key, service)| (key.clone(), splitproxy_proto::digest(&**service)))
-            .collect(),
-        endpoints: view
-            .endpoints()
-            .map(|(key, endpoints)| (key.clone(), splitproxy_proto::digest(&**endpoints)))
-            .collect(),
+        services: SortedDigests::of(
+            view.services()
+                .iter()
+                .map(|(key, service)| (key.clone(), splitproxy_proto::digest(&**service)))
+                .collect(),
+        ),
+        endpoints: SortedDigests::of(
+            view.endpoints()
+                .map(|(key, endpoints)| (key.clone(), splitproxy_proto::digest(&**endpoints)))
+                .collect(),
+        ),
     }
 }
 
@@ -528,4 +530,31 @@ fn first_views_from_the_placement_index_equal_those_from_every_endpoint() {
             "seed {seed}: no node had endpoints of its own"
         );
     }
+}
+
+#[test]
+fn held_digests_are_sorted_once_each_and_entries_without_key_or_kind_skipped() {
+    let entry = |kind: pb::ResourceKind, name: Option<&str>, digest| pb::ResourceDigest {
+        kind: kind as i32,
+        key: name.map(|name| pb::ObjectKey {
+            namespace: "demo".into(),
+            name: name.into(),
+        }),
+        sha256_prefix: digest,
+    };
+    let held = HeldDigests::from_subscribe(vec![
+        entry(pb::ResourceKind::Service, Some("b"), 2),
+        entry(pb::ResourceKind::Endpoints, Some("b"), 20),
+        entry(pb::ResourceKind::Service, Some("a"), 1),
+        entry(pb::ResourceKind::Service, Some("b"), 3),
+        entry(pb::ResourceKind::Service, None, 4),
+        entry(pb::ResourceKind::Unspecified, Some("c"), 5),
+    ])
+    .expect("digests listed");
+    let key = |name: &str| ("demo".to_owned(), name.to_owned());
+    assert_eq!(held.services.0, [(key("a"), 1), (key("b"), 2)]);
+    assert_eq!(held.endpoints.0, [(key("b"), 20)]);
+    assert_eq!(held.services.get(&key("b")), Some(&2));
+    assert_eq!(held.services.get(&key("c")), None);
+    assert_eq!(HeldDigests::from_subscribe(Vec::new()), None);
 }
