@@ -12,7 +12,9 @@ use crate::{
 use futures::{Stream, StreamExt};
 use prost::Message;
 use splitproxy_proto::v1alpha1::{
-    self as pb, node_view_service_server::NodeViewService, sync_request,
+    self as pb,
+    node_view_service_server::{NodeViewService, NodeViewServiceServer},
+    sync_request,
 };
 use std::{
     collections::HashMap,
@@ -29,6 +31,10 @@ use tracing::Instrument;
 /// resources. A resource bigger than this goes alone in its message: one Service's endpoints are
 /// never split, and fit up to roughly 100,000 endpoints.
 const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+/// The largest request an agent may send. A subscribe lists a digest of every resource the agent
+/// holds, about 55 bytes each: gRPC's default 4 MiB stops at some 35,000 Services, 16 MiB at about
+/// 150,000. Acks are a few bytes.
+const MAX_SUBSCRIBE_BYTES: usize = 16 << 20;
 /// How long to wait before resending after a NACK.
 const RETRY_AFTER_REJECT: Duration = Duration::from_secs(2);
 /// How long an agent refused before the first complete read of the cluster waits to come back.
@@ -105,6 +111,12 @@ impl FanOut {
     pub fn with_metrics(mut self, metrics: Metrics) -> Self {
         self.metrics = metrics;
         self
+    }
+
+    /// The gRPC service, taking subscribes up to [`MAX_SUBSCRIBE_BYTES`].
+    #[must_use]
+    pub fn into_service(self) -> NodeViewServiceServer<Self> {
+        NodeViewServiceServer::new(self).max_decoding_message_size(MAX_SUBSCRIBE_BYTES)
     }
 
     /// Forgets what the nodes that leave the cluster acknowledged, as each state is published:

@@ -166,7 +166,7 @@ pub async fn serve(
         async move { fanout.forget_departed_nodes().await }
     });
     let views = builder
-        .add_service(NodeViewServiceServer::new(fanout))
+        .add_service(fanout.into_service())
         .add_service(health_service.clone())
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -3,10 +3,7 @@ use crate::{
     cluster::{PortBackends, ServiceBackends},
     testing::ready_backend,
 };
-use splitproxy_proto::v1alpha1::{
-    node_view_service_client::NodeViewServiceClient,
-    node_view_service_server::NodeViewServiceServer,
-};
+use splitproxy_proto::v1alpha1::node_view_service_client::NodeViewServiceClient;
 use std::collections::BTreeMap;
 
 fn key(name: &str) -> pb::ObjectKey {
@@ -174,7 +171,7 @@ async fn harness(initial: Option<ClusterState>) -> Harness {
     let url = format!("http://{}", listener.local_addr().expect("bound"));
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(NodeViewServiceServer::new(FanOut::new(rx)))
+            .add_service(FanOut::new(rx).into_service())
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     Harness { tx, url }
@@ -532,4 +529,40 @@ async fn what_departed_nodes_acknowledged_is_forgotten() {
     assert_eq!(fanout.acknowledged.nodes(), 1);
     drop(tx);
     forgetting.await.expect("ends with the source");
+}
+
+#[tokio::test]
+async fn a_subscribe_with_more_digests_than_grpcs_default_4_mib_is_taken() {
+    let h = harness(Some(cluster(1, 2))).await;
+    // 100,000 Services held (200,000 digests, about 12 MB), none of which the cluster has.
+    let held: Vec<pb::ResourceDigest> = (0..100_000)
+        .flat_map(|i| {
+            [pb::ResourceKind::Service, pb::ResourceKind::Endpoints].map(|kind| {
+                pb::ResourceDigest {
+                    kind: kind as i32,
+                    key: Some(key(&format!("held-service-with-a-longer-name-{i:06}"))),
+                    sha256_prefix: 7,
+                }
+            })
+        })
+        .collect();
+    assert!(
+        pb::Subscribe {
+            held: held.clone(),
+            ..Default::default()
+        }
+        .encoded_len()
+            > 4 << 20
+    );
+    let mut agent = Agent::subscribe_holding(&h.url, None, held).await;
+    let mut removed = 0;
+    loop {
+        let part = agent.next().await;
+        assert!(!part.reset, "a delta from the digests");
+        removed += part.removed_services.len();
+        if part.complete {
+            break;
+        }
+    }
+    assert_eq!(removed, 100_000);
 }
