@@ -92,6 +92,7 @@ pub async fn run(params: Params, dir: &std::path::Path) -> anyhow::Result<Result
         services: params.services,
         endpoints: params.endpoints,
         nodes: params.agents,
+        zones: 0,
     };
     shape.write(dir).context("writing the manifests")?;
     let periods = SyncPeriods::new(
@@ -208,7 +209,7 @@ pub async fn run(params: Params, dir: &std::path::Path) -> anyhow::Result<Result
 }
 
 /// One hollow agent: the real client and applier for `node`, programming `probe`.
-async fn hollow_agent(
+pub async fn hollow_agent(
     node: String,
     url: String,
     probe: Probe,

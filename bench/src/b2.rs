@@ -380,6 +380,7 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
         services: size.services,
         endpoints: size.endpoints,
         nodes: 2,
+        zones: 0,
     };
     let mut lab = Lab::new("btwo")?;
     let cp_host = lab.add_host("cp", CONTROL_PLANE)?;

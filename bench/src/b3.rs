@@ -431,6 +431,7 @@ pub fn run(
         services: params.services,
         endpoints: params.endpoints,
         nodes: params.nodes.iter().copied().max().unwrap_or(1),
+        zones: 0,
     };
     let create_s = workload::create(&control_plane, &lab, &shape, scratch)?.as_secs_f64();
     println!(

@@ -51,6 +51,9 @@ pub struct Shape {
     pub endpoints: usize,
     /// How many Nodes (one hollow agent each).
     pub nodes: usize,
+    /// How many zones the Nodes are spread over (node `i` in zone `i % zones`), each endpoint
+    /// hinted for its node's zone; 0 for no zones and no hints.
+    pub zones: usize,
 }
 
 impl Shape {
@@ -162,15 +165,25 @@ endpoints:
         let first = range.start;
         for number in range {
             let ready = number != first || first_ready;
+            let node = number % self.nodes;
             // Writing to a String cannot fail.
             let _ = writeln!(
                 yaml,
                 "- addresses: [{}]\n  conditions: {{ready: {ready}}}\n  nodeName: {}",
                 Self::endpoint_ip(number),
-                Self::node_name(number % self.nodes),
+                Self::node_name(node),
             );
+            if let Some(zone) = self.zone_of(node) {
+                let _ = writeln!(yaml, "  hints: {{forZones: [{{name: {zone}}}]}}");
+            }
         }
         yaml
+    }
+
+    /// The zone of node `index`; `None` without zones.
+    #[must_use]
+    pub fn zone_of(&self, index: usize) -> Option<String> {
+        (self.zones > 0).then(|| format!("zone-{}", index % self.zones))
     }
 
     /// Every Node, in one file.
@@ -178,8 +191,11 @@ endpoints:
     pub fn nodes_yaml(&self) -> String {
         (0..self.nodes)
             .map(|i| {
+                let labels = self.zone_of(i).map_or_else(String::new, |zone| {
+                    format!("  labels:\n    topology.kubernetes.io/zone: {zone}\n")
+                });
                 format!(
-                    "apiVersion: v1\nkind: Node\nmetadata:\n  name: {}\n---\n",
+                    "apiVersion: v1\nkind: Node\nmetadata:\n  name: {}\n{labels}---\n",
                     Self::node_name(i)
                 )
             })
@@ -231,6 +247,7 @@ mod tests {
             services: 3,
             endpoints: 10,
             nodes: 2,
+            zones: 0,
         };
         let ranges: Vec<_> = (0..3).map(|i| shape.endpoint_range(i)).collect();
         assert_eq!(ranges, vec![0..4, 4..7, 7..10]);
@@ -242,6 +259,7 @@ mod tests {
             services: 2,
             endpoints: 3,
             nodes: 2,
+            zones: 0,
         };
         let objects =
             splitproxy_controller::manifests::parse_documents(&shape.service_yaml(1, false))

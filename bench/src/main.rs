@@ -4,6 +4,7 @@
 mod b1;
 mod b2;
 mod b3;
+mod b4;
 mod cluster;
 mod probe;
 mod process;
@@ -33,6 +34,9 @@ enum Benchmark {
     /// B3 API-server load: upstream kube-proxies versus splitproxy at several cluster sizes,
     /// against a real control plane in network namespaces (needs root).
     B3(b3::Args),
+    /// B4 scale: the controller in its own process, thousands of thin protocol clients and a few
+    /// hollow agents in this one, endpoint churn, optionally a controller restart.
+    B4(B4Args),
 }
 
 /// B1's flags.
@@ -83,6 +87,76 @@ impl B1Args {
     }
 }
 
+/// B4's flags.
+#[derive(Debug, clap::Args)]
+#[command(args_override_self = true)]
+struct B4Args {
+    /// How many nodes.
+    #[arg(long, default_value_t = 1_000)]
+    nodes: usize,
+    /// How many Services.
+    #[arg(long, default_value_t = 10_000)]
+    services: usize,
+    /// How many endpoints, spread evenly over the Services (at least one each).
+    #[arg(long, default_value_t = 100_000)]
+    endpoints: usize,
+    /// How many endpoint changes in the steady churn (as many again during --restart).
+    #[arg(long, default_value_t = 100)]
+    changes: usize,
+    /// Milliseconds between two changes.
+    #[arg(long, default_value_t = 100)]
+    interval_ms: u64,
+    /// The nodes' minimum time between syncs, in ms (kube-proxy's default is 1 s).
+    #[arg(long, default_value_t = 1_000)]
+    min_sync_period_ms: u64,
+    /// How long a thin client takes to apply a revision, in ms: by default B2's splitproxy
+    /// nftables partial sync at 10k Services / 100k endpoints.
+    #[arg(long, default_value_t = 59)]
+    sync_ms: u64,
+    /// Put the Nodes in zones and hint every endpoint for its node's zone.
+    #[arg(long)]
+    hints: bool,
+    /// SIGKILL the controller after the steady churn and start it again under more churn.
+    #[arg(long)]
+    restart: bool,
+    /// How many nodes run the real agent code (hollow agents) instead of a thin client.
+    #[arg(long, default_value_t = 4)]
+    canaries: usize,
+    /// The CPU the controller is pinned to (with taskset, when installed).
+    #[arg(long, default_value_t = 0)]
+    controller_cpu: usize,
+    /// Seconds to wait for each phase (the initial sync, the churn, the restart).
+    #[arg(long, default_value_t = 1_800)]
+    timeout_s: u64,
+    /// Where b4.json, b4.svg and the controller's log go.
+    #[arg(long, default_value = "bench/results")]
+    output: PathBuf,
+}
+
+impl B4Args {
+    fn params(&self) -> anyhow::Result<b4::Params> {
+        if self.services == 0 || self.nodes == 0 || self.changes == 0 {
+            bail!("--services, --nodes and --changes must be at least 1");
+        }
+        let changes = self.changes * if self.restart { 2 } else { 1 };
+        cluster::check_churn(self.services, self.endpoints, changes)?;
+        Ok(b4::Params {
+            nodes: self.nodes,
+            services: self.services,
+            endpoints: self.endpoints,
+            changes: self.changes,
+            interval_ms: self.interval_ms,
+            min_sync_period_ms: self.min_sync_period_ms,
+            sync_ms: self.sync_ms,
+            hints: self.hints,
+            restart: self.restart,
+            canaries: self.canaries,
+            controller_cpu: Some(self.controller_cpu),
+            timeout_s: self.timeout_s,
+        })
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().benchmark {
@@ -93,6 +167,7 @@ async fn main() -> anyhow::Result<()> {
             tokio::task::spawn_blocking(move || b2::run(&args, params)).await?
         }
         Benchmark::B3(args) => run_b3(&args),
+        Benchmark::B4(args) => run_b4(args).await,
     }
 }
 
@@ -116,6 +191,32 @@ fn run_b3(args: &b3::Args) -> anyhow::Result<()> {
         Ok(())
     })?;
     println!("{}", serde_json::to_string_pretty(&results)?);
+    Ok(())
+}
+
+/// Runs B4 and writes `b4.json` and `b4.svg`.
+async fn run_b4(args: B4Args) -> anyhow::Result<()> {
+    let params = args.params().unwrap_or_else(|err| bad_flags(&err));
+    std::fs::create_dir_all(&args.output)
+        .with_context(|| format!("creating {}", args.output.display()))?;
+    let manifests = tempfile::tempdir().context("creating the manifests directory")?;
+    let results = b4::run(params, manifests.path(), &args.output).await?;
+
+    let json = serde_json::to_string_pretty(&results)?;
+    std::fs::write(args.output.join("b4.json"), format!("{json}\n"))?;
+    let p = &results.params;
+    let title = format!(
+        "B4: {} nodes, {} Services, {} endpoints{}: programming latency CDF",
+        p.nodes,
+        p.services,
+        p.endpoints,
+        if p.hints { ", zone hints" } else { "" }
+    );
+    std::fs::write(
+        args.output.join("b4.svg"),
+        svg::cdf(&title, &results.latencies),
+    )?;
+    println!("{json}");
     Ok(())
 }
 

@@ -13,8 +13,14 @@ pub mod v1alpha1 {
 /// 8), so an agent and any controller replica compute the same digest for the same content.
 #[must_use]
 pub fn digest(resource: &impl prost::Message) -> u64 {
+    digest_of_encoding(&resource.encode_to_vec())
+}
+
+/// [`digest`] of a resource already encoded, for clients that keep the bytes as received.
+#[must_use]
+pub fn digest_of_encoding(encoded: &[u8]) -> u64 {
     use sha2::{Digest, Sha256};
-    let hash = Sha256::digest(resource.encode_to_vec());
+    let hash = Sha256::digest(encoded);
     let mut prefix = [0u8; 8];
     prefix.copy_from_slice(&hash[..8]);
     u64::from_be_bytes(prefix)

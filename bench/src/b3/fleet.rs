@@ -308,6 +308,7 @@ mod tests {
             services: 2,
             endpoints: 3,
             nodes: 1,
+            zones: 0,
         };
         let save = "*nat
 :KUBE-SEP-A - [0:0]

@@ -1,0 +1,453 @@
+//! B4's thin protocol client: speaks the node view protocol as an agent does (subscribe with a
+//! resume point and held digests, one ACK per complete revision, retry-after honoured) but holds
+//! only an interned key and a digest per resource, so thousands fit in one process. Resources are
+//! decoded only as far as their key; their digests are taken over the bytes as received, which is
+//! what the protocol defines them over. A revision is "applied" by waiting for the agent's real
+//! min-sync timer and then for a fixed sync time (B2's figure), before it is acknowledged.
+
+use prost::bytes::Bytes;
+use splitproxy_agent::runner::{SyncPeriods, SyncTimer};
+use splitproxy_proto::v1alpha1 as pb;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError, RwLock},
+    time::Duration,
+};
+use tokio::{sync::mpsc, time::Instant};
+use tokio_stream::StreamExt as _;
+
+/// The gRPC path of the node view stream.
+const SYNC_PATH: &str = "/splitproxy.v1alpha1.NodeViewService/Sync";
+/// The agent's HTTP/2 keepalive (interval and timeout), so a dead controller is noticed as fast.
+const KEEPALIVE: Duration = Duration::from_secs(5);
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// A `SyncResponse` with its resources left encoded; the fields it does not name (status, trace
+/// context) are skipped by the decoder.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Response {
+    /// The sending controller's epoch.
+    #[prost(string, tag = "1")]
+    controller_epoch: String,
+    /// The revision this part belongs to.
+    #[prost(uint64, tag = "2")]
+    revision: u64,
+    /// Whether the revision replaces everything held.
+    #[prost(bool, tag = "3")]
+    reset: bool,
+    /// Whether this is the revision's last part.
+    #[prost(bool, tag = "4")]
+    complete: bool,
+    /// Encoded `Service` messages.
+    #[prost(bytes = "bytes", repeated, tag = "5")]
+    upserted_services: Vec<Bytes>,
+    /// Keys of Services gone.
+    #[prost(message, repeated, tag = "6")]
+    removed_services: Vec<pb::ObjectKey>,
+    /// Encoded `ServiceEndpoints` messages.
+    #[prost(bytes = "bytes", repeated, tag = "7")]
+    upserted_endpoints: Vec<Bytes>,
+    /// Keys of endpoint sets gone.
+    #[prost(message, repeated, tag = "8")]
+    removed_endpoints: Vec<pb::ObjectKey>,
+}
+
+/// The key of a `Service` or `ServiceEndpoints`: field 1 of both; the rest is skipped.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Keyed {
+    /// The resource's namespace and name.
+    #[prost(message, optional, tag = "1")]
+    key: Option<pb::ObjectKey>,
+}
+
+/// Resource keys interned once for every client: (namespace, name) ↔ a small number.
+#[derive(Debug, Default)]
+pub struct Keys(RwLock<KeyTable>);
+
+#[derive(Debug, Default)]
+struct KeyTable {
+    /// Numbers by namespace, then name: looked up by `&str` without building a key.
+    ids: HashMap<String, HashMap<String, u32>>,
+    keys: Vec<pb::ObjectKey>,
+}
+
+impl KeyTable {
+    fn get(&self, key: &pb::ObjectKey) -> Option<u32> {
+        self.ids.get(&key.namespace)?.get(&key.name).copied()
+    }
+}
+
+impl Keys {
+    /// The number of `key`, interning it on first sight.
+    pub fn id(&self, key: &pb::ObjectKey) -> u32 {
+        if let Some(id) = self
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+        {
+            return id;
+        }
+        let mut table = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(id) = table.get(key) {
+            return id;
+        }
+        let id = u32::try_from(table.keys.len()).unwrap_or(u32::MAX);
+        table.keys.push(key.clone());
+        table
+            .ids
+            .entry(key.namespace.clone())
+            .or_default()
+            .insert(key.name.clone(), id);
+        id
+    }
+
+    fn key(&self, id: u32) -> pb::ObjectKey {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).keys[id as usize].clone()
+    }
+}
+
+/// One churn step as the thin clients look for it: the endpoint `ip` of the Service numbered
+/// `key` stopped being ready at `written`.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// The Service's interned key.
+    pub key: u32,
+    /// The endpoint that became not ready.
+    pub ip: String,
+    /// When the change was written.
+    pub written: std::time::Instant,
+}
+
+/// The changes made so far (the churner is the only writer), indexed by Service key.
+#[derive(Debug, Default)]
+pub struct Changes(RwLock<ChangeList>);
+
+#[derive(Debug, Default)]
+struct ChangeList {
+    list: Vec<Change>,
+    by_key: HashMap<u32, Vec<usize>>,
+}
+
+impl Changes {
+    /// Adds the next change.
+    pub fn push(&self, change: Change) {
+        let mut changes = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        let index = changes.list.len();
+        changes.by_key.entry(change.key).or_default().push(index);
+        changes.list.push(change);
+    }
+
+    /// The changes `endpoints` (an encoded `ServiceEndpoints` of Service `key`) holds, by index.
+    fn held_in(&self, key: u32, endpoints: &[u8]) -> Vec<(usize, std::time::Instant)> {
+        let changes = self.0.read().unwrap_or_else(PoisonError::into_inner);
+        let Some(indices) = changes.by_key.get(&key) else {
+            return Vec::new();
+        };
+        let Ok(decoded) = <pb::ServiceEndpoints as prost::Message>::decode(endpoints) else {
+            return Vec::new();
+        };
+        let ready = |ip: &str| {
+            decoded.ports.iter().flat_map(|p| &p.endpoints).any(|e| {
+                e.address == ip && e.conditions.as_ref().is_some_and(|c| c.ready)
+            })
+        };
+        indices
+            .iter()
+            .map(|&index| &changes.list[index])
+            .zip(indices)
+            .filter(|(change, _)| !ready(&change.ip))
+            .map(|(change, &index)| (index, change.written))
+            .collect()
+    }
+}
+
+/// What one thin client saw; the run reads it while the client goes on.
+#[derive(Debug, Clone, Default)]
+pub struct Record {
+    /// From the start of the run to the first acknowledged revision holding every Service.
+    pub full_sync: Option<Duration>,
+    /// Per change, in order: from writing it to acknowledging the first revision holding it.
+    pub latencies: Vec<Option<Duration>>,
+    /// The epoch of the controller whose revision was acknowledged last.
+    pub acked_epoch: String,
+    /// Revisions with `reset` set received.
+    pub resets: u64,
+    /// Revisions acknowledged.
+    pub acks: u64,
+}
+
+/// What every thin client shares with the run.
+#[derive(Debug)]
+pub struct Shared {
+    /// The interned keys.
+    pub keys: Keys,
+    /// The churn so far.
+    pub changes: Changes,
+    /// How many Services the whole cluster has (a full sync holds them all).
+    pub services: usize,
+    /// When the run started.
+    pub started: std::time::Instant,
+    /// The controller's URL.
+    pub url: String,
+    /// The agents' sync periods, for the min-sync timer.
+    pub periods: SyncPeriods,
+    /// How long applying one revision takes.
+    pub sync_time: Duration,
+}
+
+/// One thin client's record, shared with the run.
+pub type Recorder = Arc<Mutex<Record>>;
+
+/// What a client holds between streams: digests by interned key, and the resume point.
+#[derive(Debug, Default)]
+struct Held {
+    services: HashMap<u32, u64>,
+    endpoints: HashMap<u32, u64>,
+    resume: Option<pb::ResumePoint>,
+}
+
+/// Runs the thin client of `node` until the task is dropped, reconnecting as an agent does.
+pub async fn run(node: String, shared: Arc<Shared>, record: Recorder) {
+    let mut held = Held::default();
+    let mut timer = SyncTimer::new(shared.periods);
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let mut progressed = false;
+        let wait = match stream(&node, &shared, &record, &mut held, &mut timer, &mut progressed)
+            .await
+        {
+            Err(StreamError::RetryAfter(wait)) => wait,
+            _ if progressed => {
+                backoff = MIN_BACKOFF;
+                backoff
+            }
+            _ => {
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                backoff
+            }
+        };
+        tokio::time::sleep(wait.mul_f64(rand::random_range(0.5..=1.0))).await;
+    }
+}
+
+/// Why a stream ended.
+enum StreamError {
+    /// The controller asked to be left alone this long (protocol rule 10).
+    RetryAfter(Duration),
+    /// Anything else: connect failures, a reset stream, a decode error.
+    Other,
+}
+
+impl From<tonic::Status> for StreamError {
+    fn from(status: tonic::Status) -> Self {
+        let retry_after = (status.code() == tonic::Code::Unavailable)
+            .then(|| status.metadata().get(splitproxy_proto::RETRY_AFTER_MS))
+            .flatten()
+            .and_then(|value| value.to_str().ok()?.parse().ok());
+        retry_after.map_or(Self::Other, |ms| Self::RetryAfter(Duration::from_millis(ms)))
+    }
+}
+
+/// One stream: subscribe, then receive, "apply" and acknowledge revisions until it ends.
+async fn stream(
+    node: &str,
+    shared: &Shared,
+    record: &Recorder,
+    held: &mut Held,
+    timer: &mut SyncTimer,
+    progressed: &mut bool,
+) -> Result<(), StreamError> {
+    let channel = tonic::transport::Endpoint::from_shared(shared.url.clone())
+        .map_err(|_| StreamError::Other)?
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(KEEPALIVE)
+        .keep_alive_timeout(KEEPALIVE)
+        .keep_alive_while_idle(true)
+        .connect()
+        .await
+        .map_err(|_| StreamError::Other)?;
+    let (tx, rx) = mpsc::channel(4);
+    let subscribe = pb::Subscribe {
+        node_name: node.to_owned(),
+        capabilities: Some(pb::Capabilities {
+            proxy_mode: pb::ProxyMode::Nftables as i32,
+            ip_families: vec![pb::IpFamily::Ipv4 as i32],
+        }),
+        resume: held.resume.clone(),
+        held: digests(&shared.keys, held),
+    };
+    let _ = tx
+        .send(pb::SyncRequest {
+            kind: Some(pb::sync_request::Kind::Subscribe(subscribe)),
+        })
+        .await;
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.map_err(|_| StreamError::Other)?;
+    let codec = tonic_prost::ProstCodec::<pb::SyncRequest, Response>::default();
+    let mut inbound = grpc
+        .streaming(
+            tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx)),
+            http::uri::PathAndQuery::from_static(SYNC_PATH),
+            codec,
+        )
+        .await?
+        .into_inner();
+
+    let mut revision = Revision::default();
+    while let Some(part) = inbound.next().await.transpose()? {
+        if revision.take(shared, part) {
+            let done = std::mem::take(&mut revision);
+            let number = done.number;
+            let seen = done.apply(held, record);
+            if let Some(allowed) = timer.next_sync_allowed() {
+                tokio::time::sleep_until(allowed).await;
+            }
+            let started = Instant::now();
+            tokio::time::sleep(shared.sync_time).await;
+            timer.succeeded(started, Instant::now());
+            let ack = pb::Ack {
+                revision: number,
+                status: pb::AckStatus::Applied as i32,
+                reason: String::new(),
+            };
+            if tx
+                .send(pb::SyncRequest {
+                    kind: Some(pb::sync_request::Kind::Ack(ack)),
+                })
+                .await
+                .is_err()
+            {
+                return Err(StreamError::Other);
+            }
+            seen.acknowledged(shared, held, record);
+            *progressed = true;
+        }
+    }
+    Ok(())
+}
+
+/// The digests `held` presents, sorted by kind then key as rule 7 asks.
+fn digests(keys: &Keys, held: &Held) -> Vec<pb::ResourceDigest> {
+    let mut list: Vec<pb::ResourceDigest> = [
+        (pb::ResourceKind::Service, &held.services),
+        (pb::ResourceKind::Endpoints, &held.endpoints),
+    ]
+    .into_iter()
+    .flat_map(|(kind, map)| {
+        map.iter().map(move |(&id, &digest)| pb::ResourceDigest {
+            kind: kind as i32,
+            key: Some(keys.key(id)),
+            sha256_prefix: digest,
+        })
+    })
+    .collect();
+    list.sort_by(|a, b| {
+        let key = |d: &pb::ResourceDigest| {
+            d.key
+                .as_ref()
+                .map(|k| (k.namespace.clone(), k.name.clone()))
+        };
+        (a.kind, key(a)).cmp(&(b.kind, key(b)))
+    });
+    list
+}
+
+/// The parts of one revision gathered so far, reduced to keys and digests.
+#[derive(Debug, Default)]
+struct Revision {
+    epoch: String,
+    number: u64,
+    reset: bool,
+    services: Vec<(u32, u64)>,
+    removed_services: Vec<u32>,
+    endpoints: Vec<(u32, u64)>,
+    removed_endpoints: Vec<u32>,
+    /// The churned changes (by index) its endpoints hold, and when each was written.
+    changes: Vec<(usize, std::time::Instant)>,
+}
+
+impl Revision {
+    /// Adds one part; true when it completed the revision.
+    fn take(&mut self, shared: &Shared, part: Response) -> bool {
+        let keys = &shared.keys;
+        self.epoch = part.controller_epoch;
+        self.number = part.revision;
+        self.reset |= part.reset;
+        let keyed = |encoded: &Bytes| {
+            let key = <Keyed as prost::Message>::decode(encoded.as_ref())
+                .ok()?
+                .key?;
+            Some((
+                keys.id(&key),
+                splitproxy_proto::digest_of_encoding(encoded),
+            ))
+        };
+        self.services
+            .extend(part.upserted_services.iter().filter_map(keyed));
+        for encoded in &part.upserted_endpoints {
+            if let Some((id, digest)) = keyed(encoded) {
+                self.endpoints.push((id, digest));
+                self.changes.extend(shared.changes.held_in(id, encoded));
+            }
+        }
+        self.removed_services
+            .extend(part.removed_services.iter().map(|k| keys.id(k)));
+        self.removed_endpoints
+            .extend(part.removed_endpoints.iter().map(|k| keys.id(k)));
+        part.complete
+    }
+
+    /// Applies the revision to `held` and returns the changes it brings.
+    fn apply(self, held: &mut Held, record: &Recorder) -> Seen {
+        if self.reset {
+            held.services.clear();
+            held.endpoints.clear();
+            record
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .resets += 1;
+        }
+        for id in self.removed_services {
+            held.services.remove(&id);
+        }
+        for id in self.removed_endpoints {
+            held.endpoints.remove(&id);
+        }
+        held.services.extend(self.services);
+        held.endpoints.extend(self.endpoints);
+        held.resume = Some(pb::ResumePoint {
+            controller_epoch: self.epoch.clone(),
+            revision: self.number,
+        });
+        Seen {
+            epoch: self.epoch,
+            changes: self.changes,
+        }
+    }
+}
+
+/// What an applied revision brought, recorded once it is acknowledged.
+struct Seen {
+    epoch: String,
+    changes: Vec<(usize, std::time::Instant)>,
+}
+
+impl Seen {
+    fn acknowledged(self, shared: &Shared, held: &Held, record: &Recorder) {
+        let now = std::time::Instant::now();
+        let mut record = record.lock().unwrap_or_else(PoisonError::into_inner);
+        record.acks += 1;
+        record.acked_epoch = self.epoch;
+        if record.full_sync.is_none() && held.services.len() >= shared.services {
+            record.full_sync = Some(now - shared.started);
+        }
+        for (index, written) in self.changes {
+            if record.latencies.len() <= index {
+                record.latencies.resize(index + 1, None);
+            }
+            record.latencies[index].get_or_insert(now.saturating_duration_since(written));
+        }
+    }
+}
