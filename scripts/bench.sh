@@ -8,6 +8,9 @@
 #       at 1k Services / 10k endpoints and 10k / 100k (its defaults).
 #   b3: API-server load, upstream kube-proxies versus splitproxy against a real control plane, at
 #       10, 20 and 50 nodes with 1,000 Services / 10,000 endpoints (needs root; tens of minutes).
+#   b4: scale, the controller in its own process pinned to CPU 0 and thousands of thin protocol
+#       clients in this one on CPU 1. Defaults to 1,000 nodes / 10,000 Services / 100,000
+#       endpoints; `--nodes 5000 --restart`, `--hints`, `--min-sync-period-ms 500` for the rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -35,8 +38,16 @@ case $benchmark in
     exec "$bench" b3 --services 1000 --endpoints 10000 --nodes 10,20,50 --changes 50 \
       --interval-ms 200 "${output[@]}" "$@"
     ;;
+  b4)
+    # The generator on the CPU the controller is not pinned to, when there is one.
+    pin=()
+    if command -v taskset >/dev/null && (($(nproc) > 1)); then
+      pin=(taskset --cpu-list 1)
+    fi
+    exec "${pin[@]}" "$bench" b4 "${output[@]}" "$@"
+    ;;
   *)
-    echo "scripts/bench.sh: unknown benchmark '$benchmark' (known: b1, b2, b3)" >&2
+    echo "scripts/bench.sh: unknown benchmark '$benchmark' (known: b1, b2, b3, b4)" >&2
     exit 64
     ;;
 esac

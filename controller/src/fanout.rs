@@ -1,5 +1,6 @@
 //! The node view stream server: one task per connected agent that sends the difference between
 //! what the agent acknowledged and its node's current view, one revision in flight at a time.
+//! First revisions, the expensive ones, take turns.
 
 use crate::{
     agents::Connection,
@@ -22,7 +23,7 @@ use std::{
     sync::{Arc, Mutex},
     time::Duration,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
@@ -35,6 +36,13 @@ const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 /// holds, about 55 bytes each: gRPC's default 4 MiB stops at some 35,000 Services, 16 MiB at about
 /// 150,000. Acks are a few bytes.
 const MAX_SUBSCRIBE_BYTES: usize = 16 << 20;
+/// How many nodes' first revisions (a reset, or a delta from the agent's digests) are computed and
+/// sent at once. Each holds a deep copy of the node's changes until its agent has taken them; when
+/// a controller starts, every agent asks at once, and thousands of copies would not fit.
+const CONCURRENT_FIRST_REVISIONS: usize = 8;
+/// How long a first revision keeps its slot while its agent reads slowly; after that it goes on
+/// without one, so a stalled agent never holds up the others.
+const FIRST_REVISION_SLOT: Duration = Duration::from_secs(10);
 /// How long to wait before resending after a NACK.
 const RETRY_AFTER_REJECT: Duration = Duration::from_secs(2);
 /// How long an agent refused before the first complete read of the cluster waits to come back.
@@ -84,6 +92,8 @@ pub struct FanOut {
     acknowledged: Arc<Acknowledged>,
     metrics: Metrics,
     auth: AgentAuth,
+    /// Slots for first revisions, [`CONCURRENT_FIRST_REVISIONS`] of them.
+    first_revisions: Arc<Semaphore>,
 }
 
 impl FanOut {
@@ -96,6 +106,7 @@ impl FanOut {
             acknowledged: Arc::default(),
             metrics: Metrics::default(),
             auth: AgentAuth::Open,
+            first_revisions: Arc::new(Semaphore::new(CONCURRENT_FIRST_REVISIONS)),
         }
     }
 
@@ -205,6 +216,8 @@ struct AgentStream {
     cluster: watch::Receiver<Published>,
     acknowledged: Arc<Acknowledged>,
     tx: mpsc::Sender<Result<pb::SyncResponse, Status>>,
+    /// The controller's slots for first revisions.
+    first_revisions: Arc<Semaphore>,
     /// The last revision number used on this node.
     revision: u64,
     /// What the agent acknowledged; `None` until it holds a state from this controller.
@@ -257,6 +270,7 @@ impl AgentStream {
             cluster: server.cluster.clone(),
             acknowledged: Arc::clone(&server.acknowledged),
             tx,
+            first_revisions: Arc::clone(&server.first_revisions),
             revision: remembered.as_ref().map_or(0, |(r, _)| *r),
             acked: remembered.filter(|_| resumes).map(|(_, view)| view),
             held: if resumes {
@@ -370,6 +384,12 @@ impl AgentStream {
 
     /// Sends the difference between the acknowledged view and the current one, if any.
     async fn send_next(&mut self) -> Result<(), mpsc::error::SendError<()>> {
+        // The first revision waits for a slot before it looks at the cluster, so it is computed
+        // from the newest state.
+        let mut slot = match self.acked {
+            None => Arc::clone(&self.first_revisions).acquire_owned().await.ok(),
+            Some(_) => None,
+        };
         let Some(cluster) = self.cluster.borrow_and_update().clone() else {
             return Ok(());
         };
@@ -403,14 +423,36 @@ impl AgentStream {
         }
         self.in_flight_span = Some(span);
         self.connection.sent(self.revision, &messages);
+        let slot_until = tokio::time::Instant::now() + FIRST_REVISION_SLOT;
         for message in messages {
-            self.tx
-                .send(Ok(message))
-                .await
-                .map_err(|_| mpsc::error::SendError(()))?;
+            let room = self.room(&mut slot, slot_until).await?;
+            room.send(Ok(message));
         }
         self.in_flight = Some((self.revision, view));
         Ok(())
+    }
+
+    /// Waits for room for one more message on the stream; gives `slot` up once `slot_until`
+    /// passes while the agent is not reading.
+    async fn room(
+        &self,
+        slot: &mut Option<OwnedSemaphorePermit>,
+        slot_until: tokio::time::Instant,
+    ) -> Result<mpsc::Permit<'_, Result<pb::SyncResponse, Status>>, mpsc::error::SendError<()>>
+    {
+        if slot.is_some() {
+            match tokio::time::timeout_at(slot_until, self.tx.reserve()).await {
+                Ok(room) => return room.map_err(|_| mpsc::error::SendError(())),
+                Err(_) => {
+                    tracing::info!("agent reads its first revision slowly; giving its slot up");
+                    *slot = None;
+                }
+            }
+        }
+        self.tx
+            .reserve()
+            .await
+            .map_err(|_| mpsc::error::SendError(()))
     }
 }
 

@@ -463,26 +463,8 @@ async fn a_stream_whose_agent_stopped_reading_holds_no_replaced_cluster_state() 
     // before its task parks in a send, with the agent's windows at HTTP/2's initial 64 KiB.
     let h = harness(Some(cluster(30_000, 2))).await;
     let first = h.tx.borrow().clone().expect("published");
-    let channel = tonic::transport::Endpoint::from_shared(h.url.clone())
-        .expect("url")
-        .initial_stream_window_size(65_535)
-        .initial_connection_window_size(65_535)
-        .connect()
-        .await
-        .expect("connect");
-    let (tx, rx) = subscription(pb::Subscribe {
-        node_name: "node-1".into(),
-        ..Default::default()
-    })
-    .await;
-    let mut responses = NodeViewServiceClient::new(channel)
-        .sync(rx)
-        .await
-        .expect("stream")
-        .into_inner();
     // One message read: the stream is sending the first state; then the agent stops reading.
-    let message = responses.message().await.expect("stream open");
-    assert!(message.is_some_and(|m| m.reset && !m.complete));
+    let tx = stalled_agent(&h.url, "node-1", 1).await;
 
     h.publish(cluster(1, 3));
     let mut holders = Arc::strong_count(&first);
@@ -498,6 +480,60 @@ async fn a_stream_whose_agent_stopped_reading_holds_no_replaced_cluster_state() 
         "the parked stream still holds the replaced state"
     );
     drop(tx);
+}
+
+/// An agent stream with HTTP/2 windows as small as the protocol allows, that reads `messages`
+/// (each part of a reset) and then stops reading; its response stream stays open.
+async fn stalled_agent(url: &str, node: &str, messages: usize) -> mpsc::Sender<pb::SyncRequest> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
+        .expect("url")
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .expect("connect");
+    let (tx, rx) = subscription(pb::Subscribe {
+        node_name: node.into(),
+        ..Default::default()
+    })
+    .await;
+    let mut responses = NodeViewServiceClient::new(channel)
+        .sync(rx)
+        .await
+        .expect("stream")
+        .into_inner();
+    for _ in 0..messages {
+        let message = responses.message().await.expect("stream open");
+        assert!(message.is_some_and(|m| m.reset && !m.complete));
+    }
+    tokio::spawn(async move {
+        let _unread = responses;
+        std::future::pending::<()>().await;
+    });
+    tx
+}
+
+#[tokio::test]
+async fn agents_that_stop_reading_their_first_revision_do_not_hold_up_the_others() {
+    // Every first-revision slot taken by an agent that stopped reading a 3 MB reset; one more
+    // agent still gets its whole reset once their slots time out.
+    let h = harness(Some(cluster(30_000, 2))).await;
+    let mut stalled = Vec::new();
+    for index in 0..CONCURRENT_FIRST_REVISIONS {
+        stalled.push(stalled_agent(&h.url, &format!("stalled-{index}"), 1).await);
+    }
+    let mut agent = Agent::subscribe(&h.url, None).await;
+    let mut parts = 0;
+    loop {
+        let message = agent.next().await;
+        assert!(message.reset, "the first revision is a reset");
+        parts += 1;
+        if message.complete {
+            break;
+        }
+    }
+    assert!(parts > 1, "a 3 MB reset comes in several messages");
+    drop(stalled);
 }
 
 #[tokio::test]
