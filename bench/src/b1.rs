@@ -108,18 +108,7 @@ pub async fn run(params: Params, dir: &std::path::Path) -> anyhow::Result<Result
         .context("binding a loopback port")?;
     let url = format!("http://{}", listener.local_addr()?);
     let metrics = splitproxy_controller::metrics::Metrics::default();
-    let serving = server::Serving {
-        selector: ServiceSelector::default(),
-        metrics: metrics.clone(),
-        auth: splitproxy_controller::auth::AgentAuth::Open,
-        tls: None,
-    };
-    let source = ManifestsDir::new(dir);
-    tasks.spawn(async move {
-        server::serve(listener, None, source, serving)
-            .await
-            .context("controller stopped")
-    });
+    tasks.spawn(serve_manifests(listener, dir.to_owned(), metrics.clone()));
 
     let started = Instant::now();
     let cpu_start = process::cpu_time();
@@ -206,6 +195,24 @@ pub async fn run(params: Params, dir: &std::path::Path) -> anyhow::Result<Result
     };
     tasks.abort_all();
     Ok(results)
+}
+
+/// A controller in this process serving the manifests in `dir` on `listener`, to any agent,
+/// recording in `metrics`; runs until it fails.
+pub async fn serve_manifests(
+    listener: TcpListener,
+    dir: std::path::PathBuf,
+    metrics: splitproxy_controller::metrics::Metrics,
+) -> anyhow::Result<()> {
+    let serving = server::Serving {
+        selector: ServiceSelector::default(),
+        metrics,
+        auth: splitproxy_controller::auth::AgentAuth::Open,
+        tls: None,
+    };
+    server::serve(listener, None, ManifestsDir::new(dir), serving)
+        .await
+        .context("controller stopped")
 }
 
 /// One hollow agent: the real client and applier for `node`, programming `probe`.

@@ -135,10 +135,30 @@ impl Fleet {
         canary_done: impl Fn(&probe::Record) -> bool,
     ) -> usize {
         self.thin_records().iter().filter(|r| !thin_done(r)).count()
-            + self.canaries.iter().filter(|p| !canary_done(&p.record())).count()
+            + self
+                .canaries
+                .iter()
+                .filter(|p| !canary_done(&p.record()))
+                .count()
     }
 
-    /// Whether every node holds the changes numbered `changes`.
+    /// Up to a few thin nodes (by position) and the first change of `changes` each lacks, for
+    /// when a wait gives up.
+    fn lacking(&self, changes: std::ops::Range<usize>) -> Vec<(usize, usize)> {
+        self.thin_records()
+            .iter()
+            .enumerate()
+            .filter_map(|(node, r)| {
+                changes
+                    .clone()
+                    .find(|&i| r.latencies.get(i).is_none_or(Option::is_none))
+                    .map(|change| (node, change))
+            })
+            .take(5)
+            .collect()
+    }
+
+    /// How many nodes lack some of the changes numbered `changes`.
     fn arrived(&self, changes: std::ops::Range<usize>) -> usize {
         let has = |latencies: &[Option<Duration>]| {
             changes
@@ -244,7 +264,10 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
     })
     .await
     {
-        eprintln!("b4: stopped waiting for the last changes: {err:#}");
+        eprintln!(
+            "b4: stopped waiting for the last changes: {err:#}; (thin node, change) lacking: {:?}",
+            fleet.lacking(steady.clone())
+        );
     }
     let churn_wall = churn_started.elapsed().as_secs_f64();
     let controller_cpu_seconds = (controller.cpu_time() - controller_cpu).as_secs_f64();
@@ -259,7 +282,12 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
     let records = fleet.thin_records();
     let latencies = latencies_of(records.iter().map(|r| &r.latencies), steady.clone());
     let canary_latencies = latencies_of(
-        fleet.canaries.iter().map(|p| p.record().latencies).collect::<Vec<_>>().iter(),
+        fleet
+            .canaries
+            .iter()
+            .map(|p| p.record().latencies)
+            .collect::<Vec<_>>()
+            .iter(),
         steady.clone(),
     );
     let summary = Summary::of(&latencies);
@@ -292,7 +320,7 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
     if params.restart {
         let old_epoch = records
             .first()
-            .map(|r| r.acked_epoch.clone())
+            .map(|r| r.applied_epoch.clone())
             .unwrap_or_default();
         let resets_before: u64 = records.iter().map(|r| r.resets).sum();
         let killed = Instant::now();
@@ -301,12 +329,13 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
         eprintln!("b4: controller SIGKILLed and started again");
         let resumed = async {
             wait(&mut controller, timeout, "restart", || {
-                fleet.pending(|r| r.acked_epoch != old_epoch, |_| true)
+                fleet.pending(|r| r.applied_epoch != old_epoch, |_| true)
             })
             .await
             .map(|()| killed.elapsed())
         };
-        let (churned, resumed) = tokio::join!(churn.changes(params.changes..total_changes), resumed);
+        let (churned, resumed) =
+            tokio::join!(churn.changes(params.changes..total_changes), resumed);
         churned?;
         let restart = resumed?;
         let during = params.changes..total_changes;
@@ -315,13 +344,16 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
         })
         .await
         {
-            eprintln!("b4: stopped waiting for the changes made during the restart: {err:#}");
+            eprintln!(
+                "b4: stopped waiting for the changes made during the restart: {err:#}; (thin node, change) lacking: {:?}",
+                fleet.lacking(during.clone())
+            );
         }
         let records = fleet.thin_records();
         results.restart_seconds = Some(restart.as_secs_f64());
-        results.restart_resets = Some(records.iter().map(|r| r.resets).sum::<u64>() - resets_before);
-        results.restart_peak_rss_bytes =
-            controller.memory().map(|m| mib_to_bytes(m.peak_rss_mib));
+        results.restart_resets =
+            Some(records.iter().map(|r| r.resets).sum::<u64>() - resets_before);
+        results.restart_peak_rss_bytes = controller.memory().map(|m| mib_to_bytes(m.peak_rss_mib));
         results.restart_latency =
             Summary::of(&latencies_of(records.iter().map(|r| &r.latencies), during));
     }

@@ -47,7 +47,9 @@ impl Launch {
         let mut command = match self.cpu {
             Some(cpu) => {
                 let mut taskset = Command::new("taskset");
-                taskset.args(["--cpu-list", &cpu.to_string()]).arg(&self.binary);
+                taskset
+                    .args(["--cpu-list", &cpu.to_string()])
+                    .arg(&self.binary);
                 taskset
             }
             None => Command::new(&self.binary),

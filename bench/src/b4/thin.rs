@@ -149,9 +149,11 @@ impl Changes {
             return Vec::new();
         };
         let ready = |ip: &str| {
-            decoded.ports.iter().flat_map(|p| &p.endpoints).any(|e| {
-                e.address == ip && e.conditions.as_ref().is_some_and(|c| c.ready)
-            })
+            decoded
+                .ports
+                .iter()
+                .flat_map(|p| &p.endpoints)
+                .any(|e| e.address == ip && e.conditions.as_ref().is_some_and(|c| c.ready))
         };
         indices
             .iter()
@@ -166,16 +168,17 @@ impl Changes {
 /// What one thin client saw; the run reads it while the client goes on.
 #[derive(Debug, Clone, Default)]
 pub struct Record {
-    /// From the start of the run to the first acknowledged revision holding every Service.
+    /// From the start of the run to the end of the first sync holding every Service.
     pub full_sync: Option<Duration>,
-    /// Per change, in order: from writing it to acknowledging the first revision holding it.
+    /// Per change, in order: from writing it to the end of the first sync holding it, when the
+    /// revision's ACK goes out.
     pub latencies: Vec<Option<Duration>>,
-    /// The epoch of the controller whose revision was acknowledged last.
-    pub acked_epoch: String,
+    /// The epoch of the controller whose revision was applied last.
+    pub applied_epoch: String,
     /// Revisions with `reset` set received.
     pub resets: u64,
-    /// Revisions acknowledged.
-    pub acks: u64,
+    /// Services and endpoint sets received (added or changed).
+    pub upserts: u64,
 }
 
 /// What every thin client shares with the run.
@@ -215,8 +218,15 @@ pub async fn run(node: String, shared: Arc<Shared>, record: Recorder) {
     let mut backoff = MIN_BACKOFF;
     loop {
         let mut progressed = false;
-        let wait = match stream(&node, &shared, &record, &mut held, &mut timer, &mut progressed)
-            .await
+        let wait = match stream(
+            &node,
+            &shared,
+            &record,
+            &mut held,
+            &mut timer,
+            &mut progressed,
+        )
+        .await
         {
             Err(StreamError::RetryAfter(wait)) => wait,
             _ if progressed => {
@@ -246,7 +256,9 @@ impl From<tonic::Status> for StreamError {
             .then(|| status.metadata().get(splitproxy_proto::RETRY_AFTER_MS))
             .flatten()
             .and_then(|value| value.to_str().ok()?.parse().ok());
-        retry_after.map_or(Self::Other, |ms| Self::RetryAfter(Duration::from_millis(ms)))
+        retry_after.map_or(Self::Other, |ms| {
+            Self::RetryAfter(Duration::from_millis(ms))
+        })
     }
 }
 
@@ -307,6 +319,9 @@ async fn stream(
             let started = Instant::now();
             tokio::time::sleep(shared.sync_time).await;
             timer.succeeded(started, Instant::now());
+            // Counted as applied even if the ACK is lost with the stream: the node holds the
+            // change, and presents it in its digests when it resumes.
+            seen.applied(shared, held, record);
             let ack = pb::Ack {
                 revision: number,
                 status: pb::AckStatus::Applied as i32,
@@ -321,7 +336,6 @@ async fn stream(
             {
                 return Err(StreamError::Other);
             }
-            seen.acknowledged(shared, held, record);
             *progressed = true;
         }
     }
@@ -343,15 +357,16 @@ fn digests(keys: &Keys, held: &Held) -> Vec<pb::ResourceDigest> {
         })
     })
     .collect();
-    list.sort_by(|a, b| {
-        let key = |d: &pb::ResourceDigest| {
-            d.key
-                .as_ref()
-                .map(|k| (k.namespace.clone(), k.name.clone()))
-        };
-        (a.kind, key(a)).cmp(&(b.kind, key(b)))
-    });
+    list.sort_unstable_by(|a, b| (a.kind, sort_key(a)).cmp(&(b.kind, sort_key(b))));
     list
+}
+
+/// The key a digest sorts by, borrowed.
+fn sort_key(digest: &pb::ResourceDigest) -> Option<(&str, &str)> {
+    digest
+        .key
+        .as_ref()
+        .map(|k| (k.namespace.as_str(), k.name.as_str()))
 }
 
 /// The parts of one revision gathered so far, reduced to keys and digests.
@@ -379,10 +394,7 @@ impl Revision {
             let key = <Keyed as prost::Message>::decode(encoded.as_ref())
                 .ok()?
                 .key?;
-            Some((
-                keys.id(&key),
-                splitproxy_proto::digest_of_encoding(encoded),
-            ))
+            Some((keys.id(&key), splitproxy_proto::digest_of_encoding(encoded)))
         };
         self.services
             .extend(part.upserted_services.iter().filter_map(keyed));
@@ -404,10 +416,7 @@ impl Revision {
         if self.reset {
             held.services.clear();
             held.endpoints.clear();
-            record
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .resets += 1;
+            record.lock().unwrap_or_else(PoisonError::into_inner).resets += 1;
         }
         for id in self.removed_services {
             held.services.remove(&id);
@@ -415,6 +424,7 @@ impl Revision {
         for id in self.removed_endpoints {
             held.endpoints.remove(&id);
         }
+        let upserts = self.services.len() + self.endpoints.len();
         held.services.extend(self.services);
         held.endpoints.extend(self.endpoints);
         held.resume = Some(pb::ResumePoint {
@@ -423,23 +433,25 @@ impl Revision {
         });
         Seen {
             epoch: self.epoch,
+            upserts: upserts as u64,
             changes: self.changes,
         }
     }
 }
 
-/// What an applied revision brought, recorded once it is acknowledged.
+/// What a revision brought, recorded once its sync is done.
 struct Seen {
     epoch: String,
+    upserts: u64,
     changes: Vec<(usize, std::time::Instant)>,
 }
 
 impl Seen {
-    fn acknowledged(self, shared: &Shared, held: &Held, record: &Recorder) {
+    fn applied(self, shared: &Shared, held: &Held, record: &Recorder) {
         let now = std::time::Instant::now();
         let mut record = record.lock().unwrap_or_else(PoisonError::into_inner);
-        record.acks += 1;
-        record.acked_epoch = self.epoch;
+        record.upserts += self.upserts;
+        record.applied_epoch = self.epoch;
         if record.full_sync.is_none() && held.services.len() >= shared.services {
             record.full_sync = Some(now - shared.started);
         }
@@ -451,3 +463,6 @@ impl Seen {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
