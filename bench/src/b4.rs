@@ -6,6 +6,7 @@
 //! bottleneck says so), and optionally what a SIGKILLed and restarted controller costs.
 
 mod controller;
+pub mod sweep;
 mod thin;
 
 use crate::{
@@ -103,6 +104,9 @@ pub struct Results {
     pub generator_bottleneck: bool,
     /// With --restart: from the SIGKILL to every thin node acknowledging the new controller.
     pub restart_seconds: Option<f64>,
+    /// With --restart: thin nodes that had not resumed on the new controller when the run
+    /// stopped waiting (then `restart_seconds` is null).
+    pub restart_unresolved_nodes: Option<usize>,
     /// With --restart: resets the nodes received from the new controller.
     pub restart_resets: Option<u64>,
     /// With --restart: the new controller's peak resident memory.
@@ -310,6 +314,7 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
         generator_busy,
         generator_bottleneck: generator_busy > BUSY_GENERATOR,
         restart_seconds: None,
+        restart_unresolved_nodes: None,
         restart_resets: None,
         restart_peak_rss_bytes: None,
         restart_latency: None,
@@ -337,7 +342,10 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
         let (churned, resumed) =
             tokio::join!(churn.changes(params.changes..total_changes), resumed);
         churned?;
-        let restart = resumed?;
+        // A restart that does not resolve in time is a result too: recorded as unresolved.
+        let restart = resumed
+            .inspect_err(|err| eprintln!("b4: the restart did not resolve: {err:#}"))
+            .ok();
         let during = params.changes..total_changes;
         if let Err(err) = wait(&mut controller, timeout, "churn after the restart", || {
             fleet.arrived(during.clone())
@@ -350,7 +358,13 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
             );
         }
         let records = fleet.thin_records();
-        results.restart_seconds = Some(restart.as_secs_f64());
+        results.restart_seconds = restart.map(|took| took.as_secs_f64());
+        results.restart_unresolved_nodes = Some(
+            records
+                .iter()
+                .filter(|r| r.applied_epoch == old_epoch)
+                .count(),
+        );
         results.restart_resets =
             Some(records.iter().map(|r| r.resets).sum::<u64>() - resets_before);
         results.restart_peak_rss_bytes = controller.memory().map(|m| mib_to_bytes(m.peak_rss_mib));

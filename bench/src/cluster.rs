@@ -254,6 +254,52 @@ mod tests {
     }
 
     #[test]
+    fn with_zones_nodes_are_labelled_and_endpoints_hinted_for_their_nodes_zone() {
+        let shape = Shape {
+            services: 1,
+            endpoints: 3,
+            nodes: 3,
+            zones: 2,
+        };
+        let objects =
+            splitproxy_controller::manifests::parse_documents(&shape.service_yaml(0, true))
+                .expect("the generated manifest parses");
+        let Some(splitproxy_controller::manifests::Object::EndpointSlice(slice)) = objects.get(1)
+        else {
+            panic!("the second object is the slice");
+        };
+        let zones: Vec<_> = slice
+            .endpoints
+            .iter()
+            .flatten()
+            .map(|e| {
+                let hints = e.hints.as_ref().expect("hinted");
+                let zones = hints.for_zones.as_ref().expect("for zones");
+                (
+                    e.node_name.clone().unwrap_or_default(),
+                    zones[0].name.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            zones,
+            [
+                ("node-0", "zone-0"),
+                ("node-1", "zone-1"),
+                ("node-2", "zone-0")
+            ]
+            .map(|(n, z)| (n.to_owned(), z.to_owned()))
+        );
+        let nodes = splitproxy_controller::manifests::parse_documents(&shape.nodes_yaml())
+            .expect("the Nodes parse");
+        let Some(splitproxy_controller::manifests::Object::Node(node)) = nodes.get(1) else {
+            panic!("the second object is a Node");
+        };
+        let labels = node.metadata.labels.as_ref().expect("labelled");
+        assert_eq!(labels["topology.kubernetes.io/zone"], "zone-1");
+    }
+
+    #[test]
     fn a_service_file_parses_as_the_controller_reads_it() {
         let shape = Shape {
             services: 2,

@@ -37,6 +37,16 @@ enum Benchmark {
     /// B4 scale: the controller in its own process, thousands of thin protocol clients and a few
     /// hollow agents in this one, endpoint churn, optionally a controller restart.
     B4(B4Args),
+    /// The B4 sweep plot: latency, controller memory and restart time against nodes, from the
+    /// `b4.json` of several runs.
+    B4Plot {
+        /// The runs: `b4.json` files, or the directories holding them.
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// The SVG file to write.
+        #[arg(long)]
+        output: PathBuf,
+    },
 }
 
 /// B1's flags.
@@ -168,6 +178,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Benchmark::B3(args) => run_b3(&args),
         Benchmark::B4(args) => run_b4(args).await,
+        Benchmark::B4Plot { runs, output } => plot_b4(&runs, &output),
     }
 }
 
@@ -220,6 +231,25 @@ async fn run_b4(args: B4Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes the B4 sweep plot of `runs` to `output`.
+fn plot_b4(runs: &[PathBuf], output: &std::path::Path) -> anyhow::Result<()> {
+    let runs = runs
+        .iter()
+        .map(|path| {
+            let file = if path.is_dir() {
+                path.join("b4.json")
+            } else {
+                path.clone()
+            };
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", file.display()))
+        })
+        .collect::<anyhow::Result<Vec<serde_json::Value>>>()?;
+    std::fs::write(output, b4::sweep::plot(&runs))
+        .with_context(|| format!("writing {}", output.display()))
+}
+
 /// Runs B1 and writes `b1.json` and `b1.svg`.
 async fn run_b1(args: B1Args) -> anyhow::Result<()> {
     let params = args.params().unwrap_or_else(|err| bad_flags(&err));
@@ -262,6 +292,30 @@ mod tests {
             panic!("b1 parses as B1");
         };
         let err = args.params().expect_err("too many changes");
+        assert!(err.to_string().contains("at most --services"), "{err}");
+    }
+
+    #[test]
+    fn b4_needs_a_service_for_every_change_of_both_churns() {
+        let parse = |flags: &[&str]| {
+            let cli = Cli::try_parse_from(["splitproxy-bench", "b4"].iter().chain(flags))
+                .expect("flags parse");
+            let Benchmark::B4(args) = cli.benchmark else {
+                panic!("b4 parses as B4");
+            };
+            args.params()
+        };
+        let base = [
+            "--services",
+            "150",
+            "--endpoints",
+            "300",
+            "--changes",
+            "100",
+        ];
+        assert_eq!(parse(&base).expect("fits").changes, 100);
+        let restart = [&base[..], &["--restart"]].concat();
+        let err = parse(&restart).expect_err("200 changes, 150 Services");
         assert!(err.to_string().contains("at most --services"), "{err}");
     }
 

@@ -224,7 +224,7 @@ struct AgentStream {
     acked: Option<Arc<NodeView>>,
     /// What the agent said it holds, when that is not a state of this controller: the first
     /// revision is a delta from these digests rather than a reset (protocol rule 7).
-    held: Option<HeldDigests>,
+    held: Option<Arc<HeldDigests>>,
     /// The revision sent and not yet answered, with the view it brings the agent to.
     in_flight: Option<(u64, Arc<NodeView>)>,
     /// The stream's record for metrics and inspection; removed when the stream ends.
@@ -276,7 +276,7 @@ impl AgentStream {
             held: if resumes {
                 None
             } else {
-                HeldDigests::from_subscribe(subscribe.held)
+                HeldDigests::from_subscribe(subscribe.held).map(Arc::new)
             },
             in_flight: None,
             connection,
@@ -394,26 +394,36 @@ impl AgentStream {
             return Ok(());
         };
         let reset = self.acked.is_none() && self.held.is_none();
-        let (view, delta) = match (&self.acked, &self.held) {
-            (Some(acked), _) => acked.advance(&cluster, &self.node),
-            (None, held) => {
-                let view = NodeView::for_node(&cluster, &self.node);
-                let delta = match held {
-                    Some(held) => Delta::from_digests(held, &view, &cluster.digests),
-                    None => Delta::between(&NodeView::default(), &view),
+        let (view, mut messages) = match &self.acked {
+            Some(acked) => {
+                let (view, delta) = acked.advance(&cluster, &self.node);
+                let unchanged = delta.is_empty();
+                self.connection.view_computed(!unchanged);
+                if unchanged {
+                    return Ok(());
+                }
+                (view, split(delta, &self.epoch, self.revision + 1, false))
+            }
+            None => {
+                // A whole view's work: off the async workers, which meanwhile go on reading
+                // subscribes and answering every agent's keepalive pings.
+                let first = FirstRevision {
+                    cluster: Arc::clone(&cluster),
+                    node: self.node.clone(),
+                    held: self.held.clone(),
+                    epoch: self.epoch.clone(),
+                    revision: self.revision + 1,
                 };
-                (view, delta)
+                let computed = tokio::task::spawn_blocking(move || first.compute())
+                    .await
+                    .map_err(|_| mpsc::error::SendError(()))?;
+                self.connection.view_computed(true);
+                computed
             }
         };
         let view = Arc::new(view);
-        let unchanged = !reset && delta.is_empty();
-        self.connection.view_computed(!unchanged);
-        if unchanged {
-            return Ok(());
-        }
         self.revision += 1;
         tracing::debug!(revision = self.revision, reset, "sending revision");
-        let mut messages = split(delta, &self.epoch, self.revision, reset);
         let span = self.revision_span(&cluster, reset);
         // Not held across the sends below: an agent that stops reading parks this task there,
         // and would otherwise pin a whole cluster state that the source has long replaced.
@@ -472,6 +482,33 @@ impl AgentStream {
         splitproxy_telemetry::trace::continue_trace(&span, cluster.cause.0.as_ref());
         splitproxy_telemetry::trace::link_to(&span, &links);
         span
+    }
+}
+
+/// What a node's first revision on a stream is computed from.
+struct FirstRevision {
+    cluster: Arc<ClusterState>,
+    node: String,
+    /// The digests the agent presented; `None` for a reset.
+    held: Option<Arc<HeldDigests>>,
+    epoch: String,
+    revision: u64,
+}
+
+impl FirstRevision {
+    /// The node's view and the messages bringing the agent to it: a reset, or a delta from the
+    /// digests it presented.
+    fn compute(self) -> (NodeView, Vec<pb::SyncResponse>) {
+        let view = NodeView::for_node(&self.cluster, &self.node);
+        let (delta, reset) = match &self.held {
+            Some(held) => (
+                Delta::from_digests(held, &view, &self.cluster.digests),
+                false,
+            ),
+            None => (Delta::between(&NodeView::default(), &view), true),
+        };
+        let messages = split(delta, &self.epoch, self.revision, reset);
+        (view, messages)
     }
 }
 
