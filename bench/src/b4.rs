@@ -107,6 +107,10 @@ pub struct Results {
     /// With --restart: thin nodes that had not resumed on the new controller when the run
     /// stopped waiting (then `restart_seconds` is null).
     pub restart_unresolved_nodes: Option<usize>,
+    /// With --restart: the generator's `generator_busy` from the SIGKILL until every node holds
+    /// the changes made meanwhile; when high, the restart measures the clients as much as the
+    /// controller.
+    pub restart_generator_busy: Option<f64>,
     /// With --restart: resets the nodes received from the new controller.
     pub restart_resets: Option<u64>,
     /// With --restart: the new controller's peak resident memory.
@@ -273,15 +277,13 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
             fleet.lacking(steady.clone())
         );
     }
-    let churn_wall = churn_started.elapsed().as_secs_f64();
+    let churn_wall = churn_started.elapsed();
     let controller_cpu_seconds = (controller.cpu_time() - controller_cpu).as_secs_f64();
     let generator_cpu_seconds = process::cpu_time()
         .unwrap_or_default()
         .saturating_sub(generator_cpu)
         .as_secs_f64();
-    let generator_cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    #[allow(clippy::cast_precision_loss)] // small counts
-    let generator_busy = generator_cpu_seconds / churn_wall / generator_cpus as f64;
+    let generator_busy = busy(generator_cpu, churn_wall);
     let steady_memory = controller.memory();
     let records = fleet.thin_records();
     let latencies = latencies_of(records.iter().map(|r| &r.latencies), steady.clone());
@@ -315,6 +317,7 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
         generator_bottleneck: generator_busy > BUSY_GENERATOR,
         restart_seconds: None,
         restart_unresolved_nodes: None,
+        restart_generator_busy: None,
         restart_resets: None,
         restart_peak_rss_bytes: None,
         restart_latency: None,
@@ -329,6 +332,7 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
             .unwrap_or_default();
         let resets_before: u64 = records.iter().map(|r| r.resets).sum();
         let killed = Instant::now();
+        let generator_cpu = process::cpu_time().unwrap_or_default();
         controller.kill();
         controller = launch.start()?;
         eprintln!("b4: controller SIGKILLed and started again");
@@ -358,6 +362,7 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
             );
         }
         let records = fleet.thin_records();
+        results.restart_generator_busy = Some(busy(generator_cpu, killed.elapsed()));
         results.restart_seconds = restart.map(|took| took.as_secs_f64());
         results.restart_unresolved_nodes = Some(
             records
@@ -463,6 +468,18 @@ fn latencies_of<'a>(
                 .filter_map(|i| latencies.get(i).copied().flatten())
         })
         .collect()
+}
+
+/// The share of the CPUs this process may use that it used over the last `wall`, having used
+/// `cpu_before` at its start.
+fn busy(cpu_before: Duration, wall: Duration) -> f64 {
+    let used = process::cpu_time()
+        .unwrap_or_default()
+        .saturating_sub(cpu_before);
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    #[allow(clippy::cast_precision_loss)] // a few CPUs
+    let share = used.as_secs_f64() / wall.as_secs_f64().max(f64::EPSILON) / cpus as f64;
+    share
 }
 
 /// A loopback port free now, for the controller to listen on across restarts.

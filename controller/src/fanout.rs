@@ -387,7 +387,12 @@ impl AgentStream {
         // The first revision waits for a slot before it looks at the cluster, so it is computed
         // from the newest state.
         let mut slot = match self.acked {
-            None => Arc::clone(&self.first_revisions).acquire_owned().await.ok(),
+            // An agent that gave up waiting (its stream reset) leaves the queue rather than
+            // have a view computed for nobody when its turn comes.
+            None => tokio::select! {
+                permit = Arc::clone(&self.first_revisions).acquire_owned() => permit.ok(),
+                () = self.tx.closed() => return Err(mpsc::error::SendError(())),
+            },
             Some(_) => None,
         };
         let Some(cluster) = self.cluster.borrow_and_update().clone() else {

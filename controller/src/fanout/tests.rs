@@ -164,6 +164,10 @@ impl Harness {
 }
 
 async fn harness(initial: Option<ClusterState>) -> Harness {
+    harness_recording(initial, Metrics::default()).await
+}
+
+async fn harness_recording(initial: Option<ClusterState>, metrics: Metrics) -> Harness {
     let (tx, rx) = watch::channel(initial.map(Arc::new));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -171,7 +175,7 @@ async fn harness(initial: Option<ClusterState>) -> Harness {
     let url = format!("http://{}", listener.local_addr().expect("bound"));
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(FanOut::new(rx).into_service())
+            .add_service(FanOut::new(rx).with_metrics(metrics).into_service())
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     Harness { tx, url }
@@ -533,6 +537,28 @@ async fn agents_that_stop_reading_their_first_revision_do_not_hold_up_the_others
         }
     }
     assert!(parts > 1, "a 3 MB reset comes in several messages");
+    drop(stalled);
+}
+
+#[tokio::test]
+async fn an_agent_that_leaves_while_waiting_for_a_first_revision_has_no_view_computed() {
+    let metrics = Metrics::default();
+    let h = harness_recording(Some(cluster(30_000, 2)), metrics.clone()).await;
+    let mut stalled = Vec::new();
+    for index in 0..CONCURRENT_FIRST_REVISIONS {
+        stalled.push(stalled_agent(&h.url, &format!("stalled-{index}"), 1).await);
+    }
+    let computed = metrics.view_computations.get();
+    // Waits for a slot behind the stalled agents, and gives up.
+    drop(Agent::subscribe(&h.url, None).await);
+    // The next one gets its reset once the stalled agents' slots time out.
+    let mut agent = Agent::subscribe(&h.url, None).await;
+    while !agent.next().await.complete {}
+    assert_eq!(
+        metrics.view_computations.get(),
+        computed + 1,
+        "only the agent still there had a view computed"
+    );
     drop(stalled);
 }
 
