@@ -105,7 +105,7 @@ pub struct Results {
     /// With --restart: from the SIGKILL to every thin node acknowledging the new controller.
     pub restart_seconds: Option<f64>,
     /// With --restart: thin nodes that had not resumed on the new controller when the run
-    /// stopped waiting (then `restart_seconds` is null).
+    /// stopped waiting for them (then `restart_seconds` is null).
     pub restart_unresolved_nodes: Option<usize>,
     /// With --restart: the generator's `generator_busy` from the SIGKILL until every node holds
     /// the changes made meanwhile; when high, the restart measures the clients as much as the
@@ -164,6 +164,23 @@ impl Fleet {
             })
             .take(5)
             .collect()
+    }
+
+    /// Waits until every node holds the changes numbered `changes`; when it gives up, says which
+    /// nodes lack which, and the run goes on with what arrived.
+    async fn wait_for(
+        &self,
+        controller: &mut controller::Controller,
+        timeout: Duration,
+        what: &str,
+        changes: std::ops::Range<usize>,
+    ) {
+        if let Err(err) = wait(controller, timeout, what, || self.arrived(changes.clone())).await {
+            eprintln!(
+                "b4: stopped waiting: {err:#}; (thin node, change) lacking: {:?}",
+                self.lacking(changes)
+            );
+        }
     }
 
     /// How many nodes lack some of the changes numbered `changes`.
@@ -267,16 +284,9 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
     let churn_started = Instant::now();
     churn.changes(0..params.changes).await?;
     let steady = 0..params.changes;
-    if let Err(err) = wait(&mut controller, timeout, "steady churn", || {
-        fleet.arrived(steady.clone())
-    })
-    .await
-    {
-        eprintln!(
-            "b4: stopped waiting for the last changes: {err:#}; (thin node, change) lacking: {:?}",
-            fleet.lacking(steady.clone())
-        );
-    }
+    fleet
+        .wait_for(&mut controller, timeout, "steady churn", steady.clone())
+        .await;
     let churn_wall = churn_started.elapsed();
     let controller_cpu_seconds = (controller.cpu_time() - controller_cpu).as_secs_f64();
     let generator_cpu_seconds = process::cpu_time()
@@ -350,26 +360,24 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
         let restart = resumed
             .inspect_err(|err| eprintln!("b4: the restart did not resolve: {err:#}"))
             .ok();
+        let unresolved = fleet
+            .thin_records()
+            .iter()
+            .filter(|r| r.applied_epoch == old_epoch)
+            .count();
         let during = params.changes..total_changes;
-        if let Err(err) = wait(&mut controller, timeout, "churn after the restart", || {
-            fleet.arrived(during.clone())
-        })
-        .await
-        {
-            eprintln!(
-                "b4: stopped waiting for the changes made during the restart: {err:#}; (thin node, change) lacking: {:?}",
-                fleet.lacking(during.clone())
-            );
-        }
+        fleet
+            .wait_for(
+                &mut controller,
+                timeout,
+                "churn after the restart",
+                during.clone(),
+            )
+            .await;
         let records = fleet.thin_records();
         results.restart_generator_busy = Some(busy(generator_cpu, killed.elapsed()));
         results.restart_seconds = restart.map(|took| took.as_secs_f64());
-        results.restart_unresolved_nodes = Some(
-            records
-                .iter()
-                .filter(|r| r.applied_epoch == old_epoch)
-                .count(),
-        );
+        results.restart_unresolved_nodes = Some(unresolved);
         results.restart_resets =
             Some(records.iter().map(|r| r.resets).sum::<u64>() - resets_before);
         results.restart_peak_rss_bytes = controller.memory().map(|m| mib_to_bytes(m.peak_rss_mib));
