@@ -29,6 +29,10 @@ use tokio::{net::TcpListener, task::JoinSet};
 const POLL: Duration = Duration::from_millis(100);
 /// kube-proxy's default --iptables-sync-period; the hollow agents keep it.
 const SYNC_PERIOD: Duration = Duration::from_secs(30);
+/// The hollow agents' reconnect backoff: shorter than the agent's default (500 ms to 30 s) so
+/// a run that restarts its controller measures the controller, not the agents' patience.
+pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
+pub const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// What one B1 run does.
 #[derive(Debug, Clone, Serialize)]
@@ -228,8 +232,8 @@ pub async fn hollow_agent(
         controllers: Controllers::Listed(vec![url]),
         node_name: node,
         proxy_mode: pb::ProxyMode::Iptables,
-        min_backoff: Duration::from_millis(100),
-        max_backoff: Duration::from_secs(2),
+        min_backoff: MIN_BACKOFF,
+        max_backoff: MAX_BACKOFF,
         credentials: Default::default(),
     };
     let applier = Applier::new(probe, status.clone(), metrics.clone()).with_sync_periods(periods);

@@ -81,10 +81,10 @@ impl Controllers {
 /// How often the agent pings its controller over HTTP/2. A controller that hangs or is cut off
 /// keeps its connections open without a reset; only an unanswered ping shows it, so this bounds
 /// how long a node misses changes another replica could give it.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a ping may go unanswered before the stream counts as dead. The controller's HTTP/2
 /// layer answers pings without waiting for its own work, so a few seconds is still generous.
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why one stream ended.
 #[derive(Debug, thiserror::Error)]
@@ -164,12 +164,7 @@ impl StreamError {
         let Self::Status(status) = self else {
             return None;
         };
-        if status.code() != tonic::Code::Unavailable {
-            return None;
-        }
-        let millis = status.metadata().get(splitproxy_proto::RETRY_AFTER_MS)?;
-        let millis: u64 = millis.to_str().ok()?.parse().ok()?;
-        Some(Duration::from_millis(millis))
+        splitproxy_proto::retry_after(status)
     }
 }
 

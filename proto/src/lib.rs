@@ -30,6 +30,17 @@ pub fn digest_of_encoding(encoded: &[u8]) -> u64 {
 /// before subscribing again (protocol rule 10).
 pub const RETRY_AFTER_MS: &str = "splitproxy-retry-after-ms";
 
+/// How long a controller that refused a stream asked to be left alone: an `UNAVAILABLE` status
+/// carrying [`RETRY_AFTER_MS`]. Any other status, or a value that is not a number, says nothing.
+#[must_use]
+pub fn retry_after(status: &tonic::Status) -> Option<std::time::Duration> {
+    if status.code() != tonic::Code::Unavailable {
+        return None;
+    }
+    let millis = status.metadata().get(RETRY_AFTER_MS)?.to_str().ok()?;
+    Some(std::time::Duration::from_millis(millis.parse().ok()?))
+}
+
 /// The encoded `FileDescriptorSet` of every protocol file, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));
 

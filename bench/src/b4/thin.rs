@@ -1,12 +1,17 @@
 //! B4's thin protocol client: speaks the node view protocol as an agent does (subscribe with a
-//! resume point and held digests, one ACK per complete revision, retry-after honoured) but holds
+//! resume point and held digests, one ACK per complete revision, retry-after honoured, the agent's
+//! keepalive, and B1's hollow agents' reconnect backoff, 100 ms to 2 s) but holds
 //! only an interned key and a digest per resource, so thousands fit in one process. Resources are
 //! decoded only as far as their key; their digests are taken over the bytes as received, which is
 //! what the protocol defines them over. A revision is "applied" by waiting for the agent's real
 //! min-sync timer and then for a fixed sync time (B2's figure), before it is acknowledged.
 
+use crate::b1::{MAX_BACKOFF, MIN_BACKOFF};
 use prost::bytes::Bytes;
-use splitproxy_agent::runner::{SyncPeriods, SyncTimer};
+use splitproxy_agent::{
+    client::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT},
+    runner::{SyncPeriods, SyncTimer},
+};
 use splitproxy_proto::v1alpha1 as pb;
 use std::{
     collections::HashMap,
@@ -18,10 +23,6 @@ use tokio_stream::StreamExt as _;
 
 /// The gRPC path of the node view stream.
 const SYNC_PATH: &str = "/splitproxy.v1alpha1.NodeViewService/Sync";
-/// The agent's HTTP/2 keepalive (interval and timeout), so a dead controller is noticed as fast.
-const KEEPALIVE: Duration = Duration::from_secs(5);
-const MIN_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// A `SyncResponse` with its resources left encoded; the fields it does not name (status, trace
 /// context) are skipped by the decoder.
@@ -211,7 +212,8 @@ struct Held {
     resume: Option<pb::ResumePoint>,
 }
 
-/// Runs the thin client of `node` until the task is dropped, reconnecting as an agent does.
+/// Runs the thin client of `node` until the task is dropped, reconnecting as B1's hollow agents
+/// do: doubling from [`MIN_BACKOFF`] to [`MAX_BACKOFF`] while failing, or the retry-after asked.
 pub async fn run(node: String, shared: Arc<Shared>, record: Recorder) {
     let mut held = Held::default();
     let mut timer = SyncTimer::new(shared.periods);
@@ -252,13 +254,7 @@ enum StreamError {
 
 impl From<tonic::Status> for StreamError {
     fn from(status: tonic::Status) -> Self {
-        let retry_after = (status.code() == tonic::Code::Unavailable)
-            .then(|| status.metadata().get(splitproxy_proto::RETRY_AFTER_MS))
-            .flatten()
-            .and_then(|value| value.to_str().ok()?.parse().ok());
-        retry_after.map_or(Self::Other, |ms| {
-            Self::RetryAfter(Duration::from_millis(ms))
-        })
+        splitproxy_proto::retry_after(&status).map_or(Self::Other, Self::RetryAfter)
     }
 }
 
@@ -274,8 +270,8 @@ async fn stream(
     let channel = tonic::transport::Endpoint::from_shared(shared.url.clone())
         .map_err(|_| StreamError::Other)?
         .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(KEEPALIVE)
-        .keep_alive_timeout(KEEPALIVE)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true)
         .connect()
         .await
