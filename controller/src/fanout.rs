@@ -8,7 +8,7 @@ use crate::{
     cause,
     cluster::ClusterState,
     metrics::Metrics,
-    view::{Delta, HeldDigests, NodeView},
+    view::{Delta, Held, NodeView},
 };
 use futures::{Stream, StreamExt};
 use prost::Message;
@@ -203,9 +203,14 @@ impl NodeViewService for FanOut {
         let mut stream = AgentStream::new(self, subscribe, &peer, tx);
         stream.credential_expires = identity.expires;
         tokio::spawn(stream.run(inbound).instrument(span));
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        let mut response = Response::new(
+            Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)) as Self::SyncStream
+        );
+        response.metadata_mut().insert(
+            splitproxy_proto::READS_SUMMARY,
+            tonic::metadata::MetadataValue::from_static("1"),
+        );
+        Ok(response)
     }
 }
 
@@ -223,8 +228,8 @@ struct AgentStream {
     /// What the agent acknowledged; `None` until it holds a state from this controller.
     acked: Option<Arc<NodeView>>,
     /// What the agent said it holds, when that is not a state of this controller: the first
-    /// revision is a delta from these digests rather than a reset (protocol rule 7).
-    held: Option<Arc<HeldDigests>>,
+    /// revision is a delta from it rather than a reset (protocol rules 7 and 11).
+    held: Option<Arc<Held>>,
     /// The revision sent and not yet answered, with the view it brings the agent to.
     in_flight: Option<(u64, Arc<NodeView>)>,
     /// The stream's record for metrics and inspection; removed when the stream ends.
@@ -241,7 +246,7 @@ struct AgentStream {
 impl AgentStream {
     fn new(
         server: &FanOut,
-        subscribe: pb::Subscribe,
+        mut subscribe: pb::Subscribe,
         peer: &str,
         tx: mpsc::Sender<Result<pb::SyncResponse, Status>>,
     ) -> Self {
@@ -276,7 +281,7 @@ impl AgentStream {
             held: if resumes {
                 None
             } else {
-                HeldDigests::from_subscribe(subscribe.held).map(Arc::new)
+                Held::from_subscribe(&mut subscribe).map(Arc::new)
             },
             in_flight: None,
             connection,
@@ -423,6 +428,12 @@ impl AgentStream {
                     .await
                     .map_err(|_| mpsc::error::SendError(()))?;
                 self.connection.view_computed(true);
+                let Some(computed) = computed else {
+                    tracing::info!("agent's summary differs from its view; asking for digests");
+                    self.connection.summary_differed();
+                    let _ = self.tx.send(Err(send_digests())).await;
+                    return Err(mpsc::error::SendError(()));
+                };
                 computed
             }
         };
@@ -494,26 +505,32 @@ impl AgentStream {
 struct FirstRevision {
     cluster: Arc<ClusterState>,
     node: String,
-    /// The digests the agent presented; `None` for a reset.
-    held: Option<Arc<HeldDigests>>,
+    /// What the agent presented; `None` for a reset.
+    held: Option<Arc<Held>>,
     epoch: String,
     revision: u64,
 }
 
 impl FirstRevision {
-    /// The node's view and the messages bringing the agent to it: a reset, or a delta from the
-    /// digests it presented.
-    fn compute(self) -> (NodeView, Vec<pb::SyncResponse>) {
+    /// The node's view and the messages bringing the agent to it: a reset, or a delta from
+    /// what it presented. `None` when it presented a summary that differs from the view's.
+    fn compute(self) -> Option<(NodeView, Vec<pb::SyncResponse>)> {
         let view = NodeView::for_node(&self.cluster, &self.node);
-        let (delta, reset) = match &self.held {
-            Some(held) => (
+        let (delta, reset) = match self.held.as_deref() {
+            Some(Held::Digests(held)) => (
                 Delta::from_digests(held, &view, &self.cluster.digests),
                 false,
             ),
+            Some(Held::Summary(summary)) => {
+                if *summary != view.summary(&self.cluster.digests) {
+                    return None;
+                }
+                (Delta::status_of(&view), false)
+            }
             None => (Delta::between(&NodeView::default(), &view), true),
         };
         let messages = split(delta, &self.epoch, self.revision, reset);
-        (view, messages)
+        Some((view, messages))
     }
 }
 
@@ -553,6 +570,18 @@ fn not_read_yet() -> Status {
             .metadata_mut()
             .insert(splitproxy_proto::RETRY_AFTER_MS, value);
     }
+    status
+}
+
+/// The end of a stream whose agent's summary differs from its node's view: it is to subscribe
+/// again with every digest (protocol rule 11).
+fn send_digests() -> Status {
+    let mut status =
+        Status::failed_precondition("the summary differs from the node's view; send every digest");
+    status.metadata_mut().insert(
+        splitproxy_proto::SEND_DIGESTS,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
     status
 }
 

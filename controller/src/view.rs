@@ -279,8 +279,30 @@ impl Delta {
     }
 }
 
-/// What an agent said it holds when subscribing: a digest per Service and endpoint set
-/// (protocol rule 7), so any replica can send it a delta instead of a reset.
+/// What an agent said it holds when subscribing, when that is not a state of this controller:
+/// every digest (protocol rule 7) or their summary (rule 11), so any replica can send it a delta
+/// instead of a reset.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Held {
+    /// Every digest: the first revision is the delta from them.
+    Digests(HeldDigests),
+    /// Their summary: the first revision holds only the node's status when it matches.
+    Summary(pb::HeldSummary),
+}
+
+impl Held {
+    /// What a subscribe says the agent holds; `None` when it holds nothing. Digests, when
+    /// listed, win over a summary.
+    #[must_use]
+    pub fn from_subscribe(subscribe: &mut pb::Subscribe) -> Option<Self> {
+        let digests = HeldDigests::from_subscribe(std::mem::take(&mut subscribe.held));
+        digests
+            .map(Self::Digests)
+            .or_else(|| subscribe.summary.take().map(Self::Summary))
+    }
+}
+
+/// A digest per Service and endpoint set an agent holds.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct HeldDigests {
     services: SortedDigests,
@@ -344,6 +366,34 @@ impl Delta {
             to,
             to.status.clone(),
         )
+    }
+}
+
+impl Delta {
+    /// The delta from digests that all matched `to`'s: nothing but the node's status (rule 11).
+    #[must_use]
+    pub fn status_of(to: &NodeView) -> Self {
+        Self {
+            node_status: to.status.clone(),
+            ..Self::default()
+        }
+    }
+}
+
+impl NodeView {
+    /// The summary of this view's digests (protocol rule 11), to compare with an agent's.
+    /// `shared` holds the digests of the entries the view shares with its cluster state.
+    #[must_use]
+    pub fn summary(&self, shared: &SharedDigests) -> pb::HeldSummary {
+        let shared = shared.for_view(self);
+        let mut summary = pb::HeldSummary::default();
+        for service in self.services.values() {
+            summary.add_service(digest_in(shared, service));
+        }
+        for (_, endpoints) in self.endpoints() {
+            summary.add_endpoints(digest_in(shared, endpoints));
+        }
+        summary
     }
 }
 

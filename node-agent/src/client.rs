@@ -113,6 +113,8 @@ pub async fn run<D: Dataplane>(
 ) {
     let mut backoff = config.min_backoff;
     let mut retry_after = None;
+    // Whether the controller last subscribed to reads summaries (protocol rule 11).
+    let mut reads_summary = false;
     let mut pass = Vec::new();
     let mut next = 0;
     loop {
@@ -132,11 +134,19 @@ pub async fn run<D: Dataplane>(
                 &mut applier,
                 &status,
                 &metrics,
+                &mut reads_summary,
                 &mut progressed,
             )
             .await;
             status.update(|s| s.connected = false);
             if let Err(err) = result {
+                if err.wants_digests() {
+                    // The same controller again, at once, with every digest.
+                    tracing::info!(%controller, "controller asked for every digest");
+                    reads_summary = false;
+                    next -= 1;
+                    continue;
+                }
                 tracing::warn!(%controller, error = %error_chain(&err), "controller stream ended");
                 retry_after = err.retry_after().map(|hint| hint.min(config.max_backoff));
             }
@@ -166,6 +176,11 @@ impl StreamError {
         };
         splitproxy_proto::retry_after(status)
     }
+
+    /// Whether the controller asked for every digest in place of a summary (protocol rule 11).
+    fn wants_digests(&self) -> bool {
+        matches!(self, Self::Status(status) if splitproxy_proto::wants_digests(status))
+    }
 }
 
 /// A random delay between half and all of `backoff`, so agents do not reconnect in lockstep.
@@ -180,15 +195,23 @@ async fn stream_once<D: Dataplane>(
     applier: &mut Applier<D>,
     status: &Status,
     metrics: &Metrics,
+    reads_summary: &mut bool,
     progressed: &mut bool,
 ) -> Result<(), StreamError> {
     let held = status.snapshot().state;
     let families = applier.ip_families();
+    let by_summary = *reads_summary;
     let (inbound, acks) = applier
-        .resync_while(subscribe(config, controller, &held, &families))
+        .resync_while(subscribe(
+            config,
+            controller,
+            &held,
+            &families,
+            reads_summary,
+        ))
         .await?;
     status.update(|s| s.connected = true);
-    tracing::info!(%controller, resume = held.epoch.is_some(), "subscribed");
+    tracing::info!(%controller, resume = held.epoch.is_some(), by_summary, "subscribed");
     serve(
         &config.node_name,
         held.epoch.is_some(),
@@ -201,13 +224,16 @@ async fn stream_once<D: Dataplane>(
     .await
 }
 
-/// Connects to `controller` and subscribes, resuming from `held`. Returns the inbound stream and
-/// the sender of the request stream.
+/// Connects to `controller` and subscribes, resuming from `held`: by its summary when
+/// `reads_summary` says the controller reads one, by every digest otherwise; then sets
+/// `reads_summary` to what this controller says. Returns the inbound stream and the sender of
+/// the request stream.
 async fn subscribe(
     config: &ClientConfig,
     controller: &str,
     held: &NodeState,
     families: &[IpFamily],
+    reads_summary: &mut bool,
 ) -> Result<
     (
         tonic::Streaming<pb::SyncResponse>,
@@ -243,18 +269,23 @@ async fn subscribe(
             controller_epoch: epoch.clone(),
             revision: held.revision,
         }),
-        held: held.digests(),
+        held: if *reads_summary {
+            Vec::new()
+        } else {
+            held.digests()
+        },
+        summary: (*reads_summary && held.epoch.is_some()).then(|| held.summary()),
     };
     // One subscribe plus at most one ack in flight; the controller sends one revision at a time.
     let (tx, rx) = mpsc::channel(4);
     send(&tx, sync_request::Kind::Subscribe(subscribe)).await;
     let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
     config.credentials.authorize(&mut request)?;
-    let inbound = NodeViewServiceClient::new(channel)
-        .sync(request)
-        .await?
-        .into_inner();
-    Ok((inbound, tx))
+    let response = NodeViewServiceClient::new(channel).sync(request).await?;
+    *reads_summary = response
+        .metadata()
+        .contains_key(splitproxy_proto::READS_SUMMARY);
+    Ok((response.into_inner(), tx))
 }
 
 /// Sends one request on the request stream.

@@ -273,30 +273,43 @@ impl NodeState {
     /// rule 7).
     #[must_use]
     pub fn digests(&self) -> Vec<pb::ResourceDigest> {
-        let entry =
-            |kind: pb::ResourceKind, (namespace, name): &Key, digest: u64| pb::ResourceDigest {
+        self.each_digest()
+            .map(|(kind, (namespace, name), digest)| pb::ResourceDigest {
                 kind: kind as i32,
                 key: Some(pb::ObjectKey {
                     namespace: namespace.clone(),
                     name: name.clone(),
                 }),
                 sha256_prefix: digest,
-            };
+            })
+            .collect()
+    }
+
+    /// The summary of [`Self::digests`], for a subscribe to a controller that reads one
+    /// (protocol rule 11).
+    #[must_use]
+    pub fn summary(&self) -> pb::HeldSummary {
+        let mut summary = pb::HeldSummary::default();
+        for (kind, _, digest) in self.each_digest() {
+            match kind {
+                pb::ResourceKind::Service => summary.add_service(digest),
+                _ => summary.add_endpoints(digest),
+            }
+        }
+        summary
+    }
+
+    /// Every resource held with its kind and digest, sorted by kind then key.
+    fn each_digest(&self) -> impl Iterator<Item = (pb::ResourceKind, &Key, u64)> {
         let services = self.services.iter().map(|(key, service)| {
-            entry(
-                pb::ResourceKind::Service,
-                key,
-                splitproxy_proto::digest(&**service),
-            )
+            let digest = splitproxy_proto::digest(&**service);
+            (pb::ResourceKind::Service, key, digest)
         });
         let endpoints = self.endpoints.iter().map(|(key, endpoints)| {
-            entry(
-                pb::ResourceKind::Endpoints,
-                key,
-                splitproxy_proto::digest(&**endpoints),
-            )
+            let digest = splitproxy_proto::digest(&**endpoints);
+            (pb::ResourceKind::Endpoints, key, digest)
         });
-        services.chain(endpoints).collect()
+        services.chain(endpoints)
     }
 
     /// The number of endpoints over all Service ports.

@@ -41,6 +41,33 @@ pub fn retry_after(status: &tonic::Status) -> Option<std::time::Duration> {
     Some(std::time::Duration::from_millis(millis.parse().ok()?))
 }
 
+/// The response header with which a controller says it reads a `HeldSummary` (protocol rule 11).
+pub const READS_SUMMARY: &str = "splitproxy-reads-summary";
+
+/// The trailer with which a controller that found an agent's summary different from the node's
+/// view asks for every digest (protocol rule 11).
+pub const SEND_DIGESTS: &str = "splitproxy-send-digests";
+
+/// Whether a controller ended a stream asking for every digest in place of a summary.
+#[must_use]
+pub fn wants_digests(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::FailedPrecondition && status.metadata().contains_key(SEND_DIGESTS)
+}
+
+impl v1alpha1::HeldSummary {
+    /// Counts one Service with `digest`.
+    pub fn add_service(&mut self, digest: u64) {
+        self.service_count += 1;
+        self.service_digest_sum = self.service_digest_sum.wrapping_add(digest);
+    }
+
+    /// Counts one endpoint set with `digest`.
+    pub fn add_endpoints(&mut self, digest: u64) {
+        self.endpoints_count += 1;
+        self.endpoints_digest_sum = self.endpoints_digest_sum.wrapping_add(digest);
+    }
+}
+
 /// The encoded `FileDescriptorSet` of every protocol file, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));
 

@@ -204,12 +204,26 @@ pub struct Shared {
 /// One thin client's record, shared with the run.
 pub type Recorder = Arc<Mutex<Record>>;
 
-/// What a client holds between streams: digests by interned key, and the resume point.
+/// What a client holds between streams: digests by interned key, the resume point, and whether
+/// the controller last subscribed to reads summaries.
 #[derive(Debug, Default)]
 struct Held {
     services: HashMap<u32, u64>,
     endpoints: HashMap<u32, u64>,
     resume: Option<pb::ResumePoint>,
+    reads_summary: bool,
+}
+
+impl Held {
+    /// The summary of the digests held (protocol rule 11).
+    fn summary(&self) -> pb::HeldSummary {
+        let mut summary = pb::HeldSummary::default();
+        self.services.values().for_each(|&d| summary.add_service(d));
+        self.endpoints
+            .values()
+            .for_each(|&d| summary.add_endpoints(d));
+        summary
+    }
 }
 
 /// Runs the thin client of `node` until the task is dropped, reconnecting as B1's hollow agents
@@ -231,6 +245,10 @@ pub async fn run(node: String, shared: Arc<Shared>, record: Recorder) {
         .await
         {
             Err(StreamError::RetryAfter(wait)) => wait,
+            Err(StreamError::SendDigests) => {
+                held.reads_summary = false;
+                continue;
+            }
             _ if progressed => {
                 backoff = MIN_BACKOFF;
                 backoff
@@ -248,12 +266,17 @@ pub async fn run(node: String, shared: Arc<Shared>, record: Recorder) {
 enum StreamError {
     /// The controller asked to be left alone this long (protocol rule 10).
     RetryAfter(Duration),
+    /// The controller asked for every digest in place of the summary (protocol rule 11).
+    SendDigests,
     /// Anything else: connect failures, a reset stream, a decode error.
     Other,
 }
 
 impl From<tonic::Status> for StreamError {
     fn from(status: tonic::Status) -> Self {
+        if splitproxy_proto::wants_digests(&status) {
+            return Self::SendDigests;
+        }
         splitproxy_proto::retry_after(&status).map_or(Self::Other, Self::RetryAfter)
     }
 }
@@ -284,7 +307,12 @@ async fn stream(
             ip_families: vec![pb::IpFamily::Ipv4 as i32],
         }),
         resume: held.resume.clone(),
-        held: digests(&shared.keys, held),
+        held: if held.reads_summary {
+            Vec::new()
+        } else {
+            digests(&shared.keys, held)
+        },
+        summary: (held.reads_summary && held.resume.is_some()).then(|| held.summary()),
     };
     let _ = tx
         .send(pb::SyncRequest {
@@ -294,14 +322,17 @@ async fn stream(
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.map_err(|_| StreamError::Other)?;
     let codec = tonic_prost::ProstCodec::<pb::SyncRequest, Response>::default();
-    let mut inbound = grpc
+    let response = grpc
         .streaming(
             tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx)),
             http::uri::PathAndQuery::from_static(SYNC_PATH),
             codec,
         )
-        .await?
-        .into_inner();
+        .await?;
+    held.reads_summary = response
+        .metadata()
+        .contains_key(splitproxy_proto::READS_SUMMARY);
+    let mut inbound = response.into_inner();
 
     let mut revision = Revision::default();
     while let Some(part) = inbound.next().await.transpose()? {

@@ -201,6 +201,8 @@ async fn subscription(
 struct Agent {
     tx: mpsc::Sender<pb::SyncRequest>,
     rx: Streaming<pb::SyncResponse>,
+    /// Whether the controller said it reads summaries (protocol rule 11).
+    reads_summary: bool,
 }
 
 impl Agent {
@@ -213,18 +215,32 @@ impl Agent {
         resume: Option<pb::ResumePoint>,
         held: Vec<pb::ResourceDigest>,
     ) -> Self {
-        let (tx, rx) = subscription(pb::Subscribe {
-            node_name: "node-1".into(),
-            capabilities: None,
-            resume,
-            held,
-        })
-        .await;
+        Self::subscribe_with(
+            url,
+            pb::Subscribe {
+                node_name: "node-1".into(),
+                resume,
+                held,
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    async fn subscribe_with(url: &str, subscribe: pb::Subscribe) -> Self {
+        let (tx, rx) = subscription(subscribe).await;
         let mut client = NodeViewServiceClient::connect(url.to_owned())
             .await
             .expect("connect");
-        let rx = client.sync(rx).await.expect("stream").into_inner();
-        Self { tx, rx }
+        let response = client.sync(rx).await.expect("stream");
+        let reads_summary = response
+            .metadata()
+            .contains_key(splitproxy_proto::READS_SUMMARY);
+        Self {
+            tx,
+            rx: response.into_inner(),
+            reads_summary,
+        }
     }
 
     async fn next(&mut self) -> pb::SyncResponse {
@@ -394,6 +410,93 @@ async fn an_agent_moving_to_another_replica_gets_a_delta_from_its_digests() {
     assert!(!next.reset);
     assert_eq!(next.removed_services, [key("s1")]);
     assert!(next.node_status.is_none());
+}
+
+/// The summary an agent holding `reset`'s resources presents.
+fn summary_of(reset: &pb::SyncResponse) -> pb::HeldSummary {
+    let mut summary = pb::HeldSummary::default();
+    for digest in digests_of(reset) {
+        if digest.kind == pb::ResourceKind::Service as i32 {
+            summary.add_service(digest.sha256_prefix);
+        } else {
+            summary.add_endpoints(digest.sha256_prefix);
+        }
+    }
+    summary
+}
+
+/// What an agent that applied `reset` presents to another replica by summary.
+fn resuming_by_summary(reset: &pb::SyncResponse) -> pb::Subscribe {
+    pb::Subscribe {
+        node_name: "node-1".into(),
+        resume: Some(pb::ResumePoint {
+            controller_epoch: reset.controller_epoch.clone(),
+            revision: reset.revision,
+        }),
+        summary: Some(summary_of(reset)),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn an_agent_whose_summary_matches_another_replicas_view_resumes_with_no_resources_sent() {
+    let first_replica = harness(Some(cluster(3, 2))).await;
+    let mut agent = Agent::subscribe(&first_replica.url, None).await;
+    assert!(
+        agent.reads_summary,
+        "the controller says it reads summaries"
+    );
+    let held = agent.next().await;
+    assert!(held.reset);
+
+    let other_replica = harness(Some(cluster(3, 2))).await;
+    let mut moved = Agent::subscribe_with(&other_replica.url, resuming_by_summary(&held)).await;
+    let first = moved.next().await;
+    assert!(!first.reset, "a matching summary must avoid a reset");
+    assert!(first.complete);
+    assert_ne!(first.controller_epoch, held.controller_epoch);
+    assert!(first.upserted_services.is_empty() && first.upserted_endpoints.is_empty());
+    assert!(first.removed_services.is_empty() && first.removed_endpoints.is_empty());
+    assert!(first.node_status.is_some(), "it carries the status");
+
+    // Acknowledged, it is the base of the next delta like any other revision.
+    moved.answer(first.revision, pb::AckStatus::Applied).await;
+    other_replica.publish(cluster(2, 2));
+    let next = moved.next().await;
+    assert!(!next.reset);
+    assert_eq!(next.removed_services, [key("s2")]);
+}
+
+#[tokio::test]
+async fn an_agent_whose_summary_differs_is_asked_for_every_digest_and_then_gets_a_delta() {
+    let first_replica = harness(Some(cluster(3, 2))).await;
+    let mut agent = Agent::subscribe(&first_replica.url, None).await;
+    let held = agent.next().await;
+
+    // The other replica has seen s2 go and every endpoint move.
+    let metrics = Metrics::default();
+    let other_replica = harness_recording(Some(cluster(2, 3)), metrics.clone()).await;
+    let mut moved = Agent::subscribe_with(&other_replica.url, resuming_by_summary(&held)).await;
+    let ended = tokio::time::timeout(Duration::from_secs(30), moved.rx.message())
+        .await
+        .expect("an answer within 30 s")
+        .expect_err("the stream ends");
+    assert_eq!(ended.code(), tonic::Code::FailedPrecondition);
+    assert!(splitproxy_proto::wants_digests(&ended));
+    let refused = metrics
+        .refused_streams
+        .get_or_create(&crate::metrics::ReasonLabel {
+            reason: "summary_differs",
+        })
+        .get();
+    assert_eq!(refused, 1);
+
+    let resume = resuming_by_summary(&held).resume;
+    let mut again = Agent::subscribe_holding(&other_replica.url, resume, digests_of(&held)).await;
+    let delta = again.next().await;
+    assert!(!delta.reset, "digests of the held state must avoid a reset");
+    assert_eq!(delta.removed_services, [key("s2")]);
+    assert_eq!(delta.upserted_endpoints.len(), 2);
 }
 
 #[tokio::test]
