@@ -199,11 +199,6 @@ impl Connection {
         });
     }
 
-    /// The agent's summary differed from its view; the stream ends asking for every digest.
-    pub fn summary_differed(&self) {
-        self.metrics.count_refusal("summary_differs");
-    }
-
     /// `messages` of `revision` were handed to the stream.
     pub fn sent(&self, revision: u64, messages: &[pb::SyncResponse]) {
         let bytes: u64 = messages.iter().map(|m| m.encoded_len() as u64).sum();

@@ -428,12 +428,6 @@ impl AgentStream {
                     .await
                     .map_err(|_| mpsc::error::SendError(()))?;
                 self.connection.view_computed(true);
-                let Some(computed) = computed else {
-                    tracing::info!("agent's summary differs from its view; asking for digests");
-                    self.connection.summary_differed();
-                    let _ = self.tx.send(Err(send_digests())).await;
-                    return Err(mpsc::error::SendError(()));
-                };
                 computed
             }
         };
@@ -513,24 +507,23 @@ struct FirstRevision {
 
 impl FirstRevision {
     /// The node's view and the messages bringing the agent to it: a reset, or a delta from
-    /// what it presented. `None` when it presented a summary that differs from the view's.
-    fn compute(self) -> Option<(NodeView, Vec<pb::SyncResponse>)> {
+    /// what it presented (protocol rules 7 and 11).
+    fn compute(self) -> (NodeView, Vec<pb::SyncResponse>) {
         let view = NodeView::for_node(&self.cluster, &self.node);
+        let shared = &self.cluster.digests;
         let (delta, reset) = match self.held.as_deref() {
-            Some(Held::Digests(held)) => (
-                Delta::from_digests(held, &view, &self.cluster.digests),
-                false,
-            ),
-            Some(Held::Summary(summary)) => {
-                if *summary != view.summary(&self.cluster.digests) {
-                    return None;
-                }
-                (Delta::status_of(&view), false)
-            }
+            Some(Held::Digests(held)) => (Delta::from_digests(held, &view, shared), false),
+            Some(Held::Summary(sums)) => (Delta::from_summary(sums, &view, shared), false),
             None => (Delta::between(&NodeView::default(), &view), true),
         };
+        if let Some(replaced) = &delta.replaced_buckets {
+            tracing::debug!(
+                buckets = replaced.buckets.len(),
+                "replacing differing buckets"
+            );
+        }
         let messages = split(delta, &self.epoch, self.revision, reset);
-        Some((view, messages))
+        (view, messages)
     }
 }
 
@@ -573,20 +566,9 @@ fn not_read_yet() -> Status {
     status
 }
 
-/// The end of a stream whose agent's summary differs from its node's view: it is to subscribe
-/// again with every digest (protocol rule 11).
-fn send_digests() -> Status {
-    let mut status =
-        Status::failed_precondition("the summary differs from the node's view; send every digest");
-    status.metadata_mut().insert(
-        splitproxy_proto::SEND_DIGESTS,
-        tonic::metadata::MetadataValue::from_static("1"),
-    );
-    status
-}
-
 /// Splits one revision into messages whose resources take at most [`MAX_MESSAGE_BYTES`] encoded;
-/// the last carries `complete`, the first the node's status when it changed. Removals go first so
+/// the last carries `complete`, the first the node's status when it changed and the buckets a
+/// delta from a summary replaces. Removals go first so
 /// an agent never holds a removed and an added copy.
 #[must_use]
 pub fn split(delta: Delta, epoch: &str, revision: u64, reset: bool) -> Vec<pb::SyncResponse> {
@@ -610,6 +592,7 @@ pub fn split(delta: Delta, epoch: &str, revision: u64, reset: bool) -> Vec<pb::S
         .chain(delta.upserted_endpoints.into_iter().map(Item::Endpoints));
     let mut messages = vec![pb::SyncResponse {
         node_status: delta.node_status,
+        replaced_buckets: delta.replaced_buckets,
         ..header()
     }];
     let mut bytes = 0;

@@ -37,8 +37,7 @@ pub struct Metrics {
     pub rejected_revisions: Counter,
     /// `splitproxy_controller_refused_streams_total{reason}`: agent streams refused because
     /// their credential was missing, invalid, for another node, or could not be reviewed, or
-    /// because the controller had not read the cluster yet (`not_ready`), or ended because a
-    /// resume summary differed from the node's view (`summary_differs`).
+    /// because the controller had not read the cluster yet (`not_ready`).
     pub refused_streams: Family<ReasonLabel, Counter>,
     /// The open streams, for `splitproxy_controller_connected_agents` and the per-node gauges.
     pub agents: Agents,
@@ -76,7 +75,7 @@ impl Metrics {
         );
         registry.register(
             "splitproxy_controller_refused_streams",
-            "Agent streams refused: credential missing, invalid, for another node, or unreviewable; the cluster not read yet; or a resume summary that differs from the node's view",
+            "Agent streams refused: credential missing, invalid, for another node, or unreviewable; or the cluster not read yet",
             metrics.refused_streams.clone(),
         );
         registry.register_collector(Box::new(AgentGauges(metrics.agents.clone())));
@@ -96,8 +95,7 @@ impl Metrics {
 /// A `reason` label, from a fixed set.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    /// Why, as one of the reasons the metric's help names.
-    pub reason: &'static str,
+    reason: &'static str,
 }
 
 /// A `node` label.

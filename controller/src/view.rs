@@ -216,6 +216,9 @@ pub struct Delta {
     pub removed_endpoints: Vec<pb::ObjectKey>,
     /// The node's new status; `None` when it did not change.
     pub node_status: Option<pb::NodeStatus>,
+    /// The buckets whose resources the delta replaces (protocol rule 11); only in a delta from a
+    /// summary.
+    pub replaced_buckets: Option<pb::ReplacedBuckets>,
 }
 
 impl Delta {
@@ -265,6 +268,7 @@ impl Delta {
                 .collect(),
             removed_endpoints,
             node_status,
+            replaced_buckets: None,
         }
     }
 
@@ -276,30 +280,42 @@ impl Delta {
             && self.upserted_endpoints.is_empty()
             && self.removed_endpoints.is_empty()
             && self.node_status.is_none()
+            && self.replaced_buckets.is_none()
     }
 }
 
-/// What an agent said it holds when subscribing, when that is not a state of this controller:
-/// every digest (protocol rule 7) or their summary (rule 11), so any replica can send it a delta
-/// instead of a reset.
+/// What an agent said it holds when subscribing, when that is not a state of this controller, so
+/// any replica can send it a delta instead of a reset.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Held {
-    /// Every digest: the first revision is the delta from them.
+    /// Every digest (protocol rule 7).
     Digests(HeldDigests),
-    /// Their summary: the first revision holds only the node's status when it matches.
-    Summary(pb::HeldSummary),
+    /// Their sums per bucket (rule 11).
+    Summary(Vec<u64>),
 }
 
 impl Held {
-    /// What a subscribe says the agent holds; `None` when it holds nothing. Digests, when
-    /// listed, win over a summary.
+    /// What a subscribe says the agent holds; `None` when it holds nothing. A summary wins over
+    /// digests; one with a number of buckets the protocol does not allow is ignored.
     #[must_use]
     pub fn from_subscribe(subscribe: &mut pb::Subscribe) -> Option<Self> {
-        let digests = HeldDigests::from_subscribe(std::mem::take(&mut subscribe.held));
-        digests
-            .map(Self::Digests)
-            .or_else(|| subscribe.summary.take().map(Self::Summary))
+        let summary = subscribe
+            .summary
+            .take()
+            .map(|summary| summary.bucket_sums)
+            .filter(|sums| buckets_allowed(sums.len()));
+        match summary {
+            Some(sums) => Some(Self::Summary(sums)),
+            None => {
+                HeldDigests::from_subscribe(std::mem::take(&mut subscribe.held)).map(Self::Digests)
+            }
+        }
     }
+}
+
+/// Whether a summary may have `buckets` buckets (protocol rule 11).
+fn buckets_allowed(buckets: usize) -> bool {
+    splitproxy_proto::BucketSet::empty(buckets).is_some()
 }
 
 /// A digest per Service and endpoint set an agent holds.
@@ -367,31 +383,54 @@ impl Delta {
             to.status.clone(),
         )
     }
-}
 
-impl Delta {
-    /// The delta from digests that all matched `to`'s: nothing but the node's status (rule 11).
+    /// The delta from what an agent holds, known by its sums per bucket, to `to` (protocol rule
+    /// 11): every resource of `to` in the buckets whose sums differ, which replace what the
+    /// agent holds there, and the node's status. `shared` as for [`Self::from_digests`].
     #[must_use]
-    pub fn status_of(to: &NodeView) -> Self {
-        Self {
+    pub fn from_summary(sums: &[u64], to: &NodeView, shared: &SharedDigests) -> Self {
+        let view = to.summary(shared, sums.len());
+        let mut replaced = pb::ReplacedBuckets {
+            bucket_count: u32::try_from(sums.len()).unwrap_or(u32::MAX),
+            buckets: Vec::new(),
+        };
+        for ((bucket, held), current) in (0u32..).zip(sums).zip(&view.bucket_sums) {
+            if held != current {
+                replaced.buckets.push(bucket);
+            }
+        }
+        let mut delta = Self {
             node_status: to.status.clone(),
             ..Self::default()
+        };
+        if let Some(set) = replaced.to_set().filter(|_| !replaced.buckets.is_empty()) {
+            let within = |(namespace, name): &Key| set.contains(namespace, name);
+            delta.upserted_services = (to.services.iter())
+                .filter(|(key, _)| within(key))
+                .map(|(_, service)| pb::Service::clone(service))
+                .collect();
+            delta.upserted_endpoints = (to.endpoints())
+                .filter(|(key, _)| within(key))
+                .map(|(_, endpoints)| pb::ServiceEndpoints::clone(endpoints))
+                .collect();
+            delta.replaced_buckets = Some(replaced);
         }
+        delta
     }
 }
 
 impl NodeView {
-    /// The summary of this view's digests (protocol rule 11), to compare with an agent's.
-    /// `shared` holds the digests of the entries the view shares with its cluster state.
-    #[must_use]
-    pub fn summary(&self, shared: &SharedDigests) -> pb::HeldSummary {
+    /// This view's digests summed in `buckets` buckets (protocol rule 11), to compare with an
+    /// agent's summary. `shared` holds the digests of the entries the view shares with its
+    /// cluster state.
+    fn summary(&self, shared: &SharedDigests, buckets: usize) -> pb::HeldSummary {
         let shared = shared.for_view(self);
-        let mut summary = pb::HeldSummary::default();
-        for service in self.services.values() {
-            summary.add_service(digest_in(shared, service));
+        let mut summary = pb::HeldSummary::with_buckets(buckets);
+        for ((namespace, name), service) in self.services.iter() {
+            summary.add(namespace, name, digest_in(shared, service));
         }
-        for (_, endpoints) in self.endpoints() {
-            summary.add_endpoints(digest_in(shared, endpoints));
+        for ((namespace, name), endpoints) in self.endpoints() {
+            summary.add(namespace, name, digest_in(shared, endpoints));
         }
         summary
     }

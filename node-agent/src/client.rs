@@ -140,13 +140,6 @@ pub async fn run<D: Dataplane>(
             .await;
             status.update(|s| s.connected = false);
             if let Err(err) = result {
-                if err.wants_digests() {
-                    // The same controller again, at once, with every digest.
-                    tracing::info!(%controller, "controller asked for every digest");
-                    reads_summary = false;
-                    next -= 1;
-                    continue;
-                }
                 tracing::warn!(%controller, error = %error_chain(&err), "controller stream ended");
                 retry_after = err.retry_after().map(|hint| hint.min(config.max_backoff));
             }
@@ -175,11 +168,6 @@ impl StreamError {
             return None;
         };
         splitproxy_proto::retry_after(status)
-    }
-
-    /// Whether the controller asked for every digest in place of a summary (protocol rule 11).
-    fn wants_digests(&self) -> bool {
-        matches!(self, Self::Status(status) if splitproxy_proto::wants_digests(status))
     }
 }
 
@@ -225,9 +213,9 @@ async fn stream_once<D: Dataplane>(
 }
 
 /// Connects to `controller` and subscribes, resuming from `held`: by its summary when
-/// `reads_summary` says the controller reads one, by every digest otherwise; then sets
-/// `reads_summary` to what this controller says. Returns the inbound stream and the sender of
-/// the request stream.
+/// `reads_summary` says the controller reads them, by every digest otherwise (protocol rules 7
+/// and 11); then sets `reads_summary` to what this controller says. Returns the inbound stream
+/// and the sender of the request stream.
 async fn subscribe(
     config: &ClientConfig,
     controller: &str,
@@ -269,12 +257,19 @@ async fn subscribe(
             controller_epoch: epoch.clone(),
             revision: held.revision,
         }),
-        held: if *reads_summary {
-            Vec::new()
-        } else {
-            held.digests()
+        held: Vec::new(),
+        summary: None,
+    };
+    let subscribe = match held.epoch {
+        None => subscribe,
+        Some(_) if *reads_summary => pb::Subscribe {
+            summary: Some(held.summary()),
+            ..subscribe
         },
-        summary: (*reads_summary && held.epoch.is_some()).then(|| held.summary()),
+        Some(_) => pb::Subscribe {
+            held: held.digests(),
+            ..subscribe
+        },
     };
     // One subscribe plus at most one ack in flight; the controller sends one revision at a time.
     let (tx, rx) = mpsc::channel(4);

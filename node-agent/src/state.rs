@@ -39,6 +39,9 @@ pub enum Rejected {
         /// The key, `namespace/name`.
         key: String,
     },
+    /// A revision names buckets to replace where the protocol allows none, or badly (rule 11).
+    #[error("replaced buckets {0}")]
+    ReplacedBuckets(&'static str),
 }
 
 /// Why one Service cannot be programmed. The Service is skipped; the others are programmed.
@@ -168,6 +171,26 @@ impl Revision {
         Ok(())
     }
 
+    /// The buckets the revision replaces (protocol rule 11), named on its first part.
+    ///
+    /// # Errors
+    ///
+    /// Rejects buckets on a revision that is not the first on a presented state, or with a
+    /// bucket count the protocol does not allow.
+    fn replaced_buckets(&self) -> Result<Option<splitproxy_proto::BucketSet>, Rejected> {
+        let Some(replaced) = self.parts.first().and_then(|p| p.replaced_buckets.as_ref()) else {
+            return Ok(None);
+        };
+        if !self.on_presented_state {
+            return Err(Rejected::ReplacedBuckets(
+                "on a revision that does not answer a summary",
+            ));
+        }
+        replaced.to_set().map(Some).ok_or(Rejected::ReplacedBuckets(
+            "with a bucket count that is not a power of two up to 65536",
+        ))
+    }
+
     /// The trace context the revision was sent with (on its first part); `None` when untraced.
     #[must_use]
     pub fn trace_context(&self) -> Option<&pb::TraceContext> {
@@ -224,6 +247,12 @@ impl NodeState {
         };
         next.epoch = Some(revision.epoch.clone());
         next.revision = revision.number;
+        if let Some(replaced) = revision.replaced_buckets()? {
+            // What the revision upserts in these buckets is all the node holds there.
+            let within = |(namespace, name): &Key| replaced.contains(namespace, name);
+            remove_keys(&mut next.services, within);
+            remove_keys(&mut next.endpoints, within);
+        }
         for part in &revision.parts {
             for key in &part.removed_services {
                 let key = key_of(Some(key))?;
@@ -273,28 +302,16 @@ impl NodeState {
     /// rule 7).
     #[must_use]
     pub fn digests(&self) -> Vec<pb::ResourceDigest> {
-        self.each_digest()
-            .map(|(kind, (namespace, name), digest)| pb::ResourceDigest {
-                kind: kind as i32,
-                key: Some(pb::ObjectKey {
-                    namespace: namespace.clone(),
-                    name: name.clone(),
-                }),
-                sha256_prefix: digest,
-            })
-            .collect()
+        self.each_digest().map(resource_digest).collect()
     }
 
-    /// The summary of [`Self::digests`], for a subscribe to a controller that reads one
-    /// (protocol rule 11).
+    /// The sums of [`Self::digests`] in [`splitproxy_proto::SUMMARY_BUCKETS`] buckets, for a
+    /// subscribe to a controller that reads summaries (protocol rule 11).
     #[must_use]
     pub fn summary(&self) -> pb::HeldSummary {
-        let mut summary = pb::HeldSummary::default();
-        for (kind, _, digest) in self.each_digest() {
-            match kind {
-                pb::ResourceKind::Service => summary.add_service(digest),
-                _ => summary.add_endpoints(digest),
-            }
+        let mut summary = pb::HeldSummary::with_buckets(splitproxy_proto::SUMMARY_BUCKETS);
+        for (_, (namespace, name), digest) in self.each_digest() {
+            summary.add(namespace, name, digest);
         }
         summary
     }
@@ -320,6 +337,28 @@ impl NodeState {
             .flat_map(|e| &e.ports)
             .map(|p| p.endpoints.len())
             .sum()
+    }
+}
+
+/// Removes from `map` every entry whose key passes `remove`.
+fn remove_keys<V: Clone>(map: &mut OrdMap<Key, V>, remove: impl Fn(&Key) -> bool) {
+    let gone: Vec<Key> = map.keys().filter(|key| remove(key)).cloned().collect();
+    for key in gone {
+        map.remove(&key);
+    }
+}
+
+/// The digest of one resource held, as a subscribe lists it.
+fn resource_digest(
+    (kind, (namespace, name), digest): (pb::ResourceKind, &Key, u64),
+) -> pb::ResourceDigest {
+    pb::ResourceDigest {
+        kind: kind as i32,
+        key: Some(pb::ObjectKey {
+            namespace: namespace.clone(),
+            name: name.clone(),
+        }),
+        sha256_prefix: digest,
     }
 }
 

@@ -44,27 +44,82 @@ pub fn retry_after(status: &tonic::Status) -> Option<std::time::Duration> {
 /// The response header with which a controller says it reads a `HeldSummary` (protocol rule 11).
 pub const READS_SUMMARY: &str = "splitproxy-reads-summary";
 
-/// The trailer with which a controller that found an agent's summary different from the node's
-/// view asks for every digest (protocol rule 11).
-pub const SEND_DIGESTS: &str = "splitproxy-send-digests";
+/// How many buckets agents sum their digests in (protocol rule 11): 32 KiB of sums, and each
+/// resource changed while an agent was away costs its resume about 1/4096 of its view.
+pub const SUMMARY_BUCKETS: usize = 4096;
 
-/// Whether a controller ended a stream asking for every digest in place of a summary.
+/// The most buckets a summary may have (protocol rule 11): 512 KiB of sums.
+pub const MAX_SUMMARY_BUCKETS: usize = 1 << 16;
+
+/// The bucket of the resource keyed (`namespace`, `name`) among `buckets` (a power of two):
+/// FNV-1a, 32 bits, over `namespace`, `/` and `name` (protocol rule 11).
 #[must_use]
-pub fn wants_digests(status: &tonic::Status) -> bool {
-    status.code() == tonic::Code::FailedPrecondition && status.metadata().contains_key(SEND_DIGESTS)
+pub fn bucket_of(namespace: &str, name: &str, buckets: usize) -> usize {
+    const OFFSET: u32 = 0x811c_9dc5;
+    const PRIME: u32 = 0x0100_0193;
+    let bytes = namespace.bytes().chain(*b"/").chain(name.bytes());
+    let hash = bytes.fold(OFFSET, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(PRIME)
+    });
+    hash as usize & (buckets - 1)
+}
+
+/// A set of summary buckets (protocol rule 11), to test resources' keys against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketSet(Vec<bool>);
+
+impl BucketSet {
+    /// No buckets, out of `buckets` (a power of two up to [`MAX_SUMMARY_BUCKETS`]); `None` for
+    /// any other number.
+    #[must_use]
+    pub fn empty(buckets: usize) -> Option<Self> {
+        (buckets.is_power_of_two() && buckets <= MAX_SUMMARY_BUCKETS)
+            .then(|| Self(vec![false; buckets]))
+    }
+
+    /// Adds `bucket`; one past the count is ignored.
+    pub fn insert(&mut self, bucket: u32) {
+        if let Some(flag) = self.0.get_mut(bucket as usize) {
+            *flag = true;
+        }
+    }
+
+    /// Whether the resource keyed (`namespace`, `name`) is in one of the buckets.
+    #[must_use]
+    pub fn contains(&self, namespace: &str, name: &str) -> bool {
+        let bucket = bucket_of(namespace, name, self.0.len());
+        self.0.get(bucket).copied().unwrap_or(false)
+    }
+}
+
+impl v1alpha1::ReplacedBuckets {
+    /// The buckets replaced, as a set; `None` when `bucket_count` is not a power of two up to
+    /// [`MAX_SUMMARY_BUCKETS`].
+    #[must_use]
+    pub fn to_set(&self) -> Option<BucketSet> {
+        let mut set = BucketSet::empty(usize::try_from(self.bucket_count).ok()?)?;
+        for &bucket in &self.buckets {
+            set.insert(bucket);
+        }
+        Some(set)
+    }
 }
 
 impl v1alpha1::HeldSummary {
-    /// Counts one Service with `digest`.
-    pub fn add_service(&mut self, digest: u64) {
-        self.service_count += 1;
-        self.service_digest_sum = self.service_digest_sum.wrapping_add(digest);
+    /// An empty summary over `buckets` buckets (a power of two).
+    #[must_use]
+    pub fn with_buckets(buckets: usize) -> Self {
+        Self {
+            bucket_sums: vec![0; buckets],
+        }
     }
 
-    /// Counts one endpoint set with `digest`.
-    pub fn add_endpoints(&mut self, digest: u64) {
-        self.endpoints_count += 1;
-        self.endpoints_digest_sum = self.endpoints_digest_sum.wrapping_add(digest);
+    /// Adds the resource keyed (`namespace`, `name`) with `digest` to its bucket's sum.
+    pub fn add(&mut self, namespace: &str, name: &str, digest: u64) {
+        let bucket = bucket_of(namespace, name, self.bucket_sums.len());
+        if let Some(sum) = self.bucket_sums.get_mut(bucket) {
+            *sum = sum.wrapping_add(digest);
+        }
     }
 }
 
@@ -94,4 +149,17 @@ pub fn reflection_services() -> Result<
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     Ok((builder().build_v1()?, builder().build_v1alpha()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_fnv_1a_of_the_namespaced_name() {
+        // FNV-1a 32 of "foo/bar" and "default/kubernetes", computed apart from this code.
+        assert_eq!(bucket_of("foo", "bar", 1 << 32), 0xc7a7_1bed);
+        assert_eq!(bucket_of("default", "kubernetes", 1 << 32), 0x56ae_3fb7);
+        assert_eq!(bucket_of("default", "kubernetes", 1024), 0x3b7);
+    }
 }

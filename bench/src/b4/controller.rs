@@ -65,7 +65,11 @@ impl Launch {
                 "--inspection-bind-address",
                 "127.0.0.1:0",
             ])
-            .env("RUST_LOG", "warn")
+            // Warnings only, unless the run's own RUST_LOG asks for more.
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);

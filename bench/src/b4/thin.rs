@@ -52,6 +52,9 @@ struct Response {
     /// Keys of endpoint sets gone.
     #[prost(message, repeated, tag = "8")]
     removed_endpoints: Vec<pb::ObjectKey>,
+    /// The buckets a first revision answering a summary replaces.
+    #[prost(message, optional, tag = "11")]
+    replaced_buckets: Option<pb::ReplacedBuckets>,
 }
 
 /// The key of a `Service` or `ServiceEndpoints`: field 1 of both; the rest is skipped.
@@ -102,10 +105,6 @@ impl Keys {
             .or_default()
             .insert(key.name.clone(), id);
         id
-    }
-
-    fn key(&self, id: u32) -> pb::ObjectKey {
-        self.0.read().unwrap_or_else(PoisonError::into_inner).keys[id as usize].clone()
     }
 }
 
@@ -215,14 +214,21 @@ struct Held {
 }
 
 impl Held {
-    /// The summary of the digests held (protocol rule 11).
-    fn summary(&self) -> pb::HeldSummary {
-        let mut summary = pb::HeldSummary::default();
-        self.services.values().for_each(|&d| summary.add_service(d));
-        self.endpoints
-            .values()
-            .for_each(|&d| summary.add_endpoints(d));
-        summary
+    /// What the subscribe lists or summarizes (protocol rules 7 and 11).
+    fn presented(&self, keys: &Keys) -> (Vec<pb::ResourceDigest>, Option<pb::HeldSummary>) {
+        if self.resume.is_none() {
+            return (Vec::new(), None);
+        }
+        if !self.reads_summary {
+            return (digests(keys, self), None);
+        }
+        let mut summary = pb::HeldSummary::with_buckets(splitproxy_proto::SUMMARY_BUCKETS);
+        let table = keys.0.read().unwrap_or_else(PoisonError::into_inner);
+        for (&id, &digest) in self.services.iter().chain(&self.endpoints) {
+            let key = &table.keys[id as usize];
+            summary.add(&key.namespace, &key.name, digest);
+        }
+        (Vec::new(), Some(summary))
     }
 }
 
@@ -245,10 +251,6 @@ pub async fn run(node: String, shared: Arc<Shared>, record: Recorder) {
         .await
         {
             Err(StreamError::RetryAfter(wait)) => wait,
-            Err(StreamError::SendDigests) => {
-                held.reads_summary = false;
-                continue;
-            }
             _ if progressed => {
                 backoff = MIN_BACKOFF;
                 backoff
@@ -266,17 +268,12 @@ pub async fn run(node: String, shared: Arc<Shared>, record: Recorder) {
 enum StreamError {
     /// The controller asked to be left alone this long (protocol rule 10).
     RetryAfter(Duration),
-    /// The controller asked for every digest in place of the summary (protocol rule 11).
-    SendDigests,
     /// Anything else: connect failures, a reset stream, a decode error.
     Other,
 }
 
 impl From<tonic::Status> for StreamError {
     fn from(status: tonic::Status) -> Self {
-        if splitproxy_proto::wants_digests(&status) {
-            return Self::SendDigests;
-        }
         splitproxy_proto::retry_after(&status).map_or(Self::Other, Self::RetryAfter)
     }
 }
@@ -300,6 +297,7 @@ async fn stream(
         .await
         .map_err(|_| StreamError::Other)?;
     let (tx, rx) = mpsc::channel(4);
+    let (listed, summary) = held.presented(&shared.keys);
     let subscribe = pb::Subscribe {
         node_name: node.to_owned(),
         capabilities: Some(pb::Capabilities {
@@ -307,12 +305,8 @@ async fn stream(
             ip_families: vec![pb::IpFamily::Ipv4 as i32],
         }),
         resume: held.resume.clone(),
-        held: if held.reads_summary {
-            Vec::new()
-        } else {
-            digests(&shared.keys, held)
-        },
-        summary: (held.reads_summary && held.resume.is_some()).then(|| held.summary()),
+        held: listed,
+        summary,
     };
     let _ = tx
         .send(pb::SyncRequest {
@@ -339,7 +333,7 @@ async fn stream(
         if revision.take(shared, part) {
             let done = std::mem::take(&mut revision);
             let number = done.number;
-            let seen = done.apply(held, record);
+            let seen = done.apply(&shared.keys, held, record);
             if let Some(allowed) = timer.next_sync_allowed() {
                 tokio::time::sleep_until(allowed).await;
             }
@@ -371,19 +365,22 @@ async fn stream(
 
 /// The digests `held` presents, sorted by kind then key as rule 7 asks.
 fn digests(keys: &Keys, held: &Held) -> Vec<pb::ResourceDigest> {
+    let table = keys.0.read().unwrap_or_else(PoisonError::into_inner);
     let mut list: Vec<pb::ResourceDigest> = [
         (pb::ResourceKind::Service, &held.services),
         (pb::ResourceKind::Endpoints, &held.endpoints),
     ]
     .into_iter()
     .flat_map(|(kind, map)| {
+        let table = &table;
         map.iter().map(move |(&id, &digest)| pb::ResourceDigest {
             kind: kind as i32,
-            key: Some(keys.key(id)),
+            key: Some(table.keys[id as usize].clone()),
             sha256_prefix: digest,
         })
     })
     .collect();
+    drop(table);
     list.sort_unstable_by(|a, b| (a.kind, sort_key(a)).cmp(&(b.kind, sort_key(b))));
     list
 }
@@ -406,6 +403,8 @@ struct Revision {
     removed_services: Vec<u32>,
     endpoints: Vec<(u32, u64)>,
     removed_endpoints: Vec<u32>,
+    /// The buckets whose resources it replaces (protocol rule 11).
+    replaced: Option<pb::ReplacedBuckets>,
     /// The churned changes (by index) its endpoints hold, and when each was written.
     changes: Vec<(usize, std::time::Instant)>,
 }
@@ -417,6 +416,9 @@ impl Revision {
         self.epoch = part.controller_epoch;
         self.number = part.revision;
         self.reset |= part.reset;
+        if part.replaced_buckets.is_some() {
+            self.replaced = part.replaced_buckets;
+        }
         let keyed = |encoded: &Bytes| {
             let key = <Keyed as prost::Message>::decode(encoded.as_ref())
                 .ok()?
@@ -439,11 +441,20 @@ impl Revision {
     }
 
     /// Applies the revision to `held` and returns the changes it brings.
-    fn apply(self, held: &mut Held, record: &Recorder) -> Seen {
+    fn apply(self, keys: &Keys, held: &mut Held, record: &Recorder) -> Seen {
         if self.reset {
             held.services.clear();
             held.endpoints.clear();
             record.lock().unwrap_or_else(PoisonError::into_inner).resets += 1;
+        }
+        if let Some(replaced) = self.replaced.as_ref().and_then(pb::ReplacedBuckets::to_set) {
+            let table = keys.0.read().unwrap_or_else(PoisonError::into_inner);
+            let outside = |id: &u32| {
+                let key = &table.keys[*id as usize];
+                !replaced.contains(&key.namespace, &key.name)
+            };
+            held.services.retain(|id, _| outside(id));
+            held.endpoints.retain(|id, _| outside(id));
         }
         for id in self.removed_services {
             held.services.remove(&id);

@@ -412,28 +412,26 @@ async fn an_agent_moving_to_another_replica_gets_a_delta_from_its_digests() {
     assert!(next.node_status.is_none());
 }
 
-/// The summary an agent holding `reset`'s resources presents.
-fn summary_of(reset: &pb::SyncResponse) -> pb::HeldSummary {
-    let mut summary = pb::HeldSummary::default();
-    for digest in digests_of(reset) {
-        if digest.kind == pb::ResourceKind::Service as i32 {
-            summary.add_service(digest.sha256_prefix);
-        } else {
-            summary.add_endpoints(digest.sha256_prefix);
-        }
-    }
-    summary
+/// The bucket of the Service `name` (protocol rule 11).
+fn bucket(name: &str) -> u32 {
+    let bucket = splitproxy_proto::bucket_of("demo", name, splitproxy_proto::SUMMARY_BUCKETS);
+    u32::try_from(bucket).expect("small")
 }
 
 /// What an agent that applied `reset` presents to another replica by summary.
 fn resuming_by_summary(reset: &pb::SyncResponse) -> pb::Subscribe {
+    let mut summary = pb::HeldSummary::with_buckets(splitproxy_proto::SUMMARY_BUCKETS);
+    for digest in digests_of(reset) {
+        let key = digest.key.expect("keyed");
+        summary.add(&key.namespace, &key.name, digest.sha256_prefix);
+    }
     pb::Subscribe {
         node_name: "node-1".into(),
         resume: Some(pb::ResumePoint {
             controller_epoch: reset.controller_epoch.clone(),
             revision: reset.revision,
         }),
-        summary: Some(summary_of(reset)),
+        summary: Some(summary),
         ..Default::default()
     }
 }
@@ -457,6 +455,7 @@ async fn an_agent_whose_summary_matches_another_replicas_view_resumes_with_no_re
     assert_ne!(first.controller_epoch, held.controller_epoch);
     assert!(first.upserted_services.is_empty() && first.upserted_endpoints.is_empty());
     assert!(first.removed_services.is_empty() && first.removed_endpoints.is_empty());
+    assert_eq!(first.replaced_buckets, None);
     assert!(first.node_status.is_some(), "it carries the status");
 
     // Acknowledged, it is the base of the next delta like any other revision.
@@ -468,35 +467,40 @@ async fn an_agent_whose_summary_matches_another_replicas_view_resumes_with_no_re
 }
 
 #[tokio::test]
-async fn an_agent_whose_summary_differs_is_asked_for_every_digest_and_then_gets_a_delta() {
+async fn an_agent_whose_summary_differs_gets_the_buckets_that_differ_replaced() {
     let first_replica = harness(Some(cluster(3, 2))).await;
     let mut agent = Agent::subscribe(&first_replica.url, None).await;
     let held = agent.next().await;
 
     // The other replica has seen s2 go and every endpoint move.
-    let metrics = Metrics::default();
-    let other_replica = harness_recording(Some(cluster(2, 3)), metrics.clone()).await;
+    let other_replica = harness(Some(cluster(2, 3))).await;
     let mut moved = Agent::subscribe_with(&other_replica.url, resuming_by_summary(&held)).await;
-    let ended = tokio::time::timeout(Duration::from_secs(30), moved.rx.message())
-        .await
-        .expect("an answer within 30 s")
-        .expect_err("the stream ends");
-    assert_eq!(ended.code(), tonic::Code::FailedPrecondition);
-    assert!(splitproxy_proto::wants_digests(&ended));
-    let refused = metrics
-        .refused_streams
-        .get_or_create(&crate::metrics::ReasonLabel {
-            reason: "summary_differs",
-        })
-        .get();
-    assert_eq!(refused, 1);
+    let first = moved.next().await;
+    assert!(!first.reset, "a summary must avoid a reset");
+    let mut changed = vec![bucket("s0"), bucket("s1"), bucket("s2")];
+    changed.sort_unstable();
+    changed.dedup();
+    let replaced = first.replaced_buckets.clone().expect("buckets replaced");
+    assert_eq!(
+        replaced.buckets, changed,
+        "the buckets of the Services that changed"
+    );
+    // s2's bucket is replaced by nothing: the agent drops it. The others come whole.
+    let upserted: Vec<_> = first
+        .upserted_services
+        .iter()
+        .map(|s| s.key.clone())
+        .collect();
+    assert_eq!(upserted, [Some(key("s0")), Some(key("s1"))]);
+    assert_eq!(first.upserted_endpoints.len(), 2);
+    assert!(first.removed_services.is_empty());
 
-    let resume = resuming_by_summary(&held).resume;
-    let mut again = Agent::subscribe_holding(&other_replica.url, resume, digests_of(&held)).await;
-    let delta = again.next().await;
-    assert!(!delta.reset, "digests of the held state must avoid a reset");
-    assert_eq!(delta.removed_services, [key("s2")]);
-    assert_eq!(delta.upserted_endpoints.len(), 2);
+    moved.answer(first.revision, pb::AckStatus::Applied).await;
+    other_replica.publish(cluster(1, 3));
+    let next = moved.next().await;
+    assert!(!next.reset);
+    assert_eq!(next.removed_services, [key("s1")]);
+    assert_eq!(next.replaced_buckets, None);
 }
 
 #[tokio::test]

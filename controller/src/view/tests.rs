@@ -406,6 +406,90 @@ fn held(view: &NodeView) -> HeldDigests {
     }
 }
 
+/// What an agent holding `view` presents by summary (protocol rule 11): its sums per bucket,
+/// computed from the digests as an agent does.
+fn summarized(view: &NodeView) -> Vec<u64> {
+    let mut summary = pb::HeldSummary::with_buckets(splitproxy_proto::SUMMARY_BUCKETS);
+    let all = held(view);
+    for ((namespace, name), digest) in all.services.0.iter().chain(&all.endpoints.0) {
+        summary.add(namespace, name, *digest);
+    }
+    summary.bucket_sums
+}
+
+#[test]
+fn a_delta_from_a_summary_replaces_the_buckets_that_changed_and_nothing_else() {
+    let before = cluster(&[("10.244.1.2", "node-1"), ("10.244.2.2", "node-2")]);
+    let after = cluster(&[("10.244.1.2", "node-1"), ("10.244.2.3", "node-2")]);
+    let (old, new) = (
+        NodeView::for_node(&before, "node-3"),
+        NodeView::for_node(&after, "node-3"),
+    );
+
+    // An agent holding the view itself: every sum matches, and it is sent only the status.
+    let status_only = Delta::from_summary(&summarized(&new), &new, &after.digests);
+    assert_eq!(
+        status_only,
+        Delta {
+            node_status: new.status().cloned(),
+            ..Delta::default()
+        }
+    );
+    assert!(status_only.node_status.is_some());
+
+    // An agent holding the old view: the changed Service's bucket is replaced, with everything
+    // the view holds in it (the Service shares its endpoints' key, so it comes along).
+    let delta = Delta::from_summary(&summarized(&old), &new, &after.digests);
+    let ((namespace, name), web) = new.endpoints().next().expect("web");
+    let bucket = splitproxy_proto::bucket_of(namespace, name, splitproxy_proto::SUMMARY_BUCKETS);
+    assert_eq!(
+        delta.replaced_buckets,
+        Some(pb::ReplacedBuckets {
+            bucket_count: u32::try_from(splitproxy_proto::SUMMARY_BUCKETS).expect("small"),
+            buckets: vec![u32::try_from(bucket).expect("small")],
+        })
+    );
+    assert_eq!(delta.upserted_endpoints, [pb::ServiceEndpoints::clone(web)]);
+    assert_eq!(delta.upserted_services.len(), 1);
+    assert!(delta.removed_services.is_empty() && delta.removed_endpoints.is_empty());
+    assert!(delta.node_status.is_some());
+}
+
+#[test]
+fn a_summary_without_a_power_of_two_of_buckets_up_to_65536_is_ignored() {
+    let subscribe = |buckets: usize, held: Vec<pb::ResourceDigest>| pb::Subscribe {
+        summary: Some(pb::HeldSummary {
+            bucket_sums: vec![0; buckets],
+        }),
+        held,
+        ..Default::default()
+    };
+    for buckets in [0, 3, (1 << 16) + 1, 1 << 17] {
+        assert_eq!(
+            Held::from_subscribe(&mut subscribe(buckets, Vec::new())),
+            None,
+            "{buckets} buckets and no digests: the agent gets a reset"
+        );
+    }
+    let digest = pb::ResourceDigest {
+        kind: pb::ResourceKind::Service as i32,
+        key: Some(pb::ObjectKey {
+            namespace: "demo".into(),
+            name: "web".into(),
+        }),
+        sha256_prefix: 7,
+    };
+    assert!(matches!(
+        Held::from_subscribe(&mut subscribe(3, vec![digest.clone()])),
+        Some(Held::Digests(_))
+    ));
+    assert_eq!(
+        Held::from_subscribe(&mut subscribe(1 << 16, vec![digest])),
+        Some(Held::Summary(vec![0; 1 << 16])),
+        "a summary wins over digests"
+    );
+}
+
 #[test]
 fn deltas_from_digests_use_the_digests_shared_by_every_node_of_a_state() {
     let before = cluster(&[("10.244.1.2", "node-1"), ("10.244.2.2", "node-2")]);

@@ -96,6 +96,7 @@ struct Part {
     upserted_endpoints: Vec<pb::ServiceEndpoints>,
     removed_endpoints: Vec<&'static str>,
     node_status: Option<pb::NodeStatus>,
+    replaced_buckets: Option<pb::ReplacedBuckets>,
 }
 
 fn revision(epoch: &str, number: u64, reset: bool, parts: Vec<Part>) -> Revision {
@@ -119,6 +120,7 @@ fn revision(epoch: &str, number: u64, reset: bool, parts: Vec<Part>) -> Revision
                 removed_endpoints: part.removed_endpoints.into_iter().map(object_key).collect(),
                 trace_context: None,
                 node_status: part.node_status,
+                replaced_buckets: part.replaced_buckets,
             })
             .collect(),
     }
@@ -323,6 +325,103 @@ fn delta_from_another_epoch_builds_on_a_state_whose_digests_were_presented() {
         digests
             .iter()
             .all(|d| d.kind != pb::ResourceKind::Unspecified as i32)
+    );
+}
+
+/// The buckets, out of 4096, of the Services named `names` (protocol rule 11).
+fn replacing(names: &[&str]) -> Option<pb::ReplacedBuckets> {
+    let bucket = |name| splitproxy_proto::bucket_of(&object_key(name).namespace, name, 4096);
+    Some(pb::ReplacedBuckets {
+        bucket_count: 4096,
+        buckets: names
+            .iter()
+            .map(|name| u32::try_from(bucket(name)).expect("small"))
+            .collect(),
+    })
+}
+
+#[test]
+fn a_delta_from_a_summary_replaces_what_the_agent_holds_in_its_buckets() {
+    let held = state_with_a_and_b();
+    let on_summary = |part: Part| {
+        let mut delta = revision("e2", 1, false, vec![part]);
+        delta.on_presented_state = true;
+        delta
+    };
+    assert_ne!(
+        replacing(&["a"]),
+        replacing(&["b"]),
+        "a and b in one bucket"
+    );
+
+    // a's bucket replaced by nothing: a and its endpoints are gone, b stays.
+    let next = held
+        .apply(&on_summary(Part {
+            replaced_buckets: replacing(&["a"]),
+            ..Part::default()
+        }))
+        .expect("applies");
+    let names: Vec<&str> = next.services.keys().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(names, ["b"]);
+    assert_eq!(next.endpoints.len(), 1);
+
+    // Replaced by a new a: the new one, endpoints and all.
+    let (a, a_eps) = web("a", 9);
+    let next = held
+        .apply(&on_summary(Part {
+            upserted_services: vec![a.clone()],
+            upserted_endpoints: vec![a_eps.clone()],
+            replaced_buckets: replacing(&["a"]),
+            ..Part::default()
+        }))
+        .expect("applies");
+    assert_eq!(next.services.len(), 2);
+    assert_eq!(next.endpoints.values().filter(|e| ***e == a_eps).count(), 1);
+
+    // Nowhere else: on a delta that does not answer a summary, or with a bad bucket count.
+    let mut plain = on_summary(Part {
+        replaced_buckets: replacing(&["a"]),
+        ..Part::default()
+    });
+    plain.epoch = "e1".into();
+    plain.number = 2;
+    plain.on_presented_state = false;
+    assert!(matches!(
+        held.apply(&plain),
+        Err(Rejected::ReplacedBuckets(_))
+    ));
+    let odd = on_summary(Part {
+        replaced_buckets: Some(pb::ReplacedBuckets {
+            bucket_count: 3,
+            buckets: vec![1],
+        }),
+        ..Part::default()
+    });
+    assert!(matches!(
+        held.apply(&odd),
+        Err(Rejected::ReplacedBuckets(_))
+    ));
+}
+
+#[test]
+fn the_summary_sums_every_digest_held_in_its_bucket() {
+    let held = state_with_a_and_b();
+    let summary = held.summary();
+    assert_eq!(summary.bucket_sums.len(), splitproxy_proto::SUMMARY_BUCKETS);
+    let total = |digests: &mut dyn Iterator<Item = u64>| digests.fold(0u64, u64::wrapping_add);
+    assert_eq!(
+        total(&mut summary.bucket_sums.iter().copied()),
+        total(&mut held.digests().iter().map(|d| d.sha256_prefix))
+    );
+    let a_digest = total(
+        &mut (held.digests().into_iter())
+            .filter(|d| d.key.as_ref().is_some_and(|k| k.name == "a"))
+            .map(|d| d.sha256_prefix),
+    );
+    let a_bucket = replacing(&["a"]).expect("some").buckets[0] as usize;
+    assert_eq!(
+        summary.bucket_sums[a_bucket], a_digest,
+        "a's Service and endpoints"
     );
 }
 
@@ -739,7 +838,7 @@ fn endpoint_changes_lists_changed_added_and_removed_sets_only() {
                 upserted_endpoints: vec![web("a", 7).1, b_eps, e_eps],
                 removed_endpoints: vec!["c"],
                 removed_services: vec!["d"],
-                node_status: None,
+                ..Part::default()
             }],
         ))
         .expect("a delta of the held epoch applies");
