@@ -568,8 +568,8 @@ fn not_read_yet() -> Status {
 
 /// Splits one revision into messages whose resources take at most [`MAX_MESSAGE_BYTES`] encoded;
 /// the last carries `complete`, the first the node's status when it changed and the buckets a
-/// delta from a summary replaces. Removals go first so
-/// an agent never holds a removed and an added copy.
+/// delta from a summary replaces. Removals go first so an agent never holds a removed and an
+/// added copy.
 #[must_use]
 pub fn split(delta: Delta, epoch: &str, revision: u64, reset: bool) -> Vec<pb::SyncResponse> {
     let header = || pb::SyncResponse {
