@@ -391,6 +391,7 @@ impl Delta {
     pub fn from_summary(sums: &[u64], to: &NodeView, shared: &SharedDigests) -> Self {
         let view = to.summary(shared, sums.len());
         let mut replaced = pb::ReplacedBuckets {
+            // At most 65536: `Held::from_subscribe` takes no summary with more buckets.
             bucket_count: u32::try_from(sums.len()).unwrap_or(u32::MAX),
             buckets: Vec::new(),
         };
