@@ -13,10 +13,7 @@ use crate::{
     topology::Place,
 };
 use splitproxy_proto::v1alpha1 as pb;
-use std::{
-    collections::{BTreeMap, HashMap},
-    sync::{Arc, OnceLock},
-};
+use std::{collections::BTreeMap, sync::Arc};
 
 /// What one node must program: the Services and, for those that have any, their endpoints; and
 /// the node's own status.
@@ -284,216 +281,6 @@ impl Delta {
     }
 }
 
-/// What an agent said it holds when subscribing, when that is not a state of this controller, so
-/// any replica can send it a delta instead of a reset.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Held {
-    /// Every digest (protocol rule 7).
-    Digests(HeldDigests),
-    /// Their sums per bucket (rule 11).
-    Summary(Vec<u64>),
-}
-
-impl Held {
-    /// What a subscribe says the agent holds; `None` when it holds nothing. A summary wins over
-    /// digests; one with a number of buckets the protocol does not allow is ignored.
-    #[must_use]
-    pub fn from_subscribe(subscribe: &mut pb::Subscribe) -> Option<Self> {
-        let summary = subscribe
-            .summary
-            .take()
-            .map(|summary| summary.bucket_sums)
-            .filter(|sums| buckets_allowed(sums.len()));
-        match summary {
-            Some(sums) => Some(Self::Summary(sums)),
-            None => {
-                HeldDigests::from_subscribe(std::mem::take(&mut subscribe.held)).map(Self::Digests)
-            }
-        }
-    }
-}
-
-/// Whether a summary may have `buckets` buckets (protocol rule 11).
-fn buckets_allowed(buckets: usize) -> bool {
-    splitproxy_proto::BucketSet::empty(buckets).is_some()
-}
-
-/// A digest per Service and endpoint set an agent holds.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct HeldDigests {
-    services: SortedDigests,
-    endpoints: SortedDigests,
-}
-
-/// Digests sorted by key, each key once: read in one walk beside a view's sorted maps.
-#[derive(Debug, Clone, Default, PartialEq)]
-struct SortedDigests(Vec<(Key, u64)>);
-
-impl SortedDigests {
-    fn of(mut digests: Vec<(Key, u64)>) -> Self {
-        // Agents send them sorted, which this sort finds in one pass.
-        digests.sort_by(|(a, _), (b, _)| a.cmp(b));
-        digests.dedup_by(|(a, _), (b, _)| a == b);
-        Self(digests)
-    }
-}
-
-impl HeldDigests {
-    /// The digests of a subscribe, taken from it; `None` when it lists none (the agent holds
-    /// nothing). Entries without a key or kind are ignored: the delta then upserts those
-    /// resources. A key listed twice counts once, with its first digest.
-    #[must_use]
-    pub fn from_subscribe(held: Vec<pb::ResourceDigest>) -> Option<Self> {
-        if held.is_empty() {
-            return None;
-        }
-        let (mut services, mut endpoints) = (Vec::new(), Vec::new());
-        for entry in held {
-            let Some(key) = entry.key else { continue };
-            let list = match pb::ResourceKind::try_from(entry.kind) {
-                Ok(pb::ResourceKind::Service) => &mut services,
-                Ok(pb::ResourceKind::Endpoints) => &mut endpoints,
-                _ => continue,
-            };
-            list.push(((key.namespace, key.name), entry.sha256_prefix));
-        }
-        Some(Self {
-            services: SortedDigests::of(services),
-            endpoints: SortedDigests::of(endpoints),
-        })
-    }
-}
-
-impl Delta {
-    /// The delta from what an agent holds, known only by digests, to `to`. It always carries the
-    /// node's status (rule 9), as the agent's status is not among the digests. `shared` holds
-    /// the digests of the entries `to` shares with the cluster state it was computed from.
-    #[must_use]
-    pub fn from_digests(held: &HeldDigests, to: &NodeView, shared: &SharedDigests) -> Self {
-        let shared = shared.for_view(to);
-        let endpoints = EndpointsOf(to);
-        Self::assemble(
-            diff_all(&held.services, &*to.services, |digest, service| {
-                *digest == digest_in(shared, service)
-            }),
-            diff_all(&held.endpoints, &endpoints, |digest, endpoints| {
-                *digest == digest_in(shared, endpoints)
-            }),
-            to,
-            to.status.clone(),
-        )
-    }
-
-    /// The delta from what an agent holds, known by its sums per bucket, to `to` (protocol rule
-    /// 11): every resource of `to` in the buckets whose sums differ, which replace what the
-    /// agent holds there, and the node's status. `shared` as for [`Self::from_digests`].
-    #[must_use]
-    pub fn from_summary(sums: &[u64], to: &NodeView, shared: &SharedDigests) -> Self {
-        let view = to.summary(shared, sums.len());
-        let mut replaced = pb::ReplacedBuckets {
-            // At most 65536: `Held::from_subscribe` takes no summary with more buckets.
-            bucket_count: u32::try_from(sums.len()).unwrap_or(u32::MAX),
-            buckets: Vec::new(),
-        };
-        for ((bucket, held), current) in (0u32..).zip(sums).zip(&view.bucket_sums) {
-            if held != current {
-                replaced.buckets.push(bucket);
-            }
-        }
-        let mut delta = Self {
-            node_status: to.status.clone(),
-            ..Self::default()
-        };
-        if let Some(set) = replaced.to_set().filter(|_| !replaced.buckets.is_empty()) {
-            let within = |(namespace, name): &Key| set.contains(namespace, name);
-            delta.upserted_services = (to.services.iter())
-                .filter(|(key, _)| within(key))
-                .map(|(_, service)| pb::Service::clone(service))
-                .collect();
-            delta.upserted_endpoints = (to.endpoints())
-                .filter(|(key, _)| within(key))
-                .map(|(_, endpoints)| pb::ServiceEndpoints::clone(endpoints))
-                .collect();
-            delta.replaced_buckets = Some(replaced);
-        }
-        delta
-    }
-}
-
-impl NodeView {
-    /// This view's digests summed in `buckets` buckets (protocol rule 11), to compare with an
-    /// agent's summary. `shared` holds the digests of the entries the view shares with its
-    /// cluster state.
-    fn summary(&self, shared: &SharedDigests, buckets: usize) -> pb::HeldSummary {
-        let shared = shared.for_view(self);
-        let mut summary = pb::HeldSummary::with_buckets(buckets);
-        for ((namespace, name), service) in self.services.iter() {
-            summary.add(namespace, name, digest_in(shared, service));
-        }
-        for ((namespace, name), endpoints) in self.endpoints() {
-            summary.add(namespace, name, digest_in(shared, endpoints));
-        }
-        summary
-    }
-}
-
-/// The digests of one cluster state's Services and plain endpoint sets, computed on the first
-/// resume from digests and then shared by every node's: after a controller restart every agent
-/// resumes so, and each would otherwise encode and hash the whole cluster again.
-#[derive(Debug, Default)]
-pub struct SharedDigests(OnceLock<Digests>);
-
-impl SharedDigests {
-    /// The digests for `view`'s entries; none when `view` is not of the state they belong to.
-    fn for_view(&self, view: &NodeView) -> Option<&Digests> {
-        let digests = self
-            .0
-            .get_or_init(|| Digests::of(&view.services, &view.backends));
-        let same_state = Arc::ptr_eq(&digests.services, &view.services)
-            && Arc::ptr_eq(&digests.endpoints, &view.backends);
-        same_state.then_some(digests)
-    }
-}
-
-/// Digests by entry address. The maps are held, so every entry stays alive and no address is
-/// reused while this exists.
-#[derive(Debug)]
-struct Digests {
-    services: Arc<Services>,
-    endpoints: Arc<Endpoints>,
-    by_address: HashMap<usize, u64>,
-}
-
-impl Digests {
-    fn of(services: &Arc<Services>, endpoints: &Arc<Endpoints>) -> Self {
-        let services_digests = services.values().map(|s| (address(s), digest(s)));
-        let endpoints_digests = endpoints
-            .values()
-            .map(|e| (address(&e.plain), digest(&e.plain)));
-        Self {
-            services: Arc::clone(services),
-            endpoints: Arc::clone(endpoints),
-            by_address: services_digests.chain(endpoints_digests).collect(),
-        }
-    }
-}
-
-/// The digest of `resource`: looked up in `shared` when it is a shared entry, computed for any
-/// other (a node's own endpoints).
-fn digest_in<M: prost::Message>(shared: Option<&Digests>, resource: &Arc<M>) -> u64 {
-    shared
-        .and_then(|digests| digests.by_address.get(&address(resource)).copied())
-        .unwrap_or_else(|| digest(resource))
-}
-
-fn address<T>(entry: &Arc<T>) -> usize {
-    Arc::as_ptr(entry).cast::<()>() as usize
-}
-
-fn digest<M: prost::Message>(resource: &Arc<M>) -> u64 {
-    splitproxy_proto::digest(&**resource)
-}
-
 /// Whether two entries are the same: shared, or equal.
 fn same_entry<T: PartialEq>(a: &Arc<T>, b: &Arc<T>) -> bool {
     Arc::ptr_eq(a, b) || a == b
@@ -506,17 +293,6 @@ trait Resources {
     fn get(&self, key: &Key) -> Option<&Self::Entry>;
     /// Every entry, sorted by key.
     fn entries(&self) -> impl Iterator<Item = (&Key, &Self::Entry)>;
-}
-
-impl Resources for SortedDigests {
-    type Entry = u64;
-    fn get(&self, key: &Key) -> Option<&u64> {
-        let at = self.0.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
-        self.0.get(at).map(|(_, digest)| digest)
-    }
-    fn entries(&self) -> impl Iterator<Item = (&Key, &u64)> {
-        self.0.iter().map(|(key, digest)| (key, digest))
-    }
 }
 
 impl<V> Resources for BTreeMap<Key, V> {
@@ -605,6 +381,10 @@ fn object_key((namespace, name): &Key) -> pb::ObjectKey {
         name: name.clone(),
     }
 }
+
+mod resume;
+
+pub use resume::{Held, HeldDigests, SharedDigests};
 
 #[cfg(test)]
 mod tests;

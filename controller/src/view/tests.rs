@@ -1,4 +1,4 @@
-use super::*;
+use super::{resume::SortedDigests, *};
 use crate::{
     cluster::{Backend, NodeInfo, NodeTopology, PortBackends, ServiceBackends},
     eligibility::Ineligible,
@@ -641,4 +641,81 @@ fn held_digests_are_sorted_once_each_and_entries_without_key_or_kind_skipped() {
     assert_eq!(held.services.get(&key("b")), Some(&2));
     assert_eq!(held.services.get(&key("c")), None);
     assert_eq!(HeldDigests::from_subscribe(Vec::new()), None);
+}
+
+/// What an agent holding `view` holds: the encoding of each Service (`false`) and endpoint set
+/// (`true`), by key.
+type Holdings = BTreeMap<(bool, Key), Vec<u8>>;
+
+fn holdings(view: &NodeView) -> Holdings {
+    use prost::Message;
+    let services =
+        (view.services().iter()).map(|(key, s)| ((false, key.clone()), s.encode_to_vec()));
+    let endpoints = (view.endpoints()).map(|(key, e)| ((true, key.clone()), e.encode_to_vec()));
+    services.chain(endpoints).collect()
+}
+
+/// An agent's summary of `held` in `buckets` buckets, from the bytes it holds.
+fn summary_of(held: &Holdings, buckets: usize) -> Vec<u64> {
+    let mut summary = pb::HeldSummary::with_buckets(buckets);
+    for ((_, (namespace, name)), bytes) in held {
+        summary.add(namespace, name, splitproxy_proto::digest_of_encoding(bytes));
+    }
+    summary.bucket_sums
+}
+
+/// `delta` applied as an agent does: the replaced buckets emptied first, then the upserts.
+fn apply(held: &mut Holdings, delta: &Delta) {
+    use prost::Message;
+    if let Some(replaced) = &delta.replaced_buckets {
+        let set = replaced.to_set().expect("a valid bucket count");
+        held.retain(|(_, (namespace, name)), _| !set.contains(namespace, name));
+    }
+    let key = |key: &Option<pb::ObjectKey>| {
+        let key = key.as_ref().expect("keyed");
+        (key.namespace.clone(), key.name.clone())
+    };
+    for service in &delta.upserted_services {
+        held.insert((false, key(&service.key)), service.encode_to_vec());
+    }
+    for endpoints in &delta.upserted_endpoints {
+        held.insert((true, key(&endpoints.key)), endpoints.encode_to_vec());
+    }
+    assert!(delta.removed_services.is_empty() && delta.removed_endpoints.is_empty());
+}
+
+#[test]
+fn a_delta_from_a_summary_brings_any_held_view_to_the_node_view() {
+    for seed in 1..=6 {
+        // Two unrelated states of the same 300 Services, seen by nodes with endpoints of their
+        // own, hinted ones, and none (node-8 runs nothing).
+        let (before, after) = (scattered(seed), scattered(seed + 100));
+        for node in (0..9).map(|n| format!("node-{n}")) {
+            let (old, new) = (
+                NodeView::for_node(&before, &node),
+                NodeView::for_node(&after, &node),
+            );
+            for buckets in [16, splitproxy_proto::SUMMARY_BUCKETS] {
+                let context = format!("seed {seed}, {node}, {buckets} buckets");
+                let up_to_date = summary_of(&holdings(&new), buckets);
+                let none = Delta::from_summary(&up_to_date, &new, &after.digests);
+                assert_eq!(none.replaced_buckets, None, "{context}");
+                assert!(none.upserted_services.is_empty(), "{context}");
+                assert!(none.upserted_endpoints.is_empty(), "{context}");
+
+                let mut held = holdings(&old);
+                let summary = summary_of(&held, buckets);
+                let delta = Delta::from_summary(&summary, &new, &after.digests);
+                // The same from digests computed for this view alone.
+                let alone = Delta::from_summary(&summary, &new, &SharedDigests::default());
+                assert_eq!(alone, delta, "{context}");
+                apply(&mut held, &delta);
+                assert_eq!(held, holdings(&new), "{context}");
+            }
+        }
+        // The plain sums are computed once per state and bucket count.
+        let shared = after.digests.0.get().expect("computed");
+        let counted = shared.summaries.iter().filter(|s| s.get().is_some());
+        assert_eq!(counted.count(), 2, "seed {seed}");
+    }
 }
