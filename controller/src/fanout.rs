@@ -262,6 +262,16 @@ impl AgentStream {
             .as_ref()
             .filter(|_| resumes)
             .map_or(0, |(r, _)| *r);
+        let revision = remembered.as_ref().map_or(0, |(r, _)| *r);
+        let acked = remembered.filter(|_| resumes).map(|(_, view)| view);
+        let held = if resumes {
+            None
+        } else {
+            Held::from_subscribe(&mut subscribe).map(Arc::new)
+        };
+        server
+            .metrics
+            .count_subscription(resumed_from(acked.is_some(), held.as_deref()));
         let connection = Connection::open(
             &server.metrics,
             &subscribe.node_name,
@@ -276,13 +286,9 @@ impl AgentStream {
             acknowledged: Arc::clone(&server.acknowledged),
             tx,
             first_revisions: Arc::clone(&server.first_revisions),
-            revision: remembered.as_ref().map_or(0, |(r, _)| *r),
-            acked: remembered.filter(|_| resumes).map(|(_, view)| view),
-            held: if resumes {
-                None
-            } else {
-                Held::from_subscribe(&mut subscribe).map(Arc::new)
-            },
+            revision,
+            acked,
+            held,
             in_flight: None,
             connection,
             changes: cause::Pending::default(),
@@ -492,6 +498,16 @@ impl AgentStream {
         splitproxy_telemetry::trace::continue_trace(&span, cluster.cause.0.as_ref());
         splitproxy_telemetry::trace::link_to(&span, &links);
         span
+    }
+}
+
+/// What an agent resumed from, as `splitproxy_controller_subscriptions_total` labels it.
+fn resumed_from(acknowledged: bool, held: Option<&Held>) -> &'static str {
+    match held {
+        _ if acknowledged => "acknowledged",
+        Some(Held::Summary(_)) => "summary",
+        Some(Held::Digests(_)) => "digests",
+        None => "none",
     }
 }
 

@@ -39,6 +39,12 @@ pub struct Metrics {
     /// their credential was missing, invalid, for another node, or could not be reviewed, or
     /// because the controller had not read the cluster yet (`not_ready`).
     pub refused_streams: Family<ReasonLabel, Counter>,
+    /// `splitproxy_controller_subscriptions_total{resume}`: agent streams opened, by what the
+    /// agent resumed from: a state this controller acknowledged (`acknowledged`), its sums per
+    /// bucket (`summary`) or every digest (`digests`) of a state held from another replica, or
+    /// nothing (`none`: it is sent a reset). After a replica fails, the agents that move to
+    /// another arrive as `summary`.
+    pub subscriptions: Family<ResumeLabel, Counter>,
     /// The open streams, for `splitproxy_controller_connected_agents` and the per-node gauges.
     pub agents: Agents,
 }
@@ -78,18 +84,37 @@ impl Metrics {
             "Agent streams refused: credential missing, invalid, for another node, or unreviewable; or the cluster not read yet",
             metrics.refused_streams.clone(),
         );
+        registry.register(
+            "splitproxy_controller_subscriptions",
+            "Agent streams opened, by what the agent resumed from: acknowledged, summary, digests or none",
+            metrics.subscriptions.clone(),
+        );
         registry.register_collector(Box::new(AgentGauges(metrics.agents.clone())));
         metrics
     }
 }
 
 impl Metrics {
+    /// Counts one opened agent stream, by what the agent resumed from.
+    pub fn count_subscription(&self, resume: &'static str) {
+        self.subscriptions
+            .get_or_create(&ResumeLabel { resume })
+            .inc();
+    }
+
     /// Counts one refused agent stream.
     pub fn count_refusal(&self, reason: &'static str) {
         self.refused_streams
             .get_or_create(&ReasonLabel { reason })
             .inc();
     }
+}
+
+/// A `resume` label, from a fixed set.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResumeLabel {
+    /// What the agent resumed from.
+    pub resume: &'static str,
 }
 
 /// A `reason` label, from a fixed set.

@@ -119,18 +119,7 @@ pub fn eventually<T>(
 ///
 /// If the metrics cannot be fetched or the value does not parse.
 pub fn agent_metric(lab: &lab::Lab, node: &lab::Node, series: &str) -> Result<f64> {
-    let metrics = lab.exec_ok(
-        node,
-        "curl",
-        &["-sf", "-m", "5", "http://127.0.0.1:10249/metrics"],
-    )?;
-    let prefix = format!("{series} ");
-    let value = metrics.lines().find_map(|line| line.strip_prefix(&prefix));
-    value.map_or(Ok(0.0), |v| {
-        v.trim()
-            .parse()
-            .with_context(|| format!("{series} has the value {v:?}"))
-    })
+    Ok(scrape(lab, node, 10249, series)?.unwrap_or(0.0))
 }
 
 /// The value of one series (`name` or `name{labels}`) on the `/metrics` of the controller on
@@ -140,11 +129,23 @@ pub fn agent_metric(lab: &lab::Lab, node: &lab::Node, series: &str) -> Result<f6
 ///
 /// If the metrics cannot be fetched or the value does not parse.
 pub fn controller_metric(lab: &lab::Lab, host: &lab::Host, series: &str) -> Result<Option<f64>> {
-    let text = lab.exec_ok(
-        host,
-        "curl",
-        &["-sf", "-m", "5", "http://127.0.0.1:10662/metrics"],
-    )?;
+    scrape(lab, host, 10662, series)
+}
+
+/// The value of one series on `http://127.0.0.1:{port}/metrics` inside `ns`; `None` while it
+/// is not exported.
+///
+/// # Errors
+///
+/// If the metrics cannot be fetched or the value does not parse.
+pub fn scrape(
+    lab: &lab::Lab,
+    ns: &(impl lab::HasNamespace + ?Sized),
+    port: u16,
+    series: &str,
+) -> Result<Option<f64>> {
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let text = lab.exec_ok(ns, "curl", &["-sf", "-m", "5", &url])?;
     let prefix = format!("{series} ");
     text.lines()
         .find_map(|line| line.strip_prefix(&prefix))

@@ -21,7 +21,7 @@ use splitproxy_e2e::{
     eventually, expect_answers,
     lab::{Host, Lab, Node, Pod, Process},
     load::{Load, Outcome, Tally, tally},
-    serve,
+    scrape, serve,
 };
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -336,11 +336,12 @@ impl Cluster {
             Ok(())
         })
         .with_context(|| self.logs())?;
+        let moved = agents_on.iter().filter(|a| **a == followed).count();
         println!(
-            "replica {followed} (followed by {} of {} agents) failed ({fault:?})",
-            agents_on.iter().filter(|a| **a == followed).count(),
+            "replica {followed} (followed by {moved} of {} agents) failed ({fault:?})",
             agents_on.len()
         );
+        self.check_moved_by_summary(followed, moved)?;
         if fault == ReplicaFault::Freeze {
             self.lab.kill(&replica)?;
         }
@@ -352,6 +353,34 @@ impl Cluster {
         self.replicas[followed] = Some(restarted);
         self.check_replicas_serving()?;
         Ok(converged_in)
+    }
+
+    /// The `moved` agents that left replica `failed` held its state: the replicas they moved to
+    /// counted them as resuming by summary (protocol rule 11), and none sent every digest.
+    fn check_moved_by_summary(&self, failed: usize, moved: usize) -> Result<()> {
+        let mut by_summary = 0.0;
+        for (replica, port) in REPLICA_PORTS.iter().enumerate() {
+            if replica == failed {
+                continue;
+            }
+            let count = |resume: &str| {
+                let series =
+                    format!("splitproxy_controller_subscriptions_total{{resume=\"{resume}\"}}");
+                let value = scrape(&self.lab, self.control_plane.host(), port + 2, &series)?;
+                anyhow::Ok(value.unwrap_or(0.0))
+            };
+            by_summary += count("summary")?;
+            let by_digests = count("digests")?;
+            ensure!(
+                by_digests == 0.0,
+                "replica {replica} took every digest {by_digests} times"
+            );
+        }
+        ensure!(
+            by_summary >= moved as f64,
+            "{moved} agents moved, {by_summary} subscriptions resumed by summary"
+        );
+        Ok(())
     }
 
     /// node-2's agent is killed and restarted; its rules keep serving meanwhile, and the change

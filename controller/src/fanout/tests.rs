@@ -438,7 +438,8 @@ fn resuming_by_summary(reset: &pb::SyncResponse) -> pb::Subscribe {
 
 #[tokio::test]
 async fn an_agent_whose_summary_matches_another_replicas_view_resumes_with_no_resources_sent() {
-    let first_replica = harness(Some(cluster(3, 2))).await;
+    let (first_metrics, other_metrics) = (Metrics::default(), Metrics::default());
+    let first_replica = harness_recording(Some(cluster(3, 2)), first_metrics.clone()).await;
     let mut agent = Agent::subscribe(&first_replica.url, None).await;
     assert!(
         agent.reads_summary,
@@ -447,7 +448,7 @@ async fn an_agent_whose_summary_matches_another_replicas_view_resumes_with_no_re
     let held = agent.next().await;
     assert!(held.reset);
 
-    let other_replica = harness(Some(cluster(3, 2))).await;
+    let other_replica = harness_recording(Some(cluster(3, 2)), other_metrics.clone()).await;
     let mut moved = Agent::subscribe_with(&other_replica.url, resuming_by_summary(&held)).await;
     let first = moved.next().await;
     assert!(!first.reset, "a matching summary must avoid a reset");
@@ -457,6 +458,14 @@ async fn an_agent_whose_summary_matches_another_replicas_view_resumes_with_no_re
     assert!(first.removed_services.is_empty() && first.removed_endpoints.is_empty());
     assert_eq!(first.replaced_buckets, None);
     assert!(first.node_status.is_some(), "it carries the status");
+    // Counted by what each agent resumed from.
+    let subscriptions = |metrics: &Metrics, resume| {
+        let label = crate::metrics::ResumeLabel { resume };
+        metrics.subscriptions.get_or_create(&label).get()
+    };
+    assert_eq!(subscriptions(&first_metrics, "none"), 1);
+    assert_eq!(subscriptions(&other_metrics, "summary"), 1);
+    assert_eq!(subscriptions(&other_metrics, "none"), 0);
 
     // Acknowledged, it is the base of the next delta like any other revision.
     moved.answer(first.revision, pb::AckStatus::Applied).await;
