@@ -13,6 +13,11 @@ use splitproxy_controller::{
 use splitproxy_telemetry::trace;
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
+/// jemalloc, which hands the memory of a burst (every agent's first revision at once) back to the
+/// system; the system allocator kept most of it as fragments.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Streams each node's Services and endpoints to its splitproxy agent.
 #[derive(Debug, Parser)]
 #[command(version, about)]
