@@ -30,8 +30,10 @@ use tracing::Instrument;
 /// Largest encoded size of one message's resources; bigger revisions are split (protocol rule 3),
 /// so no message nears the 4 MiB an agent takes (gRPC's default) whatever the size of its
 /// resources. A resource bigger than this goes alone in its message: one Service's endpoints are
-/// never split, and fit up to roughly 100,000 endpoints.
-const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+/// never split, and fit up to roughly 100,000 endpoints. Small, because each stream's encoder
+/// keeps a buffer as large as the largest message it sent: at 256 KiB, the resets of 5,000 agents
+/// left about 1 GB behind.
+const MAX_MESSAGE_BYTES: usize = 32 * 1024;
 /// The largest request an agent may send. A subscribe lists a digest of every resource the agent
 /// holds, about 55 bytes each: gRPC's default 4 MiB stops at some 35,000 Services, 16 MiB at about
 /// 150,000. Acks are a few bytes.
