@@ -181,9 +181,9 @@ impl Connection {
         self.observed_change.get_or_insert_with(Moment::now);
     }
 
-    /// The node's view of the latest published state was computed; `differs` says whether it
-    /// differs from what the node acknowledged (a revision follows). Only called with no
-    /// revision in flight, so an unchanged view means the node is up to date.
+    /// The node's view of the latest published state was computed; `differs` says whether the
+    /// node does not hold it yet: it differs from what was sent (a revision follows) or a
+    /// revision is still in flight. Otherwise the node is up to date.
     pub fn view_computed(&mut self, differs: bool) {
         self.metrics.view_computations.inc();
         let observed = self.observed_change.take();
@@ -212,14 +212,17 @@ impl Connection {
         });
     }
 
-    /// The node applied `revision`, the latest sent. It is up to date unless a state was
-    /// published after that revision's view was computed.
-    pub fn acked(&self, revision: u64) {
+    /// The node applied `revision` and every one before it; `newest` says whether that is the
+    /// latest sent. It is then up to date unless a state was published after that revision's
+    /// view was computed; otherwise it stays behind since it was.
+    pub fn acked(&self, revision: u64, newest: bool) {
         let behind_since = self.observed_change;
         self.update(|record| {
             record.acked_revision = revision;
             record.last_ack_at = Some(SystemTime::now());
-            record.behind_since = behind_since;
+            if newest {
+                record.behind_since = behind_since;
+            }
         });
     }
 

@@ -1,6 +1,7 @@
 //! The node view stream server: one task per connected agent that sends the difference between
-//! what the agent acknowledged and its node's current view, one revision in flight at a time.
-//! First revisions, the expensive ones, take turns.
+//! what the agent holds and its node's current view: one revision in flight at a time, or two
+//! to an agent that pipelines (protocol rule 12). First revisions, the expensive ones, take
+//! turns.
 
 use crate::{
     agents::Connection,
@@ -18,7 +19,7 @@ use splitproxy_proto::v1alpha1::{
     sync_request,
 };
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     pin::Pin,
     sync::{Arc, Mutex},
     time::Duration,
@@ -45,6 +46,12 @@ const CONCURRENT_FIRST_REVISIONS: usize = 8;
 /// How long a first revision keeps its slot while its agent reads slowly; after that it goes on
 /// without one, so a stalled agent never holds up the others.
 const FIRST_REVISION_SLOT: Duration = Duration::from_secs(10);
+/// How many revisions may be in flight to an agent that pipelines (protocol rule 12). Two is
+/// enough for kube-proxy's latency: while the agent waits for its next sync with one revision
+/// folded, changes go out as a second, which the agent folds into the same sync; what comes
+/// after waits for the ACK of the first, which arrives before that next sync. More would only
+/// multiply the deltas computed per node.
+const PIPELINED_REVISIONS: usize = 2;
 /// How long to wait before resending after a NACK.
 const RETRY_AFTER_REJECT: Duration = Duration::from_secs(2);
 /// How long an agent refused before the first complete read of the cluster waits to come back.
@@ -227,19 +234,21 @@ struct AgentStream {
     first_revisions: Arc<Semaphore>,
     /// The last revision number used on this node.
     revision: u64,
-    /// What the agent acknowledged; `None` until it holds a state from this controller.
-    acked: Option<Arc<NodeView>>,
+    /// The revision the agent acknowledged last and its view; `None` until it holds a state
+    /// from this controller.
+    acked: Option<(u64, Arc<NodeView>)>,
     /// What the agent said it holds, when that is not a state of this controller: the first
     /// revision is a delta from it rather than a reset (protocol rules 7 and 11).
     held: Option<Arc<Held>>,
-    /// The revision sent and not yet answered, with the view it brings the agent to.
-    in_flight: Option<(u64, Arc<NodeView>)>,
+    /// The revisions sent and not yet answered, oldest first.
+    in_flight: VecDeque<InFlight>,
+    /// How many revisions may be in flight: one, or [`PIPELINED_REVISIONS`] when the agent
+    /// pipelines.
+    max_in_flight: usize,
     /// The stream's record for metrics and inspection; removed when the stream ends.
     connection: Connection,
     /// The changes seen since the last revision was sent, for the next one's trace.
     changes: cause::Pending,
-    /// The in-flight revision's span, open from sending until the agent's answer.
-    in_flight_span: Option<tracing::Span>,
     /// When the agent's credential expires: the stream ends then, and the agent comes back
     /// with its rotated credential (and resumes).
     credential_expires: Option<std::time::SystemTime>,
@@ -260,12 +269,16 @@ impl AgentStream {
             _ => false,
         };
         let proxy_mode = subscribe.capabilities.as_ref().map_or(0, |c| c.proxy_mode);
+        let pipelining = subscribe
+            .capabilities
+            .as_ref()
+            .is_some_and(|c| c.pipelining);
         let resumed_revision = remembered
             .as_ref()
             .filter(|_| resumes)
             .map_or(0, |(r, _)| *r);
         let revision = remembered.as_ref().map_or(0, |(r, _)| *r);
-        let acked = remembered.filter(|_| resumes).map(|(_, view)| view);
+        let acked = remembered.filter(|_| resumes);
         let held = if resumes {
             None
         } else {
@@ -291,10 +304,10 @@ impl AgentStream {
             revision,
             acked,
             held,
-            in_flight: None,
+            in_flight: VecDeque::new(),
+            max_in_flight: if pipelining { PIPELINED_REVISIONS } else { 1 },
             connection,
             changes: cause::Pending::default(),
-            in_flight_span: None,
             credential_expires: None,
         }
     }
@@ -323,7 +336,7 @@ impl AgentStream {
         });
         let mut dirty = true;
         loop {
-            if dirty && self.in_flight.is_none() && retry_at.is_none() {
+            if dirty && self.in_flight.len() < self.max_in_flight && retry_at.is_none() {
                 dirty = false;
                 if self.send_next().await.is_err() {
                     break;
@@ -370,36 +383,55 @@ impl AgentStream {
         }
     }
 
-    /// Handles an ACK or NACK; returns whether the revision was rejected.
+    /// Handles an ACK or NACK; returns whether the revision was rejected. An ACK answers every
+    /// revision up to the one it names; a NACK drops every revision in flight, which the
+    /// agent dropped too (protocol rule 12).
     fn on_ack(&mut self, ack: &pb::Ack) -> bool {
-        let Some((revision, view)) = self.in_flight.take_if(|(r, _)| *r == ack.revision) else {
+        let Some(position) = self
+            .in_flight
+            .iter()
+            .position(|sent| sent.revision == ack.revision)
+        else {
             tracing::warn!(revision = ack.revision, "ack for a revision not in flight");
             return false;
         };
-        if let Some(span) = self.in_flight_span.take() {
-            let applied = ack.status == pb::AckStatus::Applied as i32;
-            span.record("result", if applied { "applied" } else { "rejected" });
-        }
+        let revision = ack.revision;
         if ack.status == pb::AckStatus::Applied as i32 {
             tracing::debug!(revision, "revision applied");
+            let mut answered = self.in_flight.drain(..=position);
+            let newest = answered.next_back();
+            answered.for_each(|folded| folded.answer("applied"));
+            let Some(newest) = newest else {
+                return false;
+            };
+            newest.answer("applied");
             self.acknowledged
-                .set(&self.node, revision, Arc::clone(&view));
-            self.acked = Some(view);
+                .set(&self.node, revision, Arc::clone(&newest.view));
+            self.acked = Some((revision, newest.view));
             self.held = None;
-            self.connection.acked(revision);
+            self.connection.acked(revision, self.in_flight.is_empty());
             false
         } else {
             tracing::warn!(revision, reason = %ack.reason, "agent rejected revision; will resend");
+            for dropped in self.in_flight.drain(..) {
+                dropped.answer("rejected");
+            }
             self.connection.rejected(&ack.reason);
             true
         }
     }
 
-    /// Sends the difference between the acknowledged view and the current one, if any.
+    /// Sends the difference between the last view sent (or acknowledged, with nothing in
+    /// flight) and the current one, if any.
     async fn send_next(&mut self) -> Result<(), mpsc::error::SendError<()>> {
+        let base = self
+            .in_flight
+            .back()
+            .map(|sent| (sent.revision, Arc::clone(&sent.view)))
+            .or_else(|| self.acked.clone());
         // The first revision waits for a slot before it looks at the cluster, so it is computed
         // from the newest state.
-        let mut slot = match self.acked {
+        let mut slot = match base {
             // An agent that gave up waiting (its stream reset) leaves the queue rather than
             // have a view computed for nobody when its turn comes.
             None => tokio::select! {
@@ -411,16 +443,21 @@ impl AgentStream {
         let Some(cluster) = self.cluster.borrow_and_update().clone() else {
             return Ok(());
         };
-        let reset = self.acked.is_none() && self.held.is_none();
-        let (view, mut messages) = match &self.acked {
-            Some(acked) => {
-                let (view, delta) = acked.advance(&cluster, &self.node);
+        let reset = base.is_none() && self.held.is_none();
+        let (view, mut messages) = match &base {
+            Some((base_revision, base_view)) => {
+                let (view, delta) = base_view.advance(&cluster, &self.node);
                 let unchanged = delta.is_empty();
-                self.connection.view_computed(!unchanged);
+                self.connection
+                    .view_computed(!unchanged || !self.in_flight.is_empty());
                 if unchanged {
                     return Ok(());
                 }
-                (view, split(delta, &self.epoch, self.revision + 1, false))
+                let mut messages = split(delta, &self.epoch, self.revision + 1, false);
+                for message in &mut messages {
+                    message.base_revision = *base_revision;
+                }
+                (view, messages)
             }
             None => {
                 // A whole view's work: off the async workers, which meanwhile go on reading
@@ -449,14 +486,17 @@ impl AgentStream {
         if let Some(first) = messages.first_mut() {
             first.trace_context = splitproxy_telemetry::trace::context_of(&span);
         }
-        self.in_flight_span = Some(span);
         self.connection.sent(self.revision, &messages);
         let slot_until = tokio::time::Instant::now() + FIRST_REVISION_SLOT;
         for message in messages {
             let room = self.room(&mut slot, slot_until).await?;
             room.send(Ok(message));
         }
-        self.in_flight = Some((self.revision, view));
+        self.in_flight.push_back(InFlight {
+            revision: self.revision,
+            view,
+            span,
+        });
         Ok(())
     }
 
@@ -500,6 +540,22 @@ impl AgentStream {
         splitproxy_telemetry::trace::continue_trace(&span, cluster.cause.0.as_ref());
         splitproxy_telemetry::trace::link_to(&span, &links);
         span
+    }
+}
+
+/// A revision sent and not yet answered.
+struct InFlight {
+    revision: u64,
+    /// The view it brings the agent to.
+    view: Arc<NodeView>,
+    /// Its span, open from sending until the agent's answer.
+    span: tracing::Span,
+}
+
+impl InFlight {
+    /// Closes the revision's span with the agent's answer.
+    fn answer(&self, result: &'static str) {
+        self.span.record("result", result);
     }
 }
 

@@ -237,7 +237,7 @@ mod tests {
             ],
         );
 
-        stream.acked(1);
+        stream.acked(1, true);
         assert_scraped(
             &registry,
             &[

@@ -6,10 +6,11 @@
 use crate::{
     credentials::{CredentialError, Credentials},
     discovery::Discovery,
+    fold::{Fold, Folded},
     metrics::Metrics,
     state::{NodeState, Revision},
     status::Status,
-    sync::Applier,
+    sync::{Applier, ApplyError, sleep_until},
 };
 use futures::{Stream, StreamExt};
 use rand::Rng;
@@ -19,7 +20,7 @@ use splitproxy_proto::v1alpha1::{
 };
 use splitproxy_telemetry::trace;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::{sync::mpsc, time::Instant};
 use tracing::Instrument;
 
 /// Where and as whom the client connects.
@@ -252,6 +253,7 @@ async fn subscribe(
                     IpFamily::V6 => pb::IpFamily::Ipv6 as i32,
                 })
                 .collect(),
+            pipelining: true,
         }),
         resume: held.epoch.as_ref().map(|epoch| pb::ResumePoint {
             controller_epoch: epoch.clone(),
@@ -271,7 +273,7 @@ async fn subscribe(
             ..subscribe
         },
     };
-    // One subscribe plus at most one ack in flight; the controller sends one revision at a time.
+    // One subscribe plus at most one ack in flight: an ack answers every revision folded.
     let (tx, rx) = mpsc::channel(4);
     send(&tx, sync_request::Kind::Subscribe(subscribe)).await;
     let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
@@ -290,12 +292,35 @@ async fn send(tx: &mpsc::Sender<pb::SyncRequest>, kind: sync_request::Kind) {
     let _ = tx.send(pb::SyncRequest { kind: Some(kind) }).await;
 }
 
-/// Serves one subscribed stream: gathers each revision's parts, has the complete revision applied
-/// (which waits for min-sync-period) and answers it on `acks` once its rules are in the kernel,
-/// or with a NACK. Periodic resyncs run while it waits for the controller. Independent of gRPC,
-/// so tests drive it with a plain stream. Each apply is an `apply` span of `node`, continuing
-/// the trace the revision was sent with. `presented_state` says whether the subscribe carried the
-/// digests of a held state, on which the stream's first revision then builds.
+/// What the stream loop waits for.
+enum Event {
+    /// A message, a failure, or the end of the stream.
+    Message(Option<Result<pb::SyncResponse, tonic::Status>>),
+    /// The revisions folded may be synced now.
+    SyncDue,
+}
+
+/// The next message, or `sync_at` if it comes first; a message ready at the same time wins, so
+/// what already arrived is folded into the sync.
+async fn next_event<S>(inbound: &mut S, sync_at: Option<Instant>) -> Event
+where
+    S: Stream<Item = Result<pb::SyncResponse, tonic::Status>> + Unpin,
+{
+    tokio::select! {
+        biased;
+        message = inbound.next() => Event::Message(message),
+        () = sleep_until(sync_at) => Event::SyncDue,
+    }
+}
+
+/// Serves one subscribed stream: gathers each revision's parts, folds complete revisions into
+/// one pending state while min-sync-period keeps the kernel waiting, syncs that state when it
+/// allows, and answers the newest revision folded on `acks` once its rules are in the kernel, or
+/// with a NACK (protocol rule 12). Periodic resyncs run while it waits for the controller.
+/// Independent of gRPC, so tests drive it with a plain stream. Each sync is an `apply` span of
+/// `node`, continuing the trace of the newest revision folded and linking the others'.
+/// `presented_state` says whether the subscribe carried the digests of a held state, on which
+/// the stream's first revision then builds.
 async fn serve<D, S>(
     node: &str,
     presented_state: bool,
@@ -309,21 +334,40 @@ where
     D: Dataplane,
     S: Stream<Item = Result<pb::SyncResponse, tonic::Status>> + Unpin,
 {
-    let mut pending: Option<Revision> = None;
-    let mut first_on_presented_state = presented_state;
-    while let Some(message) = applier.resync_while(inbound.next()).await.transpose()? {
+    let mut gathering: Option<Revision> = None;
+    let mut pending: Option<Fold> = None;
+    let mut sync_at = None;
+    // Until a revision is applied, the controller answers a NACK by sending its first revision
+    // again, built on the presented state as the first was.
+    let mut on_presented_state = presented_state;
+    loop {
+        let message = match applier
+            .resync_while(next_event(&mut inbound, sync_at))
+            .await
+        {
+            Event::SyncDue => {
+                sync_at = None;
+                if let Some(fold) = pending.take() {
+                    let applied = sync(node, fold, acks, applier, metrics).await;
+                    *progressed |= applied;
+                    on_presented_state &= !applied;
+                }
+                continue;
+            }
+            Event::Message(message) => message.transpose()?.ok_or(StreamError::Closed)?,
+        };
         metrics.update_messages_received.inc();
         metrics
             .update_bytes_received
             .inc_by(prost::Message::encoded_len(&message) as u64);
-        let revision = match pending.take() {
+        let mut revision = match gathering.take() {
             None => {
                 applier.queued();
                 Revision {
                     epoch: message.controller_epoch.clone(),
                     number: message.revision,
                     reset: message.reset,
-                    on_presented_state: std::mem::take(&mut first_on_presented_state),
+                    on_presented_state,
                     parts: Vec::new(),
                 }
             }
@@ -336,61 +380,111 @@ where
             }
         };
         let complete = message.complete;
-        let mut revision = revision;
         revision.parts.push(message);
         if !complete {
-            pending = Some(revision);
+            gathering = Some(revision);
             continue;
         }
         if revision.reset {
             metrics.reset_revisions_received.inc();
         }
-        let span = tracing::info_span!(
-            "apply",
-            node,
-            revision = revision.number,
-            reset = revision.reset,
-            services_changed = revision.services_changed(),
-            result = tracing::field::Empty,
-        );
-        trace::continue_trace(&span, revision.trace_context());
-        let applied = applier.apply(&revision).instrument(span.clone()).await;
-        span.record(
-            "result",
-            if applied.is_ok() {
-                "applied"
-            } else {
-                "rejected"
-            },
-        );
-        let ack = match applied {
-            Ok(()) => {
-                tracing::info!(
+        let held = applier.held();
+        match Fold::take(&mut pending, &held, &revision) {
+            Ok(Folded::Taken) => {}
+            Ok(Folded::Stale) => {
+                tracing::debug!(
                     revision = revision.number,
-                    reset = revision.reset,
-                    "applied"
+                    "dropping a revision built on a state dropped after a rejection"
                 );
-                *progressed = true;
-                pb::Ack {
-                    revision: revision.number,
-                    status: pb::AckStatus::Applied as i32,
-                    reason: String::new(),
-                }
             }
-            Err(err) => {
-                let reason = error_chain(&err);
-                tracing::warn!(revision = revision.number, %reason, "rejecting revision");
-                metrics.rejected_revisions.inc();
-                pb::Ack {
-                    revision: revision.number,
-                    status: pb::AckStatus::Rejected as i32,
-                    reason,
-                }
+            Err(rejected) => {
+                pending = None;
+                let rejected = ApplyError::Rejected(rejected);
+                answer(acks, revision.number, Err(&rejected), metrics).await;
             }
-        };
-        send(acks, sync_request::Kind::Ack(ack)).await;
+        }
+        sync_at = pending.as_ref().map(|fold| {
+            let now = Instant::now();
+            if fold.only_status_differs(&held) {
+                now
+            } else {
+                applier
+                    .next_sync_allowed()
+                    .map_or(now, |allowed| allowed.max(now))
+            }
+        });
     }
-    Err(StreamError::Closed)
+}
+
+/// Syncs the revisions folded in `fold` and answers the newest; returns whether it was applied.
+async fn sync<D: Dataplane>(
+    node: &str,
+    fold: Fold,
+    acks: &mpsc::Sender<pb::SyncRequest>,
+    applier: &mut Applier<D>,
+    metrics: &Metrics,
+) -> bool {
+    let number = fold.state.revision;
+    let span = tracing::info_span!(
+        "apply",
+        node,
+        revision = number,
+        reset = fold.reset,
+        revisions = fold.revisions,
+        services_changed = tracing::field::Empty,
+        result = tracing::field::Empty,
+    );
+    trace::continue_trace(&span, fold.newest_trace());
+    trace::link_to(&span, fold.traces.iter().rev().skip(1));
+    let applied = applier
+        .apply_state(fold.state, fold.reset)
+        .instrument(span.clone())
+        .await;
+    span.record(
+        "result",
+        if applied.is_ok() {
+            "applied"
+        } else {
+            "rejected"
+        },
+    );
+    if applied.is_ok() {
+        tracing::info!(
+            revision = number,
+            reset = fold.reset,
+            revisions = fold.revisions,
+            "applied"
+        );
+    }
+    answer(acks, number, applied.as_ref().map(|_| ()), metrics).await;
+    applied.is_ok()
+}
+
+/// Answers `revision` with an ACK, or a NACK giving why it was not applied.
+async fn answer(
+    acks: &mpsc::Sender<pb::SyncRequest>,
+    revision: u64,
+    applied: Result<(), &ApplyError>,
+    metrics: &Metrics,
+) {
+    let ack = match applied {
+        Ok(()) => pb::Ack {
+            revision,
+            status: pb::AckStatus::Applied as i32,
+            reason: String::new(),
+        },
+        Err(err) => {
+            let reason = error_chain(err);
+            tracing::warn!(revision, %reason, "rejecting revision");
+            metrics.rejected_revisions.inc();
+            pb::Ack {
+                revision,
+                status: pb::AckStatus::Rejected as i32,
+                reason,
+            }
+        }
+    };
+    send(acks, sync_request::Kind::Ack(ack)).await;
 }
 
 /// Formats an error with its sources, for one log line or a NACK reason.

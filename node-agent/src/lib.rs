@@ -7,6 +7,7 @@ pub mod config_watch;
 pub mod credentials;
 pub mod discovery;
 pub mod duration;
+pub mod fold;
 pub mod health_check;
 pub mod host_setup;
 pub mod http;

@@ -6,8 +6,8 @@
 //! - **min-sync-period**: kernel syncs start at most once per period. The first sync may start
 //!   at once; a revision that arrives sooner waits for the period to pass. kube-proxy's runner
 //!   allows a burst of 2; this timer allows 1, which is simpler and loses nothing here: the
-//!   controller keeps one revision in flight per agent and folds what changes meanwhile into the
-//!   next one, so a waiting revision is coalescing, not piling up.
+//!   revisions that arrive while a sync waits are folded into it (protocol rule 12), so a
+//!   change waits at most one period, as under kube-proxy.
 //! - **sync-period**: once a state is held, it is synced again (a full resync) at the latest one
 //!   period after the last sync, with or without new revisions. This repairs rules someone else
 //!   changed or flushed. Nothing is due before the first state is held (fail static).

@@ -191,6 +191,13 @@ impl Revision {
         ))
     }
 
+    /// The revision it builds on (protocol rule 12), named on its first part; zero when it
+    /// names none.
+    #[must_use]
+    pub fn base_revision(&self) -> u64 {
+        self.parts.first().map_or(0, |part| part.base_revision)
+    }
+
     /// The trace context the revision was sent with (on its first part); `None` when untraced.
     #[must_use]
     pub fn trace_context(&self) -> Option<&pb::TraceContext> {

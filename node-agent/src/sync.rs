@@ -8,7 +8,7 @@ use crate::{
     metrics::{FamilyLabel, Metrics, TableLabel, TrafficPolicyLabel},
     node_port_addresses::{NodePortAddress, interface_addresses, select},
     runner::{SyncPeriods, SyncTimer},
-    state::{Conversion, Eligibility, Key, NodeState, Revision},
+    state::{Conversion, Eligibility, Key, NodeState},
     status::{Snapshot, Status, SyncOutcome},
 };
 use splitproxy_dataplane::{
@@ -253,16 +253,39 @@ impl<D: Dataplane> Applier<D> {
         });
     }
 
-    /// Applies a complete revision: waits until min-sync-period allows a sync, then syncs the
-    /// kernel. A revision rejected before the kernel (it does not fit the state held) is answered
-    /// at once.
+    /// The state held: the last one applied.
+    #[must_use]
+    pub fn held(&self) -> Arc<NodeState> {
+        self.status.snapshot().state
+    }
+
+    /// When min-sync-period next allows a kernel sync; `None` when one may start at once.
+    #[must_use]
+    pub fn next_sync_allowed(&self) -> Option<Instant> {
+        self.timer.next_sync_allowed()
+    }
+
+    /// Applies one complete revision on top of the state held, as [`Applier::apply_state`].
+    #[cfg(test)]
+    pub(crate) async fn apply(
+        &mut self,
+        revision: &crate::state::Revision,
+    ) -> Result<(), ApplyError> {
+        let next = self.status.snapshot().state.apply(revision)?;
+        self.apply_state(next, revision.reset).await
+    }
+
+    /// Brings the node to `next`, the state after one or more complete revisions (`reset` when
+    /// one replaced the whole state): waits until min-sync-period allows a sync, then syncs the
+    /// kernel. A state that differs from the one held only in the node's status is taken at
+    /// once, without a sync. Records the number of Services changed on the current span's
+    /// `services_changed`.
     ///
     /// # Errors
     ///
-    /// Returns why the revision was rejected; the last good state then stays in place.
-    pub async fn apply(&mut self, revision: &Revision) -> Result<(), ApplyError> {
+    /// Returns why the state was not applied; the last good state then stays in place.
+    pub async fn apply_state(&mut self, next: NodeState, reset: bool) -> Result<(), ApplyError> {
         let current = self.status.snapshot().state;
-        let next = current.apply(revision)?;
         if next.eligibility != current.eligibility {
             match &next.eligibility {
                 Eligibility::Eligible => tracing::info!("node is eligible for new connections"),
@@ -295,7 +318,8 @@ impl<D: Dataplane> Applier<D> {
         let endpoint_changes: Vec<Key> = current.endpoint_changes(&next).cloned().collect();
         let changed: BTreeSet<&Key> = service_changes.iter().chain(&endpoint_changes).collect();
         let rules_moved = detector_moved || service_cidrs_moved || node_ips_moved;
-        if !revision.reset && changed.is_empty() && !rules_moved {
+        tracing::Span::current().record("services_changed", changed.len());
+        if !reset && changed.is_empty() && !rules_moved {
             // Only the node's status changed: nothing to write, and no reason to wait for
             // min-sync-period or to fail with the kernel (protocol rule 9).
             let next = Arc::new(next);
@@ -578,7 +602,8 @@ impl<D: Dataplane> Applier<D> {
 }
 
 /// Sleeps until `at`, or forever when `at` is `None`.
-async fn sleep_until(at: Option<Instant>) {
+/// Sleeps until `at`; forever when it is `None`.
+pub(crate) async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,

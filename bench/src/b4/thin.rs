@@ -1,10 +1,12 @@
 //! B4's thin protocol client: speaks the node view protocol as an agent does (subscribe with a
-//! resume point and held digests, one ACK per complete revision, retry-after honoured, the agent's
-//! keepalive, and B1's hollow agents' reconnect backoff, 100 ms to 2 s) but holds
-//! only an interned key and a digest per resource, so thousands fit in one process. Resources are
-//! decoded only as far as their key; their digests are taken over the bytes as received, which is
-//! what the protocol defines them over. A revision is "applied" by waiting for the agent's real
-//! min-sync timer and then for a fixed sync time (B2's figure), before it is acknowledged.
+//! resume point and held digests, revisions pipelined and folded with cumulative ACKs,
+//! retry-after honoured, the agent's keepalive, and B1's hollow agents' reconnect backoff, 100 ms
+//! to 2 s) but holds only an interned key and a digest per resource, so thousands fit in one
+//! process. Resources are decoded only as far as their key; their digests are taken over the
+//! bytes as received, which is what the protocol defines them over. Revisions are "applied" by
+//! waiting for the agent's real min-sync timer and then for a fixed sync time (B2's figure),
+//! before the newest is acknowledged; revisions that complete during the wait join that sync.
+//! It never rejects a revision, so no delta it receives builds on a state it dropped.
 
 use crate::b1::{MAX_BACKOFF, MIN_BACKOFF};
 use prost::bytes::Bytes;
@@ -303,6 +305,7 @@ async fn stream(
         capabilities: Some(pb::Capabilities {
             proxy_mode: pb::ProxyMode::Nftables as i32,
             ip_families: vec![pb::IpFamily::Ipv4 as i32],
+            pipelining: true,
         }),
         resume: held.resume.clone(),
         held: listed,
@@ -329,38 +332,63 @@ async fn stream(
     let mut inbound = response.into_inner();
 
     let mut revision = Revision::default();
-    while let Some(part) = inbound.next().await.transpose()? {
+    // Revisions complete and not yet synced: the newest's number and what each brought.
+    let mut folded: Option<(u64, Vec<Seen>)> = None;
+    loop {
+        let sync_at = folded.as_ref().map(|_| {
+            let now = Instant::now();
+            timer.next_sync_allowed().map_or(now, |at| at.max(now))
+        });
+        let part = tokio::select! {
+            biased;
+            part = inbound.next() => part,
+            () = sleep_until(sync_at) => {
+                let Some((number, seen)) = folded.take() else {
+                    continue;
+                };
+                let started = Instant::now();
+                tokio::time::sleep(shared.sync_time).await;
+                timer.succeeded(started, Instant::now());
+                // Counted as applied even if the ACK is lost with the stream: the node holds
+                // the changes, and presents them in its digests when it resumes.
+                for seen in seen {
+                    seen.applied(shared, held, record);
+                }
+                let ack = pb::Ack {
+                    revision: number,
+                    status: pb::AckStatus::Applied as i32,
+                    reason: String::new(),
+                };
+                let request = pb::SyncRequest {
+                    kind: Some(pb::sync_request::Kind::Ack(ack)),
+                };
+                if tx.send(request).await.is_err() {
+                    return Err(StreamError::Other);
+                }
+                *progressed = true;
+                continue;
+            }
+        };
+        let Some(part) = part.transpose()? else {
+            return Ok(());
+        };
         if revision.take(shared, part) {
             let done = std::mem::take(&mut revision);
             let number = done.number;
             let seen = done.apply(&shared.keys, held, record);
-            if let Some(allowed) = timer.next_sync_allowed() {
-                tokio::time::sleep_until(allowed).await;
-            }
-            let started = Instant::now();
-            tokio::time::sleep(shared.sync_time).await;
-            timer.succeeded(started, Instant::now());
-            // Counted as applied even if the ACK is lost with the stream: the node holds the
-            // change, and presents it in its digests when it resumes.
-            seen.applied(shared, held, record);
-            let ack = pb::Ack {
-                revision: number,
-                status: pb::AckStatus::Applied as i32,
-                reason: String::new(),
-            };
-            if tx
-                .send(pb::SyncRequest {
-                    kind: Some(pb::sync_request::Kind::Ack(ack)),
-                })
-                .await
-                .is_err()
-            {
-                return Err(StreamError::Other);
-            }
-            *progressed = true;
+            let (newest, brought) = folded.get_or_insert_with(|| (number, Vec::new()));
+            *newest = number;
+            brought.push(seen);
         }
     }
-    Ok(())
+}
+
+/// Sleeps until `at`; forever when it is `None`.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The digests `held` presents, sorted by kind then key as rule 7 asks.

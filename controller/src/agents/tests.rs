@@ -23,7 +23,7 @@ async fn a_new_stream_is_behind_from_its_opening_until_its_first_ack() {
     assert_eq!(record(&metrics, "node-1").lag(now), Duration::from_secs(5));
     assert_eq!(record(&metrics, "node-1").latest_revision, 1);
 
-    stream.acked(1);
+    stream.acked(1, true);
     let acked = record(&metrics, "node-1");
     assert_eq!((acked.acked_revision, acked.lag(now)), (1, Duration::ZERO));
     assert!(acked.last_ack_at.is_some());
@@ -38,7 +38,7 @@ async fn a_change_published_while_a_revision_is_in_flight_keeps_the_node_behind_
     wait(1).await;
     stream.observed_change();
     wait(4).await;
-    stream.acked(1);
+    stream.acked(1, true);
 
     // Behind since the change, not since the stream opened.
     assert_eq!(

@@ -313,6 +313,86 @@ async fn a_rejected_revision_is_sent_again_from_the_last_acknowledged_view() {
     assert_eq!(retry.upserted_services, first.upserted_services);
 }
 
+/// An agent that pipelines (protocol rule 12), subscribing with nothing held.
+async fn pipelining_agent(url: &str) -> Agent {
+    Agent::subscribe_with(
+        url,
+        pb::Subscribe {
+            node_name: "node-1".into(),
+            capabilities: Some(pb::Capabilities {
+                pipelining: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// The address of the first endpoint a revision upserts.
+fn first_address(revision: &pb::SyncResponse) -> &str {
+    &revision.upserted_endpoints[0].ports[0].endpoints[0].address
+}
+
+#[tokio::test]
+async fn an_agent_that_pipelines_gets_two_revisions_in_flight_and_one_ack_answers_both() {
+    let h = harness(Some(cluster(1, 2))).await;
+    let mut agent = pipelining_agent(&h.url).await;
+    let first = agent.next().await;
+    assert!(first.reset && first.complete);
+    assert_eq!(first.base_revision, 0, "a reset builds on nothing");
+
+    h.publish(cluster(1, 3));
+    let second = agent.next().await;
+    assert!(!second.reset && second.complete);
+    assert_eq!(second.revision, first.revision + 1);
+    assert_eq!(
+        second.base_revision, first.revision,
+        "built on the view sent"
+    );
+    assert_eq!(first_address(&second), "10.244.1.3");
+
+    // Two in flight: the next change waits for an answer.
+    h.publish(cluster(1, 4));
+    let third = tokio::time::timeout(Duration::from_millis(500), agent.rx.message()).await;
+    assert!(
+        third.is_err(),
+        "a third revision went out unanswered: {third:?}"
+    );
+
+    agent.answer(second.revision, pb::AckStatus::Applied).await;
+    let third = agent.next().await;
+    assert_eq!(third.revision, second.revision + 1);
+    assert_eq!(
+        third.base_revision, second.revision,
+        "the ack of the second answered the first too"
+    );
+    assert_eq!(first_address(&third), "10.244.1.4");
+}
+
+#[tokio::test]
+async fn a_rejection_drops_every_revision_in_flight_and_the_next_builds_on_the_acknowledged_one() {
+    let h = harness(Some(cluster(1, 2))).await;
+    let mut agent = pipelining_agent(&h.url).await;
+    let first = agent.next().await;
+    agent.answer(first.revision, pb::AckStatus::Applied).await;
+    h.publish(cluster(1, 3));
+    let second = agent.next().await;
+    h.publish(cluster(1, 4));
+    let third = agent.next().await;
+    assert_eq!(
+        (second.base_revision, third.base_revision),
+        (first.revision, second.revision)
+    );
+
+    agent.answer(third.revision, pb::AckStatus::Rejected).await;
+    let retry = agent.next().await;
+    assert!(!retry.reset, "the first revision was acknowledged");
+    assert_eq!(retry.revision, third.revision + 1);
+    assert_eq!(retry.base_revision, first.revision);
+    assert_eq!(first_address(&retry), "10.244.1.4");
+}
+
 #[tokio::test]
 async fn an_agent_resuming_from_its_acknowledged_revision_gets_a_delta() {
     let h = harness(Some(cluster(2, 2))).await;

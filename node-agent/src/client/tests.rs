@@ -274,6 +274,67 @@ async fn a_revision_arriving_100ms_after_a_sync_waits_for_min_sync_period() {
     );
 }
 
+/// A complete delta of `number` building on `base` (protocol rule 12).
+fn delta_on(base: u64, number: u64, services: &[(&str, &str)]) -> pb::SyncResponse {
+    pb::SyncResponse {
+        base_revision: base,
+        ..revision(number, false, services)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn revisions_arriving_while_a_sync_waits_are_folded_into_it_and_only_the_newest_is_answered()
+{
+    let mut agent = Agent::start();
+    agent
+        .send(revision(1, true, &[("web", "10.96.0.10")]))
+        .await;
+    let (_, t0) = agent.ack().await;
+
+    tokio::time::advance(100 * MS).await;
+    agent.send(delta_on(1, 2, &[("api", "10.96.0.11")])).await;
+    tokio::time::advance(400 * MS).await;
+    agent.send(delta_on(2, 3, &[("db", "10.96.0.12")])).await;
+    settle().await;
+    agent.assert_no_ack();
+
+    let (ack, _) = agent.ack().await;
+    assert!(applied(&ack, 3), "one ack answers both: {ack:?}");
+    assert_eq!(agent.kernel.attempts(), [t0, t0 + MIN_SYNC_PERIOD]);
+    assert_eq!(agent.kernel.synced()[1].services.len(), 3);
+    assert_eq!(agent.status.snapshot().state.revision, 3);
+    agent.assert_no_ack();
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_rejection_deltas_on_the_dropped_state_go_unanswered_until_one_builds_on_the_applied()
+ {
+    let mut agent = Agent::start();
+    agent
+        .send(revision(1, true, &[("web", "10.96.0.10")]))
+        .await;
+    agent.ack().await;
+
+    tokio::time::advance(5 * MIN_SYNC_PERIOD).await;
+    agent.kernel.refuse_next(1);
+    agent.send(delta_on(1, 2, &[("api", "10.96.0.11")])).await;
+    let (ack, _) = agent.ack().await;
+    assert!(rejected(&ack, 2), "{ack:?}");
+
+    // Sent before the controller read the NACK: built on revision 2, which the agent dropped.
+    agent.send(delta_on(2, 3, &[("db", "10.96.0.12")])).await;
+    tokio::time::advance(5 * MIN_SYNC_PERIOD).await;
+    settle().await;
+    agent.assert_no_ack();
+
+    agent.send(delta_on(1, 4, &[("db", "10.96.0.12")])).await;
+    let (ack, _) = agent.ack().await;
+    assert!(applied(&ack, 4), "{ack:?}");
+    let held = agent.status.snapshot().state;
+    let names: Vec<&str> = held.services.keys().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(names, ["db", "web"], "revision 2's api is gone with it");
+}
+
 #[tokio::test(start_paused = true)]
 async fn nothing_touches_the_kernel_before_the_first_complete_revision() {
     let mut agent = Agent::start();

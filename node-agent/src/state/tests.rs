@@ -121,6 +121,7 @@ fn revision(epoch: &str, number: u64, reset: bool, parts: Vec<Part>) -> Revision
                 trace_context: None,
                 node_status: part.node_status,
                 replaced_buckets: part.replaced_buckets,
+                base_revision: 0,
             })
             .collect(),
     }

@@ -3,6 +3,7 @@
 //! Test addresses: cluster IPs 10.96.0.0/16.
 
 use super::*;
+use crate::state::Revision;
 use prometheus_client::metrics::{counter::Counter, family::Family};
 use splitproxy_dataplane::{IpFamily, recording::RecordingDataplane};
 use splitproxy_proto::v1alpha1 as pb;
