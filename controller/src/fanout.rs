@@ -46,12 +46,12 @@ const CONCURRENT_FIRST_REVISIONS: usize = 8;
 /// How long a first revision keeps its slot while its agent reads slowly; after that it goes on
 /// without one, so a stalled agent never holds up the others.
 const FIRST_REVISION_SLOT: Duration = Duration::from_secs(10);
-/// How many revisions may be in flight to an agent that pipelines (protocol rule 12). Two is
-/// enough for kube-proxy's latency: while the agent waits for its next sync with one revision
-/// folded, changes go out as a second, which the agent folds into the same sync; what comes
-/// after waits for the ACK of the first, which arrives before that next sync. More would only
-/// multiply the deltas computed per node.
-const PIPELINED_REVISIONS: usize = 2;
+/// How many revisions may be in flight to an agent that pipelines (protocol rule 12). The agent
+/// answers only after its next sync, so every change published while it waits for that sync
+/// needs a revision of its own to join it: with eight, changes up to eight per min-sync-period
+/// wait at most one period, as under kube-proxy; beyond that rate they are compacted as under
+/// rule 6. Each revision in flight holds a view that shares nearly everything with the next.
+const PIPELINED_REVISIONS: usize = 8;
 /// How long to wait before resending after a NACK.
 const RETRY_AFTER_REJECT: Duration = Duration::from_secs(2);
 /// How long an agent refused before the first complete read of the cluster waits to come back.

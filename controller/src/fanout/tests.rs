@@ -335,39 +335,44 @@ fn first_address(revision: &pb::SyncResponse) -> &str {
 }
 
 #[tokio::test]
-async fn an_agent_that_pipelines_gets_two_revisions_in_flight_and_one_ack_answers_both() {
+async fn an_agent_that_pipelines_gets_revisions_in_flight_up_to_the_bound_and_one_ack_answers_all()
+{
     let h = harness(Some(cluster(1, 2))).await;
     let mut agent = pipelining_agent(&h.url).await;
     let first = agent.next().await;
     assert!(first.reset && first.complete);
     assert_eq!(first.base_revision, 0, "a reset builds on nothing");
 
-    h.publish(cluster(1, 3));
-    let second = agent.next().await;
-    assert!(!second.reset && second.complete);
-    assert_eq!(second.revision, first.revision + 1);
-    assert_eq!(
-        second.base_revision, first.revision,
-        "built on the view sent"
-    );
-    assert_eq!(first_address(&second), "10.244.1.3");
+    let mut newest = first;
+    for host in 3..u8::try_from(PIPELINED_REVISIONS + 2).expect("small") {
+        h.publish(cluster(1, host));
+        let delta = agent.next().await;
+        assert!(!delta.reset && delta.complete);
+        assert_eq!(delta.revision, newest.revision + 1);
+        assert_eq!(
+            delta.base_revision, newest.revision,
+            "built on the view sent"
+        );
+        assert_eq!(first_address(&delta), format!("10.244.1.{host}"));
+        newest = delta;
+    }
 
-    // Two in flight: the next change waits for an answer.
-    h.publish(cluster(1, 4));
-    let third = tokio::time::timeout(Duration::from_millis(500), agent.rx.message()).await;
+    // As many in flight as allowed: the next change waits for an answer.
+    h.publish(cluster(1, 99));
+    let waiting = tokio::time::timeout(Duration::from_millis(500), agent.rx.message()).await;
     assert!(
-        third.is_err(),
-        "a third revision went out unanswered: {third:?}"
+        waiting.is_err(),
+        "a revision beyond the bound went out: {waiting:?}"
     );
 
-    agent.answer(second.revision, pb::AckStatus::Applied).await;
-    let third = agent.next().await;
-    assert_eq!(third.revision, second.revision + 1);
+    agent.answer(newest.revision, pb::AckStatus::Applied).await;
+    let after = agent.next().await;
+    assert_eq!(after.revision, newest.revision + 1);
     assert_eq!(
-        third.base_revision, second.revision,
-        "the ack of the second answered the first too"
+        after.base_revision, newest.revision,
+        "the ack of the newest answered the ones before it"
     );
-    assert_eq!(first_address(&third), "10.244.1.4");
+    assert_eq!(first_address(&after), "10.244.1.99");
 }
 
 #[tokio::test]
