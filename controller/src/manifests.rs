@@ -16,7 +16,7 @@ use k8s_openapi::api::{
 use notify::Watcher;
 use serde::Deserialize;
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     sync::Arc,
@@ -246,6 +246,27 @@ impl ManifestsDir {
         Ok(self.objects())
     }
 
+    /// Re-reads the files at `paths`, which the watcher saw change, and returns every object the
+    /// directory holds: a path that is no longer a manifest file loses its objects, and the
+    /// other files are neither listed nor looked at. Parse failures as for [`Self::rescan`].
+    pub fn refresh(&mut self, paths: impl IntoIterator<Item = PathBuf>) -> Objects {
+        for path in paths {
+            // The watch is of the directory alone: every path is one of its entries.
+            let Some(name) = path.file_name() else {
+                continue;
+            };
+            let path = self.dir.join(name);
+            let before = self.files.remove(&path);
+            let metadata = std::fs::metadata(&path).ok().filter(|m| m.is_file());
+            if let Some(metadata) = metadata.filter(|_| is_manifest(&path)) {
+                if let Some(parsed) = read(&path, Stamp::of(&metadata), before) {
+                    self.files.insert(path, parsed);
+                }
+            }
+        }
+        self.objects()
+    }
+
     fn objects(&self) -> Objects {
         Objects::from_manifests(self.files.values().flat_map(|parsed| &parsed.objects))
     }
@@ -343,22 +364,73 @@ impl Source for ManifestsDir {
         let objects = span.in_scope(|| self.rescan())?;
         span.in_scope(|| publish(objects));
         while let Some(event) = rx.recv().await {
-            if let Err(err) = event {
-                tracing::warn!(error = %err, "manifest watch event error; rescanning");
-            }
             // Editors write in bursts (truncate, write, rename): let the burst settle, then read
-            // the directory once.
+            // what it changed once.
             tokio::time::sleep(Duration::from_millis(100)).await;
+            let mut changed = Changed::default();
+            changed.note(event);
             let mut events = 1;
-            while rx.try_recv().is_ok() {
+            while let Ok(event) = rx.try_recv() {
+                changed.note(event);
                 events += 1;
             }
             let span = tracing::info_span!("manifests change", %dir, initial = false, events);
-            let objects = span.in_scope(|| self.rescan())?;
+            // An event of the directory itself (moved, replaced) may change any file.
+            let entries = changed.paths.filter(|paths| !paths.contains(&self.dir));
+            let objects = span.in_scope(|| match entries {
+                Some(paths) => Ok(self.refresh(paths)),
+                None => self.rescan(),
+            })?;
             span.in_scope(|| publish(objects));
         }
         Ok(())
     }
+}
+
+/// What a burst of watch events changed.
+#[derive(Debug)]
+struct Changed {
+    /// The paths the events named; `None` when an event was lost or named none, so the whole
+    /// directory must be read again.
+    paths: Option<BTreeSet<PathBuf>>,
+}
+
+impl Default for Changed {
+    fn default() -> Self {
+        Self {
+            paths: Some(BTreeSet::new()),
+        }
+    }
+}
+
+impl Changed {
+    fn note(&mut self, event: notify::Result<notify::Event>) {
+        match event {
+            Ok(event) if !event.need_rescan() && !event.paths.is_empty() => {
+                if let Some(paths) = &mut self.paths {
+                    paths.extend(event.paths);
+                }
+            }
+            Ok(_) => self.paths = None,
+            Err(err) => {
+                tracing::warn!(error = %err, "manifest watch event error; rescanning");
+                self.paths = None;
+            }
+        }
+    }
+}
+
+/// Whether `path` names a manifest: a `.yaml`, `.yml` or `.json` file that is not hidden.
+fn is_manifest(path: &Path) -> bool {
+    let hidden = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with('.'));
+    let yaml = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"));
+    yaml && !hidden
 }
 
 /// The manifest files of `dir` with their metadata, in path order.
@@ -366,17 +438,7 @@ fn manifest_files(dir: &Path) -> Result<Vec<(PathBuf, std::fs::Metadata)>, Error
     let entries = std::fs::read_dir(dir).map_err(|e| Error::ReadDir(dir.to_owned(), e))?;
     let mut files: Vec<(PathBuf, std::fs::Metadata)> = entries
         .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| {
-            let hidden = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with('.'));
-            let yaml = path
-                .extension()
-                .and_then(|e| e.to_str())
-                .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"));
-            yaml && !hidden
-        })
+        .filter(|path| is_manifest(path))
         .filter_map(|path| {
             let metadata = std::fs::metadata(&path).ok()?;
             metadata.is_file().then_some((path, metadata))

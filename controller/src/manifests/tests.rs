@@ -67,6 +67,44 @@ fn a_file_that_stops_parsing_keeps_its_last_good_objects_and_a_removed_file_lose
     );
 }
 
+/// A Service manifest named `name` in `demo`.
+fn service_manifest(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: demo}}\nspec: {{clusterIP: 10.96.0.11, ports: [{{port: 80}}]}}\n"
+    )
+}
+
+#[test]
+fn a_refresh_reads_only_the_paths_named_and_drops_the_ones_gone() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = |name: &str| dir.path().join(name);
+    for name in ["a", "b", "c"] {
+        std::fs::write(path(&format!("{name}.yaml")), service_manifest(name)).expect("write");
+    }
+    let mut source = ManifestsDir::new(dir.path());
+    let objects = source.rescan().expect("readable");
+    assert_eq!(service_names(&objects), ["demo/a", "demo/b", "demo/c"]);
+
+    std::fs::write(path("a.yaml"), service_manifest("a2")).expect("write");
+    std::fs::write(path("b.yaml"), service_manifest("b2")).expect("write");
+    std::fs::remove_file(path("c.yaml")).expect("remove");
+    std::fs::write(path("d.yaml"), service_manifest("d")).expect("write");
+    std::fs::write(path(".e.yaml"), service_manifest("e")).expect("write");
+    let named = ["a.yaml", "c.yaml", "d.yaml", ".e.yaml"].map(path);
+    assert_eq!(
+        service_names(&source.refresh(named)),
+        ["demo/a2", "demo/b", "demo/d"],
+        "b.yaml was not named, the hidden file is not a manifest"
+    );
+
+    std::fs::write(path("d.yaml"), "kind: [unclosed").expect("write");
+    assert_eq!(
+        service_names(&source.refresh([path("d.yaml"), path("b.yaml")])),
+        ["demo/a2", "demo/b2", "demo/d"],
+        "a file that stops parsing keeps its last good objects"
+    );
+}
+
 #[tokio::test]
 async fn a_file_replaced_by_rename_is_picked_up_while_running() {
     let dir = tempfile::tempdir().expect("temp dir");

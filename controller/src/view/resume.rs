@@ -252,8 +252,10 @@ impl Digests {
 
     /// The sums in `buckets` buckets; `None` for a count the protocol does not allow.
     fn summary(&self, buckets: usize) -> Option<&PlainSummary> {
-        let slot = (buckets_allowed(buckets))
-            .then(|| self.summaries.get(buckets.trailing_zeros() as usize))??;
+        if !buckets_allowed(buckets) {
+            return None;
+        }
+        let slot = self.summaries.get(buckets.trailing_zeros() as usize)?;
         Some(slot.get_or_init(|| PlainSummary::of(self, buckets)))
     }
 }
