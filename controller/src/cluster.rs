@@ -126,7 +126,7 @@ pub struct ClusterState {
     /// The merged endpoints of each Service that has any usable endpoint.
     pub endpoints: Arc<Endpoints>,
     /// The known Nodes by name, with what the views need of each.
-    pub nodes: BTreeMap<String, NodeInfo>,
+    pub nodes: Arc<BTreeMap<String, NodeInfo>>,
     /// The cluster's service CIDRs: every ServiceCIDR's `spec.cidrs`, sorted, without repeats.
     pub service_cidrs: Arc<Vec<String>>,
     /// The Services left out because they cannot be programmed (each logged once).
@@ -162,7 +162,7 @@ impl ClusterState {
                     .map(|(k, e)| (k, Arc::new(e)))
                     .collect(),
             ),
-            nodes,
+            nodes: Arc::new(nodes),
             ..Self::default()
         }
         .followed_by(None)

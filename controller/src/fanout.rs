@@ -143,11 +143,21 @@ impl FanOut {
     /// a node that comes back resumes from its digests. Runs until the source stops.
     pub async fn forget_departed_nodes(&self) {
         let mut cluster = self.cluster.clone();
+        let mut nodes_seen = None;
         while cluster.changed().await.is_ok() {
             let published = cluster.borrow_and_update().clone();
-            if let Some(published) = published {
-                self.acknowledged.forget_departed(&published);
+            let Some(published) = published else {
+                continue;
+            };
+            // States whose Nodes did not change share their map: nothing to walk.
+            if nodes_seen
+                .as_ref()
+                .is_some_and(|seen| Arc::ptr_eq(seen, &published.nodes))
+            {
+                continue;
             }
+            self.acknowledged.forget_departed(&published);
+            nodes_seen = Some(Arc::clone(&published.nodes));
         }
     }
 

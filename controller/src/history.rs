@@ -41,7 +41,11 @@ impl ChangeSet {
             endpoints: changed_keys(&before.endpoints, &after.endpoints, |a, b| {
                 Arc::ptr_eq(a, b) || a == b
             }),
-            nodes: changed_keys(&before.nodes, &after.nodes, PartialEq::eq),
+            nodes: if Arc::ptr_eq(&before.nodes, &after.nodes) {
+                BTreeSet::new()
+            } else {
+                changed_keys(&before.nodes, &after.nodes, PartialEq::eq)
+            },
             service_cidrs: before.service_cidrs != after.service_cidrs,
         }
     }

@@ -133,7 +133,7 @@ mod tests {
         state
             .invalid_services
             .insert(("demo".into(), "broken".into()));
-        state.nodes.insert("node-1".into(), Default::default());
+        Arc::make_mut(&mut state.nodes).insert("node-1".into(), Default::default());
         tx.send_replace(Some(Arc::new(state)));
         let _stream = Connection::open(&metrics, "node-1", "peer", 1, 0);
 

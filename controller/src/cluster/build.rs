@@ -10,10 +10,13 @@ use super::{
     ClusterState, Invalid, Key, NodeInfo, Objects, SERVICE_NAME_LABEL, ServiceBackends,
     ServiceSelector, convert_service, merge_slices,
 };
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+};
 use splitproxy_proto::v1alpha1 as pb;
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
 };
 
@@ -28,6 +31,9 @@ type Merged = Option<Arc<ServiceBackends>>;
 pub struct Builder {
     services: HashMap<Key, (Arc<Service>, Converted)>,
     slices: HashMap<Key, (Vec<Arc<EndpointSlice>>, Merged)>,
+    /// The Node objects of the previous build and what they converted to: kept whole while
+    /// no Node changes, which is most builds.
+    nodes: (Vec<Arc<Node>>, Arc<BTreeMap<String, NodeInfo>>),
 }
 
 impl Builder {
@@ -78,15 +84,36 @@ impl Builder {
         ClusterState {
             services: Arc::new(services),
             endpoints: Arc::new(endpoints),
-            nodes: objects
-                .nodes
-                .iter()
-                .map(|(name, node)| (name.clone(), NodeInfo::of(node)))
-                .collect(),
+            nodes: self.nodes_of(objects),
             service_cidrs: Arc::new(service_cidrs(objects)),
             invalid_services,
             ..ClusterState::default()
         }
+    }
+}
+
+impl Builder {
+    /// What the Nodes of `objects` convert to: the previous build's when it had the same Node
+    /// objects, so a state whose Nodes did not change shares their map with the state before.
+    fn nodes_of(&mut self, objects: &Objects) -> Arc<BTreeMap<String, NodeInfo>> {
+        let before = &self.nodes.0;
+        let unchanged = before.len() == objects.nodes.len()
+            && before
+                .iter()
+                .zip(objects.nodes.values())
+                .all(|(a, b)| Arc::ptr_eq(a, b));
+        if !unchanged {
+            let converted = objects
+                .nodes
+                .iter()
+                .map(|(name, node)| (name.clone(), NodeInfo::of(node)))
+                .collect();
+            self.nodes = (
+                objects.nodes.values().cloned().collect(),
+                Arc::new(converted),
+            );
+        }
+        Arc::clone(&self.nodes.1)
     }
 }
 

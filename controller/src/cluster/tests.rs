@@ -477,7 +477,7 @@ fn endpoint_hints_and_node_zones_are_carried_into_the_state() {
         ]
     );
     assert_eq!(
-        state.nodes,
+        *state.nodes,
         [
             (
                 "node-1".to_owned(),
@@ -588,4 +588,31 @@ fn node_ips_are_the_first_internal_ip_then_one_of_the_other_family() {
         node("{type: InternalIP, address: not-an-ip}"),
         Vec::<String>::new()
     );
+}
+
+#[test]
+fn builds_whose_nodes_did_not_change_share_the_nodes_and_a_changed_node_is_seen() {
+    let node = |name: &str, zone: &str| {
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: {name}, labels: {{topology.kubernetes.io/zone: {zone}}}}}\n"
+        )
+    };
+    let mut snapshot = objects(&format!(
+        "{}---\n{}",
+        node("node-1", "a"),
+        node("node-2", "a")
+    ));
+    let mut builder = Builder::default();
+    let first = builder.build(&snapshot, &ServiceSelector::default());
+    // A source hands over the same objects again when something else changed.
+    let second = builder.build(&snapshot, &ServiceSelector::default());
+    assert!(Arc::ptr_eq(&first.nodes, &second.nodes));
+    assert!(crate::history::ChangeSet::between(&first, &second).is_empty());
+
+    let moved = objects(&node("node-2", "b"));
+    snapshot.nodes.extend(moved.nodes);
+    let third = builder.build(&snapshot, &ServiceSelector::default());
+    assert_eq!(third.nodes["node-2"].topology.zone, "b");
+    let changes = crate::history::ChangeSet::between(&second, &third);
+    assert_eq!(changes.nodes, BTreeSet::from(["node-2".to_owned()]));
 }

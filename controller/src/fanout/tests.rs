@@ -631,7 +631,7 @@ async fn an_agent_that_subscribes_before_the_first_full_read_is_told_when_to_com
 async fn the_node_status_comes_with_the_reset_and_again_only_when_it_changes() {
     let eligible = |eligible: bool| -> ClusterState {
         let mut state = cluster(1, 2);
-        state.nodes.insert(
+        Arc::make_mut(&mut state.nodes).insert(
             "node-1".into(),
             crate::cluster::NodeInfo {
                 ineligible: (!eligible).then_some(crate::eligibility::Ineligible::ToBeDeleted),
@@ -776,9 +776,7 @@ async fn what_departed_nodes_acknowledged_is_forgotten() {
     });
     // node-2's Node object is gone.
     let mut state = cluster(1, 2);
-    state
-        .nodes
-        .insert("node-1".into(), crate::cluster::NodeInfo::default());
+    Arc::make_mut(&mut state.nodes).insert("node-1".into(), crate::cluster::NodeInfo::default());
     tx.send_replace(Some(Arc::new(state)));
 
     for _ in 0..300 {

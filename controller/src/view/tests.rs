@@ -213,7 +213,7 @@ fn a_node_zone_label_change_changes_its_view() {
 /// `cluster(&[])` with `node-1` known, eligible or not as `ineligible` says.
 fn with_node_1(ineligible: Option<Ineligible>) -> ClusterState {
     let mut state = cluster(&[]);
-    state.nodes.insert(
+    Arc::make_mut(&mut state.nodes).insert(
         "node-1".into(),
         NodeInfo {
             topology: NodeTopology::default(),
@@ -251,7 +251,7 @@ fn a_reset_carries_the_node_status_and_a_delta_leaves_an_unchanged_one_out() {
 fn new_pod_cidrs_alone_make_a_delta_that_carries_the_new_status() {
     let before = NodeView::for_node(&with_node_1(None), "node-1");
     let mut readdressed = with_node_1(None);
-    if let Some(node) = readdressed.nodes.get_mut("node-1") {
+    if let Some(node) = Arc::make_mut(&mut readdressed.nodes).get_mut("node-1") {
         node.pod_cidrs = vec!["10.244.7.0/24".into()];
     }
     let delta = Delta::between(&before, &NodeView::for_node(&readdressed, "node-1"));
