@@ -52,10 +52,6 @@ const FIRST_REVISION_SLOT: Duration = Duration::from_secs(10);
 /// wait at most one period, as under kube-proxy; beyond that rate they are compacted as under
 /// rule 6. Each revision in flight holds a view that shares nearly everything with the next.
 const PIPELINED_REVISIONS: usize = 8;
-/// How long before an agent's next sync (as its ACK says, rule 12) the changes held for it are
-/// sent: time to compute and send the revision, while other nodes' revisions go out too, and for
-/// the agent to read it.
-const PACING_LEAD: Duration = Duration::from_millis(100);
 /// How long to wait before resending after a NACK.
 const RETRY_AFTER_REJECT: Duration = Duration::from_secs(2);
 /// How long an agent refused before the first complete read of the cluster waits to come back.
@@ -342,8 +338,6 @@ impl AgentStream {
             tracing::warn!("agent's node is not a known Node object");
         }
         let mut retry_at: Option<tokio::time::Instant> = None;
-        // Changes held until shortly before the agent's next sync (protocol rule 12).
-        let mut hold_until: Option<tokio::time::Instant> = None;
         let credential_expires = self.credential_expires.map(|at| {
             let left = at
                 .duration_since(std::time::SystemTime::now())
@@ -352,10 +346,7 @@ impl AgentStream {
         });
         let mut dirty = true;
         loop {
-            let may_send = self.in_flight.len() < self.max_in_flight
-                && retry_at.is_none()
-                && hold_until.is_none();
-            if dirty && may_send {
+            if dirty && self.in_flight.len() < self.max_in_flight && retry_at.is_none() {
                 dirty = false;
                 if self.send_next().await.is_err() {
                     break;
@@ -376,8 +367,6 @@ impl AgentStream {
                     Some(Ok(pb::SyncRequest { kind: Some(sync_request::Kind::Ack(ack)) })) => {
                         if self.on_ack(&ack) {
                             retry_at = Some(tokio::time::Instant::now() + RETRY_AFTER_REJECT);
-                        } else {
-                            hold_until = self.hold_after(&ack);
                         }
                     }
                     Some(Ok(_)) => tracing::warn!("ignoring a second subscribe on the stream"),
@@ -394,7 +383,6 @@ impl AgentStream {
                     retry_at = None;
                     dirty = true;
                 }
-                () = sleep_until(hold_until) => hold_until = None,
                 () = sleep_until(credential_expires) => {
                     tracing::info!("agent credential expired; closing the stream");
                     let expired = Status::unauthenticated("credential expired; reconnect with a fresh one");
@@ -441,17 +429,6 @@ impl AgentStream {
             self.connection.rejected(&ack.reason);
             true
         }
-    }
-
-    /// Until when to hold changes after `ack`: the agent will only fold them until its next
-    /// sync, so one revision sent shortly before it does what several would, at the cost of one
-    /// delta. `None` for an agent that does not pipeline or will sync at once.
-    fn hold_after(&self, ack: &pb::Ack) -> Option<tokio::time::Instant> {
-        if self.max_in_flight == 1 || ack.status != pb::AckStatus::Applied as i32 {
-            return None;
-        }
-        let wait = Duration::from_millis(ack.next_sync_in_ms.into()).checked_sub(PACING_LEAD)?;
-        (!wait.is_zero()).then(|| tokio::time::Instant::now() + wait)
     }
 
     /// Sends the difference between the last view sent (or acknowledged, with nothing in

@@ -456,33 +456,22 @@ async fn sync<D: Dataplane>(
             "applied"
         );
     }
-    let next_sync_in = applier.next_sync_allowed().map_or(Duration::ZERO, |at| {
-        at.saturating_duration_since(Instant::now())
-    });
-    answer(
-        acks,
-        number,
-        applied.as_ref().map(|()| next_sync_in),
-        metrics,
-    )
-    .await;
+    answer(acks, number, applied.as_ref().map(|_| ()), metrics).await;
     applied.is_ok()
 }
 
-/// Answers `revision` with an ACK saying how long until the next sync may start, or a NACK
-/// giving why it was not applied.
+/// Answers `revision` with an ACK, or a NACK giving why it was not applied.
 async fn answer(
     acks: &mpsc::Sender<pb::SyncRequest>,
     revision: u64,
-    applied: Result<Duration, &ApplyError>,
+    applied: Result<(), &ApplyError>,
     metrics: &Metrics,
 ) {
     let ack = match applied {
-        Ok(next_sync_in) => pb::Ack {
+        Ok(()) => pb::Ack {
             revision,
             status: pb::AckStatus::Applied as i32,
             reason: String::new(),
-            next_sync_in_ms: u32::try_from(next_sync_in.as_millis()).unwrap_or(u32::MAX),
         },
         Err(err) => {
             let reason = error_chain(err);
@@ -492,7 +481,6 @@ async fn answer(
                 revision,
                 status: pb::AckStatus::Rejected as i32,
                 reason,
-                next_sync_in_ms: 0,
             }
         }
     };

@@ -354,14 +354,10 @@ async fn stream(
                 for seen in seen {
                     seen.applied(shared, held, record);
                 }
-                let next_sync_in = timer
-                    .next_sync_allowed()
-                    .map_or(Duration::ZERO, |at| at.saturating_duration_since(Instant::now()));
                 let ack = pb::Ack {
                     revision: number,
                     status: pb::AckStatus::Applied as i32,
                     reason: String::new(),
-                    next_sync_in_ms: u32::try_from(next_sync_in.as_millis()).unwrap_or(u32::MAX),
                 };
                 let request = pb::SyncRequest {
                     kind: Some(pb::sync_request::Kind::Ack(ack)),
