@@ -258,10 +258,10 @@ impl ManifestsDir {
             let path = self.dir.join(name);
             let before = self.files.remove(&path);
             let metadata = std::fs::metadata(&path).ok().filter(|m| m.is_file());
-            if let Some(metadata) = metadata.filter(|_| is_manifest(&path)) {
-                if let Some(parsed) = read(&path, Stamp::of(&metadata), before) {
-                    self.files.insert(path, parsed);
-                }
+            if let Some(metadata) = metadata.filter(|_| is_manifest(&path))
+                && let Some(parsed) = read(&path, Stamp::of(&metadata), before)
+            {
+                self.files.insert(path, parsed);
             }
         }
         self.objects()

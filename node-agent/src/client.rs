@@ -295,7 +295,7 @@ async fn send(tx: &mpsc::Sender<pb::SyncRequest>, kind: sync_request::Kind) {
 /// What the stream loop waits for.
 enum Event {
     /// A message, a failure, or the end of the stream.
-    Message(Option<Result<pb::SyncResponse, tonic::Status>>),
+    Message(Box<Option<Result<pb::SyncResponse, tonic::Status>>>),
     /// The revisions folded may be synced now.
     SyncDue,
 }
@@ -308,7 +308,7 @@ where
 {
     tokio::select! {
         biased;
-        message = inbound.next() => Event::Message(message),
+        message = inbound.next() => Event::Message(Box::new(message)),
         () = sleep_until(sync_at) => Event::SyncDue,
     }
 }

@@ -43,6 +43,16 @@ fn applied() -> NodeState {
         .expect("a reset fits any state")
 }
 
+/// Folds `revision`, which must be taken.
+fn taken(pending: &mut Option<Fold>, applied: &NodeState, revision: &Revision) {
+    assert_eq!(
+        Fold::take(pending, applied, revision),
+        Ok(Folded::Taken),
+        "revision {}",
+        revision.number
+    );
+}
+
 fn names(fold: &Option<Fold>) -> Vec<&str> {
     let fold = fold.as_ref().expect("something folded");
     fold.state
@@ -58,10 +68,7 @@ fn deltas_on_the_newest_revision_folded_build_on_it_and_the_newest_is_answered()
     let mut pending = None;
     for (number, name) in [(2, "b"), (3, "c"), (4, "d")] {
         let delta = revision(number, number - 1, false, &[Some(name)]);
-        assert_eq!(
-            Fold::take(&mut pending, &applied, &delta),
-            Ok(Folded::Taken)
-        );
+        taken(&mut pending, &applied, &delta);
     }
     assert_eq!(names(&pending), ["a", "b", "c", "d"]);
     let fold = pending.expect("folded");
@@ -79,16 +86,10 @@ fn a_delta_on_the_applied_revision_replaces_what_was_folded() {
     let applied = applied();
     let mut pending = None;
     let dropped = revision(2, 1, false, &[Some("b")]);
-    assert_eq!(
-        Fold::take(&mut pending, &applied, &dropped),
-        Ok(Folded::Taken)
-    );
+    taken(&mut pending, &applied, &dropped);
     // After a NACK the controller sends the next delta from the view acknowledged.
     let rebased = revision(4, 1, false, &[Some("c")]);
-    assert_eq!(
-        Fold::take(&mut pending, &applied, &rebased),
-        Ok(Folded::Taken)
-    );
+    taken(&mut pending, &applied, &rebased);
     assert_eq!(names(&pending), ["a", "c"]);
     assert_eq!(
         pending.map(|f| (f.state.revision, f.revisions)),
@@ -109,7 +110,7 @@ fn a_delta_on_a_dropped_state_is_stale_and_changes_nothing() {
     assert_eq!(pending, None);
 
     let kept = revision(4, 1, false, &[Some("d")]);
-    assert_eq!(Fold::take(&mut pending, &applied, &kept), Ok(Folded::Taken));
+    taken(&mut pending, &applied, &kept);
     let before = pending.clone();
     assert_eq!(
         Fold::take(&mut pending, &applied, &stale),
@@ -136,10 +137,7 @@ fn without_a_base_a_revision_follows_the_newest_state_as_under_one_in_flight() {
     let mut pending = None;
     for (number, name) in [(2, "b"), (3, "c")] {
         let delta = revision(number, 0, false, &[Some(name)]);
-        assert_eq!(
-            Fold::take(&mut pending, &applied, &delta),
-            Ok(Folded::Taken)
-        );
+        taken(&mut pending, &applied, &delta);
     }
     assert_eq!(names(&pending), ["a", "b", "c"]);
 }
@@ -149,21 +147,12 @@ fn a_reset_folded_replaces_everything_and_the_sync_reconciles() {
     let applied = applied();
     let mut pending = None;
     let delta = revision(2, 1, false, &[Some("b")]);
-    assert_eq!(
-        Fold::take(&mut pending, &applied, &delta),
-        Ok(Folded::Taken)
-    );
+    taken(&mut pending, &applied, &delta);
     let reset = revision(3, 0, true, &[Some("z")]);
-    assert_eq!(
-        Fold::take(&mut pending, &applied, &reset),
-        Ok(Folded::Taken)
-    );
+    taken(&mut pending, &applied, &reset);
     assert_eq!(names(&pending), ["z"]);
     let after = revision(4, 3, false, &[Some("y")]);
-    assert_eq!(
-        Fold::take(&mut pending, &applied, &after),
-        Ok(Folded::Taken)
-    );
+    taken(&mut pending, &applied, &after);
     assert!(pending.is_some_and(|fold| fold.reset && fold.revisions == 3));
 }
 
@@ -172,10 +161,7 @@ fn a_revision_that_does_not_fit_is_refused_and_leaves_the_fold_as_it_was() {
     let applied = applied();
     let mut pending = None;
     let delta = revision(2, 1, false, &[Some("b")]);
-    assert_eq!(
-        Fold::take(&mut pending, &applied, &delta),
-        Ok(Folded::Taken)
-    );
+    taken(&mut pending, &applied, &delta);
     let before = pending.clone();
     let keyless = revision(3, 2, false, &[None]);
     assert_eq!(
@@ -194,10 +180,7 @@ fn a_fold_that_changes_only_the_status_leaves_the_kernel_alone() {
         eligible: true,
         ..Default::default()
     });
-    assert_eq!(
-        Fold::take(&mut pending, &applied, &status),
-        Ok(Folded::Taken)
-    );
+    taken(&mut pending, &applied, &status);
     assert!(
         pending
             .as_ref()
@@ -205,9 +188,6 @@ fn a_fold_that_changes_only_the_status_leaves_the_kernel_alone() {
     );
 
     let service = revision(3, 2, false, &[Some("b")]);
-    assert_eq!(
-        Fold::take(&mut pending, &applied, &service),
-        Ok(Folded::Taken)
-    );
+    taken(&mut pending, &applied, &service);
     assert!(pending.is_some_and(|f| !f.only_status_differs(&applied)));
 }
