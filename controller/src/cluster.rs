@@ -3,6 +3,7 @@
 
 use crate::cause::Cause;
 use crate::eligibility::Ineligible;
+use crate::topology::{self, Place};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
@@ -275,6 +276,11 @@ pub struct ServiceBackends {
     /// The endpoints as every node sees them that runs none of them and whose traffic no hint
     /// narrows, which is most nodes: one copy shared by all their views.
     pub plain: Arc<pb::ServiceEndpoints>,
+    /// The endpoints as the nodes of a zone see them where zone hints narrow some port's
+    /// traffic there, for the nodes no endpoint runs on and no node hint names: one copy per
+    /// zone shared by all their views. Sorted by zone; only zones where some endpoint is left
+    /// out, as elsewhere the plain form is the same.
+    pub zoned: Vec<(String, Arc<pb::ServiceEndpoints>)>,
 }
 
 impl ServiceBackends {
@@ -300,11 +306,39 @@ impl ServiceBackends {
                 .collect(),
             last_change_trigger_time,
         };
+        let zoned = topology::narrowed_zones(&ports)
+            .into_iter()
+            .filter_map(|zone| {
+                let ports = Place::anywhere_in(zone).ports(&ports);
+                let narrowed = (ports.iter().flat_map(|port| &port.endpoints))
+                    .any(|endpoint| endpoint.topology_excluded);
+                narrowed.then(|| {
+                    let endpoints = pb::ServiceEndpoints {
+                        key: plain.key.clone(),
+                        ports,
+                        last_change_trigger_time,
+                    };
+                    (zone.to_owned(), Arc::new(endpoints))
+                })
+            })
+            .collect();
         Self {
             ports,
             last_change_trigger_time,
             plain: Arc::new(plain),
+            zoned,
         }
+    }
+
+    /// The endpoints as the nodes of `zone` see them that run none of them and that no node
+    /// hint names.
+    #[must_use]
+    pub fn seen_in_zone(&self, zone: &str) -> &Arc<pb::ServiceEndpoints> {
+        self.zoned
+            .binary_search_by(|(z, _)| z.as_str().cmp(zone))
+            .ok()
+            .and_then(|at| self.zoned.get(at))
+            .map_or(&self.plain, |(_, endpoints)| endpoints)
     }
 }
 

@@ -1,13 +1,9 @@
-//! Which Services a node may see in a form of its own rather than the plain one: those with an
-//! endpoint on the node, and those whose topology hints may narrow some node's traffic. Indexed
-//! once per cluster state, so a node's first view costs in proportion to those Services instead
-//! of to every endpoint in the cluster (after a controller restart, every node's view is a first
-//! one).
+//! Which Services a node may see in a form of its own rather than its zone's: those with an
+//! endpoint on the node, and those with a node hint naming it. Indexed once per cluster state, so
+//! a node's first view costs in proportion to those Services instead of to every endpoint in the
+//! cluster (after a controller restart, every node's view is a first one).
 
-use crate::{
-    cluster::{Endpoints, Key},
-    topology,
-};
+use crate::cluster::{Endpoints, Key};
 use itertools::Itertools;
 use std::{
     collections::HashMap,
@@ -23,10 +19,9 @@ struct Index {
     /// The endpoints indexed; held, so the check that a caller's are the same cannot be fooled
     /// by a reused address.
     endpoints: Arc<Endpoints>,
-    /// The Services with an endpoint on each node, sorted.
+    /// The Services that single out each node (an endpoint on it, or a node hint naming it),
+    /// sorted, each once.
     by_node: HashMap<String, Vec<Key>>,
-    /// The Services whose hints may narrow some node's traffic, sorted.
-    hinted: Vec<Key>,
 }
 
 impl Placement {
@@ -41,40 +36,25 @@ impl Placement {
         if !Arc::ptr_eq(&index.endpoints, endpoints) {
             return None;
         }
-        let on_node = index.by_node.get(node).map_or(&[][..], Vec::as_slice);
-        Some(on_node.iter().merge(&index.hinted).dedup())
+        Some(index.by_node.get(node).into_iter().flatten())
     }
 }
 
 impl Index {
     fn of(endpoints: &Arc<Endpoints>) -> Self {
         let mut by_node: HashMap<String, Vec<Key>> = HashMap::new();
-        let mut hinted = Vec::new();
         for (key, backends) in endpoints.iter() {
+            let backends = backends.ports.iter().flat_map(|port| &port.endpoints);
             let nodes = backends
-                .ports
-                .iter()
-                .flat_map(|port| &port.endpoints)
-                .map(|backend| backend.node_name.as_str())
+                .flat_map(|b| std::iter::once(&b.node_name).chain(&b.hints.for_nodes))
                 .filter(|node| !node.is_empty());
             for node in nodes.unique() {
-                by_node
-                    .entry(node.to_owned())
-                    .or_default()
-                    .push(key.clone());
-            }
-            if backends
-                .ports
-                .iter()
-                .any(|port| topology::may_narrow(&port.endpoints))
-            {
-                hinted.push(key.clone());
+                by_node.entry(node.clone()).or_default().push(key.clone());
             }
         }
         Self {
             endpoints: Arc::clone(endpoints),
             by_node,
-            hinted,
         }
     }
 }

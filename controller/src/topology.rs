@@ -16,7 +16,9 @@
 //! nothing anywhere. Endpoints that are not ready neither vote nor are filtered here; the
 //! terminating fallback only ever applies when no endpoint is ready, and then no mode applies.
 
-use crate::cluster::{Backend, NodeTopology};
+use crate::cluster::{Backend, NodeTopology, PortBackends};
+use splitproxy_proto::v1alpha1 as pb;
+use std::collections::BTreeSet;
 
 /// How a node narrows a Service port's cluster-wide endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +63,49 @@ impl<'a> Place<'a> {
         mode.is_some_and(|mode| is_ready(backend) && !self.wants(backend, mode))
     }
 
+    /// The place of the nodes of `zone` that no endpoint runs on and no node hint names: all of
+    /// them see a Service's endpoints alike.
+    #[must_use]
+    pub fn anywhere_in(zone: &'a str) -> Self {
+        Self { node: "", zone }
+    }
+
+    /// Whether this place's node sees `ports` in a form of its own rather than its zone's: an
+    /// endpoint runs on it, or a node hint names it.
+    #[must_use]
+    pub fn is_singled_out(&self, ports: &[PortBackends]) -> bool {
+        !self.node.is_empty()
+            && ports
+                .iter()
+                .flat_map(|port| &port.endpoints)
+                .any(|b| b.node_name == self.node || b.hints.for_nodes.contains(self.node))
+    }
+
+    /// `ports` as this place sees them: locality set, and each port narrowed by the mode its
+    /// hints select here.
+    #[must_use]
+    pub fn ports(&self, ports: &[PortBackends]) -> Vec<pb::PortEndpoints> {
+        ports
+            .iter()
+            .map(|port| {
+                let mode = self.mode(&port.endpoints);
+                pb::PortEndpoints {
+                    port_name: port.port_name.clone(),
+                    protocol: port.protocol as i32,
+                    endpoints: port
+                        .endpoints
+                        .iter()
+                        .map(|b| pb::Endpoint {
+                            is_local: !self.node.is_empty() && b.node_name == self.node,
+                            topology_excluded: self.excludes(mode, b),
+                            ..b.endpoint.clone()
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
     /// Whether `backend`'s hints for `mode` name this place.
     fn wants(&self, backend: &Backend, mode: Mode) -> bool {
         match mode {
@@ -70,12 +115,20 @@ impl<'a> Place<'a> {
     }
 }
 
-/// Whether the hints of `endpoints` (one Service port's) may narrow some node's traffic: whether
-/// [`Place::mode`] can be `Some` for any place.
+/// The zones whose nodes' traffic the zone hints of `ports` narrow for some port: those a zone
+/// hint of a ready endpoint names, on ports whose ready endpoints all carry zone hints. Sorted,
+/// each once.
 #[must_use]
-pub fn may_narrow(endpoints: &[Backend]) -> bool {
-    let ready: Vec<&Backend> = endpoints.iter().filter(|b| is_ready(b)).collect();
-    hinted_modes(&ready).next().is_some()
+pub fn narrowed_zones(ports: &[PortBackends]) -> BTreeSet<&str> {
+    let mut zones = BTreeSet::new();
+    for port in ports {
+        let ready: Vec<&Backend> = port.endpoints.iter().filter(|b| is_ready(b)).collect();
+        if hinted_modes(&ready).any(|mode| mode == Mode::PreferSameZone) {
+            let named = ready.iter().flat_map(|b| &b.hints.for_zones);
+            zones.extend(named.map(String::as_str));
+        }
+    }
+    zones
 }
 
 /// The modes whose hints every one of `ready` carries; none when `ready` is empty.

@@ -1,9 +1,9 @@
 //! Per-node views and the deltas between two views of one node.
 //!
 //! A node's view shares almost everything with the cluster state and with every other node's
-//! view: the Services, and the endpoints of every Service the node runs none of and whose
-//! traffic no topology hint narrows for it. Only the rest, usually a few Services per node, is
-//! the node's own. The next view is computed from what changed since the last (see
+//! view: the Services, and the endpoints of every Service the node runs none of and no node hint
+//! names it for, in their plain form or, where zone hints narrow them, in the form every node of
+//! its zone sees. Only the rest, usually a few Services per node, is the node's own. The next view is computed from what changed since the last (see
 //! [`crate::history`]), so a change costs each node work in proportion to the change, not to
 //! the cluster.
 
@@ -24,10 +24,13 @@ pub struct NodeView {
     generation: Option<u64>,
     /// Services by key: the cluster's.
     services: Arc<Services>,
-    /// The cluster's endpoints, whose plain form the node uses unless `own` has an entry.
+    /// The cluster's endpoints, whose form for the node's zone the node uses unless `own` has
+    /// an entry.
     backends: Arc<Endpoints>,
-    /// The endpoints as this node sees them, where that differs from the plain form: locality
-    /// set for its own endpoints, topology hints applied with its zone.
+    /// The node's zone; empty when it has none.
+    zone: String,
+    /// The endpoints as this node sees them, where that may differ from its zone's form: the
+    /// Services with an endpoint on the node or a node hint naming it.
     own: Arc<BTreeMap<Key, Arc<pb::ServiceEndpoints>>>,
     /// The node's status; set in every computed view, `None` only in the empty view, so a reset
     /// always carries it.
@@ -114,6 +117,7 @@ impl NodeView {
             generation: Some(cluster.history.generation()),
             services: Arc::clone(&cluster.services),
             backends: Arc::clone(&cluster.endpoints),
+            zone: place_of(cluster, node).zone.to_owned(),
             own,
             status: Some(eligibility::status(
                 cluster.nodes.get(node),
@@ -133,14 +137,19 @@ impl NodeView {
     pub fn endpoints_of(&self, key: &Key) -> Option<&Arc<pb::ServiceEndpoints>> {
         self.own
             .get(key)
-            .or_else(|| self.backends.get(key).map(|backends| &backends.plain))
+            .or_else(|| self.backends.get(key).map(|b| b.seen_in_zone(&self.zone)))
     }
 
     /// Every Service's endpoints as this node sees them, by key.
     pub fn endpoints(&self) -> impl Iterator<Item = (&Key, &Arc<pb::ServiceEndpoints>)> {
-        self.backends
-            .iter()
-            .map(|(key, backends)| (key, self.own.get(key).unwrap_or(&backends.plain)))
+        self.backends.iter().map(|(key, b)| {
+            (
+                key,
+                self.own
+                    .get(key)
+                    .unwrap_or_else(|| b.seen_in_zone(&self.zone)),
+            )
+        })
     }
 
     /// The node's status.
@@ -154,50 +163,16 @@ fn place_of<'a>(cluster: &'a ClusterState, node: &'a str) -> Place<'a> {
     Place::new(node, cluster.nodes.get(node).map(|n| &n.topology))
 }
 
-/// The endpoints of one Service as the node at `place` sees them; `None` when that is the
-/// plain form (the node runs none of them and no hint narrows its traffic).
+/// The endpoints of one Service as the node at `place` sees them, when that may differ from
+/// what its zone sees; `None` when the node runs none of them and no node hint names it.
 fn own_endpoints(backends: &ServiceBackends, place: &Place) -> Option<pb::ServiceEndpoints> {
-    let runs_here = |backend: &crate::cluster::Backend| {
-        !backend.node_name.is_empty() && backend.node_name == place.node
-    };
-    let local = backends
-        .ports
-        .iter()
-        .flat_map(|port| &port.endpoints)
-        .any(runs_here);
-    if !local
-        && backends
-            .ports
-            .iter()
-            .all(|port| place.mode(&port.endpoints).is_none())
-    {
-        return None;
-    }
-    let ports = backends
-        .ports
-        .iter()
-        .map(|port| {
-            let mode = place.mode(&port.endpoints);
-            pb::PortEndpoints {
-                port_name: port.port_name.clone(),
-                protocol: port.protocol as i32,
-                endpoints: port
-                    .endpoints
-                    .iter()
-                    .map(|b| pb::Endpoint {
-                        is_local: runs_here(b),
-                        topology_excluded: place.excludes(mode, b),
-                        ..b.endpoint.clone()
-                    })
-                    .collect(),
-            }
+    place
+        .is_singled_out(&backends.ports)
+        .then(|| pb::ServiceEndpoints {
+            key: backends.plain.key.clone(),
+            ports: place.ports(&backends.ports),
+            last_change_trigger_time: backends.last_change_trigger_time,
         })
-        .collect();
-    Some(pb::ServiceEndpoints {
-        key: backends.plain.key.clone(),
-        ports,
-        last_change_trigger_time: backends.last_change_trigger_time,
-    })
 }
 
 /// The changes that turn one view into another.

@@ -3,9 +3,9 @@
 //! node's view.
 //!
 //! After a controller restart every agent resumes at once, so the work that does not depend on
-//! the node is done once per cluster state and shared: the digests of the Services and plain
-//! endpoint sets, their sums per bucket, and the keys in each bucket. Per node there remains
-//! only its own endpoint sets and the buckets that differ.
+//! the node is done once per cluster state and shared: the digests of the Services and of the
+//! plain and per-zone endpoint sets, their sums per bucket, and the keys in each bucket. Per
+//! node there remains only its own endpoint sets and the buckets that differ.
 
 use super::{Delta, EndpointsOf, NodeView, Resources, diff_all};
 use crate::cluster::{Endpoints, Key, Services};
@@ -172,15 +172,15 @@ impl Delta {
 
 impl NodeView {
     /// This view's digests summed per bucket (protocol rule 11), to compare with an agent's
-    /// summary: the plain sums of its cluster state, corrected for the node's own endpoints.
+    /// summary: the sums its zone's nodes share, corrected for the node's own endpoints.
     fn summary(&self, digests: &Digests, plain: &PlainSummary) -> Vec<u64> {
-        let mut sums = plain.sums.clone();
+        let mut sums = plain.sums_in(&self.zone).to_vec();
         let buckets = sums.len();
         for (key, own) in self.own.iter() {
             let replaced = self
                 .backends
                 .get(key)
-                .map_or(0, |b| digests.digest_of(&b.plain));
+                .map_or(0, |b| digests.digest_of(b.seen_in_zone(&self.zone)));
             if let Some(sum) = sums.get_mut(bucket_of(&key.0, &key.1, buckets)) {
                 *sum = sum
                     .wrapping_sub(replaced)
@@ -191,8 +191,8 @@ impl NodeView {
     }
 }
 
-/// The digests of one cluster state's Services and plain endpoint sets, and their sums per
-/// bucket, computed on the first resume and then shared by every node's.
+/// The digests of one cluster state's Services and plain and per-zone endpoint sets, and their
+/// sums per bucket, computed on the first resume and then shared by every node's.
 #[derive(Debug, Default)]
 pub struct SharedDigests(pub(super) OnceLock<Digests>);
 
@@ -232,7 +232,8 @@ impl Digests {
         let services_digests = services.values().map(|s| (address(s), digest(s)));
         let endpoints_digests = endpoints
             .values()
-            .map(|e| (address(&e.plain), digest(&e.plain)));
+            .flat_map(|e| std::iter::once(&e.plain).chain(e.zoned.iter().map(|(_, z)| z)))
+            .map(|e| (address(e), digest(e)));
         Self {
             services: Arc::clone(services),
             endpoints: Arc::clone(endpoints),
@@ -265,6 +266,9 @@ impl Digests {
 #[derive(Debug, Clone)]
 pub(super) struct PlainSummary {
     sums: Vec<u64>,
+    /// The sums with each zone's endpoint sets in place of the plain ones, for the zones that
+    /// have any.
+    zones: HashMap<String, Vec<u64>>,
     /// The keys of the Services and endpoint sets in each bucket, sorted, each once.
     keys: Vec<Vec<Key>>,
 }
@@ -273,6 +277,7 @@ impl PlainSummary {
     fn of(digests: &Digests, buckets: usize) -> Self {
         let mut summary = Self {
             sums: vec![0; buckets],
+            zones: HashMap::new(),
             keys: vec![Vec::new(); buckets],
         };
         let services = digests
@@ -294,7 +299,24 @@ impl PlainSummary {
             keys.sort_unstable();
             keys.dedup();
         }
+        for (key, e) in digests.endpoints.iter() {
+            let plain = digests.digest_of(&e.plain);
+            for (zone, form) in &e.zoned {
+                let sums =
+                    (summary.zones.entry(zone.clone())).or_insert_with(|| summary.sums.clone());
+                if let Some(sum) = sums.get_mut(bucket_of(&key.0, &key.1, buckets)) {
+                    *sum = sum
+                        .wrapping_sub(plain)
+                        .wrapping_add(digests.digest_of(form));
+                }
+            }
+        }
         summary
+    }
+
+    /// The sums every node of `zone` starts from.
+    fn sums_in(&self, zone: &str) -> &[u64] {
+        self.zones.get(zone).unwrap_or(&self.sums)
     }
 }
 

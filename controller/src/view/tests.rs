@@ -176,6 +176,50 @@ fn zone_hints_exclude_other_zones_endpoints_from_the_node_view_only() {
 }
 
 #[test]
+fn nodes_of_one_zone_that_no_endpoint_singles_out_share_one_copy_of_the_narrowed_endpoints() {
+    let state = zoned(
+        &[("10.244.1.2", "node-1", "a"), ("10.244.2.2", "node-2", "b")],
+        &[
+            ("node-1", "a"),
+            ("node-2", "b"),
+            ("node-3", "a"),
+            ("node-4", "a"),
+            ("node-5", "b"),
+        ],
+    );
+    let key: Key = ("demo".into(), "web".into());
+    let view = |node: &str| NodeView::for_node(&state, node);
+    let (on_3, on_4, on_5) = (view("node-3"), view("node-4"), view("node-5"));
+    let seen = |view: &NodeView| Arc::clone(view.endpoints_of(&key).expect("endpoints"));
+    assert!(on_3.own.is_empty() && on_4.own.is_empty() && on_5.own.is_empty());
+    assert!(Arc::ptr_eq(&seen(&on_3), &seen(&on_4)));
+    assert!(!Arc::ptr_eq(&seen(&on_3), &seen(&on_5)));
+    assert_eq!(excluded_flags(&on_5), excluded_flags(&view("node-2")));
+    // node-1 runs an endpoint, so it has a copy of its own, with that endpoint local.
+    assert_eq!(view("node-1").own.len(), 1);
+}
+
+#[test]
+fn every_node_sees_each_service_as_if_its_view_were_computed_for_it_alone() {
+    for seed in 1..=20 {
+        let state = scattered(seed);
+        for node in (0..10).map(|n| format!("node-{n}")) {
+            let view = NodeView::for_node(&state, &node);
+            let place = place_of(&state, &node);
+            for (key, backends) in state.endpoints.iter() {
+                let alone = pb::ServiceEndpoints {
+                    key: Some(object_key(key)),
+                    ports: place.ports(&backends.ports),
+                    last_change_trigger_time: backends.last_change_trigger_time,
+                };
+                let seen = view.endpoints_of(key).map(|e| &**e);
+                assert_eq!(seen, Some(&alone), "seed {seed}, {node}, {key:?}");
+            }
+        }
+    }
+}
+
+#[test]
 fn a_node_zone_label_change_changes_its_view() {
     let endpoints = [("10.244.1.2", "node-1", "a"), ("10.244.2.2", "node-2", "b")];
     let before = NodeView::for_node(
