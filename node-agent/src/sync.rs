@@ -601,9 +601,8 @@ impl<D: Dataplane> Applier<D> {
     }
 }
 
-/// Sleeps until `at`, or forever when `at` is `None`.
 /// Sleeps until `at`; forever when it is `None`.
-pub(crate) async fn sleep_until(at: Option<Instant>) {
+pub async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,

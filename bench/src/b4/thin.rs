@@ -13,6 +13,7 @@ use prost::bytes::Bytes;
 use splitproxy_agent::{
     client::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT},
     runner::{SyncPeriods, SyncTimer},
+    sync::sleep_until,
 };
 use splitproxy_proto::v1alpha1 as pb;
 use std::{
@@ -384,13 +385,6 @@ async fn stream(
 }
 
 /// Sleeps until `at`; forever when it is `None`.
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// The digests `held` presents, sorted by kind then key as rule 7 asks.
 fn digests(keys: &Keys, held: &Held) -> Vec<pb::ResourceDigest> {
     let table = keys.0.read().unwrap_or_else(PoisonError::into_inner);
