@@ -182,7 +182,10 @@ impl ClusterState {
         };
         self.history = history.next(changes);
         // A new state, whatever it was cloned from: its indexes are its own.
-        self.digests = Arc::default();
+        self.digests = Arc::new(match previous {
+            Some(previous) => crate::view::SharedDigests::after(&previous.digests),
+            None => crate::view::SharedDigests::default(),
+        });
         self.placement = Arc::default();
         self
     }

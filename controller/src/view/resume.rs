@@ -13,7 +13,7 @@ use splitproxy_proto::{MAX_SUMMARY_BUCKETS, bucket_of, v1alpha1 as pb};
 use std::{
     borrow::Cow,
     collections::HashMap,
-    sync::{Arc, OnceLock},
+    sync::{Arc, Mutex, OnceLock, PoisonError},
 };
 
 /// What an agent said it holds when subscribing, when that is not a state of this controller, so
@@ -146,7 +146,7 @@ impl Delta {
             bucket_count: u32::try_from(sums.len()).unwrap_or(u32::MAX),
             buckets: Vec::new(),
         };
-        let buckets = sums.iter().zip(&current).zip(&plain.keys);
+        let buckets = sums.iter().zip(&current).zip(plain.keys.iter());
         for (bucket, ((held, current), keys)) in (0u32..).zip(buckets) {
             if held == current {
                 continue;
@@ -194,21 +194,41 @@ impl NodeView {
 /// The digests of one cluster state's Services and plain and per-zone endpoint sets, and their
 /// sums per bucket, computed on the first resume and then shared by every node's.
 #[derive(Debug, Default)]
-pub struct SharedDigests(pub(super) OnceLock<Digests>);
+pub struct SharedDigests(
+    pub(super) OnceLock<Digests>,
+    /// The digests of the state before, when they were computed: while agents resume under
+    /// churn, every published state is resumed from, and most of its entries are the previous
+    /// state's, whose digests are taken from there. Dropped once these are computed, so no
+    /// chain of states stays alive.
+    pub(super) Mutex<Option<Arc<SharedDigests>>>,
+);
 
 impl SharedDigests {
+    /// The digests of the state after the one `before` belongs to, computed from those of
+    /// `before` where entries are shared, when `before`'s were computed.
+    #[must_use]
+    pub fn after(before: &Arc<Self>) -> Self {
+        let seed = before.0.get().is_some().then(|| Arc::clone(before));
+        Self(OnceLock::new(), Mutex::new(seed))
+    }
+
     /// The digests for `view`'s entries: these when `view` is of the state they belong to,
     /// computed for `view` alone otherwise.
     fn for_view(&self, view: &NodeView) -> Cow<'_, Digests> {
-        let digests = self
-            .0
-            .get_or_init(|| Digests::compute(&view.services, &view.backends));
+        let digests = self.0.get_or_init(|| {
+            let seed = self.1.lock().unwrap_or_else(PoisonError::into_inner).take();
+            Digests::compute(
+                &view.services,
+                &view.backends,
+                seed.as_ref().and_then(|s| s.0.get()),
+            )
+        });
         if Arc::ptr_eq(&digests.services, &view.services)
             && Arc::ptr_eq(&digests.endpoints, &view.backends)
         {
             Cow::Borrowed(digests)
         } else {
-            Cow::Owned(Digests::compute(&view.services, &view.backends))
+            Cow::Owned(Digests::compute(&view.services, &view.backends, None))
         }
     }
 }
@@ -225,20 +245,37 @@ pub(super) struct Digests {
     pub(super) by_address: HashMap<usize, u64>,
     /// The sums per bucket, by the bucket count's power of two, each computed when first asked.
     pub(super) summaries: [OnceLock<PlainSummary>; BUCKET_COUNTS],
+    /// The keys per bucket of the state before, by bucket count as `summaries`, where that
+    /// state had the same keys and had computed them.
+    inherited_keys: [Option<BucketKeys>; BUCKET_COUNTS],
 }
 
 impl Digests {
-    fn compute(services: &Arc<Services>, endpoints: &Arc<Endpoints>) -> Self {
-        let services_digests = services.values().map(|s| (address(s), digest(s)));
+    /// The digests of `services` and `endpoints`; those of entries `seed` has (the state
+    /// before's, alive while `seed` is, so an equal address is the same entry) are copied.
+    pub(super) fn compute(
+        services: &Arc<Services>,
+        endpoints: &Arc<Endpoints>,
+        seed: Option<&Self>,
+    ) -> Self {
+        let services_digests = services.values().map(|s| by_address(s, seed));
         let endpoints_digests = endpoints
             .values()
             .flat_map(|e| std::iter::once(&e.plain).chain(e.zoned.iter().map(|(_, z)| z)))
-            .map(|e| (address(e), digest(e)));
+            .map(|e| by_address(e, seed));
+        let same_keys = seed.is_some_and(|seed| {
+            seed.services.keys().eq(services.keys()) && seed.endpoints.keys().eq(endpoints.keys())
+        });
+        let inherited_keys = std::array::from_fn(|at| {
+            let seed = seed.filter(|_| same_keys)?;
+            Some(Arc::clone(&seed.summaries.get(at)?.get()?.keys))
+        });
         Self {
             services: Arc::clone(services),
             endpoints: Arc::clone(endpoints),
             by_address: services_digests.chain(endpoints_digests).collect(),
             summaries: std::array::from_fn(|_| OnceLock::new()),
+            inherited_keys,
         }
     }
 
@@ -256,8 +293,10 @@ impl Digests {
         if !buckets_allowed(buckets) {
             return None;
         }
-        let slot = self.summaries.get(buckets.trailing_zeros() as usize)?;
-        Some(slot.get_or_init(|| PlainSummary::of(self, buckets)))
+        let at = buckets.trailing_zeros() as usize;
+        let slot = self.summaries.get(at)?;
+        let inherited = self.inherited_keys.get(at).cloned().flatten();
+        Some(slot.get_or_init(|| PlainSummary::of(self, buckets, inherited)))
     }
 }
 
@@ -269,17 +308,17 @@ pub(super) struct PlainSummary {
     /// The sums with each zone's endpoint sets in place of the plain ones, for the zones that
     /// have any.
     zones: HashMap<String, Vec<u64>>,
-    /// The keys of the Services and endpoint sets in each bucket, sorted, each once.
-    keys: Vec<Vec<Key>>,
+    pub(super) keys: BucketKeys,
 }
 
+/// The keys of the Services and endpoint sets in each bucket, sorted, each once.
+type BucketKeys = Arc<Vec<Vec<Key>>>;
+
 impl PlainSummary {
-    fn of(digests: &Digests, buckets: usize) -> Self {
-        let mut summary = Self {
-            sums: vec![0; buckets],
-            zones: HashMap::new(),
-            keys: vec![Vec::new(); buckets],
-        };
+    /// The sums of `digests` in `buckets` buckets, with `inherited` as the keys per bucket
+    /// when the state before had the same keys.
+    fn of(digests: &Digests, buckets: usize, inherited: Option<BucketKeys>) -> Self {
+        let mut sums = vec![0u64; buckets];
         let services = digests
             .services
             .iter()
@@ -287,23 +326,15 @@ impl PlainSummary {
         let endpoints =
             (digests.endpoints.iter()).map(|(key, e)| (key, digests.digest_of(&e.plain)));
         for (key, digest) in services.chain(endpoints) {
-            let bucket = bucket_of(&key.0, &key.1, buckets);
-            if let (Some(sum), Some(keys)) =
-                (summary.sums.get_mut(bucket), summary.keys.get_mut(bucket))
-            {
+            if let Some(sum) = sums.get_mut(bucket_of(&key.0, &key.1, buckets)) {
                 *sum = sum.wrapping_add(digest);
-                keys.push(key.clone());
             }
         }
-        for keys in &mut summary.keys {
-            keys.sort_unstable();
-            keys.dedup();
-        }
+        let mut zones = HashMap::new();
         for (key, e) in digests.endpoints.iter() {
             let plain = digests.digest_of(&e.plain);
             for (zone, form) in &e.zoned {
-                let sums =
-                    (summary.zones.entry(zone.clone())).or_insert_with(|| summary.sums.clone());
+                let sums = zones.entry(zone.clone()).or_insert_with(|| sums.clone());
                 if let Some(sum) = sums.get_mut(bucket_of(&key.0, &key.1, buckets)) {
                     *sum = sum
                         .wrapping_sub(plain)
@@ -311,13 +342,37 @@ impl PlainSummary {
                 }
             }
         }
-        summary
+        let keys = inherited.unwrap_or_else(|| Arc::new(bucket_keys(digests, buckets)));
+        Self { sums, zones, keys }
     }
 
     /// The sums every node of `zone` starts from.
     fn sums_in(&self, zone: &str) -> &[u64] {
         self.zones.get(zone).unwrap_or(&self.sums)
     }
+}
+
+/// The keys of `digests`' Services and endpoint sets in each of `buckets` buckets, sorted, each
+/// once.
+fn bucket_keys(digests: &Digests, buckets: usize) -> Vec<Vec<Key>> {
+    let mut keys = vec![Vec::new(); buckets];
+    for key in digests.services.keys().chain(digests.endpoints.keys()) {
+        if let Some(bucket) = keys.get_mut(bucket_of(&key.0, &key.1, buckets)) {
+            bucket.push(key.clone());
+        }
+    }
+    for bucket in &mut keys {
+        bucket.sort_unstable();
+        bucket.dedup();
+    }
+    keys
+}
+
+/// `resource`'s address and digest, the digest copied from `seed` when it has the address.
+fn by_address<M: prost::Message>(resource: &Arc<M>, seed: Option<&Digests>) -> (usize, u64) {
+    let at = address(resource);
+    let known = seed.and_then(|seed| seed.by_address.get(&at)).copied();
+    (at, known.unwrap_or_else(|| digest(resource)))
 }
 
 fn address<T>(entry: &Arc<T>) -> usize {

@@ -763,3 +763,50 @@ fn a_delta_from_a_summary_brings_any_held_view_to_the_node_view() {
         assert_eq!(counted.count(), 2, "seed {seed}");
     }
 }
+
+#[test]
+fn a_state_after_one_whose_digests_were_computed_takes_their_digests_and_bucket_keys() {
+    let before = scattered(3);
+    let (node, buckets) = ("node-1", splitproxy_proto::SUMMARY_BUCKETS);
+    let old = NodeView::for_node(&before, node);
+    let mut held = holdings(&old);
+    let summary = summary_of(&held, buckets);
+    let _ = Delta::from_summary(&summary, &old, &before.digests);
+
+    // One Service loses an endpoint; every other entry is shared with `before`.
+    let (key, backends) = (before.endpoints.iter())
+        .find(|(_, b)| b.ports.iter().any(|p| p.endpoints.len() > 1))
+        .expect("a Service with two endpoints");
+    let mut ports = backends.ports.clone();
+    for port in &mut ports {
+        port.endpoints.truncate(1);
+    }
+    let mut after = before.clone();
+    Arc::make_mut(&mut after.endpoints).insert(
+        key.clone(),
+        Arc::new(ServiceBackends::new(key, ports, None)),
+    );
+    let after = after.followed_by(Some(&before));
+
+    let new = NodeView::for_node(&after, node);
+    let delta = Delta::from_summary(&summary, &new, &after.digests);
+    let alone = Delta::from_summary(&summary, &new, &SharedDigests::default());
+    assert_eq!(delta, alone);
+    assert!(!delta.upserted_endpoints.is_empty());
+    apply(&mut held, &delta);
+    assert_eq!(held, holdings(&new));
+
+    let (was, now) = (
+        before.digests.0.get().expect("computed"),
+        after.digests.0.get().expect("computed"),
+    );
+    let fresh = resume::Digests::compute(&after.services, &after.endpoints, None);
+    assert_eq!(now.by_address, fresh.by_address);
+    let keys = |digests: &resume::Digests| {
+        let at = buckets.trailing_zeros() as usize;
+        Arc::clone(&digests.summaries[at].get().expect("summed").keys)
+    };
+    assert!(Arc::ptr_eq(&keys(was), &keys(now)));
+    // The state before is let go once these are computed.
+    assert!(after.digests.1.lock().expect("not poisoned").is_none());
+}
