@@ -143,6 +143,11 @@ pub async fn run<D: Dataplane>(
             if let Err(err) = result {
                 tracing::warn!(%controller, error = %error_chain(&err), "controller stream ended");
                 retry_after = err.retry_after().map(|hint| hint.min(config.max_backoff));
+                if progressed && err.asks_to_come_back() {
+                    // The same replica first: it still knows what this node acknowledged, so
+                    // the node resumes there with nothing to compare (protocol rule 7).
+                    next -= 1;
+                }
             }
             if progressed {
                 backoff = config.min_backoff;
@@ -169,6 +174,13 @@ impl StreamError {
             return None;
         };
         splitproxy_proto::retry_after(status)
+    }
+
+    /// Whether the controller ended a working stream expecting the agent back: the agent's
+    /// credential expired, and it returns with the rotated one. Not a transport failure, which
+    /// may be a controller that hangs.
+    fn asks_to_come_back(&self) -> bool {
+        matches!(self, Self::Status(status) if status.code() == tonic::Code::Unauthenticated)
     }
 }
 
