@@ -102,34 +102,41 @@ impl History {
     }
 
     /// Everything that changed after `generation` up to this one; `None` when that is further
-    /// back than the history reaches (or not a generation before this one).
+    /// back than the history reaches (or not a generation before this one). One generation
+    /// back, which is where almost every stream is, is the latest change set itself, shared.
     #[must_use]
-    pub fn since(&self, generation: u64) -> Option<ChangeSet> {
+    pub fn since(&self, generation: u64) -> Option<Arc<ChangeSet>> {
         let behind = usize::try_from(self.generation.checked_sub(generation)?).ok()?;
         if behind > self.recent.len() {
             return None;
         }
+        let mut later = self.recent.range(self.recent.len() - behind..);
+        if behind == 1 {
+            return later.next().cloned();
+        }
         let mut union = ChangeSet::default();
-        for changes in self.recent.range(self.recent.len() - behind..) {
+        for changes in later {
             union.extend(changes);
         }
-        Some(union)
+        Some(Arc::new(union))
     }
 }
 
-/// The keys present in only one of `a` and `b`, or in both with entries that are not `same`.
+/// The keys present in only one of `a` and `b`, or in both with entries that are not `same`: one
+/// walk of both in key order, with no lookups (a change costs this over the whole cluster).
 fn changed_keys<K: Ord + Clone, V>(
     a: &BTreeMap<K, V>,
     b: &BTreeMap<K, V>,
     same: impl Fn(&V, &V) -> bool,
 ) -> BTreeSet<K> {
-    let mut changed: BTreeSet<K> = a
-        .iter()
-        .filter(|(key, value)| !b.get(*key).is_some_and(|other| same(value, other)))
-        .map(|(key, _)| key.clone())
-        .collect();
-    changed.extend(b.keys().filter(|key| !a.contains_key(*key)).cloned());
-    changed
+    use itertools::EitherOrBoth::{Both, Left, Right};
+    itertools::merge_join_by(a, b, |(x, _), (y, _)| x.cmp(y))
+        .filter_map(|pair| match pair {
+            Both((key, x), (_, y)) => (!same(x, y)).then_some(key),
+            Left((key, _)) | Right((key, _)) => Some(key),
+        })
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]

@@ -24,6 +24,12 @@ fn the_changes_since_a_generation_are_the_union_of_the_later_ones() {
         ["a", "b", "c"]
     );
     assert!(history.since(3).expect("the same generation").is_empty());
+    // One generation back is the latest change set itself, not a copy.
+    let latest = history.since(2).expect("within reach");
+    assert!(std::ptr::eq(
+        &*latest,
+        history.latest().expect("a change set")
+    ));
     assert_eq!(history.since(4), None, "a generation after this one");
 }
 
@@ -40,4 +46,19 @@ fn a_generation_older_than_the_history_is_out_of_reach() {
         Some(HISTORY_LENGTH)
     );
     assert_eq!(history.since(oldest_reachable - 1), None);
+}
+
+#[test]
+fn changed_keys_are_those_added_removed_or_with_entries_not_the_same() {
+    let a = BTreeMap::from([(1, "kept"), (2, "removed"), (3, "before"), (5, "kept")]);
+    let b = BTreeMap::from([
+        (0, "added"),
+        (1, "kept"),
+        (3, "after"),
+        (5, "kept"),
+        (9, "added"),
+    ]);
+    let changed = changed_keys(&a, &b, |x, y| x == y);
+    assert_eq!(changed, BTreeSet::from([0, 2, 3, 9]));
+    assert!(changed_keys(&a, &a, |x, y| x == y).is_empty());
 }
