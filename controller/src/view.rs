@@ -3,9 +3,9 @@
 //! A node's view shares almost everything with the cluster state and with every other node's
 //! view: the Services, and the endpoints of every Service the node runs none of and no node hint
 //! names it for, in their plain form or, where zone hints narrow them, in the form every node of
-//! its zone sees. Only the rest, usually a few Services per node, is the node's own. The next view is computed from what changed since the last (see
-//! [`crate::history`]), so a change costs each node work in proportion to the change, not to
-//! the cluster.
+//! its zone sees. Only the rest, usually a few Services per node, is the node's own. The next
+//! view is computed from what changed since the last (see [`crate::history`]), so a change
+//! costs each node work in proportion to the change, not to the cluster.
 
 use crate::{
     cluster::{ClusterState, Endpoints, Key, ServiceBackends, Services},
