@@ -309,27 +309,31 @@ impl ServiceBackends {
                 .collect(),
             last_change_trigger_time,
         };
-        let zoned = topology::narrowed_zones(&ports)
-            .into_iter()
-            .filter_map(|zone| {
-                let ports = Place::anywhere_in(zone).ports(&ports);
-                let narrowed = (ports.iter().flat_map(|port| &port.endpoints))
-                    .any(|endpoint| endpoint.topology_excluded);
-                narrowed.then(|| {
-                    let endpoints = pb::ServiceEndpoints {
-                        key: plain.key.clone(),
-                        ports,
-                        last_change_trigger_time,
-                    };
-                    (zone.to_owned(), Arc::new(endpoints))
-                })
-            })
-            .collect();
-        Self {
+        let mut backends = Self {
             ports,
             last_change_trigger_time,
             plain: Arc::new(plain),
-            zoned,
+            zoned: Vec::new(),
+        };
+        backends.zoned = topology::narrowed_zones(&backends.ports)
+            .into_iter()
+            .filter_map(|zone| {
+                let endpoints = backends.seen_from(&Place::anywhere_in(zone));
+                let narrowed = (endpoints.ports.iter().flat_map(|port| &port.endpoints))
+                    .any(|endpoint| endpoint.topology_excluded);
+                narrowed.then(|| (zone.to_owned(), Arc::new(endpoints)))
+            })
+            .collect();
+        backends
+    }
+
+    /// The endpoints as a node at `place` sees them: locality set, topology hints applied.
+    #[must_use]
+    pub fn seen_from(&self, place: &Place) -> pb::ServiceEndpoints {
+        pb::ServiceEndpoints {
+            key: self.plain.key.clone(),
+            ports: place.ports(&self.ports),
+            last_change_trigger_time: self.last_change_trigger_time,
         }
     }
 

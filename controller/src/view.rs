@@ -54,7 +54,7 @@ impl NodeView {
                 .collect(),
             None => cluster.endpoints.iter().filter_map(mine).collect(),
         };
-        Self::of(cluster, node, Arc::new(own))
+        Self::of(cluster, &place, Arc::new(own))
     }
 
     /// `node`'s view of `cluster`, and the delta from this view (an earlier one of the same
@@ -88,7 +88,7 @@ impl NodeView {
                 None => {}
             }
         }
-        let next = Self::of(cluster, node, own);
+        let next = Self::of(cluster, &place, own);
         let delta = Delta::assemble(
             diff(
                 &changes.services,
@@ -108,19 +108,20 @@ impl NodeView {
         (next, delta)
     }
 
+    /// The view of the node at `place`, whose own entries are `own`.
     fn of(
         cluster: &ClusterState,
-        node: &str,
+        place: &Place,
         own: Arc<BTreeMap<Key, Arc<pb::ServiceEndpoints>>>,
     ) -> Self {
         Self {
             generation: Some(cluster.history.generation()),
             services: Arc::clone(&cluster.services),
             backends: Arc::clone(&cluster.endpoints),
-            zone: place_of(cluster, node).zone.to_owned(),
+            zone: place.zone.to_owned(),
             own,
             status: Some(eligibility::status(
-                cluster.nodes.get(node),
+                cluster.nodes.get(place.node),
                 &cluster.service_cidrs,
             )),
         }
@@ -168,11 +169,7 @@ fn place_of<'a>(cluster: &'a ClusterState, node: &'a str) -> Place<'a> {
 fn own_endpoints(backends: &ServiceBackends, place: &Place) -> Option<pb::ServiceEndpoints> {
     place
         .is_singled_out(&backends.ports)
-        .then(|| pb::ServiceEndpoints {
-            key: backends.plain.key.clone(),
-            ports: place.ports(&backends.ports),
-            last_change_trigger_time: backends.last_change_trigger_time,
-        })
+        .then(|| backends.seen_from(place))
 }
 
 /// The changes that turn one view into another.

@@ -194,33 +194,41 @@ impl NodeView {
 /// The digests of one cluster state's Services and plain and per-zone endpoint sets, and their
 /// sums per bucket, computed on the first resume and then shared by every node's.
 #[derive(Debug, Default)]
-pub struct SharedDigests(
-    pub(super) OnceLock<Digests>,
+pub struct SharedDigests {
+    /// This state's digests, once computed.
+    pub(super) computed: OnceLock<Digests>,
     /// The digests of the state before, when they were computed: while agents resume under
     /// churn, every published state is resumed from, and most of its entries are the previous
     /// state's, whose digests are taken from there. Dropped once these are computed, so no
     /// chain of states stays alive.
-    pub(super) Mutex<Option<Arc<SharedDigests>>>,
-);
+    pub(super) seed: Mutex<Option<Arc<SharedDigests>>>,
+}
 
 impl SharedDigests {
     /// The digests of the state after the one `before` belongs to, computed from those of
     /// `before` where entries are shared, when `before`'s were computed.
     #[must_use]
     pub fn after(before: &Arc<Self>) -> Self {
-        let seed = before.0.get().is_some().then(|| Arc::clone(before));
-        Self(OnceLock::new(), Mutex::new(seed))
+        let seed = before.computed.get().is_some().then(|| Arc::clone(before));
+        Self {
+            computed: OnceLock::new(),
+            seed: Mutex::new(seed),
+        }
     }
 
     /// The digests for `view`'s entries: these when `view` is of the state they belong to,
     /// computed for `view` alone otherwise.
     fn for_view(&self, view: &NodeView) -> Cow<'_, Digests> {
-        let digests = self.0.get_or_init(|| {
-            let seed = self.1.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let digests = self.computed.get_or_init(|| {
+            let seed = self
+                .seed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
             Digests::compute(
                 &view.services,
                 &view.backends,
-                seed.as_ref().and_then(|s| s.0.get()),
+                seed.as_ref().and_then(|s| s.computed.get()),
             )
         });
         if Arc::ptr_eq(&digests.services, &view.services)

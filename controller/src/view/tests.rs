@@ -567,7 +567,7 @@ fn deltas_from_digests_use_the_digests_shared_by_every_node_of_a_state() {
         );
     }
     // Computed once for the state, for the Service and its plain endpoints.
-    let shared = after.digests.0.get().expect("computed");
+    let shared = after.digests.computed.get().expect("computed");
     assert_eq!(shared.by_address.len(), 2);
 }
 
@@ -758,7 +758,7 @@ fn a_delta_from_a_summary_brings_any_held_view_to_the_node_view() {
             }
         }
         // The plain sums are computed once per state and bucket count.
-        let shared = after.digests.0.get().expect("computed");
+        let shared = after.digests.computed.get().expect("computed");
         let counted = shared.summaries.iter().filter(|s| s.get().is_some());
         assert_eq!(counted.count(), 2, "seed {seed}");
     }
@@ -797,8 +797,8 @@ fn a_state_after_one_whose_digests_were_computed_takes_their_digests_and_bucket_
     assert_eq!(held, holdings(&new));
 
     let (was, now) = (
-        before.digests.0.get().expect("computed"),
-        after.digests.0.get().expect("computed"),
+        before.digests.computed.get().expect("computed"),
+        after.digests.computed.get().expect("computed"),
     );
     let fresh = resume::Digests::compute(&after.services, &after.endpoints, None);
     assert_eq!(now.by_address, fresh.by_address);
@@ -808,5 +808,5 @@ fn a_state_after_one_whose_digests_were_computed_takes_their_digests_and_bucket_
     };
     assert!(Arc::ptr_eq(&keys(was), &keys(now)));
     // The state before is let go once these are computed.
-    assert!(after.digests.1.lock().expect("not poisoned").is_none());
+    assert!(after.digests.seed.lock().expect("not poisoned").is_none());
 }
