@@ -4,6 +4,7 @@
 use crate::cause::Cause;
 use crate::eligibility::Ineligible;
 use crate::topology::{self, Place};
+use imbl::OrdMap;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
@@ -97,26 +98,28 @@ pub enum Invalid {
 /// Kubernetes' default ClientIP affinity timeout (3 hours).
 const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
 
-/// Objects as read from a source, before filtering. A source hands over the same `Arc` for an
-/// object that did not change since its previous snapshot, which is how [`Builder`] knows what
-/// to convert again.
+/// Objects as read from a source, before filtering. A source updates its maps in place, object
+/// by object, so a snapshot shares every part that did not change with the one before: that is
+/// how [`Builder`] finds what to convert again without looking at the rest.
 #[derive(Debug, Clone, Default)]
 pub struct Objects {
     /// Services by namespace and name.
-    pub services: BTreeMap<Key, Arc<Service>>,
+    pub services: OrdMap<Key, Arc<Service>>,
     /// EndpointSlices by namespace and name.
-    pub slices: BTreeMap<Key, Arc<EndpointSlice>>,
+    pub slices: OrdMap<Key, Arc<EndpointSlice>>,
     /// Nodes by name.
-    pub nodes: BTreeMap<String, Arc<Node>>,
+    pub nodes: OrdMap<String, Arc<Node>>,
     /// ServiceCIDRs by name.
-    pub service_cidrs: BTreeMap<String, Arc<ServiceCIDR>>,
+    pub service_cidrs: OrdMap<String, Arc<ServiceCIDR>>,
 }
 
-/// The converted Services by key; an entry keeps its `Arc` while it does not change, so states
-/// and views share it.
-pub type Services = BTreeMap<Key, Arc<pb::Service>>;
+/// The converted Services by key; an entry keeps its `Arc` while it does not change, and the
+/// map shares its unchanged parts with the state before, so states and views share both.
+pub type Services = OrdMap<Key, Arc<pb::Service>>;
 /// The merged endpoints by Service key, shared the same way.
-pub type Endpoints = BTreeMap<Key, Arc<ServiceBackends>>;
+pub type Endpoints = OrdMap<Key, Arc<ServiceBackends>>;
+/// What the views need of each known Node, by name.
+pub type Nodes = OrdMap<String, NodeInfo>;
 
 /// The node-independent state every view is computed from. Cloning it is cheap: the maps are
 /// shared, and so is every entry that two states have in common.
@@ -127,7 +130,7 @@ pub struct ClusterState {
     /// The merged endpoints of each Service that has any usable endpoint.
     pub endpoints: Arc<Endpoints>,
     /// The known Nodes by name, with what the views need of each.
-    pub nodes: Arc<BTreeMap<String, NodeInfo>>,
+    pub nodes: Arc<Nodes>,
     /// The cluster's service CIDRs: every ServiceCIDR's `spec.cidrs`, sorted, without repeats.
     pub service_cidrs: Arc<Vec<String>>,
     /// The Services left out because they cannot be programmed (each logged once).
@@ -163,7 +166,7 @@ impl ClusterState {
                     .map(|(k, e)| (k, Arc::new(e)))
                     .collect(),
             ),
-            nodes: Arc::new(nodes),
+            nodes: Arc::new(nodes.into_iter().collect()),
             ..Self::default()
         }
         .followed_by(None)

@@ -6,8 +6,9 @@
 //! the union of the change sets after `g`; further behind than that, it compares whole views.
 
 use crate::cluster::{ClusterState, Key};
+use imbl::{OrdMap, ordmap::DiffItem};
 use std::{
-    collections::{BTreeMap, BTreeSet, VecDeque},
+    collections::{BTreeSet, VecDeque},
     sync::Arc,
 };
 
@@ -30,22 +31,15 @@ pub struct ChangeSet {
 }
 
 impl ChangeSet {
-    /// What differs from `before` to `after`. Entries are compared by identity first (states
-    /// share the entries that did not change), so this costs a pointer comparison per entry.
+    /// What differs from `before` to `after`. States built one from the other share the parts
+    /// of their maps that did not change, which this skips: it costs in proportion to the
+    /// change, not to the cluster.
     #[must_use]
     pub fn between(before: &ClusterState, after: &ClusterState) -> Self {
         Self {
-            services: changed_keys(&before.services, &after.services, |a, b| {
-                Arc::ptr_eq(a, b) || a == b
-            }),
-            endpoints: changed_keys(&before.endpoints, &after.endpoints, |a, b| {
-                Arc::ptr_eq(a, b) || a == b
-            }),
-            nodes: if Arc::ptr_eq(&before.nodes, &after.nodes) {
-                BTreeSet::new()
-            } else {
-                changed_keys(&before.nodes, &after.nodes, PartialEq::eq)
-            },
+            services: changed_keys(&before.services, &after.services),
+            endpoints: changed_keys(&before.endpoints, &after.endpoints),
+            nodes: changed_keys(&before.nodes, &after.nodes),
             service_cidrs: before.service_cidrs != after.service_cidrs,
         }
     }
@@ -122,20 +116,17 @@ impl History {
     }
 }
 
-/// The keys present in only one of `a` and `b`, or in both with entries that are not `same`: one
-/// walk of both in key order, with no lookups (a change costs this over the whole cluster).
-fn changed_keys<K: Ord + Clone, V>(
-    a: &BTreeMap<K, V>,
-    b: &BTreeMap<K, V>,
-    same: impl Fn(&V, &V) -> bool,
+/// The keys present in only one of `a` and `b`, or in both with entries that differ.
+fn changed_keys<K: Ord + Clone, V: Clone + PartialEq>(
+    a: &OrdMap<K, V>,
+    b: &OrdMap<K, V>,
 ) -> BTreeSet<K> {
-    use itertools::EitherOrBoth::{Both, Left, Right};
-    itertools::merge_join_by(a, b, |(x, _), (y, _)| x.cmp(y))
-        .filter_map(|pair| match pair {
-            Both((key, x), (_, y)) => (!same(x, y)).then_some(key),
-            Left((key, _)) | Right((key, _)) => Some(key),
+    a.diff(b)
+        .map(|change| match change {
+            DiffItem::Add(key, _)
+            | DiffItem::Remove(key, _)
+            | DiffItem::Update { new: (key, _), .. } => key.clone(),
         })
-        .cloned()
         .collect()
 }
 

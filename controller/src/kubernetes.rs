@@ -1,25 +1,30 @@
 //! The Kubernetes API source: one reflector each on Services, EndpointSlices, Nodes and
 //! ServiceCIDRs.
 //!
-//! Nothing is published before all four have listed once, so agents never see a half-read
-//! cluster. A relist (after a 410 or an API-server restart) is swapped into the stores atomically
-//! when it completes, so objects that still exist never disappear in between.
+//! Each watch's events are applied, object by object, to a persistent map of that kind (a
+//! [`Mirror`]), so each snapshot shares all it did not change with the one before and the
+//! cluster builder converts only the changed objects. Nothing is published before all four have
+//! listed once, so agents never see a half-read cluster. A relist (after a 410 or an API-server
+//! restart) is patched into the map when it completes, so objects that still exist never
+//! disappear in between, and those that did not change keep their entries.
 
 use crate::{
     cluster::{HEADLESS_LABEL, Key, Objects, ServiceSelector},
     source::Source,
 };
 use futures::{FutureExt, StreamExt, stream::BoxStream};
+use imbl::{OrdMap, ordmap::DiffItem};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
     networking::v1::ServiceCIDR,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{
     Api, Client, Resource,
-    runtime::{WatchStreamExt, reflector, watcher},
+    runtime::{WatchStreamExt, watcher},
 };
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Errors of the Kubernetes source.
 #[derive(Debug, thiserror::Error)]
@@ -72,40 +77,124 @@ impl KubernetesSource {
     }
 }
 
-/// A reflector on `api` whose store is `writer`, reduced to publish signals.
-fn watch<K>(
+/// One kind's objects as its watch has shown them, by key.
+struct Mirror<I, K> {
+    kind: Kind,
+    objects: OrdMap<I, Arc<K>>,
+    /// The objects a relist under way has listed so far.
+    relisted: Option<OrdMap<I, Arc<K>>>,
+    /// The key of an object; objects without one are left out.
+    key: fn(&ObjectMeta) -> Option<I>,
+}
+
+impl<I: Ord + Clone, K: Resource + PartialEq> Mirror<I, K> {
+    fn new(kind: Kind, key: fn(&ObjectMeta) -> Option<I>) -> Arc<Mutex<Self>> {
+        Arc::new(Mutex::new(Self {
+            kind,
+            objects: OrdMap::new(),
+            relisted: None,
+            key,
+        }))
+    }
+
+    /// Applies one watch event; returns what it means for publishing, if anything.
+    fn apply(&mut self, event: watcher::Event<K>) -> Option<Signal> {
+        match event {
+            watcher::Event::Init => {
+                self.relisted = Some(OrdMap::new());
+                Some(Signal::Relisting)
+            }
+            watcher::Event::InitApply(object) => {
+                let key = (self.key)(object.meta())?;
+                (self.relisted.get_or_insert_default()).insert(key, Arc::new(object));
+                None
+            }
+            watcher::Event::InitDone => {
+                let relisted = self.relisted.take().unwrap_or_default();
+                self.objects = patched(&self.objects, &relisted);
+                Some(Signal::Listed(self.kind))
+            }
+            watcher::Event::Apply(object) => {
+                let key = (self.key)(object.meta())?;
+                self.objects.insert(key, Arc::new(object));
+                Some(Signal::Changed)
+            }
+            watcher::Event::Delete(object) => {
+                let key = (self.key)(object.meta())?;
+                self.objects.remove(&key);
+                Some(Signal::Changed)
+            }
+        }
+    }
+
+    /// What the mirror holds now.
+    fn snapshot(mirror: &Mutex<Self>) -> OrdMap<I, Arc<K>> {
+        mirror
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .objects
+            .clone()
+    }
+}
+
+/// `before` made equal to `after` entry by entry, so that what both hold keeps its place (and
+/// its `Arc`) and the result shares with `before` all that did not change.
+fn patched<I: Ord + Clone, K: PartialEq>(
+    before: &OrdMap<I, Arc<K>>,
+    after: &OrdMap<I, Arc<K>>,
+) -> OrdMap<I, Arc<K>> {
+    let mut patched = before.clone();
+    for change in before.diff(after) {
+        match change {
+            DiffItem::Add(key, object)
+            | DiffItem::Update {
+                new: (key, object), ..
+            } => {
+                patched.insert(key.clone(), Arc::clone(object));
+            }
+            DiffItem::Remove(key, _) => {
+                patched.remove(key);
+            }
+        }
+    }
+    patched
+}
+
+/// A watch on `api` whose events are applied to `mirror`, reduced to publish signals.
+fn watch<I, K>(
     api: Api<K>,
     config: watcher::Config,
-    writer: reflector::store::Writer<K>,
-    kind: Kind,
+    mirror: Arc<Mutex<Mirror<I, K>>>,
 ) -> BoxStream<'static, Signal>
 where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    I: Ord + Clone + Send + Sync + 'static,
+    K: Resource + PartialEq + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K: Send + Sync + 'static,
+    K::DynamicType: Default,
 {
-    reflector(writer, watcher(api, config).default_backoff())
-        .filter_map(move |event| async move {
-            match event {
-                Ok(watcher::Event::Init) => Some(Signal::Relisting),
-                Ok(watcher::Event::InitApply(_)) => None,
-                Ok(watcher::Event::InitDone) => Some(Signal::Listed(kind)),
-                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => Some(Signal::Changed),
+    watcher(api, config)
+        .default_backoff()
+        .filter_map(move |event| {
+            let mut mirror = mirror.lock().unwrap_or_else(PoisonError::into_inner);
+            let signal = match event {
+                Ok(event) => mirror.apply(event),
                 // An API server without the kind (ServiceCIDRs before v1.33) has none of it:
                 // kube-proxy then runs without them too.
                 Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
-                    if status.code == 404 && kind == Kind::ServiceCidrs =>
+                    if status.code == 404 && mirror.kind == Kind::ServiceCidrs =>
                 {
-                    Some(Signal::Missing(kind))
+                    Some(Signal::Missing(mirror.kind))
                 }
                 Err(err) => {
                     tracing::warn!(
-                        ?kind,
+                        kind = ?mirror.kind,
                         error = &err as &dyn std::error::Error,
                         "watch failed; retrying"
                     );
                     None
                 }
-            }
+            };
+            std::future::ready(signal)
         })
         .boxed()
 }
@@ -114,36 +203,32 @@ impl Source for KubernetesSource {
     type Error = Error;
 
     async fn run(self, mut publish: impl FnMut(Objects) + Send + 'static) -> Result<(), Error> {
-        let (services, services_writer) = reflector::store();
-        let (slices, slices_writer) = reflector::store();
-        let (nodes, nodes_writer) = reflector::store();
-        let (service_cidrs, service_cidrs_writer) = reflector::store();
+        let services = Mirror::new(Kind::Services, keyed);
+        let slices = Mirror::new(Kind::EndpointSlices, keyed);
+        let nodes = Mirror::new(Kind::Nodes, by_name);
+        let service_cidrs = Mirror::new(Kind::ServiceCidrs, by_name);
         // kube-proxy's informer filters: Services another proxy claims and the slices of
         // headless Services are never read.
         let streams = [
             watch(
                 Api::<Service>::all(self.client.clone()),
                 watcher::Config::default().labels(&self.selector.label_selector()),
-                services_writer,
-                Kind::Services,
+                Arc::clone(&services),
             ),
             watch(
                 Api::<EndpointSlice>::all(self.client.clone()),
                 watcher::Config::default().labels(&format!("!{HEADLESS_LABEL}")),
-                slices_writer,
-                Kind::EndpointSlices,
+                Arc::clone(&slices),
             ),
             watch(
                 Api::<Node>::all(self.client.clone()),
                 watcher::Config::default(),
-                nodes_writer,
-                Kind::Nodes,
+                Arc::clone(&nodes),
             ),
             watch(
                 Api::<ServiceCIDR>::all(self.client.clone()),
                 watcher::Config::default(),
-                service_cidrs_writer,
-                Kind::ServiceCidrs,
+                Arc::clone(&service_cidrs),
             ),
         ];
         let mut signals = futures::stream::select_all(streams);
@@ -161,10 +246,10 @@ impl Source for KubernetesSource {
                 // revision it causes (see `crate::cause`).
                 tracing::info_span!("watch events", events).in_scope(|| {
                     publish(Objects {
-                        services: keyed(&services.state()),
-                        slices: keyed(&slices.state()),
-                        nodes: by_name(&nodes.state()),
-                        service_cidrs: by_name(&service_cidrs.state()),
+                        services: Mirror::snapshot(&services),
+                        slices: Mirror::snapshot(&slices),
+                        nodes: Mirror::snapshot(&nodes),
+                        service_cidrs: Mirror::snapshot(&service_cidrs),
                     });
                 });
             }
@@ -211,25 +296,14 @@ impl Listed {
     }
 }
 
-/// The store's cluster-scoped objects by name, as [`keyed`] does.
-fn by_name<K: Resource>(objects: &[Arc<K>]) -> std::collections::BTreeMap<String, Arc<K>> {
-    objects
-        .iter()
-        .filter_map(|o| Some((o.meta().name.clone()?, Arc::clone(o))))
-        .collect()
+/// A cluster-scoped object's key: its name.
+fn by_name(meta: &ObjectMeta) -> Option<String> {
+    meta.name.clone()
 }
 
-/// The store's objects by key: the store's own `Arc`s, which it replaces only when an object
-/// changes (what lets the cluster builder skip the others).
-fn keyed<K: Resource>(objects: &[Arc<K>]) -> std::collections::BTreeMap<Key, Arc<K>> {
-    objects
-        .iter()
-        .filter_map(|o| {
-            let meta = o.meta();
-            let key = (meta.namespace.clone()?, meta.name.clone()?);
-            Some((key, Arc::clone(o)))
-        })
-        .collect()
+/// A namespaced object's key.
+fn keyed(meta: &ObjectMeta) -> Option<Key> {
+    Some((meta.namespace.clone()?, meta.name.clone()?))
 }
 
 #[cfg(test)]
@@ -258,6 +332,55 @@ mod tests {
         assert!(listed.note(Signal::Missing(Kind::ServiceCidrs)));
         assert!(listed.all());
         assert!(!listed.note(Signal::Missing(Kind::ServiceCidrs)));
+    }
+
+    fn node(name: &str, zone: &str) -> Node {
+        let mut node = Node::default();
+        node.metadata.name = Some(name.into());
+        node.metadata.labels = Some([("zone".to_owned(), zone.to_owned())].into());
+        node
+    }
+
+    #[test]
+    fn watch_events_are_applied_by_key_and_a_relist_is_patched_in_when_it_completes() {
+        let mirror = Mirror::new(Kind::Nodes, by_name);
+        let mut mirror = mirror.lock().expect("not poisoned");
+        for name in ["a", "b", "c"] {
+            mirror.apply(watcher::Event::InitApply(node(name, "z1")));
+        }
+        assert_eq!(
+            mirror.apply(watcher::Event::InitDone),
+            Some(Signal::Listed(Kind::Nodes))
+        );
+        assert_eq!(mirror.objects.len(), 3);
+        let listed = mirror.objects.clone();
+
+        assert_eq!(
+            mirror.apply(watcher::Event::Delete(node("c", "z1"))),
+            Some(Signal::Changed)
+        );
+        assert_eq!(mirror.objects.len(), 2);
+
+        // A relist: until it completes, the objects are those before it.
+        assert_eq!(mirror.apply(watcher::Event::Init), Some(Signal::Relisting));
+        mirror.apply(watcher::Event::InitApply(node("a", "z1")));
+        mirror.apply(watcher::Event::InitApply(node("d", "z2")));
+        assert_eq!(mirror.objects.keys().collect::<Vec<_>>(), ["a", "b"]);
+        mirror.apply(watcher::Event::InitDone);
+        assert_eq!(mirror.objects.keys().collect::<Vec<_>>(), ["a", "d"]);
+        // What the relist found unchanged keeps its entry, so nothing downstream sees it change.
+        assert!(Arc::ptr_eq(&mirror.objects["a"], &listed["a"]));
+
+        assert_eq!(
+            mirror.apply(watcher::Event::Apply(node("a", "z3"))),
+            Some(Signal::Changed)
+        );
+        let labels = mirror.objects["a"]
+            .metadata
+            .labels
+            .clone()
+            .unwrap_or_default();
+        assert_eq!(labels["zone"], "z3");
     }
 
     #[test]

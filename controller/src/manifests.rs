@@ -2,12 +2,15 @@
 //! the form `kubectl get -o yaml` prints, re-read whenever the directory changes.
 //!
 //! A file that does not parse is reported and keeps contributing what it held when it last parsed,
-//! so a half-written edit never removes Services from the cluster.
+//! so a half-written edit never removes Services from the cluster. The cluster's objects are kept
+//! and patched by key as files change, so a change costs in proportion to the files it touched;
+//! of objects with the same key in several files, the one in the last file (in path order) wins.
 
 use crate::{
     cluster::{Key, Objects},
     source::Source,
 };
+use imbl::OrdMap;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
@@ -16,7 +19,7 @@ use k8s_openapi::api::{
 use notify::Watcher;
 use serde::Deserialize;
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     sync::Arc,
@@ -83,6 +86,16 @@ impl Object {
         }
     }
 
+    /// What identifies the object across files: its kind and key; `None` without a name.
+    fn id(&self) -> Option<Id> {
+        Some(match self {
+            Self::Service(svc) => Id::Service(key(&svc.metadata)?),
+            Self::EndpointSlice(slice) => Id::EndpointSlice(key(&slice.metadata)?),
+            Self::Node(node) => Id::Node(node.metadata.name.clone()?),
+            Self::ServiceCidr(cidr) => Id::ServiceCidr(cidr.metadata.name.clone()?),
+        })
+    }
+
     /// The object's kind.
     #[must_use]
     pub fn kind(&self) -> &'static str {
@@ -93,6 +106,15 @@ impl Object {
             Self::ServiceCidr(_) => "ServiceCIDR",
         }
     }
+}
+
+/// An object's kind and key.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Id {
+    Service(Key),
+    EndpointSlice(Key),
+    Node(String),
+    ServiceCidr(String),
 }
 
 /// Parses every object of a used kind from a multi-document YAML text; `kind: List` documents
@@ -167,11 +189,15 @@ fn decode(value: serde_json::Value, index: usize) -> Result<Option<Object>, Erro
     })
 }
 
-/// The directory's files and what each held when it last parsed.
+/// The directory's files, what each held when it last parsed, and the objects they make up.
 #[derive(Debug)]
 pub struct ManifestsDir {
     dir: PathBuf,
     files: BTreeMap<PathBuf, Parsed>,
+    /// The files that hold each object.
+    holders: HashMap<Id, BTreeSet<PathBuf>>,
+    /// Each object as the last file holding it has it.
+    objects: Objects,
 }
 
 /// One file's objects, and what its metadata was when they were read.
@@ -179,7 +205,8 @@ pub struct ManifestsDir {
 struct Parsed {
     /// `None` when the file may still change unseen (see [`Stamp::of`]): it is read again.
     stamp: Option<Stamp>,
-    objects: Vec<Object>,
+    /// The named objects; of several with the same kind and key, the last.
+    objects: BTreeMap<Id, Object>,
 }
 
 /// What tells a file that is unchanged since it was read: a rewrite (in place, or aside and
@@ -216,6 +243,8 @@ impl ManifestsDir {
         Self {
             dir: dir.into(),
             files: BTreeMap::new(),
+            holders: HashMap::new(),
+            objects: Objects::default(),
         }
     }
 
@@ -227,23 +256,25 @@ impl ManifestsDir {
     ///
     /// Fails only when the directory itself cannot be listed.
     pub fn rescan(&mut self) -> Result<Objects, Error> {
-        let present = manifest_files(&self.dir)?;
-        let mut files = BTreeMap::new();
+        let present: BTreeMap<PathBuf, std::fs::Metadata> =
+            manifest_files(&self.dir)?.into_iter().collect();
+        let gone: Vec<PathBuf> = (self.files.keys())
+            .filter(|path| !present.contains_key(*path))
+            .cloned()
+            .collect();
+        for path in gone {
+            self.replace(&path, None);
+        }
         for (path, metadata) in present {
             let stamp = Stamp::of(&metadata);
-            match self.files.remove(&path) {
-                Some(parsed) if stamp.is_some() && parsed.stamp == stamp => {
-                    files.insert(path, parsed);
-                }
-                before => {
-                    if let Some(parsed) = read(&path, stamp, before) {
-                        files.insert(path, parsed);
-                    }
-                }
+            let before = self.files.get(&path);
+            if stamp.is_some() && before.is_some_and(|before| before.stamp == stamp) {
+                continue;
             }
+            let parsed = read(&path, stamp, before);
+            self.replace(&path, parsed);
         }
-        self.files = files;
-        Ok(self.objects())
+        Ok(self.objects.clone())
     }
 
     /// Re-reads the files at `paths`, which the watcher saw change, and returns every object the
@@ -256,37 +287,79 @@ impl ManifestsDir {
                 continue;
             };
             let path = self.dir.join(name);
-            let before = self.files.remove(&path);
             let metadata = std::fs::metadata(&path).ok().filter(|m| m.is_file());
-            if let Some(metadata) = metadata.filter(|_| is_manifest(&path))
-                && let Some(parsed) = read(&path, Stamp::of(&metadata), before)
-            {
-                self.files.insert(path, parsed);
-            }
+            let parsed = metadata
+                .filter(|_| is_manifest(&path))
+                .and_then(|metadata| read(&path, Stamp::of(&metadata), self.files.get(&path)));
+            self.replace(&path, parsed);
         }
-        self.objects()
+        self.objects.clone()
     }
 
-    fn objects(&self) -> Objects {
-        Objects::from_manifests(self.files.values().flat_map(|parsed| &parsed.objects))
+    /// Makes `parsed` what the file at `path` holds (`None`: nothing) and updates the objects
+    /// it held or holds.
+    fn replace(&mut self, path: &Path, parsed: Option<Parsed>) {
+        let before = match parsed {
+            Some(parsed) => self.files.insert(path.to_owned(), parsed),
+            None => self.files.remove(path),
+        };
+        let held = before.map(|parsed| parsed.objects.into_keys().collect::<Vec<_>>());
+        for id in held.iter().flatten() {
+            if let Some(holders) = self.holders.get_mut(id) {
+                holders.remove(path);
+            }
+        }
+        let holds = self
+            .files
+            .get(path)
+            .into_iter()
+            .flat_map(|p| p.objects.keys());
+        let holds: Vec<Id> = holds.cloned().collect();
+        for id in &holds {
+            (self.holders.entry(id.clone()).or_default()).insert(path.to_owned());
+        }
+        for id in held.iter().flatten().chain(&holds) {
+            self.settle(id);
+        }
+    }
+
+    /// Sets the object `id` to what the last file holding it holds, or removes it.
+    fn settle(&mut self, id: &Id) {
+        let last = self.holders.get(id).and_then(BTreeSet::last);
+        match last.and_then(|path| self.files.get(path)?.objects.get(id)) {
+            Some(object) => self.objects.put(object),
+            None => {
+                self.holders.remove(id);
+                self.objects.take(id);
+            }
+        }
     }
 }
 
 /// Reads and parses the file at `path`; when it fails, logs why and keeps what it held `before`.
-fn read(path: &Path, stamp: Option<Stamp>, before: Option<Parsed>) -> Option<Parsed> {
+fn read(path: &Path, stamp: Option<Stamp>, before: Option<&Parsed>) -> Option<Parsed> {
     match std::fs::read_to_string(path)
         .map_err(|e| Error::ReadFile(path.to_owned(), e))
         .and_then(|text| parse_documents(&text))
     {
         Ok(objects) => {
-            for object in objects.iter().filter(|o| o.name().is_none()) {
-                tracing::warn!(
-                    file = %path.display(),
-                    kind = object.kind(),
-                    "ignoring object without a name"
-                );
+            let mut named = BTreeMap::new();
+            for object in objects {
+                match object.id() {
+                    Some(id) => {
+                        named.insert(id, object);
+                    }
+                    None => tracing::warn!(
+                        file = %path.display(),
+                        kind = object.kind(),
+                        "ignoring object without a name"
+                    ),
+                }
             }
-            Some(Parsed { stamp, objects })
+            Some(Parsed {
+                stamp,
+                objects: named,
+            })
         }
         Err(err) => {
             tracing::error!(
@@ -297,7 +370,7 @@ fn read(path: &Path, stamp: Option<Stamp>, before: Option<Parsed>) -> Option<Par
             // Not stamped: the file is read again on the next change, until it parses.
             before.map(|parsed| Parsed {
                 stamp: None,
-                objects: parsed.objects,
+                objects: parsed.objects.clone(),
             })
         }
     }
@@ -309,30 +382,48 @@ impl Objects {
     pub fn from_manifests<'a>(manifests: impl IntoIterator<Item = &'a Object>) -> Self {
         let mut objects = Self::default();
         for object in manifests {
-            match object {
-                Object::Service(svc) => {
-                    if let Some(key) = key(&svc.metadata) {
-                        objects.services.insert(key, Arc::clone(svc));
-                    }
-                }
-                Object::EndpointSlice(slice) => {
-                    if let Some(key) = key(&slice.metadata) {
-                        objects.slices.insert(key, Arc::clone(slice));
-                    }
-                }
-                Object::Node(node) => {
-                    if let Some(name) = &node.metadata.name {
-                        objects.nodes.insert(name.clone(), Arc::clone(node));
-                    }
-                }
-                Object::ServiceCidr(cidr) => {
-                    if let Some(name) = &cidr.metadata.name {
-                        objects.service_cidrs.insert(name.clone(), Arc::clone(cidr));
-                    }
-                }
-            }
+            objects.put(object);
         }
         objects
+    }
+
+    /// Sets `object` in place of the one with its key, if it has a name.
+    fn put(&mut self, object: &Object) {
+        match object {
+            Object::Service(svc) => put(&mut self.services, key(&svc.metadata), svc),
+            Object::EndpointSlice(slice) => put(&mut self.slices, key(&slice.metadata), slice),
+            Object::Node(node) => put(&mut self.nodes, node.metadata.name.clone(), node),
+            Object::ServiceCidr(cidr) => {
+                put(&mut self.service_cidrs, cidr.metadata.name.clone(), cidr);
+            }
+        }
+    }
+
+    /// Removes the object `id`.
+    fn take(&mut self, id: &Id) {
+        match id {
+            Id::Service(key) => {
+                self.services.remove(key);
+            }
+            Id::EndpointSlice(key) => {
+                self.slices.remove(key);
+            }
+            Id::Node(name) => {
+                self.nodes.remove(name);
+            }
+            Id::ServiceCidr(name) => {
+                self.service_cidrs.remove(name);
+            }
+        }
+    }
+}
+
+/// Sets `object` under `key` unless it is there already, so an unchanged map stays shared.
+fn put<I: Ord + Clone, K>(map: &mut OrdMap<I, Arc<K>>, key: Option<I>, object: &Arc<K>) {
+    if let Some(key) = key
+        && !map.get(&key).is_some_and(|held| Arc::ptr_eq(held, object))
+    {
+        map.insert(key, Arc::clone(object));
     }
 }
 

@@ -267,10 +267,10 @@ trait Resources {
     fn entries(&self) -> impl Iterator<Item = (&Key, &Self::Entry)>;
 }
 
-impl<V> Resources for BTreeMap<Key, V> {
+impl<V: Clone> Resources for imbl::OrdMap<Key, V> {
     type Entry = V;
     fn get(&self, key: &Key) -> Option<&V> {
-        BTreeMap::get(self, key)
+        imbl::OrdMap::get(self, key)
     }
     fn entries(&self) -> impl Iterator<Item = (&Key, &V)> {
         self.iter()

@@ -1,119 +1,195 @@
 //! Building cluster states from a source's snapshots, converting only what changed.
 //!
-//! A source hands over a whole snapshot on every change, but keeps the same `Arc` for every
-//! object that did not change; the builder remembers what each object (and each Service's set
-//! of slices) converted to, and reuses that. An object that changed in a way the views do not
-//! see (an annotation, a status field) converts to an equal value, and keeps its old `Arc` too,
-//! so the views downstream see no change at all.
+//! A source updates its maps object by object, so consecutive snapshots share every part that
+//! did not change. The builder keeps the snapshot it last built from and walks only the
+//! differences (`OrdMap::diff` skips the shared parts): it converts the Services and Nodes that
+//! changed and merges again the slices of the Services whose slices changed, then patches its
+//! output maps, which so share their unchanged parts with the state before. A change the views
+//! do not see (an annotation, a status field) converts to an equal value and keeps the old
+//! entry, and a map with no change keeps its `Arc`, so the views downstream see no change at
+//! all.
 
 use super::{
-    ClusterState, Invalid, Key, NodeInfo, Objects, SERVICE_NAME_LABEL, ServiceBackends,
-    ServiceSelector, convert_service, merge_slices,
+    ClusterState, Endpoints, Key, NodeInfo, Nodes, Objects, SERVICE_NAME_LABEL, ServiceBackends,
+    ServiceSelector, Services, convert_service, merge_slices,
 };
-use k8s_openapi::api::{
-    core::v1::{Node, Service},
-    discovery::v1::EndpointSlice,
-};
-use splitproxy_proto::v1alpha1 as pb;
+use imbl::ordmap::DiffItem;
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeSet, HashMap},
     sync::Arc,
 };
 
-/// What a Service converted to: `Ok(None)` when kube-proxy does not program it.
-type Converted = Result<Option<Arc<pb::Service>>, Invalid>;
-
-/// What a Service's slices merged to: `None` when no endpoint in them is usable.
-type Merged = Option<Arc<ServiceBackends>>;
-
-/// Remembers the conversions of the previous build.
+/// The state of the last build, patched by the next.
 #[derive(Debug, Default)]
 pub struct Builder {
-    services: HashMap<Key, (Arc<Service>, Converted)>,
-    slices: HashMap<Key, (Vec<Arc<EndpointSlice>>, Merged)>,
-    /// The Node objects of the previous build and what they converted to: kept whole while
-    /// no Node changes, which is most builds.
-    nodes: (Vec<Arc<Node>>, Arc<BTreeMap<String, NodeInfo>>),
+    /// The snapshot the last state was built from.
+    objects: Objects,
+    /// The selector it was built with; a build with another starts over.
+    selector: ServiceSelector,
+    services: Arc<Services>,
+    invalid_services: BTreeSet<Key>,
+    /// Every Service's merged endpoints, programmed or not, by the Service's key.
+    merged: HashMap<Key, Arc<ServiceBackends>>,
+    /// The merged endpoints of the programmed Services.
+    endpoints: Arc<Endpoints>,
+    /// The keys of each Service's slices, by the Service's key.
+    slices_of: HashMap<Key, BTreeSet<Key>>,
+    nodes: Arc<Nodes>,
+    service_cidrs: Arc<Vec<String>>,
 }
 
 impl Builder {
     /// The state of `objects`, filtered and converted as kube-proxy does: invalid Services are
-    /// skipped (and logged when they are first seen), and so are Services `selector` does not
+    /// skipped (and logged each time they change), and so are Services `selector` does not
     /// claim. The state's history is empty; see [`ClusterState::followed_by`].
     pub fn build(&mut self, objects: &Objects, selector: &ServiceSelector) -> ClusterState {
-        let mut invalid_services = BTreeSet::new();
-        let mut services = super::Services::new();
-        let mut converted = HashMap::with_capacity(objects.services.len());
-        for (key, svc) in &objects.services {
-            if !selector.claims(svc.metadata.labels.as_ref()) {
-                continue;
-            }
-            let result = match self.services.remove(key) {
-                Some((before, result)) if Arc::ptr_eq(&before, svc) => result,
-                before => convert_again(key, svc, before.and_then(|(_, r)| r.ok().flatten())),
+        if self.selector != *selector {
+            *self = Self {
+                selector: selector.clone(),
+                ..Self::default()
             };
-            match &result {
-                Ok(Some(service)) => {
-                    services.insert(key.clone(), Arc::clone(service));
-                }
-                Ok(None) => {}
-                Err(_) => {
-                    invalid_services.insert(key.clone());
-                }
-            }
-            converted.insert(key.clone(), (Arc::clone(svc), result));
         }
-        self.services = converted;
-
-        let mut endpoints = super::Endpoints::new();
-        let mut merged = HashMap::with_capacity(self.slices.len());
-        for (key, slices) in slices_by_service(objects) {
-            let backends = match self.slices.remove(&key) {
-                Some((before, backends)) if same_objects(&before, &slices) => backends,
-                before => merge_again(&key, &slices, before.and_then(|(_, b)| b)),
-            };
-            if let Some(backends) = &backends
-                && services.contains_key(&key)
-            {
-                endpoints.insert(key.clone(), Arc::clone(backends));
-            }
-            merged.insert(key, (slices, backends));
+        let before = std::mem::replace(&mut self.objects, objects.clone());
+        for change in before.services.diff(&objects.services) {
+            let (key, service) = after_change(change);
+            self.convert(key, service);
         }
-        self.slices = merged;
-
+        let mut remerge = BTreeSet::new();
+        for change in before.slices.diff(&objects.slices) {
+            remerge.extend(self.index_slice(change));
+        }
+        for service in remerge {
+            self.merge(&service);
+        }
+        for change in before.nodes.diff(&objects.nodes) {
+            let (name, node) = after_change(change);
+            let info = node.map(|node| NodeInfo::of(node));
+            if self.nodes.get(name) != info.as_ref() {
+                let nodes = Arc::make_mut(&mut self.nodes);
+                match info {
+                    Some(info) => nodes.insert(name.clone(), info),
+                    None => nodes.remove(name),
+                };
+            }
+        }
+        if !before.service_cidrs.ptr_eq(&objects.service_cidrs) {
+            let cidrs = service_cidrs(objects);
+            if *self.service_cidrs != cidrs {
+                self.service_cidrs = Arc::new(cidrs);
+            }
+        }
         ClusterState {
-            services: Arc::new(services),
-            endpoints: Arc::new(endpoints),
-            nodes: self.nodes_of(objects),
-            service_cidrs: Arc::new(service_cidrs(objects)),
-            invalid_services,
+            services: Arc::clone(&self.services),
+            endpoints: Arc::clone(&self.endpoints),
+            nodes: Arc::clone(&self.nodes),
+            service_cidrs: Arc::clone(&self.service_cidrs),
+            invalid_services: self.invalid_services.clone(),
             ..ClusterState::default()
+        }
+    }
+
+    /// Converts the Service `key`, new or changed (`None`: gone), into the Services.
+    fn convert(&mut self, key: &Key, svc: Option<&Arc<Service>>) {
+        let claimed = svc.filter(|svc| self.selector.claims(svc.metadata.labels.as_ref()));
+        let service = match claimed.map(|svc| convert_service(svc)).transpose() {
+            Ok(service) => {
+                self.invalid_services.remove(key);
+                service.flatten()
+            }
+            Err(err) => {
+                // Quoted (`?`): a hostile name must not break the log line.
+                tracing::warn!(service = ?format!("{}/{}", key.0, key.1), %err, "skipping invalid service");
+                self.invalid_services.insert(key.clone());
+                None
+            }
+        };
+        match service {
+            Some(service) if self.services.get(key).is_some_and(|s| **s == service) => {}
+            Some(service) => {
+                Arc::make_mut(&mut self.services).insert(key.clone(), Arc::new(service));
+            }
+            None if self.services.contains_key(key) => {
+                Arc::make_mut(&mut self.services).remove(key);
+            }
+            None => {}
+        }
+        self.place_endpoints(key);
+    }
+
+    /// Records a change of one slice in the index of each Service's slices; returns the
+    /// Services whose slices changed (the one it belonged to, the one it belongs to).
+    fn index_slice(&mut self, change: DiffItem<'_, '_, Key, Arc<EndpointSlice>>) -> Vec<Key> {
+        let (key, before, after) = match change {
+            DiffItem::Add(key, slice) => (key, None, Some(slice)),
+            DiffItem::Update {
+                old: (key, before),
+                new: (_, after),
+            } => (key, Some(before), Some(after)),
+            DiffItem::Remove(key, slice) => (key, Some(slice), None),
+        };
+        let owner = |slice: &EndpointSlice| {
+            let labels = slice.metadata.labels.as_ref();
+            let service = labels.and_then(|labels| labels.get(SERVICE_NAME_LABEL))?;
+            Some((key.0.clone(), service.clone()))
+        };
+        let (before, after) = (before.and_then(|s| owner(s)), after.and_then(|s| owner(s)));
+        if let Some(service) = &before
+            && let Some(slices) = self.slices_of.get_mut(service)
+        {
+            slices.remove(key);
+            if slices.is_empty() {
+                self.slices_of.remove(service);
+            }
+        }
+        if let Some(service) = &after {
+            (self.slices_of.entry(service.clone()).or_default()).insert(key.clone());
+        }
+        before.into_iter().chain(after).collect()
+    }
+
+    /// Merges the slices of the Service `key` again; an equal result keeps the entry before.
+    fn merge(&mut self, key: &Key) {
+        let slices = self.slices_of.get(key).into_iter().flatten();
+        let slices = slices.filter_map(|slice| self.objects.slices.get(slice));
+        let merged = merge_slices(slices.map(|slice| &**slice)).remove(key);
+        match merged {
+            Some(merged) if self.merged.get(key).is_some_and(|m| **m == merged) => {}
+            Some(merged) => {
+                self.merged.insert(key.clone(), Arc::new(merged));
+            }
+            None => {
+                self.merged.remove(key);
+            }
+        }
+        self.place_endpoints(key);
+    }
+
+    /// Lists the Service `key`'s merged endpoints among the endpoints when it is programmed and
+    /// has any, and takes them out otherwise.
+    fn place_endpoints(&mut self, key: &Key) {
+        let merged = (self.merged.get(key)).filter(|_| self.services.contains_key(key));
+        match (merged, self.endpoints.get(key)) {
+            (Some(merged), Some(listed)) if Arc::ptr_eq(merged, listed) => {}
+            (Some(merged), _) => {
+                Arc::make_mut(&mut self.endpoints).insert(key.clone(), Arc::clone(merged));
+            }
+            (None, Some(_)) => {
+                Arc::make_mut(&mut self.endpoints).remove(key);
+            }
+            (None, None) => {}
         }
     }
 }
 
-impl Builder {
-    /// What the Nodes of `objects` convert to: the previous build's when it had the same Node
-    /// objects, so a state whose Nodes did not change shares their map with the state before.
-    fn nodes_of(&mut self, objects: &Objects) -> Arc<BTreeMap<String, NodeInfo>> {
-        let before = &self.nodes.0;
-        let unchanged = before.len() == objects.nodes.len()
-            && before
-                .iter()
-                .zip(objects.nodes.values())
-                .all(|(a, b)| Arc::ptr_eq(a, b));
-        if !unchanged {
-            let converted = objects
-                .nodes
-                .iter()
-                .map(|(name, node)| (name.clone(), NodeInfo::of(node)))
-                .collect();
-            self.nodes = (
-                objects.nodes.values().cloned().collect(),
-                Arc::new(converted),
-            );
-        }
-        Arc::clone(&self.nodes.1)
+/// The key a change is of, and the value after it (`None`: removed).
+fn after_change<'a, K, V>(change: DiffItem<'a, 'a, K, V>) -> (&'a K, Option<&'a V>) {
+    match change {
+        DiffItem::Add(key, value)
+        | DiffItem::Update {
+            new: (key, value), ..
+        } => (key, Some(value)),
+        DiffItem::Remove(key, _) => (key, None),
     }
 }
 
@@ -126,56 +202,4 @@ fn service_cidrs(objects: &Objects) -> Vec<String> {
         .flatten()
         .collect();
     cidrs.into_iter().cloned().collect()
-}
-
-/// Converts a Service that is new or changed; an equal result keeps the `Arc` of `before`.
-fn convert_again(key: &Key, svc: &Service, before: Option<Arc<pb::Service>>) -> Converted {
-    match convert_service(svc) {
-        Ok(Some(service)) => Ok(Some(reuse_if_equal(service, before))),
-        Ok(None) => Ok(None),
-        Err(err) => {
-            // Quoted (`?`): a hostile name must not break the log line.
-            tracing::warn!(service = ?format!("{}/{}", key.0, key.1), %err, "skipping invalid service");
-            Err(err)
-        }
-    }
-}
-
-/// Merges the slices of a Service whose set of slices changed; an equal result keeps the `Arc`
-/// of `before`.
-fn merge_again(key: &Key, slices: &[Arc<EndpointSlice>], before: Merged) -> Merged {
-    let mut merged = merge_slices(slices.iter().map(|slice| &**slice));
-    merged
-        .remove(key)
-        .map(|backends| reuse_if_equal(backends, before))
-}
-
-fn reuse_if_equal<T: PartialEq>(value: T, before: Option<Arc<T>>) -> Arc<T> {
-    match before {
-        Some(before) if *before == value => before,
-        _ => Arc::new(value),
-    }
-}
-
-/// The slices of each Service, by the Service's key, in the slices' key order.
-fn slices_by_service(objects: &Objects) -> HashMap<Key, Vec<Arc<EndpointSlice>>> {
-    let mut by_service: HashMap<Key, Vec<Arc<EndpointSlice>>> = HashMap::new();
-    for ((namespace, _), slice) in &objects.slices {
-        let service = slice
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(SERVICE_NAME_LABEL));
-        if let Some(service) = service {
-            by_service
-                .entry((namespace.clone(), service.clone()))
-                .or_default()
-                .push(Arc::clone(slice));
-        }
-    }
-    by_service
-}
-
-fn same_objects<T>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(a, b)| Arc::ptr_eq(a, b))
 }

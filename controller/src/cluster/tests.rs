@@ -492,7 +492,8 @@ fn endpoint_hints_and_node_zones_are_carried_into_the_state() {
             ),
             ("node-2".to_owned(), NodeInfo::default()),
         ]
-        .into()
+        .into_iter()
+        .collect()
     );
 }
 
@@ -615,4 +616,119 @@ fn builds_whose_nodes_did_not_change_share_the_nodes_and_a_changed_node_is_seen(
     assert_eq!(third.nodes["node-2"].topology.zone, "b");
     let changes = crate::history::ChangeSet::between(&second, &third);
     assert_eq!(changes.nodes, BTreeSet::from(["node-2".to_owned()]));
+}
+
+/// A random object for the builder's property test: one of 12 Services (some invalid, some
+/// another proxy's), 16 slices that may belong to any of them, 4 Nodes in 2 zones, 2 CIDRs.
+fn random_manifest(rng: &mut impl rand::Rng) -> String {
+    let service = rng.random_range(0..12);
+    match rng.random_range(0..4) {
+        0 => {
+            let port = [80, 81, 0][rng.random_range(0..3)];
+            let labels = if rng.random_ratio(1, 6) {
+                "{service.kubernetes.io/service-proxy-name: other}"
+            } else {
+                "{}"
+            };
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{service}, namespace: demo, labels: {labels}}}\nspec: {{clusterIP: 10.96.0.{service}, ports: [{{name: http, port: {port}}}]}}\n"
+            )
+        }
+        1 => {
+            let (slice, node, ready) = (
+                rng.random_range(0..16),
+                rng.random_range(0..4),
+                rng.random_bool(0.8),
+            );
+            format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: slice-{slice}, namespace: demo, labels: {{kubernetes.io/service-name: svc-{service}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.0.{slice}.{node}], conditions: {{ready: {ready}}}, nodeName: node-{node}}}]\n"
+            )
+        }
+        2 => {
+            let (node, zone) = (rng.random_range(0..4), rng.random_range(0..2));
+            format!(
+                "apiVersion: v1\nkind: Node\nmetadata: {{name: node-{node}, labels: {{topology.kubernetes.io/zone: zone-{zone}}}}}\n"
+            )
+        }
+        _ => {
+            let (name, block) = (rng.random_range(0..2), rng.random_range(96..99));
+            format!(
+                "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {{name: cidr-{name}}}\nspec: {{cidrs: [10.{block}.0.0/16]}}\n"
+            )
+        }
+    }
+}
+
+/// Removes from `map` the keys `keys` has.
+fn without<K: Ord + Clone, V: Clone>(map: &mut OrdMap<K, V>, keys: &OrdMap<K, V>) {
+    for key in keys.keys() {
+        map.remove(key);
+    }
+}
+
+#[test]
+fn a_state_built_from_the_changes_equals_one_built_from_scratch() {
+    use rand::{Rng, SeedableRng};
+    let selector = ServiceSelector::default();
+    for seed in 1..=30 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut snapshot = Objects::default();
+        let mut builder = Builder::default();
+        let (mut before, mut before_fresh) = (ClusterState::default(), ClusterState::default());
+        for step in 0..60 {
+            // Add or replace an object, or remove one of the same kind and key.
+            let object = objects(&random_manifest(&mut rng));
+            let mut changed = snapshot.clone();
+            if rng.random_ratio(1, 4) {
+                without(&mut changed.services, &object.services);
+                without(&mut changed.slices, &object.slices);
+                without(&mut changed.nodes, &object.nodes);
+                without(&mut changed.service_cidrs, &object.service_cidrs);
+            } else {
+                changed.services.extend(object.services);
+                changed.slices.extend(object.slices);
+                changed.nodes.extend(object.nodes);
+                changed.service_cidrs.extend(object.service_cidrs);
+            }
+            snapshot = changed;
+            let context = format!("seed {seed}, step {step}");
+            let built = builder.build(&snapshot, &selector);
+            let fresh = ClusterState::build(&snapshot, &selector);
+            assert_eq!(built.services, fresh.services, "{context}");
+            assert_eq!(built.endpoints, fresh.endpoints, "{context}");
+            assert_eq!(built.nodes, fresh.nodes, "{context}");
+            assert_eq!(built.service_cidrs, fresh.service_cidrs, "{context}");
+            assert_eq!(built.invalid_services, fresh.invalid_services, "{context}");
+            assert_eq!(
+                crate::history::ChangeSet::between(&before, &built),
+                crate::history::ChangeSet::between(&before_fresh, &fresh),
+                "{context}"
+            );
+            (before, before_fresh) = (built, fresh);
+        }
+    }
+}
+
+#[test]
+fn a_change_to_one_service_leaves_the_other_maps_and_entries_shared() {
+    let mut snapshot = objects(WEB);
+    let other = "apiVersion: v1\nkind: Service\nmetadata: {name: other, namespace: demo}\nspec: {clusterIP: 10.96.0.11, ports: [{port: 80}]}\n";
+    snapshot.services.extend(objects(other).services);
+    let mut builder = Builder::default();
+    let first = builder.build(&snapshot, &ServiceSelector::default());
+    let changed = other.replace("port: 80", "port: 81");
+    snapshot.services.extend(objects(&changed).services);
+    let second = builder.build(&snapshot, &ServiceSelector::default());
+    assert!(Arc::ptr_eq(&first.endpoints, &second.endpoints));
+    assert!(Arc::ptr_eq(&first.nodes, &second.nodes));
+    assert!(Arc::ptr_eq(&first.service_cidrs, &second.service_cidrs));
+    assert!(Arc::ptr_eq(
+        &first.services[&web_key()],
+        &second.services[&web_key()]
+    ));
+    let other_key = ("demo".to_owned(), "other".to_owned());
+    assert_eq!(second.services[&other_key].ports[0].port, 81);
+    let changes = crate::history::ChangeSet::between(&first, &second);
+    assert_eq!(changes.services, BTreeSet::from([other_key]));
+    assert!(changes.endpoints.is_empty() && changes.nodes.is_empty());
 }

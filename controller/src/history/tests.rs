@@ -49,16 +49,22 @@ fn a_generation_older_than_the_history_is_out_of_reach() {
 }
 
 #[test]
-fn changed_keys_are_those_added_removed_or_with_entries_not_the_same() {
-    let a = BTreeMap::from([(1, "kept"), (2, "removed"), (3, "before"), (5, "kept")]);
-    let b = BTreeMap::from([
+fn changed_keys_are_those_added_removed_or_with_entries_that_differ() {
+    let a: OrdMap<i32, &str> =
+        OrdMap::from_iter([(1, "kept"), (2, "removed"), (3, "before"), (5, "kept")]);
+    let b: OrdMap<i32, &str> = OrdMap::from_iter([
         (0, "added"),
         (1, "kept"),
         (3, "after"),
         (5, "kept"),
         (9, "added"),
     ]);
-    let changed = changed_keys(&a, &b, |x, y| x == y);
+    let changed = changed_keys(&a, &b);
     assert_eq!(changed, BTreeSet::from([0, 2, 3, 9]));
-    assert!(changed_keys(&a, &a, |x, y| x == y).is_empty());
+    assert!(changed_keys(&a, &a).is_empty());
+    // A map patched from another shares the rest of it, and only the patched key differs.
+    let big: OrdMap<u32, u32> = (0..10_000_u32).map(|i| (i, i)).collect();
+    let mut patched = big.clone();
+    patched.insert(4_321, 0);
+    assert_eq!(changed_keys(&big, &patched), BTreeSet::from([4_321]));
 }

@@ -139,3 +139,60 @@ async fn a_file_replaced_by_rename_is_picked_up_while_running() {
     assert_eq!(names, ["demo/web2"]);
     task.abort();
 }
+
+#[test]
+fn objects_kept_by_key_equal_the_files_read_whole_with_the_last_file_winning() {
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let files = ["a.yaml", "b.yaml", "c.yaml", "d.yaml"].map(|name| dir.path().join(name));
+    // Four Services, a slice and a node that several files may hold at once, in several forms.
+    let object = |rng: &mut rand::rngs::StdRng| match rng.random_range(0..3) {
+        0 => format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{}, namespace: demo}}\nspec: {{clusterIP: 10.96.0.11, ports: [{{port: {}}}]}}\n",
+            rng.random_range(0..4),
+            rng.random_range(80..83)
+        ),
+        1 => format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: slice, namespace: demo, labels: {{kubernetes.io/service-name: svc-{}}}}}\naddressType: IPv4\nendpoints: []\n",
+            rng.random_range(0..4)
+        ),
+        _ => format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: node, labels: {{zone: z{}}}}}\n",
+            rng.random_range(0..3)
+        ),
+    };
+    for seed in 1..=10 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut source = ManifestsDir::new(dir.path());
+        for file in &files {
+            let _ = std::fs::remove_file(file);
+        }
+        source.rescan().expect("readable");
+        for step in 0..40 {
+            let file = &files[rng.random_range(0..files.len())];
+            if rng.random_ratio(1, 4) {
+                let _ = std::fs::remove_file(file);
+            } else {
+                let documents: Vec<String> = (0..rng.random_range(1..4))
+                    .map(|_| object(&mut rng))
+                    .collect();
+                std::fs::write(file, documents.join("---\n")).expect("write");
+            }
+            let kept = if rng.random_ratio(1, 5) {
+                source.rescan().expect("readable")
+            } else {
+                source.refresh([file.clone()])
+            };
+            let mut whole = Vec::new();
+            for file in files.iter().filter(|file| file.exists()) {
+                let text = std::fs::read_to_string(file).expect("readable");
+                whole.extend(parse_documents(&text).expect("parses"));
+            }
+            let whole = Objects::from_manifests(&whole);
+            let context = format!("seed {seed}, step {step}");
+            assert_eq!(kept.services, whole.services, "{context}");
+            assert_eq!(kept.slices, whole.slices, "{context}");
+            assert_eq!(kept.nodes, whole.nodes, "{context}");
+        }
+    }
+}
