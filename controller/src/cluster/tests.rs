@@ -732,3 +732,26 @@ fn a_change_to_one_service_leaves_the_other_maps_and_entries_shared() {
     assert_eq!(changes.services, BTreeSet::from([other_key]));
     assert!(changes.endpoints.is_empty() && changes.nodes.is_empty());
 }
+
+#[test]
+fn a_node_update_the_views_do_not_use_changes_nothing() {
+    let node = |heartbeat: &str| {
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: node-1, labels: {{topology.kubernetes.io/zone: a}}}}\nstatus: {{conditions: [{{type: Ready, status: 'True', lastHeartbeatTime: '{heartbeat}'}}], addresses: [{{type: InternalIP, address: 10.0.0.1}}]}}\n"
+        )
+    };
+    let mut snapshot = objects(&node("2026-11-27T00:00:00Z"));
+    let mut builder = Builder::default();
+    let first = builder.build(&snapshot, &ServiceSelector::default());
+    snapshot
+        .nodes
+        .extend(objects(&node("2026-11-27T00:00:10Z")).nodes);
+    let second = builder.build(&snapshot, &ServiceSelector::default());
+    assert!(Arc::ptr_eq(&first.nodes, &second.nodes));
+    assert!(crate::history::ChangeSet::between(&first, &second).is_empty());
+
+    let moved = node("2026-11-27T00:00:20Z").replace("10.0.0.1", "10.0.0.2");
+    snapshot.nodes.extend(objects(&moved).nodes);
+    let third = builder.build(&snapshot, &ServiceSelector::default());
+    assert_eq!(third.nodes["node-1"].node_ips, ["10.0.0.2"]);
+}
