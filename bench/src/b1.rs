@@ -213,6 +213,7 @@ pub async fn serve_manifests(
         metrics,
         auth: splitproxy_controller::auth::AgentAuth::Open,
         tls: None,
+        controller_service: None,
     };
     server::serve(listener, None, ManifestsDir::new(dir), serving)
         .await

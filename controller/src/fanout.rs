@@ -9,6 +9,7 @@ use crate::{
     cause,
     cluster::ClusterState,
     metrics::Metrics,
+    shares::{self, Place, Shares},
     view::{Delta, Held, NodeView},
 };
 use futures::{Stream, StreamExt};
@@ -54,6 +55,9 @@ const FIRST_REVISION_SLOT: Duration = Duration::from_secs(10);
 const PIPELINED_REVISIONS: usize = 8;
 /// How long to wait before resending after a NACK.
 const RETRY_AFTER_REJECT: Duration = Duration::from_secs(2);
+/// How long a shed agent waits before it subscribes to the next replica it knows: not at all,
+/// as it is not shed for a fault.
+const RETRY_AFTER_SHED: Duration = Duration::ZERO;
 /// How long an agent refused before the first complete read of the cluster waits to come back.
 /// The read takes seconds in a large cluster; meanwhile a refused stream costs the controller
 /// nothing, where a parked one would hold the agent's digests and a task.
@@ -103,6 +107,8 @@ pub struct FanOut {
     auth: AgentAuth,
     /// Slots for first revisions, [`CONCURRENT_FIRST_REVISIONS`] of them.
     first_revisions: Arc<Semaphore>,
+    /// The open streams, within this replica's share of the nodes.
+    shares: Shares,
 }
 
 impl FanOut {
@@ -116,6 +122,7 @@ impl FanOut {
             metrics: Metrics::default(),
             auth: AgentAuth::Open,
             first_revisions: Arc::new(Semaphore::new(CONCURRENT_FIRST_REVISIONS)),
+            shares: Shares::default(),
         }
     }
 
@@ -158,6 +165,45 @@ impl FanOut {
             }
             self.acknowledged.forget_departed(&published);
             nodes_seen = Some(Arc::clone(&published.nodes));
+        }
+    }
+
+    /// Keeps this replica within its share of the nodes as `replicas` (the count of ready
+    /// replicas) and the cluster's nodes change, shedding its oldest streams one every
+    /// [`shares::SHED_INTERVAL`] while it holds more (protocol rule 13). Runs until the source
+    /// stops.
+    pub async fn share_nodes(&self, mut replicas: watch::Receiver<usize>) {
+        let mut cluster = self.cluster.clone();
+        loop {
+            let nodes = cluster
+                .borrow_and_update()
+                .as_ref()
+                .map_or(0, |published| published.nodes.len());
+            let count = *replicas.borrow_and_update();
+            let limit = shares::limit(nodes, count);
+            if self.shares.set_limit(limit) {
+                tracing::info!(
+                    replicas = count,
+                    nodes,
+                    limit,
+                    "this replica's share of the nodes"
+                );
+                let gauge = limit.map_or(0, |limit| i64::try_from(limit).unwrap_or(i64::MAX));
+                self.metrics.node_share.set(gauge);
+            }
+            while self.shares.shed_oldest() {
+                self.metrics.shed_streams.inc();
+                tokio::time::sleep(shares::SHED_INTERVAL).await;
+                let recount = cluster.has_changed().unwrap_or(false)
+                    || replicas.has_changed().unwrap_or(false);
+                if recount {
+                    break;
+                }
+            }
+            tokio::select! {
+                changed = cluster.changed() => if changed.is_err() { return },
+                changed = replicas.changed() => if changed.is_err() { return },
+            }
         }
     }
 
@@ -257,6 +303,8 @@ struct AgentStream {
     max_in_flight: usize,
     /// The stream's record for metrics and inspection; removed when the stream ends.
     connection: Connection,
+    /// The stream's place among this replica's, which tells it when it is shed.
+    place: Place,
     /// The changes seen since the last revision was sent, for the next one's trace.
     changes: cause::Pending,
     /// When the agent's credential expires: the stream ends then, and the agent comes back
@@ -317,6 +365,7 @@ impl AgentStream {
             in_flight: VecDeque::new(),
             max_in_flight: if pipelining { PIPELINED_REVISIONS } else { 1 },
             connection,
+            place: server.shares.join(),
             changes: cause::Pending::default(),
             credential_expires: None,
         }
@@ -382,6 +431,11 @@ impl AgentStream {
                 () = sleep_until(retry_at) => {
                     retry_at = None;
                     dirty = true;
+                }
+                () = self.place.shed() => {
+                    tracing::info!("shedding the stream: this replica holds more than its share of the nodes");
+                    let _ = self.tx.send(Err(shed())).await;
+                    break;
                 }
                 () = sleep_until(credential_expires) => {
                     tracing::info!("agent credential expired; closing the stream");
@@ -640,8 +694,24 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 
 /// The refusal of a stream before the first complete read (protocol rule 10).
 fn not_read_yet() -> Status {
-    let mut status = Status::unavailable("the controller has not read the whole cluster yet");
-    let millis = RETRY_BEFORE_FIRST_READ.as_millis().to_string();
+    unavailable(
+        "the controller has not read the whole cluster yet",
+        RETRY_BEFORE_FIRST_READ,
+    )
+}
+
+/// The end of a shed stream (protocol rule 13).
+fn shed() -> Status {
+    unavailable(
+        "this controller replica holds more than its share of the nodes; subscribe to another",
+        RETRY_AFTER_SHED,
+    )
+}
+
+/// An UNAVAILABLE status asking the agent to wait `retry_after` (protocol rule 10).
+fn unavailable(message: &str, retry_after: Duration) -> Status {
+    let mut status = Status::unavailable(message);
+    let millis = retry_after.as_millis().to_string();
     if let Ok(value) = millis.parse() {
         status
             .metadata_mut()

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod placement;
 pub mod server;
 pub mod serving_ca;
+pub mod shares;
 pub mod source;
 pub mod topology;
 pub mod view;

@@ -41,6 +41,13 @@ struct Cli {
     /// it, only Services without that label (as default kube-proxy).
     #[arg(long, env = "SPLITPROXY_SERVICE_PROXY_NAME")]
     service_proxy_name: Option<String>,
+    /// The controllers' own Service (NAMESPACE/NAME), as agents' --controller-service names it:
+    /// its ready endpoints are the replicas sharing the nodes. Each replica then keeps at most
+    /// its share of the nodes plus a fifth, and sheds its oldest agents, 50 a second, to the
+    /// other replicas when it holds more (as when a replica is added). The Service must be one
+    /// this controller reads (without --service-proxy-name's label unless it is ours).
+    #[arg(long, env = "SPLITPROXY_CONTROLLER_SERVICE", value_parser = parse_namespaced_name)]
+    controller_service: Option<(String, String)>,
     /// Address the gRPC server for agents listens on.
     #[arg(long, env = "SPLITPROXY_LISTEN", default_value = "0.0.0.0:10660")]
     listen: SocketAddr,
@@ -246,6 +253,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             metrics,
             auth: AgentAuth::Open,
             tls,
+            controller_service: cli.controller_service.clone(),
         };
         let (listen, inspection) = (cli.listen, cli.inspection_bind_address);
         match input {

@@ -45,6 +45,13 @@ pub struct Metrics {
     /// nothing (`none`: it is sent a reset). After a replica fails, the agents that move to
     /// another arrive as `summary`.
     pub subscriptions: Family<ResumeLabel, Counter>,
+    /// `splitproxy_controller_node_share`: the most agent streams this replica keeps, its share
+    /// of the nodes plus a margin; 0 while it keeps any number (a lone replica, or no
+    /// `--controller-service`).
+    pub node_share: Gauge,
+    /// `splitproxy_controller_shed_streams_total`: agent streams ended because this replica held
+    /// more than its share of the nodes; their agents moved to another replica.
+    pub shed_streams: Counter,
     /// The open streams, for `splitproxy_controller_connected_agents` and the per-node gauges.
     pub agents: Agents,
 }
@@ -88,6 +95,16 @@ impl Metrics {
             "splitproxy_controller_subscriptions",
             "Agent streams opened, by what the agent resumed from: acknowledged, summary, digests or none",
             metrics.subscriptions.clone(),
+        );
+        registry.register(
+            "splitproxy_controller_node_share",
+            "The most agent streams this replica keeps (its share of the nodes plus a margin); 0 without a limit",
+            metrics.node_share.clone(),
+        );
+        registry.register(
+            "splitproxy_controller_shed_streams",
+            "Agent streams ended because this replica held more than its share of the nodes",
+            metrics.shed_streams.clone(),
         );
         registry.register_collector(Box::new(AgentGauges(metrics.agents.clone())));
         metrics

@@ -4,11 +4,12 @@
 use crate::{
     auth::AgentAuth,
     cause::Cause,
-    cluster::{Builder, Objects, ServiceSelector},
+    cluster::{Builder, Key, Objects, ServiceSelector},
     fanout::{FanOut, Published},
     history::ChangeSet,
     inspection::Inspection,
     metrics::Metrics,
+    shares,
     source::Source,
 };
 use splitproxy_proto::v1alpha1::{
@@ -90,6 +91,9 @@ pub struct Serving {
     pub auth: AgentAuth,
     /// The certificate and key of the node view port; plaintext when `None`.
     pub tls: Option<tonic::transport::Identity>,
+    /// The controllers' own Service: its ready endpoints are the replicas this one shares the
+    /// nodes with. Without it, this replica keeps every agent that connects.
+    pub controller_service: Option<Key>,
 }
 
 /// Binds `listen` (node views for agents) and `inspection` (the controller's inspection, for
@@ -133,6 +137,7 @@ pub async fn serve(
         metrics,
         auth,
         tls,
+        controller_service,
     } = serving;
     let (tx, rx) = watch::channel(None);
     let fanout = FanOut::new(rx.clone())
@@ -140,8 +145,15 @@ pub async fn serve(
         .with_auth(auth);
     let inspector = Inspection::new(fanout.epoch().to_owned(), metrics.agents.clone(), rx);
     let mut builder = Builder::default();
-    let source =
-        source.run(move |objects| publish(&tx, &mut builder, &objects, &selector, &metrics));
+    let (replicas_tx, replicas) = watch::channel(0);
+    let sharing = controller_service.is_some();
+    let source = source.run(move |objects| {
+        publish(&tx, &mut builder, &objects, &selector, &metrics);
+        if let Some(service) = &controller_service {
+            let count = shares::ready_replicas(&objects.slices, service);
+            replicas_tx.send_if_modified(|held| std::mem::replace(held, count) != count);
+        }
+    });
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<NodeViewServiceServer<FanOut>>().await;
@@ -165,6 +177,10 @@ pub async fn serve(
         let fanout = fanout.clone();
         async move { fanout.forget_departed_nodes().await }
     });
+    if sharing {
+        let fanout = fanout.clone();
+        tokio::spawn(async move { fanout.share_nodes(replicas).await });
+    }
     let views = builder
         .add_service(fanout.into_service())
         .add_service(health_service.clone())

@@ -137,6 +137,7 @@ fn controller(tasks: &mut Tasks, listener: TcpListener, dir: &Path) -> usize {
             metrics: splitproxy_controller::metrics::Metrics::default(),
             auth: splitproxy_controller::auth::AgentAuth::Open,
             tls: None,
+            controller_service: None,
         };
         if let Err(err) = server::serve(listener, None, ManifestsDir::new(dir), serving).await {
             panic!("controller stopped: {err:?}");

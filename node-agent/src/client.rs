@@ -118,11 +118,17 @@ pub async fn run<D: Dataplane>(
     let mut reads_summary = false;
     let mut pass = Vec::new();
     let mut next = 0;
+    // The controller that last asked this agent to go elsewhere for now (protocol rules 10 and
+    // 13): tried last in the next pass, so a replica shedding agents does not take them back.
+    let mut sent_away: Option<String> = None;
     loop {
         if next >= pass.len() {
             pass = applier
                 .resync_while(config.controllers.next_pass(pass))
                 .await;
+            if let Some(away) = sent_away.take() {
+                try_last(&mut pass, &away);
+            }
             next = 0;
         }
         if let Some(controller) = pass.get(next) {
@@ -143,6 +149,9 @@ pub async fn run<D: Dataplane>(
             if let Err(err) = result {
                 tracing::warn!(%controller, error = %error_chain(&err), "controller stream ended");
                 retry_after = err.retry_after().map(|hint| hint.min(config.max_backoff));
+                if retry_after.is_some() {
+                    sent_away = Some(controller.clone());
+                }
                 if progressed && err.asks_to_come_back() {
                     // The same replica first: it still knows what this node acknowledged, so
                     // the node resumes there with nothing to compare (protocol rule 7).
@@ -181,6 +190,14 @@ impl StreamError {
     /// may be a controller that hangs.
     fn asks_to_come_back(&self) -> bool {
         matches!(self, Self::Status(status) if status.code() == tonic::Code::Unauthenticated)
+    }
+}
+
+/// Moves `controller` to the end of `pass`, if it is in it.
+fn try_last(pass: &mut Vec<String>, controller: &str) {
+    if let Some(at) = pass.iter().position(|c| c == controller) {
+        let moved = pass.remove(at);
+        pass.push(moved);
     }
 }
 

@@ -78,6 +78,76 @@ spec:
     )
 }
 
+/// The controllers' Service in [`AGENT_NAMESPACE`] (`splitproxy-controller`, as `deploy/`
+/// names it) and one EndpointSlice per replica, all at `ip`: the replica on `ports[i]` is ready
+/// when `ready[i]` is. No selector, so the EndpointSlice controller leaves the slices alone.
+#[must_use]
+pub fn controller_service_yaml(ip: &str, ports: &[u16], ready: &[bool]) -> String {
+    let mut yaml = format!(
+        "apiVersion: v1
+kind: Service
+metadata:
+  name: {CONTROLLER_SERVICE}
+  namespace: {AGENT_NAMESPACE}
+spec:
+  ports:
+  - name: grpc
+    port: 10660
+"
+    );
+    for (port, ready) in ports.iter().zip(ready) {
+        yaml.push_str(&format!(
+            "---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {CONTROLLER_SERVICE}-{port}
+  namespace: {AGENT_NAMESPACE}
+  labels:
+    kubernetes.io/service-name: {CONTROLLER_SERVICE}
+addressType: IPv4
+ports:
+- name: grpc
+  port: {port}
+endpoints:
+- addresses: [{ip}]
+  conditions:
+    ready: {ready}
+"
+        ));
+    }
+    yaml
+}
+
+/// The controllers' Service, as `deploy/` names it.
+pub const CONTROLLER_SERVICE: &str = "splitproxy-controller";
+
+/// The controller URL the agent on `node` follows, as its inspection reports; fails while it
+/// is not connected.
+///
+/// # Errors
+///
+/// If the inspection cannot be read, or the agent is not connected.
+pub fn followed_controller(lab: &Lab, node: &Node) -> Result<String> {
+    let state = lab.exec_ok(
+        node,
+        "grpcurl",
+        &[
+            "-plaintext",
+            "127.0.0.1:10661",
+            "splitproxy.v1alpha1.NodeInspectionService/GetNodeState",
+        ],
+    )?;
+    let state: serde_json::Value = serde_json::from_str(&state)
+        .with_context(|| format!("grpcurl printed no JSON: {state}"))?;
+    anyhow::ensure!(
+        state["connected"] == true,
+        "{} is not connected: {state}",
+        node.name()
+    );
+    Ok(state["controller"].as_str().unwrap_or_default().to_owned())
+}
+
 /// A running control plane on one lab host.
 pub struct ControlPlane {
     host: Host,
@@ -437,6 +507,18 @@ spec:
         let mut all = vec![kubeconfig.as_str()];
         all.extend_from_slice(args);
         lab.exec_ok(&self.host, self.binaries.kubectl(), &all)
+    }
+
+    /// The cluster IP of the Service `namespace/name`, as the API server allocated it.
+    ///
+    /// # Errors
+    ///
+    /// If kubectl fails.
+    pub fn cluster_ip(&self, lab: &Lab, namespace: &str, name: &str) -> Result<String> {
+        let args = ["-n", namespace, "get", "service", name];
+        let mut all = args.to_vec();
+        all.push("-o=jsonpath={.spec.clusterIP}");
+        Ok(self.kubectl(lab, &all)?.trim().to_owned())
     }
 
     /// Runs kubectl with `stdin` as input (for `apply -f -`).

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-pub use testpod::{HitReport, expect_answers, hit, load_report, serve, start_load};
+pub use testpod::{HitReport, expect_answers, expect_reached, hit, load_report, serve, start_load};
 
 /// The path of a binary built from this workspace (`sp-testpod`, `splitproxy-controller`, …), found
 /// next to the running test executable: `target/<profile>/deps/<test>` → `target/<profile>/<name>`.

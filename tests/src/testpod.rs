@@ -68,6 +68,22 @@ pub fn hit(
     hit_within(lab, ns, url, count, Duration::from_secs(2))
 }
 
+/// Makes `count` requests to `url` from `ns` and fails unless every one was answered.
+///
+/// # Errors
+///
+/// If a request failed, or as [`hit`].
+pub fn expect_reached(
+    lab: &Lab,
+    ns: &(impl HasNamespace + ?Sized),
+    url: &str,
+    count: u32,
+) -> Result<()> {
+    let report = hit(lab, ns, url, count)?;
+    anyhow::ensure!(report.failures == 0, "{url}: {report:?}");
+    Ok(())
+}
+
 /// [`hit`] with each request given at most `timeout` instead of 2 s: for asserting that
 /// requests are dropped, which only a timeout shows.
 ///

@@ -13,10 +13,9 @@
 //! each node's pod CIDR.
 
 use anyhow::{Context, Result, ensure};
-use serde_json::Value;
 use splitproxy_e2e::{
     addresses::{self, CONTROL_PLANE, EXTERNAL_CLIENT},
-    control_plane::{Binaries, ControlPlane},
+    control_plane::{Binaries, ControlPlane, followed_controller},
     demo_cluster::{POD_PORT, PortSpec, service_yaml},
     eventually, expect_answers,
     lab::{Host, Lab, Node, Pod, Process},
@@ -253,26 +252,10 @@ impl Cluster {
         let urls = self.replica_urls();
         let mut followed = Vec::new();
         for node in &self.nodes {
-            let state = self.lab.exec_ok(
-                node,
-                "grpcurl",
-                &[
-                    "-plaintext",
-                    "127.0.0.1:10661",
-                    "splitproxy.v1alpha1.NodeInspectionService/GetNodeState",
-                ],
-            )?;
-            let state: Value = serde_json::from_str(&state)
-                .with_context(|| format!("grpcurl printed no JSON: {state}"))?;
-            ensure!(
-                state["connected"] == true,
-                "{} is not connected: {state}",
-                node.name()
-            );
-            let url = state["controller"].as_str().unwrap_or_default();
+            let url = followed_controller(&self.lab, node)?;
             let replica = urls
                 .iter()
-                .position(|u| u == url)
+                .position(|u| *u == url)
                 .with_context(|| format!("{} follows an unknown controller {url}", node.name()))?;
             followed.push(replica);
         }

@@ -9,10 +9,11 @@ use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
     addresses::{self, CONTROL_PLANE},
     control_plane::{
-        AGENT_ACCOUNT, AGENT_NAMESPACE, API_PORT, Binaries, ControlPlane, web_service_yaml,
+        AGENT_ACCOUNT, AGENT_NAMESPACE, API_PORT, Binaries, CONTROLLER_SERVICE, ControlPlane,
+        controller_service_yaml, web_service_yaml,
     },
-    eventually, hit,
-    lab::{Lab, Node, Process},
+    eventually, expect_reached,
+    lab::{Lab, Process},
     serve, workspace_binary,
 };
 use std::{path::Path, time::Duration};
@@ -20,46 +21,13 @@ use std::{path::Path, time::Duration};
 const CONVERGE: Duration = Duration::from_secs(90);
 const POD_PORT: u16 = 8080;
 const CA: &str = "splitproxy-controller-ca";
-const SERVICE: &str = "splitproxy-controller";
+const SERVICE: &str = CONTROLLER_SERVICE;
 /// The two replicas' ports: both run on the control-plane host.
 const PORTS: [u16; 2] = [10660, 10670];
 
 /// The controller Service and one EndpointSlice per replica, `ready` saying which replica is.
 fn controller_endpoints(ip: &str, ready: [bool; 2]) -> String {
-    let mut yaml = format!(
-        "apiVersion: v1
-kind: Service
-metadata:
-  name: {SERVICE}
-  namespace: {AGENT_NAMESPACE}
-spec:
-  ports:
-  - name: grpc
-    port: 10660
-"
-    );
-    for (port, ready) in PORTS.iter().zip(ready) {
-        yaml.push_str(&format!(
-            "---
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: {SERVICE}-{port}
-  namespace: {AGENT_NAMESPACE}
-  labels:
-    kubernetes.io/service-name: {SERVICE}
-addressType: IPv4
-ports:
-- name: grpc
-  port: {port}
-endpoints:
-- addresses: [{ip}]
-  conditions:
-    ready: {ready}
-"
-        ));
-    }
-    yaml
+    controller_service_yaml(ip, &PORTS, &ready)
 }
 
 /// A kubeconfig for a token of `account` (the API server's audience), as its Pod would get.
@@ -84,27 +52,11 @@ fn ca_object(lab: &Lab, control_plane: &ControlPlane, kind: &str, path: &str) ->
     )
 }
 
-fn web_cluster_ip(lab: &Lab, control_plane: &ControlPlane, name: &str) -> Result<String> {
-    Ok(control_plane
-        .kubectl(
-            lab,
-            &[
-                "-n",
-                "demo",
-                "get",
-                "service",
-                name,
-                "-o=jsonpath={.spec.clusterIP}",
-            ],
-        )?
-        .trim()
-        .to_owned())
-}
-
-fn reaches(lab: &Lab, node: &Node, ip: &str) -> Result<()> {
-    let report = hit(lab, node, &format!("http://{ip}/"), 5)?;
-    ensure!(report.failures == 0, "{report:?}");
-    Ok(())
+fn web_url(lab: &Lab, control_plane: &ControlPlane, name: &str) -> Result<String> {
+    Ok(format!(
+        "http://{}/",
+        control_plane.cluster_ip(lab, "demo", name)?
+    ))
 }
 
 /// The controller URLs the agent subscribed to, in order.
@@ -218,9 +170,9 @@ fn agents_find_controllers_through_their_service_and_trust_the_ca_the_controller
             &ca_file.path().to_string_lossy(),
         ],
     )?;
-    let web = web_cluster_ip(&lab, &control_plane, "web")?;
+    let web = web_url(&lab, &control_plane, "web")?;
     eventually("node-1 reaches the Service", CONVERGE, || {
-        reaches(&lab, &nodes[0], &web)
+        expect_reached(&lab, &nodes[0], &web, 5)
     })
     .with_context(|| format!("{}\n{}", controller_logs(&controllers), agent.log()))?;
     let first = format!("https://{cp_ip}:{}", PORTS[0]);
@@ -236,11 +188,11 @@ fn agents_find_controllers_through_their_service_and_trust_the_ca_the_controller
     let first_replica = controllers.remove(0);
     lab.kill(&first_replica)?;
     control_plane.kubectl_apply(&lab, &web_service_yaml("demo", "web-2"))?;
-    let web2 = web_cluster_ip(&lab, &control_plane, "web-2")?;
+    let web2 = web_url(&lab, &control_plane, "web-2")?;
     eventually(
         "node-1 reaches a Service made after the switch",
         CONVERGE,
-        || reaches(&lab, &nodes[0], &web2),
+        || expect_reached(&lab, &nodes[0], &web2, 5),
     )
     .with_context(|| format!("{}\n{}", controller_logs(&controllers), agent.log()))?;
     let second = format!("https://{cp_ip}:{}", PORTS[1]);
@@ -267,7 +219,7 @@ fn agents_find_controllers_through_their_service_and_trust_the_ca_the_controller
             "{:?}",
             subscriptions(&agent)
         );
-        reaches(&lab, &nodes[0], &web2)
+        expect_reached(&lab, &nodes[0], &web2, 5)
     })
     .with_context(|| format!("{}\n{}", controller_logs(&controllers), agent.log()))?;
     ensure!(

@@ -827,3 +827,66 @@ async fn a_subscribe_with_more_digests_than_grpcs_default_4_mib_is_taken() {
     }
     assert_eq!(removed, 100_000);
 }
+
+#[tokio::test]
+async fn a_replica_over_its_share_of_the_nodes_sheds_its_oldest_streams() {
+    let nodes = (1..=4)
+        .map(|n| (format!("node-{n}"), crate::cluster::NodeInfo::default()))
+        .collect();
+    let state = ClusterState::of(BTreeMap::new(), BTreeMap::new(), nodes);
+    let (tx, rx) = watch::channel(Some(Arc::new(state.followed_by(None))));
+    let h = Harness {
+        tx,
+        url: String::new(),
+    };
+    let metrics = Metrics::default();
+    let fanout = FanOut::new(rx).with_metrics(metrics.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let url = format!("http://{}", listener.local_addr().expect("bound"));
+    let (replicas_tx, replicas) = watch::channel(1);
+    tokio::spawn({
+        let fanout = fanout.clone();
+        async move { fanout.share_nodes(replicas).await }
+    });
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(fanout.into_service())
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let mut agents = Vec::new();
+    for n in 1..=4 {
+        let subscribe = pb::Subscribe {
+            node_name: format!("node-{n}"),
+            ..Default::default()
+        };
+        let mut agent = Agent::subscribe_with(&url, subscribe).await;
+        let first = agent.next().await;
+        agent.answer(first.revision, pb::AckStatus::Applied).await;
+        agents.push(agent);
+    }
+    // A lone replica keeps every node.
+    assert_eq!(metrics.node_share.get(), 0);
+
+    // A second replica is ready: each keeps two of the four nodes.
+    replicas_tx.send(2).expect("share_nodes listens");
+    for oldest in &mut agents[..2] {
+        let ended = tokio::time::timeout(Duration::from_secs(30), oldest.rx.message())
+            .await
+            .expect("shed within 30 s")
+            .expect_err("the stream ends with a status");
+        assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+        assert_eq!(splitproxy_proto::retry_after(&ended), Some(Duration::ZERO));
+    }
+    assert_eq!(metrics.node_share.get(), 2);
+    assert_eq!(metrics.shed_streams.get(), 2);
+
+    // The newer two stay, and go on receiving changes.
+    h.publish(cluster(1, 2));
+    for kept in &mut agents[2..] {
+        let delta = kept.next().await;
+        assert_eq!(delta.upserted_services.len(), 1);
+    }
+    assert_eq!(metrics.shed_streams.get(), 2, "no more than the excess");
+}
