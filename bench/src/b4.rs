@@ -61,6 +61,8 @@ pub struct Params {
     pub hints: bool,
     /// Whether to SIGKILL and restart the controller under churn.
     pub restart: bool,
+    /// Whether to add a second controller replica under churn, after the steady churn.
+    pub add_replica: bool,
     /// How many of the nodes are real hollow agents.
     pub canaries: usize,
     /// The CPU the controller is pinned to.
@@ -117,6 +119,22 @@ pub struct Results {
     pub restart_peak_rss_bytes: Option<u64>,
     /// With --restart: latencies of the changes made while the controller restarted.
     pub restart_latency: Option<Summary>,
+    /// With --add-replica: from marking the second replica ready to the first holding no more
+    /// than its share of the nodes.
+    pub rebalance_seconds: Option<f64>,
+    /// With --add-replica: the thin nodes on the second replica at the end.
+    pub rebalance_moved_nodes: Option<usize>,
+    /// With --add-replica: resets the nodes received meanwhile.
+    pub rebalance_resets: Option<u64>,
+    /// With --add-replica: the first replica's CPU from marking the second ready to the end of
+    /// the churn made meanwhile.
+    pub rebalance_first_cpu_seconds: Option<f64>,
+    /// With --add-replica: the second replica's CPU over the same time, its start included.
+    pub rebalance_second_cpu_seconds: Option<f64>,
+    /// With --add-replica: the second replica's peak resident memory.
+    pub rebalance_second_peak_rss_bytes: Option<u64>,
+    /// With --add-replica: latencies of the changes made while the nodes moved.
+    pub rebalance_latency: Option<Summary>,
     /// Every steady-churn latency, for plots.
     #[serde(skip)]
     pub latencies: Vec<Duration>,
@@ -198,6 +216,41 @@ impl Fleet {
     }
 }
 
+/// The controllers' Service (namespace, name), which the replicas count each other in.
+const CONTROLLER_SERVICE: (&str, &str) = ("splitproxy-system", "splitproxy-controller");
+
+/// Writes one EndpointSlice of the controllers' Service per replica listening on `listen`,
+/// ready as `ready` says. No Service object: only the replicas read the slices.
+fn write_replicas(dir: &Path, replicas: &[(SocketAddr, bool)]) -> std::io::Result<()> {
+    let (namespace, service) = CONTROLLER_SERVICE;
+    let slices: Vec<String> = replicas
+        .iter()
+        .map(|(listen, ready)| {
+            format!(
+                "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {service}-{port}
+  namespace: {namespace}
+  labels:
+    kubernetes.io/service-name: {service}
+addressType: IPv4
+ports:
+- name: grpc
+  port: {port}
+endpoints:
+- addresses: [\"{ip}\"]
+  conditions:
+    ready: {ready}
+",
+                port = listen.port(),
+                ip = listen.ip(),
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("controllers.yaml"), slices.join("---\n"))
+}
+
 /// Runs B4 with `params`, its manifests in `dir` (empty) and the controller's log in `output`.
 ///
 /// # Errors
@@ -224,16 +277,39 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
         listen: free_port()?,
         cpu: params.controller_cpu.filter(|_| controller::can_pin()),
         log: output.join("b4-controller.log"),
+        controller_service: None,
+    };
+    // With --add-replica, a second replica on its own port, not ready until the steady churn
+    // is over; both count each other in the controllers' Service.
+    let (launch, second) = if params.add_replica {
+        let (namespace, name) = CONTROLLER_SERVICE;
+        let launch = controller::Launch {
+            controller_service: Some(format!("{namespace}/{name}")),
+            ..launch
+        };
+        let second = controller::Launch {
+            listen: free_port()?,
+            cpu: None,
+            log: output.join("b4-controller-2.log"),
+            ..launch.clone()
+        };
+        write_replicas(dir, &[(launch.listen, true), (second.listen, false)])?;
+        (launch, Some(second))
+    } else {
+        (launch, None)
     };
     let mut controller = launch.start()?;
     let started = Instant::now();
     let url = format!("http://{}", launch.listen);
+    let urls = std::iter::once(url.clone())
+        .chain(second.iter().map(|s| format!("http://{}", s.listen)))
+        .collect();
     let shared = Arc::new(thin::Shared {
         keys: thin::Keys::default(),
         changes: thin::Changes::default(),
         services: params.services,
         started,
-        url: url.clone(),
+        urls,
         periods,
         sync_time: Duration::from_millis(params.sync_ms),
     });
@@ -274,7 +350,12 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
     let controller_initial_sync_cpu_seconds = controller.cpu_time().as_secs_f64();
     eprintln!("b4: every node holds the cluster after {initial_sync_s:.1} s");
 
-    let total_changes = params.changes * if params.restart { 2 } else { 1 };
+    let total_changes = params.changes
+        * if params.restart || params.add_replica {
+            2
+        } else {
+            1
+        };
     let churn = Churn {
         shape,
         dir,
@@ -335,6 +416,13 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
         restart_resets: None,
         restart_peak_rss_bytes: None,
         restart_latency: None,
+        rebalance_seconds: None,
+        rebalance_moved_nodes: None,
+        rebalance_resets: None,
+        rebalance_first_cpu_seconds: None,
+        rebalance_second_cpu_seconds: None,
+        rebalance_second_peak_rss_bytes: None,
+        rebalance_latency: None,
         latencies,
         params: params.clone(),
     };
@@ -386,6 +474,62 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
             Some(records.iter().map(|r| r.resets).sum::<u64>() - resets_before);
         results.restart_peak_rss_bytes = controller.memory().map(|m| mib_to_bytes(m.peak_rss_mib));
         results.restart_latency =
+            Summary::of(&latencies_of(records.iter().map(|r| &r.latencies), during));
+    }
+    if let Some(second_launch) = second {
+        let first_epoch = records
+            .first()
+            .map(|r| r.applied_epoch.clone())
+            .unwrap_or_default();
+        let resets_before: u64 = records.iter().map(|r| r.resets).sum();
+        let second = second_launch.start()?;
+        write_replicas(dir, &[(launch.listen, true), (second_launch.listen, true)])?;
+        let marked = Instant::now();
+        let first_cpu = controller.cpu_time();
+        // The canaries list the first replica alone, and come back to it when shed.
+        let share = splitproxy_controller::shares::limit(params.nodes, 2)
+            .context("two replicas share the nodes")?
+            .saturating_sub(canaries);
+        let on_first = || {
+            fleet
+                .thin_records()
+                .iter()
+                .filter(|r| r.applied_epoch == first_epoch)
+                .count()
+        };
+        let settled = async {
+            wait(&mut controller, timeout, "rebalance", || {
+                on_first().saturating_sub(share)
+            })
+            .await
+            .map(|()| marked.elapsed())
+        };
+        let (churned, settled) =
+            tokio::join!(churn.changes(params.changes..total_changes), settled);
+        churned?;
+        let settled = settled
+            .inspect_err(|err| eprintln!("b4: the replicas did not settle: {err:#}"))
+            .ok();
+        let during = params.changes..total_changes;
+        fleet
+            .wait_for(
+                &mut controller,
+                timeout,
+                "churn while nodes move",
+                during.clone(),
+            )
+            .await;
+        let records = fleet.thin_records();
+        results.rebalance_seconds = settled.map(|took| took.as_secs_f64());
+        results.rebalance_moved_nodes = Some(records.len() - on_first());
+        results.rebalance_resets =
+            Some(records.iter().map(|r| r.resets).sum::<u64>() - resets_before);
+        results.rebalance_first_cpu_seconds =
+            Some((controller.cpu_time() - first_cpu).as_secs_f64());
+        results.rebalance_second_cpu_seconds = Some(second.cpu_time().as_secs_f64());
+        results.rebalance_second_peak_rss_bytes =
+            second.memory().map(|m| mib_to_bytes(m.peak_rss_mib));
+        results.rebalance_latency =
             Summary::of(&latencies_of(records.iter().map(|r| &r.latencies), during));
     }
     tasks.abort_all();

@@ -129,6 +129,10 @@ struct B4Args {
     /// SIGKILL the controller after the steady churn and start it again under more churn.
     #[arg(long)]
     restart: bool,
+    /// After the steady churn, start a second controller replica and mark it ready in the
+    /// controllers' Service under more churn: the first sheds its nodes beyond its share.
+    #[arg(long, conflicts_with = "restart")]
+    add_replica: bool,
     /// How many nodes run the real agent code (hollow agents) instead of a thin client.
     #[arg(long, default_value_t = 4)]
     canaries: usize,
@@ -148,7 +152,12 @@ impl B4Args {
         if self.services == 0 || self.nodes == 0 || self.changes == 0 {
             bail!("--services, --nodes and --changes must be at least 1");
         }
-        let changes = self.changes * if self.restart { 2 } else { 1 };
+        let changes = self.changes
+            * if self.restart || self.add_replica {
+                2
+            } else {
+                1
+            };
         cluster::check_churn(self.services, self.endpoints, changes)?;
         Ok(b4::Params {
             nodes: self.nodes,
@@ -160,6 +169,7 @@ impl B4Args {
             sync_ms: self.sync_ms,
             hints: self.hints,
             restart: self.restart,
+            add_replica: self.add_replica,
             canaries: self.canaries,
             controller_cpu: Some(self.controller_cpu),
             timeout_s: self.timeout_s,

@@ -24,6 +24,8 @@ pub struct Launch {
     pub cpu: Option<usize>,
     /// Where its log goes (appended to, across restarts).
     pub log: PathBuf,
+    /// The controllers' Service (`NAMESPACE/NAME`) it counts replicas in, if any.
+    pub controller_service: Option<String>,
 }
 
 /// A running controller process; killed when dropped.
@@ -65,6 +67,11 @@ impl Launch {
                 "--inspection-bind-address",
                 "127.0.0.1:0",
             ])
+            .args(
+                self.controller_service
+                    .iter()
+                    .flat_map(|service| ["--controller-service", service]),
+            )
             // Warnings only, unless the run's own RUST_LOG asks for more.
             .env(
                 "RUST_LOG",

@@ -77,6 +77,9 @@ struct KeyTable {
     /// Numbers by namespace, then name: looked up by `&str` without building a key.
     ids: HashMap<String, HashMap<String, u32>>,
     keys: Vec<pb::ObjectKey>,
+    /// Each key's summary bucket (protocol rule 11), by number: hashed once for every client,
+    /// so a resume of thousands of clients costs the generator additions, not hashes.
+    buckets: Vec<usize>,
 }
 
 impl KeyTable {
@@ -102,6 +105,12 @@ impl Keys {
         }
         let id = u32::try_from(table.keys.len()).unwrap_or(u32::MAX);
         table.keys.push(key.clone());
+        let bucket = splitproxy_proto::bucket_of(
+            &key.namespace,
+            &key.name,
+            splitproxy_proto::SUMMARY_BUCKETS,
+        );
+        table.buckets.push(bucket);
         table
             .ids
             .entry(key.namespace.clone())
@@ -195,8 +204,8 @@ pub struct Shared {
     pub services: usize,
     /// When the run started.
     pub started: std::time::Instant,
-    /// The controller's URL.
-    pub url: String,
+    /// The controller replicas' URLs, tried in turn.
+    pub urls: Vec<String>,
     /// The agents' sync periods, for the min-sync timer.
     pub periods: SyncPeriods,
     /// How long applying one revision takes.
@@ -228,8 +237,8 @@ impl Held {
         let mut summary = pb::HeldSummary::with_buckets(splitproxy_proto::SUMMARY_BUCKETS);
         let table = keys.0.read().unwrap_or_else(PoisonError::into_inner);
         for (&id, &digest) in self.services.iter().chain(&self.endpoints) {
-            let key = &table.keys[id as usize];
-            summary.add(&key.namespace, &key.name, digest);
+            let sum = &mut summary.bucket_sums[table.buckets[id as usize]];
+            *sum = sum.wrapping_add(digest);
         }
         (Vec::new(), Some(summary))
     }
@@ -241,9 +250,11 @@ pub async fn run(node: String, shared: Arc<Shared>, record: Recorder) {
     let mut held = Held::default();
     let mut timer = SyncTimer::new(shared.periods);
     let mut backoff = MIN_BACKOFF;
-    loop {
+    // As an agent with a list of controllers: after a stream ends, the next one first.
+    for url in shared.urls.iter().cycle() {
         let mut progressed = false;
         let wait = match stream(
+            url,
             &node,
             &shared,
             &record,
@@ -283,6 +294,7 @@ impl From<tonic::Status> for StreamError {
 
 /// One stream: subscribe, then receive, "apply" and acknowledge revisions until it ends.
 async fn stream(
+    url: &str,
     node: &str,
     shared: &Shared,
     record: &Recorder,
@@ -290,7 +302,7 @@ async fn stream(
     timer: &mut SyncTimer,
     progressed: &mut bool,
 ) -> Result<(), StreamError> {
-    let channel = tonic::transport::Endpoint::from_shared(shared.url.clone())
+    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
         .map_err(|_| StreamError::Other)?
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
@@ -333,8 +345,10 @@ async fn stream(
     let mut inbound = response.into_inner();
 
     let mut revision = Revision::default();
-    // Revisions complete and not yet synced: the newest's number and what each brought.
-    let mut folded: Option<(u64, Vec<Seen>)> = None;
+    // Revisions complete and not yet synced: the newest's number and the revisions, applied to
+    // what the client holds only by the sync, as the agent's fold is: a stream that ends first
+    // leaves the client presenting what it last synced.
+    let mut folded: Option<(u64, Vec<Revision>)> = None;
     loop {
         let sync_at = folded.as_ref().map(|_| {
             let now = Instant::now();
@@ -344,7 +358,7 @@ async fn stream(
             biased;
             part = inbound.next() => part,
             () = sleep_until(sync_at) => {
-                let Some((number, seen)) = folded.take() else {
+                let Some((number, revisions)) = folded.take() else {
                     continue;
                 };
                 let started = Instant::now();
@@ -352,7 +366,8 @@ async fn stream(
                 timer.succeeded(started, Instant::now());
                 // Counted as applied even if the ACK is lost with the stream: the node holds
                 // the changes, and presents them in its digests when it resumes.
-                for seen in seen {
+                for done in revisions {
+                    let seen = done.apply(&shared.keys, held, record);
                     seen.applied(shared, held, record);
                 }
                 let ack = pb::Ack {
@@ -376,10 +391,9 @@ async fn stream(
         if revision.take(shared, part) {
             let done = std::mem::take(&mut revision);
             let number = done.number;
-            let seen = done.apply(&shared.keys, held, record);
-            let (newest, brought) = folded.get_or_insert_with(|| (number, Vec::new()));
+            let (newest, revisions) = folded.get_or_insert_with(|| (number, Vec::new()));
             *newest = number;
-            brought.push(seen);
+            revisions.push(done);
         }
     }
 }

@@ -88,7 +88,7 @@ async fn a_thin_client_is_served_as_an_agent_and_resumes_on_another_controller_w
         changes: Changes::default(),
         services: shape.services,
         started: std::time::Instant::now(),
-        url,
+        urls: vec![url],
         periods: SyncPeriods::default(),
         sync_time: Duration::from_millis(10),
     });
