@@ -165,7 +165,14 @@ pub async fn run<D: Dataplane>(
             tracing::warn!("no ready controller to connect to");
         }
         metrics.reconnects.inc();
-        let delay = jitter(retry_after.unwrap_or(backoff));
+        let delay = match retry_after {
+            // The wait asked is before that controller again (protocol rule 10): another one
+            // left in this pass is tried now, as a replica shedding agents or still reading
+            // the cluster does not mean the others are.
+            Some(_) if next < pass.len() => Duration::ZERO,
+            Some(asked) => jitter(asked),
+            None => jitter(backoff),
+        };
         tracing::info!(delay_ms = delay.as_millis() as u64, "reconnecting");
         applier.resync_while(tokio::time::sleep(delay)).await;
         // A controller that said when to come back is not failing: no reason to back off more.

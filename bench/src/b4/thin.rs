@@ -251,7 +251,7 @@ pub async fn run(node: String, shared: Arc<Shared>, record: Recorder) {
     let mut timer = SyncTimer::new(shared.periods);
     let mut backoff = MIN_BACKOFF;
     // As an agent with a list of controllers: after a stream ends, the next one first.
-    for url in shared.urls.iter().cycle() {
+    for (position, url) in shared.urls.iter().enumerate().cycle() {
         let mut progressed = false;
         let wait = match stream(
             url,
@@ -264,6 +264,8 @@ pub async fn run(node: String, shared: Arc<Shared>, record: Recorder) {
         )
         .await
         {
+            // The wait asked is before that replica again: the next one in the list now.
+            Err(StreamError::RetryAfter(_)) if position + 1 < shared.urls.len() => Duration::ZERO,
             Err(StreamError::RetryAfter(wait)) => wait,
             _ if progressed => {
                 backoff = MIN_BACKOFF;
