@@ -20,6 +20,7 @@ use anyhow::{Context as _, bail};
 use serde::Serialize;
 use splitproxy_agent::runner::SyncPeriods;
 use splitproxy_dataplane::ServiceKey;
+use splitproxy_e2e::control_plane;
 use splitproxy_proto::v1alpha1 as pb;
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -216,39 +217,15 @@ impl Fleet {
     }
 }
 
-/// The controllers' Service (namespace, name), which the replicas count each other in.
-const CONTROLLER_SERVICE: (&str, &str) = ("splitproxy-system", "splitproxy-controller");
-
-/// Writes one EndpointSlice of the controllers' Service per replica listening on `listen`,
-/// ready as `ready` says. No Service object: only the replicas read the slices.
+/// Writes one EndpointSlice of the controllers' Service per replica listening on `listen`
+/// (all on loopback), ready as `ready` says. No Service object: only the replicas read the
+/// slices.
 fn write_replicas(dir: &Path, replicas: &[(SocketAddr, bool)]) -> std::io::Result<()> {
-    let (namespace, service) = CONTROLLER_SERVICE;
-    let slices: Vec<String> = replicas
-        .iter()
-        .map(|(listen, ready)| {
-            format!(
-                "apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: {service}-{port}
-  namespace: {namespace}
-  labels:
-    kubernetes.io/service-name: {service}
-addressType: IPv4
-ports:
-- name: grpc
-  port: {port}
-endpoints:
-- addresses: [\"{ip}\"]
-  conditions:
-    ready: {ready}
-",
-                port = listen.port(),
-                ip = listen.ip(),
-            )
-        })
-        .collect();
-    std::fs::write(dir.join("controllers.yaml"), slices.join("---\n"))
+    let ports: Vec<u16> = replicas.iter().map(|(listen, _)| listen.port()).collect();
+    let ready: Vec<bool> = replicas.iter().map(|(_, ready)| *ready).collect();
+    let yaml =
+        control_plane::controller_slices_yaml(&Ipv4Addr::LOCALHOST.to_string(), &ports, &ready);
+    std::fs::write(dir.join("controllers.yaml"), yaml)
 }
 
 /// Runs B4 with `params`, its manifests in `dir` (empty) and the controller's log in `output`.
@@ -282,9 +259,12 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
     // With --add-replica, a second replica on its own port, not ready until the steady churn
     // is over; both count each other in the controllers' Service.
     let (launch, second) = if params.add_replica {
-        let (namespace, name) = CONTROLLER_SERVICE;
         let launch = controller::Launch {
-            controller_service: Some(format!("{namespace}/{name}")),
+            controller_service: Some(format!(
+                "{}/{}",
+                control_plane::AGENT_NAMESPACE,
+                control_plane::CONTROLLER_SERVICE
+            )),
             ..launch
         };
         let second = controller::Launch {

@@ -79,11 +79,11 @@ spec:
 }
 
 /// The controllers' Service in [`AGENT_NAMESPACE`] (`splitproxy-controller`, as `deploy/`
-/// names it) and one EndpointSlice per replica, all at `ip`: the replica on `ports[i]` is ready
-/// when `ready[i]` is. No selector, so the EndpointSlice controller leaves the slices alone.
+/// names it) and [`controller_slices_yaml`]'s EndpointSlices. No selector, so the
+/// EndpointSlice controller leaves the slices alone.
 #[must_use]
 pub fn controller_service_yaml(ip: &str, ports: &[u16], ready: &[bool]) -> String {
-    let mut yaml = format!(
+    format!(
         "apiVersion: v1
 kind: Service
 metadata:
@@ -93,12 +93,22 @@ spec:
   ports:
   - name: grpc
     port: 10660
-"
-    );
-    for (port, ready) in ports.iter().zip(ready) {
-        yaml.push_str(&format!(
-            "---
-apiVersion: discovery.k8s.io/v1
+---
+{}",
+        controller_slices_yaml(ip, ports, ready)
+    )
+}
+
+/// One EndpointSlice of the controllers' Service per replica, all at `ip`: the replica on
+/// `ports[i]` is ready when `ready[i]` is.
+#[must_use]
+pub fn controller_slices_yaml(ip: &str, ports: &[u16], ready: &[bool]) -> String {
+    let slices: Vec<String> = ports
+        .iter()
+        .zip(ready)
+        .map(|(port, ready)| {
+            format!(
+                "apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
   name: {CONTROLLER_SERVICE}-{port}
@@ -110,13 +120,14 @@ ports:
 - name: grpc
   port: {port}
 endpoints:
-- addresses: [{ip}]
+- addresses: [\"{ip}\"]
   conditions:
     ready: {ready}
 "
-        ));
-    }
-    yaml
+            )
+        })
+        .collect();
+    slices.join("---\n")
 }
 
 /// The controllers' Service, as `deploy/` names it.
