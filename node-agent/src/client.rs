@@ -14,6 +14,7 @@ use crate::{
 };
 use futures::{Stream, StreamExt};
 use rand::Rng;
+use rotation::Rotation;
 use splitproxy_dataplane::{Dataplane, IpFamily};
 use splitproxy_proto::v1alpha1::{
     self as pb, node_view_service_client::NodeViewServiceClient, sync_request,
@@ -113,31 +114,24 @@ pub async fn run<D: Dataplane>(
     metrics: Metrics,
 ) {
     let mut backoff = config.min_backoff;
-    let mut retry_after = None;
     // Whether the controller last subscribed to reads summaries (protocol rule 11).
     let mut reads_summary = false;
-    let mut pass = Vec::new();
-    let mut next = 0;
-    // The controller that last asked this agent to go elsewhere for now (protocol rules 10 and
-    // 13): tried last in the next pass, so a replica shedding agents does not take them back.
-    let mut sent_away: Option<String> = None;
+    let mut rotation = Rotation::default();
     loop {
-        if next >= pass.len() {
-            pass = applier
-                .resync_while(config.controllers.next_pass(pass))
+        if rotation.pass_done() {
+            let known = rotation.take_pass();
+            let controllers = applier
+                .resync_while(config.controllers.next_pass(known))
                 .await;
-            if let Some(away) = sent_away.take() {
-                try_last(&mut pass, &away);
-            }
-            next = 0;
+            rotation.start_pass(controllers);
         }
-        if let Some(controller) = pass.get(next) {
-            next += 1;
-            status.update(|s| s.controller.clone_from(controller));
+        let mut asked = None;
+        if let Some(controller) = rotation.next_controller() {
+            status.update(|s| s.controller.clone_from(&controller));
             let mut progressed = false;
             let result = stream_once(
                 &config,
-                controller,
+                &controller,
                 &mut applier,
                 &status,
                 &metrics,
@@ -148,15 +142,12 @@ pub async fn run<D: Dataplane>(
             status.update(|s| s.connected = false);
             if let Err(err) = result {
                 tracing::warn!(%controller, error = %error_chain(&err), "controller stream ended");
-                retry_after = err.retry_after().map(|hint| hint.min(config.max_backoff));
-                if retry_after.is_some() {
-                    sent_away = Some(controller.clone());
-                }
-                if progressed && err.asks_to_come_back() {
-                    // The same replica first: it still knows what this node acknowledged, so
-                    // the node resumes there with nothing to compare (protocol rule 7).
-                    next -= 1;
-                }
+                asked = err.retry_after().map(|hint| hint.min(config.max_backoff));
+                rotation.ended(
+                    &controller,
+                    asked.is_some(),
+                    progressed && err.asks_to_come_back(),
+                );
             }
             if progressed {
                 backoff = config.min_backoff;
@@ -165,18 +156,11 @@ pub async fn run<D: Dataplane>(
             tracing::warn!("no ready controller to connect to");
         }
         metrics.reconnects.inc();
-        let delay = match retry_after {
-            // The wait asked is before that controller again (protocol rule 10): another one
-            // left in this pass is tried now, as a replica shedding agents or still reading
-            // the cluster does not mean the others are.
-            Some(_) if next < pass.len() => Duration::ZERO,
-            Some(asked) => jitter(asked),
-            None => jitter(backoff),
-        };
+        let delay = jitter(rotation.delay(asked, backoff));
         tracing::info!(delay_ms = delay.as_millis() as u64, "reconnecting");
         applier.resync_while(tokio::time::sleep(delay)).await;
         // A controller that said when to come back is not failing: no reason to back off more.
-        if retry_after.take().is_none() {
+        if asked.is_none() {
             backoff = (backoff * 2).min(config.max_backoff);
         }
     }
@@ -197,14 +181,6 @@ impl StreamError {
     /// may be a controller that hangs.
     fn asks_to_come_back(&self) -> bool {
         matches!(self, Self::Status(status) if status.code() == tonic::Code::Unauthenticated)
-    }
-}
-
-/// Moves `controller` to the end of `pass`, if it is in it.
-fn try_last(pass: &mut Vec<String>, controller: &str) {
-    if let Some(at) = pass.iter().position(|c| c == controller) {
-        let moved = pass.remove(at);
-        pass.push(moved);
     }
 }
 
@@ -534,6 +510,8 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
     }
     text
 }
+
+mod rotation;
 
 #[cfg(test)]
 mod tests;
