@@ -1,5 +1,6 @@
 //! The connected agents: one record per open node view stream, written by the fan-out through a
-//! [`Connection`] and read by the metrics and the inspection service.
+//! [`Connection`] and read by the metrics and the inspection service; and the most streams this
+//! replica keeps, beyond which the oldest are told to end (see [`crate::shares`]).
 //!
 //! **Lag.** A node is *behind* from the first cluster state published after the view it last
 //! acknowledged (or from the moment its stream opened) until it acknowledges a view of the latest
@@ -15,7 +16,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
     time::{Duration, SystemTime},
 };
-use tokio::time::Instant;
+use tokio::{sync::Notify, time::Instant};
 
 /// A point in time on both clocks: tokio's, to measure lag, and the wall clock, to show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +84,19 @@ pub struct Agents {
 #[derive(Debug, Default)]
 struct Table {
     next_id: u64,
-    streams: BTreeMap<u64, Record>,
+    streams: BTreeMap<u64, Stream>,
+    /// How many streams were told to end and have not ended yet.
+    shedding: usize,
+    /// The most streams kept; `None` for no limit.
+    limit: Option<usize>,
+}
+
+#[derive(Debug)]
+struct Stream {
+    record: Record,
+    /// Tells the stream to end.
+    shed: Arc<Notify>,
+    shedding: bool,
 }
 
 impl Agents {
@@ -97,7 +110,9 @@ impl Agents {
     /// Every open stream, sorted by node name then connection order.
     #[must_use]
     pub fn streams(&self) -> Vec<Record> {
-        let mut streams: Vec<Record> = self.lock().streams.values().cloned().collect();
+        let mut streams: Vec<Record> = (self.lock().streams.values())
+            .map(|stream| stream.record.clone())
+            .collect();
         // Stable: streams of one node keep their connection order.
         streams.sort_by(|a, b| a.node.cmp(&b.node));
         streams
@@ -111,8 +126,43 @@ impl Agents {
         self.lock()
             .streams
             .values()
-            .map(|record| (record.node.clone(), record.clone()))
+            .map(|stream| (stream.record.node.clone(), stream.record.clone()))
             .collect()
+    }
+
+    /// Sets the most streams kept; returns whether it changed.
+    pub fn set_limit(&self, limit: Option<usize>) -> bool {
+        let mut table = self.lock();
+        let changed = table.limit != limit;
+        table.limit = limit;
+        changed
+    }
+
+    /// Tells the oldest stream to end if more streams are kept than the limit; returns whether
+    /// one was told.
+    pub fn shed_oldest(&self) -> bool {
+        let mut table = self.lock();
+        let Some(limit) = table.limit else {
+            return false;
+        };
+        if table.streams.len() - table.shedding <= limit {
+            return false;
+        }
+        let Some(oldest) = table.streams.values_mut().find(|s| !s.shedding) else {
+            return false;
+        };
+        oldest.shedding = true;
+        // Kept until the stream looks: it may be busy sending when told.
+        oldest.shed.notify_one();
+        table.shedding += 1;
+        true
+    }
+
+    /// How many streams are open and not told to end.
+    #[must_use]
+    pub fn kept(&self) -> usize {
+        let table = self.lock();
+        table.streams.len() - table.shedding
     }
 }
 
@@ -125,6 +175,8 @@ pub struct Connection {
     id: u64,
     /// The first cluster state published since the node's view was last computed.
     observed_change: Option<Moment>,
+    /// Tells the stream to end, the replica being over its share of the nodes.
+    shed: Arc<Notify>,
 }
 
 impl Connection {
@@ -140,26 +192,30 @@ impl Connection {
     ) -> Self {
         let agents = metrics.agents.clone();
         let now = Moment::now();
+        let shed = Arc::new(Notify::new());
         let id = {
             let mut table = agents.lock();
             let id = table.next_id;
             table.next_id += 1;
-            table.streams.insert(
-                id,
-                Record {
-                    node: node.to_owned(),
-                    peer: peer.to_owned(),
-                    proxy_mode,
-                    connected_at: now.wall,
-                    acked_revision,
-                    latest_revision: acked_revision,
-                    behind_since: None,
-                    last_ack_at: None,
-                    last_nack: None,
-                    messages_sent: 0,
-                    bytes_sent: 0,
-                },
-            );
+            let record = Record {
+                node: node.to_owned(),
+                peer: peer.to_owned(),
+                proxy_mode,
+                connected_at: now.wall,
+                acked_revision,
+                latest_revision: acked_revision,
+                behind_since: None,
+                last_ack_at: None,
+                last_nack: None,
+                messages_sent: 0,
+                bytes_sent: 0,
+            };
+            let stream = Stream {
+                record,
+                shed: Arc::clone(&shed),
+                shedding: false,
+            };
+            table.streams.insert(id, stream);
             id
         };
         Self {
@@ -167,13 +223,19 @@ impl Connection {
             metrics: metrics.clone(),
             id,
             observed_change: Some(now),
+            shed,
         }
     }
 
     fn update(&self, change: impl FnOnce(&mut Record)) {
-        if let Some(record) = self.agents.lock().streams.get_mut(&self.id) {
-            change(record);
+        if let Some(stream) = self.agents.lock().streams.get_mut(&self.id) {
+            change(&mut stream.record);
         }
+    }
+
+    /// Completes once the stream is to end, the replica being over its share of the nodes.
+    pub async fn shed(&self) {
+        self.shed.notified().await;
     }
 
     /// A new cluster state was published; the node may be behind from now on.
@@ -237,7 +299,12 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        self.agents.lock().streams.remove(&self.id);
+        let mut table = self.agents.lock();
+        if let Some(stream) = table.streams.remove(&self.id)
+            && stream.shedding
+        {
+            table.shedding -= 1;
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use crate::{
     cause,
     cluster::ClusterState,
     metrics::Metrics,
-    shares::{self, Place, Shares},
+    shares,
     view::{Delta, Held, NodeView},
 };
 use futures::{Stream, StreamExt};
@@ -107,8 +107,6 @@ pub struct FanOut {
     auth: AgentAuth,
     /// Slots for first revisions, [`CONCURRENT_FIRST_REVISIONS`] of them.
     first_revisions: Arc<Semaphore>,
-    /// The open streams, within this replica's share of the nodes.
-    shares: Shares,
 }
 
 impl FanOut {
@@ -122,7 +120,6 @@ impl FanOut {
             metrics: Metrics::default(),
             auth: AgentAuth::Open,
             first_revisions: Arc::new(Semaphore::new(CONCURRENT_FIRST_REVISIONS)),
-            shares: Shares::default(),
         }
     }
 
@@ -181,7 +178,7 @@ impl FanOut {
                 .map_or(0, |published| published.nodes.len());
             let count = *replicas.borrow_and_update();
             let limit = shares::limit(nodes, count);
-            if self.shares.set_limit(limit) {
+            if self.metrics.agents.set_limit(limit) {
                 tracing::info!(
                     replicas = count,
                     nodes,
@@ -191,7 +188,7 @@ impl FanOut {
                 let gauge = limit.map_or(0, |limit| i64::try_from(limit).unwrap_or(i64::MAX));
                 self.metrics.node_share.set(gauge);
             }
-            while self.shares.shed_oldest() {
+            while self.metrics.agents.shed_oldest() {
                 self.metrics.shed_streams.inc();
                 tokio::time::sleep(shares::SHED_INTERVAL).await;
                 let recount = cluster.has_changed().unwrap_or(false)
@@ -301,10 +298,9 @@ struct AgentStream {
     /// How many revisions may be in flight: one, or [`PIPELINED_REVISIONS`] when the agent
     /// pipelines.
     max_in_flight: usize,
-    /// The stream's record for metrics and inspection; removed when the stream ends.
+    /// The stream's record for metrics and inspection, which also tells it when it is shed;
+    /// removed when the stream ends.
     connection: Connection,
-    /// The stream's place among this replica's, which tells it when it is shed.
-    place: Place,
     /// The changes seen since the last revision was sent, for the next one's trace.
     changes: cause::Pending,
     /// When the agent's credential expires: the stream ends then, and the agent comes back
@@ -365,7 +361,6 @@ impl AgentStream {
             in_flight: VecDeque::new(),
             max_in_flight: if pipelining { PIPELINED_REVISIONS } else { 1 },
             connection,
-            place: server.shares.join(),
             changes: cause::Pending::default(),
             credential_expires: None,
         }
@@ -432,7 +427,7 @@ impl AgentStream {
                     retry_at = None;
                     dirty = true;
                 }
-                () = self.place.shed() => {
+                () = self.connection.shed() => {
                     tracing::info!("shedding the stream: this replica holds more than its share of the nodes");
                     let _ = self.tx.send(Err(shed())).await;
                     break;

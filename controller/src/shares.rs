@@ -4,6 +4,9 @@
 //! oldest streams beyond that, a few at a time, so agents spread onto a replica added after
 //! they connected instead of staying where they first landed.
 //!
+//! The streams and the limit are kept with the other records of the streams, in
+//! [`crate::agents::Agents`].
+//!
 //! Nothing is refused at the door: a count that is stale (a replica gone that still looks
 //! ready) must never leave an agent without a controller. An agent shed onto a replica that is
 //! itself over its share is taken, and shed again later; as shed agents move on to the next
@@ -12,12 +15,7 @@
 use crate::cluster::{Key, SERVICE_NAME_LABEL};
 use imbl::OrdMap;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
-    time::Duration,
-};
-use tokio::sync::Notify;
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 /// How often a replica over its share sheds one stream: 50 a second, so the replica taking them
 /// resumes them (each a delta from the agent's summary) without a storm, and 1,000 agents move
@@ -62,117 +60,6 @@ pub fn ready_replicas(slices: &OrdMap<Key, Arc<EndpointSlice>>, service: &Key) -
         *by_family.entry(slice.address_type.as_str()).or_default() += ready;
     }
     by_family.into_values().max().unwrap_or(0)
-}
-
-/// This replica's open streams and the most it keeps; clones share them.
-#[derive(Debug, Clone, Default)]
-pub struct Shares {
-    table: Arc<Mutex<Table>>,
-}
-
-#[derive(Debug, Default)]
-struct Table {
-    next_id: u64,
-    /// The open streams by connection order, each with what tells it to end.
-    streams: BTreeMap<u64, Member>,
-    /// How many of them were told to end and have not ended yet.
-    shedding: usize,
-    limit: Option<usize>,
-}
-
-#[derive(Debug)]
-struct Member {
-    shed: Arc<Notify>,
-    shedding: bool,
-}
-
-impl Shares {
-    fn lock(&self) -> MutexGuard<'_, Table> {
-        // The table is consistent after every statement that writes it.
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Counts a new stream in until the returned place is dropped.
-    #[must_use]
-    pub fn join(&self) -> Place {
-        let shed = Arc::new(Notify::new());
-        let mut table = self.lock();
-        let id = table.next_id;
-        table.next_id += 1;
-        table.streams.insert(
-            id,
-            Member {
-                shed: Arc::clone(&shed),
-                shedding: false,
-            },
-        );
-        Place {
-            shares: self.clone(),
-            id,
-            shed,
-        }
-    }
-
-    /// Sets the most streams kept; returns whether it changed.
-    pub fn set_limit(&self, limit: Option<usize>) -> bool {
-        let mut table = self.lock();
-        let changed = table.limit != limit;
-        table.limit = limit;
-        changed
-    }
-
-    /// Tells the oldest stream to end if more streams are kept than the limit; returns whether
-    /// one was told.
-    pub fn shed_oldest(&self) -> bool {
-        let mut table = self.lock();
-        let Some(limit) = table.limit else {
-            return false;
-        };
-        if table.streams.len() - table.shedding <= limit {
-            return false;
-        }
-        let Some(oldest) = table.streams.values_mut().find(|m| !m.shedding) else {
-            return false;
-        };
-        oldest.shedding = true;
-        // Kept until the stream looks: it may be busy sending when told.
-        oldest.shed.notify_one();
-        table.shedding += 1;
-        true
-    }
-
-    /// How many streams are open and not told to end.
-    #[must_use]
-    pub fn kept(&self) -> usize {
-        let table = self.lock();
-        table.streams.len() - table.shedding
-    }
-}
-
-/// One stream's place among the replica's streams, given up when dropped.
-#[derive(Debug)]
-pub struct Place {
-    shares: Shares,
-    id: u64,
-    shed: Arc<Notify>,
-}
-
-impl Place {
-    /// Completes once the stream is to end, the replica being over its share.
-    pub async fn shed(&self) {
-        self.shed.notified().await;
-    }
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        let mut table = self.shares.lock();
-        if let Some(member) = table.streams.remove(&self.id)
-            && member.shedding
-        {
-            table.shedding -= 1;
-        }
-    }
 }
 
 #[cfg(test)]

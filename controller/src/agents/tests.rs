@@ -1,5 +1,6 @@
 use super::*;
 use crate::metrics::Metrics;
+use futures::FutureExt;
 use std::time::Duration;
 
 fn record(metrics: &Metrics, node: &str) -> Record {
@@ -93,4 +94,40 @@ async fn a_node_counts_once_while_its_old_stream_lingers_and_leaves_with_its_las
     );
     drop(other);
     assert!(metrics.agents.streams().is_empty());
+}
+
+fn open(metrics: &Metrics) -> Connection {
+    Connection::open(metrics, "node-1", "peer", 1, 0)
+}
+
+#[test]
+fn the_oldest_streams_beyond_the_limit_are_told_to_end_once_each() {
+    let metrics = Metrics::default();
+    let agents = &metrics.agents;
+    let streams: Vec<Connection> = (0..4).map(|_| open(&metrics)).collect();
+    assert!(!agents.shed_oldest(), "no limit, nothing shed");
+    assert!(!agents.set_limit(None));
+    assert!(agents.set_limit(Some(2)));
+    assert!(agents.shed_oldest());
+    assert!(agents.shed_oldest());
+    assert!(!agents.shed_oldest(), "two kept, as the limit says");
+    assert_eq!(agents.kept(), 2);
+    let told: Vec<bool> = (streams.iter())
+        .map(|stream| stream.shed().now_or_never().is_some())
+        .collect();
+    assert_eq!(told, [true, true, false, false]);
+
+    // The shed streams end; a new one opens and is over the limit again: the oldest kept goes.
+    let mut streams = streams.into_iter().skip(2).collect::<Vec<_>>();
+    assert_eq!(agents.kept(), 2);
+    streams.push(open(&metrics));
+    assert!(agents.shed_oldest());
+    assert!(streams[0].shed().now_or_never().is_some());
+    assert!(streams[1].shed().now_or_never().is_none());
+    assert!(streams[2].shed().now_or_never().is_none());
+    // A kept stream that ends makes room.
+    assert_eq!(agents.kept(), 2);
+    streams.pop();
+    assert_eq!(agents.kept(), 1);
+    assert!(!agents.shed_oldest());
 }

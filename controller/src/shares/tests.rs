@@ -1,5 +1,4 @@
 use super::*;
-use futures::FutureExt;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions};
 use kube::api::ObjectMeta;
 
@@ -124,36 +123,4 @@ fn replicas_are_the_ready_endpoints_of_the_controllers_service() {
 
     let absent = ("splitproxy-system".to_owned(), "missing".to_owned());
     assert_eq!(ready_replicas(&slices, &absent), 0);
-}
-
-#[test]
-fn the_oldest_streams_beyond_the_limit_are_told_to_end_once_each() {
-    let shares = Shares::default();
-    let places: Vec<Place> = (0..4).map(|_| shares.join()).collect();
-    assert!(!shares.shed_oldest(), "no limit, nothing shed");
-    assert!(!shares.set_limit(None));
-    assert!(shares.set_limit(Some(2)));
-    assert!(shares.shed_oldest());
-    assert!(shares.shed_oldest());
-    assert!(!shares.shed_oldest(), "two kept, as the limit says");
-    assert_eq!(shares.kept(), 2);
-    let told: Vec<bool> = places
-        .iter()
-        .map(|place| place.shed().now_or_never().is_some())
-        .collect();
-    assert_eq!(told, [true, true, false, false]);
-
-    // The shed streams end; a new one joins and is over the limit again: the oldest kept goes.
-    let mut places = places.into_iter().skip(2).collect::<Vec<_>>();
-    assert_eq!(shares.kept(), 2);
-    places.push(shares.join());
-    assert!(shares.shed_oldest());
-    assert!(places[0].shed().now_or_never().is_some());
-    assert!(places[1].shed().now_or_never().is_none());
-    assert!(places[2].shed().now_or_never().is_none());
-    // A kept stream that ends makes room.
-    assert_eq!(shares.kept(), 2);
-    places.pop();
-    assert_eq!(shares.kept(), 1);
-    assert!(!shares.shed_oldest());
 }
