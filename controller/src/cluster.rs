@@ -189,7 +189,10 @@ impl ClusterState {
             Some(previous) => crate::view::SharedDigests::after(&previous.digests),
             None => crate::view::SharedDigests::default(),
         });
-        self.placement = Arc::default();
+        self.placement = Arc::new(match previous {
+            Some(previous) => crate::placement::Placement::after(&previous.placement),
+            None => crate::placement::Placement::default(),
+        });
         self
     }
 }

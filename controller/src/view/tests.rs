@@ -661,6 +661,51 @@ fn first_views_from_the_placement_index_equal_those_from_every_endpoint() {
 }
 
 #[test]
+fn a_placement_index_built_from_the_state_befores_equals_one_built_afresh() {
+    for seed in 1..=10 {
+        let nodes: Vec<String> = (0..9).map(|n| format!("node-{n}")).collect();
+        let before = scattered(seed);
+        for node in &nodes {
+            assert!(
+                before
+                    .placement
+                    .candidates(&before.endpoints, node)
+                    .is_some()
+            );
+        }
+        let mut after = scattered(seed + 100);
+        // Some Services lose their endpoints, and one that had none gains some.
+        let endpoints = Arc::make_mut(&mut after.endpoints);
+        for i in (0..300).step_by(7) {
+            endpoints.remove(&("demo".to_owned(), format!("s{i}")));
+        }
+        let (key, backends) = endpoints.get_min().cloned().expect("endpoints left");
+        endpoints.insert(("demo".to_owned(), "new".to_owned()), backends);
+        endpoints.remove(&key);
+        let after = after.followed_by(Some(&before));
+        assert!(!after.placement.built_alone(), "seeded, not built yet");
+
+        let fresh = crate::placement::Placement::default();
+        let mut singled_out = 0;
+        for node in &nodes {
+            let carried: Vec<&Key> = (after.placement.candidates(&after.endpoints, node))
+                .expect("indexed")
+                .collect();
+            let built: Vec<&Key> = (fresh.candidates(&after.endpoints, node))
+                .expect("indexed")
+                .collect();
+            assert_eq!(carried, built, "seed {seed}, {node}");
+            singled_out += built.len();
+        }
+        assert!(singled_out > 0, "seed {seed}: no node singled out");
+        assert!(
+            after.placement.built_alone(),
+            "seed {seed}: the state before's index is dropped once this one is built"
+        );
+    }
+}
+
+#[test]
 fn held_digests_are_sorted_once_each_and_entries_without_key_or_kind_skipped() {
     let entry = |kind: pb::ResourceKind, name: Option<&str>, digest| pb::ResourceDigest {
         kind: kind as i32,
