@@ -44,7 +44,7 @@ fn seed(path: &Path) -> Option<Vec<u8>> {
     let view = NodeView::for_node(&cluster, "node-1");
     let delta = Delta::between(&NodeView::default(), &view);
     let mut bytes = Vec::new();
-    for message in split(delta, "seed", 1, true) {
+    for message in split(delta, "seed", 1, true, &cluster.encodings) {
         // Writing into a Vec cannot run out of space.
         message.encode_length_delimited(&mut bytes).ok()?;
     }

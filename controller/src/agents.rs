@@ -10,7 +10,6 @@
 
 use crate::metrics::Metrics;
 use prost::Message;
-use splitproxy_proto::v1alpha1 as pb;
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex, MutexGuard},
@@ -262,7 +261,7 @@ impl Connection {
     }
 
     /// `messages` of `revision` were handed to the stream.
-    pub fn sent(&self, revision: u64, messages: &[pb::SyncResponse]) {
+    pub fn sent(&self, revision: u64, messages: &[crate::wire::SyncResponse]) {
         let bytes: u64 = messages.iter().map(|m| m.encoded_len() as u64).sum();
         let count = messages.len() as u64;
         self.metrics.messages_sent.inc_by(count);

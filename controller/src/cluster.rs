@@ -143,6 +143,8 @@ pub struct ClusterState {
     pub digests: Arc<crate::view::SharedDigests>,
     /// Which Services each node may see in a form of its own, for its first view.
     pub placement: Arc<crate::placement::Placement>,
+    /// The encodings of the resources this state's revisions upsert, shared by every node's.
+    pub encodings: Arc<crate::wire::Encodings>,
 }
 
 impl ClusterState {
@@ -193,6 +195,7 @@ impl ClusterState {
             Some(previous) => crate::placement::Placement::after(&previous.placement),
             None => crate::placement::Placement::default(),
         });
+        self.encodings = Arc::default();
         self
     }
 }

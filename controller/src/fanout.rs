@@ -11,14 +11,15 @@ use crate::{
     metrics::Metrics,
     shares,
     view::{Delta, Held, NodeView},
+    wire::{
+        self, Encodings,
+        server::node_view_service_server::{NodeViewService, NodeViewServiceServer},
+    },
 };
+use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use prost::Message;
-use splitproxy_proto::v1alpha1::{
-    self as pb,
-    node_view_service_server::{NodeViewService, NodeViewServiceServer},
-    sync_request,
-};
+use splitproxy_proto::v1alpha1::{self as pb, sync_request};
 use std::{
     collections::{HashMap, VecDeque},
     pin::Pin,
@@ -220,7 +221,7 @@ impl FanOut {
     }
 }
 
-type ResponseStream = Pin<Box<dyn Stream<Item = Result<pb::SyncResponse, Status>> + Send>>;
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<wire::SyncResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl NodeViewService for FanOut {
@@ -282,7 +283,7 @@ struct AgentStream {
     epoch: String,
     cluster: watch::Receiver<Published>,
     acknowledged: Arc<Acknowledged>,
-    tx: mpsc::Sender<Result<pb::SyncResponse, Status>>,
+    tx: mpsc::Sender<Result<wire::SyncResponse, Status>>,
     /// The controller's slots for first revisions.
     first_revisions: Arc<Semaphore>,
     /// The last revision number used on this node.
@@ -313,7 +314,7 @@ impl AgentStream {
         server: &FanOut,
         mut subscribe: pb::Subscribe,
         peer: &str,
-        tx: mpsc::Sender<Result<pb::SyncResponse, Status>>,
+        tx: mpsc::Sender<Result<wire::SyncResponse, Status>>,
     ) -> Self {
         let remembered = server.acknowledged.get(&subscribe.node_name);
         let resumes = match (&subscribe.resume, &remembered) {
@@ -512,7 +513,13 @@ impl AgentStream {
                 if unchanged {
                     return Ok(());
                 }
-                let mut messages = split(delta, &self.epoch, self.revision + 1, false);
+                let mut messages = split(
+                    delta,
+                    &self.epoch,
+                    self.revision + 1,
+                    false,
+                    &cluster.encodings,
+                );
                 for message in &mut messages {
                     message.base_revision = *base_revision;
                 }
@@ -565,7 +572,7 @@ impl AgentStream {
         &self,
         slot: &mut Option<OwnedSemaphorePermit>,
         slot_until: tokio::time::Instant,
-    ) -> Result<mpsc::Permit<'_, Result<pb::SyncResponse, Status>>, mpsc::error::SendError<()>>
+    ) -> Result<mpsc::Permit<'_, Result<wire::SyncResponse, Status>>, mpsc::error::SendError<()>>
     {
         if slot.is_some() {
             match tokio::time::timeout_at(slot_until, self.tx.reserve()).await {
@@ -641,7 +648,7 @@ struct FirstRevision {
 impl FirstRevision {
     /// The node's view and the messages bringing the agent to it: a reset, or a delta from
     /// what it presented (protocol rules 7 and 11).
-    fn compute(self) -> (NodeView, Vec<pb::SyncResponse>) {
+    fn compute(self) -> (NodeView, Vec<wire::SyncResponse>) {
         let view = NodeView::for_node(&self.cluster, &self.node);
         let shared = &self.cluster.digests;
         let (delta, reset) = match self.held.as_deref() {
@@ -655,17 +662,23 @@ impl FirstRevision {
                 "replacing differing buckets"
             );
         }
-        let messages = split(delta, &self.epoch, self.revision, reset);
+        let messages = split(
+            delta,
+            &self.epoch,
+            self.revision,
+            reset,
+            &self.cluster.encodings,
+        );
         (view, messages)
     }
 }
 
-/// One resource change of a revision, for splitting.
+/// One resource change of a revision, for splitting; upserts as their encodings.
 enum Item {
     RemovedService(pb::ObjectKey),
     RemovedEndpoints(pb::ObjectKey),
-    Service(pb::Service),
-    Endpoints(pb::ServiceEndpoints),
+    Service(Bytes),
+    Endpoints(Bytes),
 }
 
 impl Item {
@@ -673,8 +686,7 @@ impl Item {
     fn encoded_len(&self) -> usize {
         let body = match self {
             Self::RemovedService(key) | Self::RemovedEndpoints(key) => key.encoded_len(),
-            Self::Service(service) => service.encoded_len(),
-            Self::Endpoints(endpoints) => endpoints.encoded_len(),
+            Self::Service(encoded) | Self::Endpoints(encoded) => encoded.len(),
         };
         1 + prost::length_delimiter_len(body) + body
     }
@@ -718,15 +730,23 @@ fn unavailable(message: &str, retry_after: Duration) -> Status {
 /// Splits one revision into messages whose resources take at most [`MAX_MESSAGE_BYTES`] encoded;
 /// the last carries `complete`, the first the node's status when it changed and the buckets a
 /// delta from a summary replaces. Removals go first so an agent never holds a removed and an
-/// added copy.
+/// added copy. Upserts are encoded through `encodings`, the cache of the state they belong to.
 #[must_use]
-pub fn split(delta: Delta, epoch: &str, revision: u64, reset: bool) -> Vec<pb::SyncResponse> {
-    let header = || pb::SyncResponse {
+pub fn split(
+    delta: Delta,
+    epoch: &str,
+    revision: u64,
+    reset: bool,
+    encodings: &Encodings,
+) -> Vec<wire::SyncResponse> {
+    let header = || wire::SyncResponse {
         controller_epoch: epoch.to_owned(),
         revision,
         reset,
         ..Default::default()
     };
+    let services = (delta.upserted_services.iter()).map(|s| Item::Service(encodings.of(s)));
+    let endpoints = (delta.upserted_endpoints.iter()).map(|e| Item::Endpoints(encodings.of(e)));
     let items = delta
         .removed_services
         .into_iter()
@@ -737,9 +757,9 @@ pub fn split(delta: Delta, epoch: &str, revision: u64, reset: bool) -> Vec<pb::S
                 .into_iter()
                 .map(Item::RemovedEndpoints),
         )
-        .chain(delta.upserted_services.into_iter().map(Item::Service))
-        .chain(delta.upserted_endpoints.into_iter().map(Item::Endpoints));
-    let mut messages = vec![pb::SyncResponse {
+        .chain(services)
+        .chain(endpoints);
+    let mut messages = vec![wire::SyncResponse {
         node_status: delta.node_status,
         replaced_buckets: delta.replaced_buckets,
         ..header()
@@ -757,8 +777,8 @@ pub fn split(delta: Delta, epoch: &str, revision: u64, reset: bool) -> Vec<pb::S
         match item {
             Item::RemovedService(key) => message.removed_services.push(key),
             Item::RemovedEndpoints(key) => message.removed_endpoints.push(key),
-            Item::Service(service) => message.upserted_services.push(service),
-            Item::Endpoints(endpoints) => message.upserted_endpoints.push(endpoints),
+            Item::Service(encoded) => message.upserted_services.push(encoded),
+            Item::Endpoints(encoded) => message.upserted_endpoints.push(encoded),
         }
     }
     if let Some(last) = messages.last_mut() {

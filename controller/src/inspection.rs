@@ -151,7 +151,7 @@ mod tests {
         let inspection = Inspection::new("e1".into(), metrics.agents.clone(), rx);
         let mut stream = Connection::open(&metrics, "node-1", "198.18.0.11:4000", 1, 0);
         stream.view_computed(true);
-        stream.sent(1, &[pb::SyncResponse::default()]);
+        stream.sent(1, &[crate::wire::SyncResponse::default()]);
         stream.rejected("dataplane sync failed");
         tokio::time::advance(std::time::Duration::from_secs(7)).await;
 

@@ -19,6 +19,7 @@ pub mod shares;
 pub mod source;
 pub mod topology;
 pub mod view;
+pub mod wire;
 
 #[cfg(test)]
 mod testing;

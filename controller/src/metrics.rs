@@ -240,7 +240,7 @@ mod tests {
         let metrics = Metrics::new(&mut registry);
         let mut stream = Connection::open(&metrics, "node-1", "198.18.0.11:4000", 1, 0);
         stream.view_computed(true);
-        stream.sent(1, &[splitproxy_proto::v1alpha1::SyncResponse::default()]);
+        stream.sent(1, &[crate::wire::SyncResponse::default()]);
         tokio::time::advance(std::time::Duration::from_secs(3)).await;
 
         assert_scraped(

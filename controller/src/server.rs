@@ -11,11 +11,9 @@ use crate::{
     metrics::Metrics,
     shares,
     source::Source,
+    wire::server::node_view_service_server::NodeViewServiceServer,
 };
-use splitproxy_proto::v1alpha1::{
-    controller_inspection_service_server::ControllerInspectionServiceServer,
-    node_view_service_server::NodeViewServiceServer,
-};
+use splitproxy_proto::v1alpha1::controller_inspection_service_server::ControllerInspectionServiceServer;
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
 use tokio_stream::wrappers::TcpListenerStream;

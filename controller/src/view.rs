@@ -176,11 +176,11 @@ fn own_endpoints(backends: &ServiceBackends, place: &Place) -> Option<pb::Servic
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Delta {
     /// Services added or changed.
-    pub upserted_services: Vec<pb::Service>,
+    pub upserted_services: Vec<Arc<pb::Service>>,
     /// Services removed.
     pub removed_services: Vec<pb::ObjectKey>,
     /// Endpoint sets added or changed.
-    pub upserted_endpoints: Vec<pb::ServiceEndpoints>,
+    pub upserted_endpoints: Vec<Arc<pb::ServiceEndpoints>>,
     /// Endpoint sets removed while their Service stays.
     pub removed_endpoints: Vec<pb::ObjectKey>,
     /// The node's new status; `None` when it did not change.
@@ -226,15 +226,9 @@ impl Delta {
             })
             .collect();
         Self {
-            upserted_services: upserted_services
-                .into_iter()
-                .map(Arc::unwrap_or_clone)
-                .collect(),
+            upserted_services,
             removed_services,
-            upserted_endpoints: upserted_endpoints
-                .into_iter()
-                .map(Arc::unwrap_or_clone)
-                .collect(),
+            upserted_endpoints,
             removed_endpoints,
             node_status,
             replaced_buckets: None,

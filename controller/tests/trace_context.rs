@@ -5,8 +5,7 @@
 use opentelemetry::trace::TracerProvider as _;
 use splitproxy_controller::{cause::Cause, cluster::ClusterState, fanout::FanOut};
 use splitproxy_proto::v1alpha1::{
-    self as pb, node_view_service_client::NodeViewServiceClient,
-    node_view_service_server::NodeViewServiceServer, sync_request,
+    self as pb, node_view_service_client::NodeViewServiceClient, sync_request,
 };
 use std::{sync::Arc, time::Duration};
 use tokio::sync::{mpsc, watch};
@@ -41,7 +40,7 @@ async fn a_revision_continues_the_trace_of_the_change_that_caused_it() {
     let url = format!("http://{}", listener.local_addr().expect("bound"));
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(NodeViewServiceServer::new(FanOut::new(cluster)))
+            .add_service(FanOut::new(cluster).into_service())
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
 

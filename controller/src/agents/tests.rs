@@ -17,7 +17,7 @@ async fn a_new_stream_is_behind_from_its_opening_until_its_first_ack() {
     let mut stream = Connection::open(&metrics, "node-1", "peer", 1, 0);
     wait(2).await;
     stream.view_computed(true);
-    stream.sent(1, &[pb::SyncResponse::default()]);
+    stream.sent(1, &[crate::wire::SyncResponse::default()]);
     wait(3).await;
 
     let now = Instant::now();
@@ -35,7 +35,7 @@ async fn a_change_published_while_a_revision_is_in_flight_keeps_the_node_behind_
     let metrics = Metrics::default();
     let mut stream = Connection::open(&metrics, "node-1", "peer", 1, 0);
     stream.view_computed(true);
-    stream.sent(1, &[pb::SyncResponse::default()]);
+    stream.sent(1, &[crate::wire::SyncResponse::default()]);
     wait(1).await;
     stream.observed_change();
     wait(4).await;
@@ -61,7 +61,7 @@ async fn a_rejected_revision_leaves_the_node_behind_with_the_reason() {
     let metrics = Metrics::default();
     let mut stream = Connection::open(&metrics, "node-1", "peer", 1, 0);
     stream.view_computed(true);
-    stream.sent(1, &[pb::SyncResponse::default()]);
+    stream.sent(1, &[crate::wire::SyncResponse::default()]);
     wait(2).await;
     stream.rejected("dataplane sync failed");
 

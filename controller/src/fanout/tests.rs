@@ -44,6 +44,13 @@ fn cluster(services: usize, endpoint_host: u8) -> ClusterState {
     ClusterState::of(converted, endpoints, BTreeMap::new())
 }
 
+/// `parts` as an agent decodes them.
+fn decoded(parts: Vec<wire::SyncResponse>) -> Vec<pb::SyncResponse> {
+    (parts.iter())
+        .map(|part| pb::SyncResponse::decode(&*part.encode_to_vec()).expect("decodes"))
+        .collect()
+}
+
 /// The resources of `parts`, in order: (kind, name).
 fn resources(parts: &[pb::SyncResponse]) -> Vec<(&'static str, String)> {
     let name = |key: &Option<pb::ObjectKey>| key.as_ref().map_or(String::new(), |k| k.name.clone());
@@ -67,8 +74,14 @@ fn resources(parts: &[pb::SyncResponse]) -> Vec<(&'static str, String)> {
 fn large_revisions_are_split_by_size_and_only_the_last_part_is_complete() {
     let view = NodeView::for_node(&cluster(10_000, 2), "node-1");
     let delta = Delta::between(&NodeView::default(), &view);
-    let everything = resources(&split(delta.clone(), "e", 7, true));
-    let parts = split(delta, "e", 7, true);
+    let everything = resources(&decoded(split(
+        delta.clone(),
+        "e",
+        7,
+        true,
+        &Encodings::default(),
+    )));
+    let parts = decoded(split(delta, "e", 7, true, &Encodings::default()));
 
     assert!(parts.len() >= 3, "{} parts", parts.len());
     for part in &parts {
@@ -123,11 +136,15 @@ fn a_resource_bigger_than_a_message_goes_alone() {
     let huge = endpoints("huge", 30_000);
     assert!(huge.encoded_len() > MAX_MESSAGE_BYTES);
     let delta = Delta {
-        upserted_endpoints: vec![endpoints("a", 1), huge, endpoints("z", 1)],
+        upserted_endpoints: vec![
+            Arc::new(endpoints("a", 1)),
+            Arc::new(huge),
+            Arc::new(endpoints("z", 1)),
+        ],
         ..Delta::default()
     };
 
-    let parts = split(delta, "e", 1, false);
+    let parts = decoded(split(delta, "e", 1, false, &Encodings::default()));
 
     let names: Vec<Vec<String>> = parts
         .iter()
@@ -143,7 +160,7 @@ fn a_resource_bigger_than_a_message_goes_alone() {
 
 #[test]
 fn an_empty_reset_is_one_complete_message() {
-    let parts = split(Delta::default(), "e", 1, true);
+    let parts = decoded(split(Delta::default(), "e", 1, true, &Encodings::default()));
     assert_eq!(parts.len(), 1);
     assert!(parts[0].complete && parts[0].reset);
 }

@@ -154,12 +154,10 @@ impl Delta {
             replaced.buckets.push(bucket);
             for key in keys {
                 if let Some(service) = to.services.get(key) {
-                    delta.upserted_services.push(pb::Service::clone(service));
+                    delta.upserted_services.push(Arc::clone(service));
                 }
                 if let Some(endpoints) = to.endpoints_of(key) {
-                    delta
-                        .upserted_endpoints
-                        .push(pb::ServiceEndpoints::clone(endpoints));
+                    delta.upserted_endpoints.push(Arc::clone(endpoints));
                 }
             }
         }

@@ -493,7 +493,7 @@ fn a_delta_from_a_summary_replaces_the_buckets_that_changed_and_nothing_else() {
             buckets: vec![u32::try_from(bucket).expect("small")],
         })
     );
-    assert_eq!(delta.upserted_endpoints, [pb::ServiceEndpoints::clone(web)]);
+    assert_eq!(delta.upserted_endpoints, [Arc::clone(web)]);
     assert_eq!(delta.upserted_services.len(), 1);
     assert!(delta.removed_services.is_empty() && delta.removed_endpoints.is_empty());
     assert!(delta.node_status.is_some());
@@ -547,9 +547,7 @@ fn deltas_from_digests_use_the_digests_shared_by_every_node_of_a_state() {
         assert!(delta.upserted_services.is_empty(), "{node}: {delta:?}");
         assert_eq!(
             delta.upserted_endpoints,
-            [pb::ServiceEndpoints::clone(
-                new.endpoints().next().expect("web").1
-            )],
+            [Arc::clone(new.endpoints().next().expect("web").1)],
             "{node}"
         );
         // Nothing changed for an agent that holds the new view.
