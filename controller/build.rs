@@ -6,6 +6,8 @@
 use tonic_prost_build::manual::{Builder, Method, Service};
 
 fn main() {
+    // Only this script decides what is generated; without this, any file of the crate reruns it.
+    println!("cargo:rerun-if-changed=build.rs");
     let sync = Method::builder()
         .name("sync")
         .route_name("Sync")
