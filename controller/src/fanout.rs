@@ -41,9 +41,10 @@ const MAX_MESSAGE_BYTES: usize = 32 * 1024;
 /// holds, about 55 bytes each: gRPC's default 4 MiB stops at some 35,000 Services, 16 MiB at about
 /// 150,000. Acks are a few bytes.
 const MAX_SUBSCRIBE_BYTES: usize = 16 << 20;
-/// How many nodes' first revisions (a reset, or a delta from the agent's digests) are computed and
-/// sent at once. Each holds a deep copy of the node's changes until its agent has taken them; when
-/// a controller starts, every agent asks at once, and thousands of copies would not fit.
+/// How many nodes' first revisions (a reset, or a delta from what the agent presented) are
+/// computed and sent at once: when a controller starts, every agent asks at once. Each holds its
+/// messages until its agent has taken them; the cluster's entries in them are shared encodings,
+/// the node's own are its alone. 64 did not make a 5,000-node restart any faster in B4.
 const CONCURRENT_FIRST_REVISIONS: usize = 8;
 /// How long a first revision keeps its slot while its agent reads slowly; after that it goes on
 /// without one, so a stalled agent never holds up the others.
