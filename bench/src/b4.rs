@@ -286,6 +286,7 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
         .collect();
     let shared = Arc::new(thin::Shared {
         keys: thin::Keys::default(),
+        encodings: thin::Encodings::default(),
         changes: thin::Changes::default(),
         services: params.services,
         started,

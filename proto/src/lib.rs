@@ -87,8 +87,19 @@ impl BucketSet {
     /// Whether the resource keyed (`namespace`, `name`) is in one of the buckets.
     #[must_use]
     pub fn contains(&self, namespace: &str, name: &str) -> bool {
-        let bucket = bucket_of(namespace, name, self.0.len());
+        self.holds(bucket_of(namespace, name, self.0.len()))
+    }
+
+    /// Whether `bucket` is in the set, for a caller that has its keys' buckets already.
+    #[must_use]
+    pub fn holds(&self, bucket: usize) -> bool {
         self.0.get(bucket).copied().unwrap_or(false)
+    }
+
+    /// How many buckets the set is out of.
+    #[must_use]
+    pub fn bucket_count(&self) -> usize {
+        self.0.len()
     }
 }
 

@@ -120,6 +120,68 @@ impl Keys {
     }
 }
 
+/// What each encoded resource says, learned once for every client. The controller encodes a
+/// resource once per state, so thousands of clients receive the same bytes: one client's
+/// decode and digest serve the rest, looked up by the whole encoding (equal bytes, equal digest).
+#[derive(Debug, Default)]
+pub struct Encodings(Mutex<HashMap<Bytes, Arc<Encoded>, foldhash::fast::RandomState>>);
+
+/// One encoded resource as a client holds it.
+#[derive(Debug)]
+struct Encoded {
+    /// The resource's interned key.
+    id: u32,
+    /// Its digest (protocol rule 7).
+    digest: u64,
+    /// For endpoint sets, the addresses it has ready, decoded the first time a client looks for
+    /// a churned change in it.
+    ready: std::sync::OnceLock<Vec<String>>,
+    /// The encoding, for that decode.
+    bytes: Bytes,
+}
+
+impl Encodings {
+    /// What `encoded` says; `None` when it does not decode as a keyed resource.
+    fn learn(&self, keys: &Keys, encoded: &Bytes) -> Option<Arc<Encoded>> {
+        let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(found) = known.get(encoded) {
+            return Some(found.clone());
+        }
+        let key = <Keyed as prost::Message>::decode(encoded.as_ref())
+            .ok()?
+            .key?;
+        // A copy of its own: a slice would keep the whole received message alive.
+        let bytes = Bytes::copy_from_slice(encoded);
+        let learned = Arc::new(Encoded {
+            id: keys.id(&key),
+            digest: splitproxy_proto::digest_of_encoding(&bytes),
+            ready: std::sync::OnceLock::new(),
+            bytes: bytes.clone(),
+        });
+        known.insert(bytes, learned.clone());
+        Some(learned)
+    }
+}
+
+impl Encoded {
+    /// The endpoint addresses ready in this endpoint set.
+    fn ready(&self) -> &[String] {
+        self.ready.get_or_init(|| {
+            <pb::ServiceEndpoints as prost::Message>::decode(self.bytes.as_ref())
+                .map(|decoded| {
+                    decoded
+                        .ports
+                        .into_iter()
+                        .flat_map(|p| p.endpoints)
+                        .filter(|e| e.conditions.as_ref().is_some_and(|c| c.ready))
+                        .map(|e| e.address)
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+    }
+}
+
 /// One churn step as the thin clients look for it: the endpoint `ip` of the Service numbered
 /// `key` stopped being ready at `written`.
 #[derive(Debug, Clone)]
@@ -151,28 +213,18 @@ impl Changes {
         changes.list.push(change);
     }
 
-    /// The changes `endpoints` (an encoded `ServiceEndpoints` of Service `key`) holds, by index.
-    fn held_in(&self, key: u32, endpoints: &[u8]) -> Vec<(usize, std::time::Instant)> {
+    /// The changes `endpoints` (an endpoint set as received) holds, by index.
+    fn held_in(&self, endpoints: &Encoded) -> Vec<(usize, std::time::Instant)> {
         let changes = self.0.read().unwrap_or_else(PoisonError::into_inner);
-        let Some(indices) = changes.by_key.get(&key) else {
+        let Some(indices) = changes.by_key.get(&endpoints.id) else {
             return Vec::new();
         };
-        let Ok(decoded) = <pb::ServiceEndpoints as prost::Message>::decode(endpoints) else {
-            return Vec::new();
-        };
-        let ready = |ip: &str| {
-            decoded
-                .ports
-                .iter()
-                .flat_map(|p| &p.endpoints)
-                .any(|e| e.address == ip && e.conditions.as_ref().is_some_and(|c| c.ready))
-        };
+        let ready = endpoints.ready();
         indices
             .iter()
-            .map(|&index| &changes.list[index])
-            .zip(indices)
-            .filter(|(change, _)| !ready(&change.ip))
-            .map(|(change, &index)| (index, change.written))
+            .map(|&index| (index, &changes.list[index]))
+            .filter(|(_, change)| !ready.contains(&change.ip))
+            .map(|(index, change)| (index, change.written))
             .collect()
     }
 }
@@ -198,6 +250,8 @@ pub struct Record {
 pub struct Shared {
     /// The interned keys.
     pub keys: Keys,
+    /// What the resources received say, learned once.
+    pub encodings: Encodings,
     /// The churn so far.
     pub changes: Changes,
     /// How many Services the whole cluster has (a full sync holds them all).
@@ -457,19 +511,13 @@ impl Revision {
         if part.replaced_buckets.is_some() {
             self.replaced = part.replaced_buckets;
         }
-        let keyed = |encoded: &Bytes| {
-            let key = <Keyed as prost::Message>::decode(encoded.as_ref())
-                .ok()?
-                .key?;
-            Some((keys.id(&key), splitproxy_proto::digest_of_encoding(encoded)))
-        };
-        self.services
-            .extend(part.upserted_services.iter().filter_map(keyed));
-        for encoded in &part.upserted_endpoints {
-            if let Some((id, digest)) = keyed(encoded) {
-                self.endpoints.push((id, digest));
-                self.changes.extend(shared.changes.held_in(id, encoded));
-            }
+        let learn = |encoded| shared.encodings.learn(keys, encoded);
+        for service in part.upserted_services.iter().filter_map(learn) {
+            self.services.push((service.id, service.digest));
+        }
+        for endpoints in part.upserted_endpoints.iter().filter_map(learn) {
+            self.endpoints.push((endpoints.id, endpoints.digest));
+            self.changes.extend(shared.changes.held_in(&endpoints));
         }
         self.removed_services
             .extend(part.removed_services.iter().map(|k| keys.id(k)));
@@ -487,8 +535,15 @@ impl Revision {
         }
         if let Some(replaced) = self.replaced.as_ref().and_then(pb::ReplacedBuckets::to_set) {
             let table = keys.0.read().unwrap_or_else(PoisonError::into_inner);
+            // Each key's bucket is known when the count is the one the clients summarize in:
+            // hashing every key held, in every client, would be most of a resume's cost.
+            let known = replaced.bucket_count() == splitproxy_proto::SUMMARY_BUCKETS;
             let outside = |id: &u32| {
-                let key = &table.keys[*id as usize];
+                let id = *id as usize;
+                if known {
+                    return !replaced.holds(table.buckets[id]);
+                }
+                let key = &table.keys[id];
                 !replaced.contains(&key.namespace, &key.name)
             };
             held.services.retain(|id, _| outside(id));

@@ -85,6 +85,7 @@ async fn a_thin_client_is_served_as_an_agent_and_resumes_on_another_controller_w
     let (forwarder, url) = Forwarder::start(controller(dir.path()).await).await;
     let shared = Arc::new(Shared {
         keys: Keys::default(),
+        encodings: Encodings::default(),
         changes: Changes::default(),
         services: shape.services,
         started: std::time::Instant::now(),
@@ -124,4 +125,112 @@ async fn a_thin_client_is_served_as_an_agent_and_resumes_on_another_controller_w
     assert_eq!(resumed.resets, 1, "resumed from digests, without a reset");
     assert_eq!(resumed.upserts, before.upserts, "and nothing sent again");
     client.abort();
+}
+
+/// An endpoint set of `name` with `ready` and `not_ready` addresses, encoded.
+fn endpoint_set(name: &str, ready: &[&str], not_ready: &[&str]) -> Bytes {
+    let endpoint = |address: &&str, ready| pb::Endpoint {
+        address: (*address).to_owned(),
+        conditions: Some(pb::EndpointConditions {
+            ready,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let set = pb::ServiceEndpoints {
+        key: Some(pb::ObjectKey {
+            namespace: "default".into(),
+            name: name.into(),
+        }),
+        ports: vec![pb::PortEndpoints {
+            endpoints: ready
+                .iter()
+                .map(|a| endpoint(a, true))
+                .chain(not_ready.iter().map(|a| endpoint(a, false)))
+                .collect(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    prost::Message::encode_to_vec(&set).into()
+}
+
+#[test]
+fn equal_encodings_are_learned_once_and_say_which_changes_they_hold() {
+    let keys = Keys::default();
+    let encodings = Encodings::default();
+    let changes = Changes::default();
+    let first = endpoint_set("web", &["10.0.0.1"], &["10.0.0.2"]);
+    // The same bytes in another buffer, as another client receives them.
+    let again = Bytes::from(first.to_vec());
+    let learned = encodings.learn(&keys, &first).expect("decodes");
+    let relearned = encodings.learn(&keys, &again).expect("decodes");
+    assert!(Arc::ptr_eq(&learned, &relearned), "learned once");
+    assert_eq!(learned.digest, splitproxy_proto::digest_of_encoding(&first));
+    let other = encodings
+        .learn(&keys, &endpoint_set("web", &["10.0.0.1", "10.0.0.2"], &[]))
+        .expect("decodes");
+    assert_ne!(other.digest, learned.digest, "other bytes, another digest");
+    assert_eq!(other.id, learned.id, "the same key");
+
+    let written = std::time::Instant::now();
+    for ip in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
+        changes.push(Change {
+            key: learned.id,
+            ip: ip.into(),
+            written,
+        });
+    }
+    let held: Vec<usize> = changes.held_in(&learned).into_iter().map(|c| c.0).collect();
+    assert_eq!(held, [1, 2], "not ready, and gone, are held; ready is not");
+    assert!(changes.held_in(&other).iter().all(|c| c.0 == 2));
+}
+
+#[test]
+fn a_revision_replacing_buckets_drops_only_what_they_held() {
+    let keys = Keys::default();
+    let key = |name: &str| pb::ObjectKey {
+        namespace: "default".into(),
+        name: name.into(),
+    };
+    let bucket = |name: &str, count| {
+        u32::try_from(splitproxy_proto::bucket_of("default", name, count)).expect("small")
+    };
+    // Two names in different buckets at the clients' count.
+    let names: Vec<String> = (0..64).map(|i| format!("svc-{i}")).collect();
+    let buckets = splitproxy_proto::SUMMARY_BUCKETS;
+    let other = names
+        .iter()
+        .find(|n| bucket(n, buckets) != bucket(&names[0], buckets))
+        .expect("another bucket");
+    let held_both = || {
+        let mut held = Held::default();
+        for name in [&names[0], other] {
+            held.services.insert(keys.id(&key(name)), 1);
+            held.endpoints.insert(keys.id(&key(name)), 1);
+        }
+        held
+    };
+    let replacing = |count: usize, name: &str| Revision {
+        replaced: Some(pb::ReplacedBuckets {
+            bucket_count: u32::try_from(count).expect("small"),
+            buckets: vec![bucket(name, count)],
+        }),
+        ..Revision::default()
+    };
+    let record = Recorder::default();
+
+    let mut held = held_both();
+    let _ = replacing(buckets, &names[0]).apply(&keys, &mut held, &record);
+    let kept = keys.id(&key(other));
+    assert_eq!(held.services.keys().collect::<Vec<_>>(), [&kept]);
+    assert_eq!(held.endpoints.keys().collect::<Vec<_>>(), [&kept]);
+
+    // Another count than the clients summarize in: each key is hashed into it.
+    let mut held = held_both();
+    let _ = replacing(1, &names[0]).apply(&keys, &mut held, &record);
+    assert!(
+        held.services.is_empty() && held.endpoints.is_empty(),
+        "one bucket holds all"
+    );
 }
