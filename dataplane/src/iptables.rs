@@ -127,6 +127,9 @@ pub struct Config {
     pub lock_wait_seconds: u32,
     /// The node's configuration the rules depend on (cluster CIDR, masquerade-all).
     pub render: RenderOptions,
+    /// How often the canary chains are probed between full syncs: the sync period, the
+    /// interval of kube-proxy's canary monitor.
+    pub canary_interval: Duration,
 }
 
 impl Default for Config {
@@ -147,6 +150,8 @@ impl Default for Config {
             lock_wait_seconds: 5,
             // No cluster CIDR and no masquerade-all: kube-proxy's defaults.
             render: RenderOptions::default(),
+            // kube-proxy's default sync period.
+            canary_interval: Duration::from_secs(30),
         }
     }
 }
@@ -182,6 +187,13 @@ impl Config {
     #[must_use]
     pub fn with_render_options(mut self, options: RenderOptions) -> Self {
         self.render = options;
+        self
+    }
+
+    /// The same, probing the canary chains every `interval` between full syncs.
+    #[must_use]
+    pub fn with_canary_interval(mut self, interval: Duration) -> Self {
+        self.canary_interval = interval;
         self
     }
 
@@ -314,8 +326,8 @@ impl Iptables {
     }
 
     /// Why this sync must be full, or `None` when a partial one is enough: `in_kernel` says
-    /// whether the kernel holds the rules rendered last. Each table's canary is probed.
-    async fn full_sync_reason(&self, in_kernel: bool) -> Result<Option<&'static str>> {
+    /// whether the kernel holds the rules rendered last. Each table's canary is probed when due.
+    async fn full_sync_reason(&mut self, in_kernel: bool) -> Result<Option<&'static str>> {
         if !in_kernel {
             return Ok(Some("first sync or previous failure"));
         }
@@ -418,12 +430,15 @@ impl Iptables {
             None => partial::partial(&self.rendered, &rendered, &changed, &options),
         };
         self.rendered = rendered;
-        // Both tables and the canaries in one transaction.
+        // Both tables in one transaction, and the canaries with them in a full sync only: a
+        // partial one must not recreate a canary someone flushed before it is probed.
         let [filter, nat] = payload.tables();
+        let canaries = full_reason.map(|_| canaries()).unwrap_or_default();
         self.tools
-            .restore(&[filter, nat, &canaries()], full_reason.is_none())
+            .restore(&[filter, nat, &canaries], full_reason.is_none())
             .await?;
         if let Some(reason) = full_reason {
+            self.tools.canaries_written();
             // After the restore, so the target chains exist when the jumps are checked. Partial
             // syncs trust them, as kube-proxy's: the canary tells when they may be gone.
             for jump in &JUMPS {

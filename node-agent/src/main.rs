@@ -267,7 +267,9 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
         .with_node_ips(primary_ip)
         .with_localhost_node_ports(localhost_node_ports(&settings, primary_ip))
         .with_tcp_be_liberal(host_setup::tcp_be_liberal());
-    let iptables = iptables::Config::default().with_render_options(render);
+    let iptables = iptables::Config::default()
+        .with_render_options(render)
+        .with_canary_interval(settings.sync_periods.sync_period());
     let ipvs = ipvs::Config {
         families: Vec::new(),
         scheduler: settings.ipvs.scheduler.clone(),

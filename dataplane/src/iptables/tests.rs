@@ -1862,8 +1862,18 @@ async fn unchanged_services_are_not_rewritten_until_a_canary_goes() {
         second.rules_written()[1].1 < first.rules_written()[1].1,
         "{second:?}"
     );
-    // A partial sync probes the canaries and trusts the jumps and the chains it wrote: no
-    // iptables-save.
+    // Within the canary interval of the full sync a partial one only restores, and writes no
+    // canary: it trusts the jumps and the chains it wrote, with no iptables-save.
+    assert_eq!(
+        calls_after(&scratch, done),
+        ["iptables-restore -w 5 --noflush"]
+    );
+    assert!(!payload.contains("KUBE-PROXY-CANARY"), "{payload}");
+
+    // Once the interval is over the canaries are probed.
+    iptables.tools.config_mut().canary_interval = Duration::ZERO;
+    let done = scratch.read("calls").lines().count();
+    assert!(!iptables.sync(&state).await.unwrap().full);
     assert_eq!(
         calls_after(&scratch, done),
         [

@@ -5,6 +5,7 @@
 
 use super::{CANARY_TABLES, Config, Error, KUBE_PROXY_CANARY, Result};
 use crate::tool::{self, stderr_text};
+use std::time::Instant;
 
 /// A jump from a built-in chain to one of ours, kept as the first rule of that chain.
 #[derive(Debug)]
@@ -107,12 +108,17 @@ impl Jump {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Tools {
     config: Config,
+    /// When every canary chain was last known to be there: probed, or written by a full sync.
+    canaries_seen: Option<Instant>,
 }
 
 impl Tools {
     /// Tools run as `config` says.
     pub(crate) fn new(config: Config) -> Self {
-        Self { config }
+        Self {
+            config,
+            canaries_seen: None,
+        }
     }
 
     /// The configuration in use, to change.
@@ -255,9 +261,19 @@ impl Tools {
         Ok(ran.output)
     }
 
-    /// Whether every table's canary chain is still there; any failure to tell (a missing table,
-    /// or worse) counts as gone, since a full sync is always safe.
-    pub(crate) async fn canaries_present(&self) -> Result<bool> {
+    /// Whether every table's canary chain is still there. They are probed once per
+    /// [`Config::canary_interval`], as kube-proxy's monitor does once per sync period, not before
+    /// every sync: a probe is three processes per family. In between they count as present;
+    /// partial syncs do not write them, so a flush stays visible until the next probe. Any
+    /// failure to tell (a missing table, or worse) counts as gone, since a full sync is always
+    /// safe.
+    pub(crate) async fn canaries_present(&mut self) -> Result<bool> {
+        if self
+            .canaries_seen
+            .is_some_and(|at| at.elapsed() < self.config.canary_interval)
+        {
+            return Ok(true);
+        }
         for table in CANARY_TABLES {
             let args = [
                 "-w".to_owned(),
@@ -281,7 +297,13 @@ impl Tools {
                 return Ok(false);
             }
         }
+        self.canaries_seen = Some(Instant::now());
         Ok(true)
+    }
+
+    /// Notes that a full sync has just written the canary chains.
+    pub(crate) fn canaries_written(&mut self) {
+        self.canaries_seen = Some(Instant::now());
     }
 }
 

@@ -177,9 +177,13 @@ impl FamilyRules {
             || !self.tools.canaries_present().await?;
         let write = full || written.as_deref() != Some(payload.as_str());
         if write {
-            self.tools.restore(&[&payload, &canaries()], false).await?;
+            // The canaries in a full sync only: a partial one must not recreate a canary
+            // someone flushed before it is probed.
+            let canaries = if full { canaries() } else { String::new() };
+            self.tools.restore(&[&payload, &canaries], false).await?;
         }
         if full {
+            self.tools.canaries_written();
             // After the restore, so the chains exist when the jumps are checked.
             for jump in &JUMPS {
                 self.tools.ensure_jump(jump).await?;

@@ -9,6 +9,7 @@ use crate::ipvs::rules::render;
 use crate::ipvs::sets::SetId;
 use crate::ipvs::sets::tests::{example_v4, options, sets_of};
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 /// A `Netfilter` for IPv4 whose tools are one `sh` script (`sh -c SCRIPT DIR TOOL ARGS...`): each
 /// call is logged to `DIR/calls`, `ipset` and `iptables-restore` copy their input to
@@ -16,6 +17,11 @@ use std::collections::BTreeSet;
 /// (`iptables -C`) fails so the jump is inserted, and `iptables-restore` fails while
 /// `DIR/restore-fails` exists.
 fn fake(scratch: &Scratch) -> Netfilter {
+    fake_probing_every(scratch, iptables::Config::default().canary_interval)
+}
+
+/// [`fake`], probing the canaries every `interval`.
+fn fake_probing_every(scratch: &Scratch, interval: Duration) -> Netfilter {
     let script = r#"dir=$0; tool=$1; shift
 echo "$tool $*" >> "$dir/calls"
 case "$tool" in
@@ -29,15 +35,20 @@ esac"#;
         script.to_owned(),
         scratch.0.to_string_lossy().into_owned(),
     ]);
-    Netfilter::new("ipset", &config, &[IpFamily::V4])
+    Netfilter::new(
+        "ipset",
+        &config.with_canary_interval(interval),
+        &[IpFamily::V4],
+    )
 }
 
 /// Syncs `sets` and their rules, then returns the calls made and clears the log.
 async fn sync(netfilter: &mut Netfilter, scratch: &Scratch, sets: IpSets) -> Vec<String> {
     let rules = [render(&sets, &RenderOptions::default())];
     let _ = netfilter.sync(vec![sets], &rules).await;
-    let calls = scratch.read("calls");
-    std::fs::remove_file(scratch.0.join("calls")).unwrap();
+    // No file when nothing ran.
+    let calls = std::fs::read_to_string(scratch.0.join("calls")).unwrap_or_default();
+    let _ = std::fs::remove_file(scratch.0.join("calls"));
     calls
         .lines()
         .map(|call| call.split(' ').next().unwrap().to_owned())
@@ -45,9 +56,19 @@ async fn sync(netfilter: &mut Netfilter, scratch: &Scratch, sets: IpSets) -> Vec
 }
 
 #[tokio::test]
-async fn an_unchanged_sync_runs_only_the_canary_probes() {
+async fn an_unchanged_sync_runs_nothing_but_the_canary_probes_when_they_are_due() {
     let scratch = Scratch::new("ipvs-netfilter-unchanged");
     let mut netfilter = fake(&scratch);
+    let sets = sets_of(&example_v4(), &options(IpFamily::V4));
+    sync(&mut netfilter, &scratch, sets.clone()).await;
+    let second = sync(&mut netfilter, &scratch, sets).await;
+    assert!(second.is_empty(), "within the canary interval: {second:?}");
+}
+
+#[tokio::test]
+async fn an_unchanged_sync_runs_only_the_canary_probes() {
+    let scratch = Scratch::new("ipvs-netfilter-unchanged-probing");
+    let mut netfilter = fake_probing_every(&scratch, Duration::ZERO);
     let sets = sets_of(&example_v4(), &options(IpFamily::V4));
 
     let first = sync(&mut netfilter, &scratch, sets.clone()).await;
