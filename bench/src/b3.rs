@@ -183,6 +183,10 @@ pub struct PhaseRun {
     pub proxies_cpu_sync_s: f64,
     /// The same during churn.
     pub proxies_cpu_churn_s: f64,
+    /// CPU of the tools they ran (`iptables-restore`, `iptables`, `conntrack`) during the sync.
+    pub tools_cpu_sync_s: f64,
+    /// The same during churn.
+    pub tools_cpu_churn_s: f64,
     /// Their resident memory together after the churn.
     pub proxies_rss_mib: f64,
 }
@@ -328,6 +332,7 @@ impl Bench {
         let sync_s = start.elapsed().as_secs_f64();
         let synced = self.snapshot()?;
         let proxies_cpu_sync_s = fleet.cpu_s();
+        let tools_cpu_sync_s = fleet.tools_cpu_s();
         println!(
             "b3: {count} nodes, {phase:?}: synced in {sync_s:.1} s, {} watches",
             synced.total_watches()
@@ -349,6 +354,7 @@ impl Bench {
         let after_churn = self.snapshot()?;
         let controller_after = self.controller_counters(&fleet)?;
         let proxies_cpu_churn_s = fleet.cpu_s() - proxies_cpu_sync_s;
+        let tools_cpu_churn_s = fleet.tools_cpu_s() - tools_cpu_sync_s;
         let proxies_rss_mib = fleet.rss_mib();
         println!("b3: {count} nodes, {phase:?}: churn reached every node in {churn_s:.1} s");
 
@@ -383,6 +389,8 @@ impl Bench {
             ),
             proxies_cpu_sync_s,
             proxies_cpu_churn_s,
+            tools_cpu_sync_s,
+            tools_cpu_churn_s,
             proxies_rss_mib,
         })
     }

@@ -19,6 +19,13 @@ pub fn cpu_time_of(pid: u32) -> Option<Duration> {
     cpu_time_at(&format!("/proc/{pid}/stat"))
 }
 
+/// User plus system CPU time of the children process `pid` has waited for (the tools a proxy
+/// runs: `iptables-restore`, `iptables`, `conntrack`); `None` when it is gone.
+#[must_use]
+pub fn children_cpu_time_of(pid: u32) -> Option<Duration> {
+    stat_ticks(&format!("/proc/{pid}/stat"), 13)
+}
+
 /// The resident set size of process `pid` in bytes (VmRSS); `None` when it is gone.
 #[must_use]
 pub fn rss_bytes_of(pid: u32) -> Option<u64> {
@@ -27,15 +34,20 @@ pub fn rss_bytes_of(pid: u32) -> Option<u64> {
 }
 
 fn cpu_time_at(stat_path: &str) -> Option<Duration> {
+    stat_ticks(stat_path, 11)
+}
+
+/// The sum of two CPU-time fields of a stat file, the user one `skip` fields after the state
+/// (field 3): utime and stime are fields 14 and 15, cutime and cstime 16 and 17.
+fn stat_ticks(stat_path: &str, skip: usize) -> Option<Duration> {
     let stat = std::fs::read_to_string(stat_path).ok()?;
-    // Fields after the command name (which may hold spaces) start at field 3; utime and stime
-    // are fields 14 and 15.
+    // After the command name, which may hold spaces.
     let after_comm = &stat[stat.rfind(')')? + 2..];
-    let mut fields = after_comm.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
+    let mut fields = after_comm.split_whitespace().skip(skip);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
     Some(Duration::from_millis(
-        (utime + stime) * 1000 / TICKS_PER_SECOND,
+        (user + system) * 1000 / TICKS_PER_SECOND,
     ))
 }
 
@@ -78,6 +90,27 @@ fn status_bytes(status: &str, field: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cpu_of_children_waited_for_is_counted_apart() {
+        let me = std::process::id();
+        let stat = || {
+            let children = children_cpu_time_of(me).expect("this process's stat");
+            (children, cpu_time().expect("this process's stat"))
+        };
+        let before = stat();
+        let status = std::process::Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"])
+            .status()
+            .expect("sh runs");
+        assert!(status.success());
+        let after = stat();
+        // This process only waited meanwhile (other tests aside); the child did the work.
+        assert!(
+            after.0 - before.0 > after.1 - before.1,
+            "{before:?} then {after:?}"
+        );
+    }
 
     #[test]
     fn this_process_has_used_cpu_and_memory() {

@@ -112,6 +112,15 @@ impl Fleet {
             .sum()
     }
 
+    /// CPU time of the tools every process of the phase ran and waited for, together.
+    #[must_use]
+    pub fn tools_cpu_s(&self) -> f64 {
+        self.processes()
+            .filter_map(|p| process::children_cpu_time_of(p.pid()))
+            .map(|cpu| cpu.as_secs_f64())
+            .sum()
+    }
+
     /// Resident memory of every process of the phase together, in MiB.
     #[must_use]
     pub fn rss_mib(&self) -> f64 {
