@@ -422,6 +422,10 @@ impl Iptables {
         let full_reason = self.full_sync_reason(in_kernel).await?;
         let options = render::FamilyOptions::new(family, &self.config().render);
         let (rendered, changed) = self.rendered.update(state, &options);
+        // Changes none of this family's rules show (another family's endpoints) restore nothing,
+        // as upstream's proxier of the other family does not sync for them. A sync with no
+        // change at all (the periodic one) still rewrites the shared chains.
+        let restore = full_reason.is_some() || !rendered.same_rules_as(&self.rendered, &changed);
         // Only a full sync reads the kernel's chains: `iptables-save` takes seconds at tens of
         // thousands of rules, so a partial sync, as kube-proxy's, trusts the chains it wrote
         // (the canaries tell when they may be gone, and every full sync looks again).
@@ -434,9 +438,11 @@ impl Iptables {
         // partial one must not recreate a canary someone flushed before it is probed.
         let [filter, nat] = payload.tables();
         let canaries = full_reason.map(|_| canaries()).unwrap_or_default();
-        self.tools
-            .restore(&[filter, nat, &canaries], full_reason.is_none())
-            .await?;
+        if restore {
+            self.tools
+                .restore(&[filter, nat, &canaries], full_reason.is_none())
+                .await?;
+        }
         if let Some(reason) = full_reason {
             self.tools.canaries_written();
             // After the restore, so the target chains exist when the jumps are checked. Partial
@@ -467,12 +473,14 @@ impl Iptables {
         };
         self.applied = Some(state.clone());
         self.in_kernel = true;
-        let mut report = SyncReport::for_family(
-            family,
-            payload.rules_written,
-            payload.rules_total,
-            full_reason.is_some(),
-        );
+        let written = if restore {
+            payload.rules_written
+        } else {
+            let tables = payload.rules_written.into_iter();
+            tables.map(|(table, _)| (table, 0)).collect()
+        };
+        let mut report =
+            SyncReport::for_family(family, written, payload.rules_total, full_reason.is_some());
         report.conntrack.extend(cleanup);
         Ok(report)
     }

@@ -1893,6 +1893,51 @@ async fn unchanged_services_are_not_rewritten_until_a_canary_goes() {
 }
 
 #[tokio::test]
+async fn a_change_no_rule_of_the_family_shows_restores_nothing() {
+    let scratch = Scratch::new("other-family");
+    let mut ip6tables = fake_tools(&scratch, SAVED, 0, 0);
+    ip6tables.tools.config_mut().family = crate::conntrack::IpFamily::V6;
+    let with_endpoint = |ip| {
+        state(vec![service(
+            "ns1",
+            "svc1",
+            &["172.30.0.41"],
+            vec![ServicePort::new(
+                "p80",
+                Protocol::Tcp,
+                80,
+                None,
+                vec![ready(ip, 80)],
+            )],
+        )])
+    };
+    assert!(
+        ip6tables
+            .sync(&with_endpoint("10.180.0.1"))
+            .await
+            .unwrap()
+            .full
+    );
+    let done = scratch.read("calls").lines().count();
+
+    // An IPv4 endpoint moves: the IPv6 rules are the same, so nothing is restored.
+    let moved = ip6tables.sync(&with_endpoint("10.180.0.9")).await.unwrap();
+    assert!(!moved.full);
+    assert_eq!(calls_after(&scratch, done), Vec::<String>::new());
+    assert!(
+        moved.rules_written().iter().all(|(_, n)| *n == 0),
+        "{moved:?}"
+    );
+
+    // A sync with no change at all (the periodic one) still rewrites the shared chains.
+    ip6tables.sync(&with_endpoint("10.180.0.9")).await.unwrap();
+    assert_eq!(
+        calls_after(&scratch, done),
+        ["iptables-restore -w 5 --noflush"]
+    );
+}
+
+#[tokio::test]
 async fn a_failed_sync_makes_the_next_one_full() {
     let scratch = Scratch::new("partial-after-failure");
     let (state, _) = everything();
