@@ -106,17 +106,19 @@ impl Fleet {
     /// CPU time of every process of the phase together.
     #[must_use]
     pub fn cpu_s(&self) -> f64 {
-        self.processes()
-            .filter_map(|p| process::cpu_time_of(p.pid()))
-            .map(|cpu| cpu.as_secs_f64())
-            .sum()
+        self.sum_of(process::cpu_time_of)
     }
 
     /// CPU time of the tools every process of the phase ran and waited for, together.
     #[must_use]
     pub fn tools_cpu_s(&self) -> f64 {
+        self.sum_of(process::children_cpu_time_of)
+    }
+
+    /// `cpu` of every process of the phase, in seconds, summed.
+    fn sum_of(&self, cpu: fn(u32) -> Option<std::time::Duration>) -> f64 {
         self.processes()
-            .filter_map(|p| process::children_cpu_time_of(p.pid()))
+            .filter_map(|p| cpu(p.pid()))
             .map(|cpu| cpu.as_secs_f64())
             .sum()
     }
