@@ -204,10 +204,20 @@ pub struct SharedDigests {
 
 impl SharedDigests {
     /// The digests of the state after the one `before` belongs to, computed from those of
-    /// `before` where entries are shared, when `before`'s were computed.
+    /// `before` where entries are shared when `before`'s were computed, or else from those
+    /// `before` was to be computed from: under churn states are published faster than agents
+    /// resume from each, and one nobody resumed from must not make the next hash everything.
     #[must_use]
     pub fn after(before: &Arc<Self>) -> Self {
-        let seed = before.computed.get().is_some().then(|| Arc::clone(before));
+        let seed = if before.computed.get().is_some() {
+            Some(Arc::clone(before))
+        } else {
+            before
+                .seed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        };
         Self {
             computed: OnceLock::new(),
             seed: Mutex::new(seed),

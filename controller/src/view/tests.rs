@@ -808,7 +808,7 @@ fn a_delta_from_a_summary_brings_any_held_view_to_the_node_view() {
 }
 
 #[test]
-fn a_state_after_one_whose_digests_were_computed_takes_their_digests_and_bucket_keys() {
+fn a_state_takes_the_digests_and_bucket_keys_of_the_last_state_whose_digests_were_computed() {
     let before = scattered(3);
     let (node, buckets) = ("node-1", splitproxy_proto::SUMMARY_BUCKETS);
     let old = NodeView::for_node(&before, node);
@@ -829,7 +829,10 @@ fn a_state_after_one_whose_digests_were_computed_takes_their_digests_and_bucket_
         key.clone(),
         Arc::new(ServiceBackends::new(key, ports, None)),
     );
-    let after = after.followed_by(Some(&before));
+    // A state nobody resumed from in between: the one after takes `before`'s digests.
+    let between = before.clone().followed_by(Some(&before));
+    let after = after.followed_by(Some(&between));
+    assert!(between.digests.computed.get().is_none());
 
     let new = NodeView::for_node(&after, node);
     let delta = Delta::from_summary(&summary, &new, &after.digests);
