@@ -425,7 +425,9 @@ impl Iptables {
         // Changes none of this family's rules show (another family's endpoints) restore nothing,
         // as upstream's proxier of the other family does not sync for them. A sync with no
         // change at all (the periodic one) still rewrites the shared chains.
-        let restore = full_reason.is_some() || !rendered.same_rules_as(&self.rendered, &changed);
+        let restore = full_reason.is_some()
+            || changed.is_empty()
+            || !rendered.same_rules_as(&self.rendered, &changed);
         // Only a full sync reads the kernel's chains: `iptables-save` takes seconds at tens of
         // thousands of rules, so a partial sync, as kube-proxy's, trusts the chains it wrote
         // (the canaries tell when they may be gone, and every full sync looks again).

@@ -63,13 +63,12 @@ impl Rendered {
         (rendered, changed)
     }
 
-    /// Whether every Service of `changed` (not empty) renders here as it did in `before`: then
-    /// the change writes nothing this family holds, as an IPv4 endpoint's to the IPv6 rules.
+    /// Whether every Service of `changed` renders here as it did in `before`: then the change
+    /// writes nothing this family holds, as an IPv4 endpoint's to the IPv6 rules.
     pub(crate) fn same_rules_as(&self, before: &Self, changed: &[ServiceKey]) -> bool {
-        !changed.is_empty()
-            && changed
-                .iter()
-                .all(|key| self.rules.get(key) == before.rules.get(key))
+        changed
+            .iter()
+            .all(|key| self.rules.get(key) == before.rules.get(key))
     }
 
     /// The nat chains of the Service of `key`; none when it is not rendered here.
