@@ -13,7 +13,8 @@ use splitproxy_agent::{
 };
 use splitproxy_controller::{cluster::ServiceSelector, manifests::ManifestsDir, server};
 use splitproxy_dataplane::{
-    Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, recording::RecordingDataplane,
+    Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort,
+    testing::recording::RecordingDataplane,
 };
 use splitproxy_proto::v1alpha1 as pb;
 use std::{

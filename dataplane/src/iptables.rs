@@ -25,7 +25,6 @@ pub mod save;
 #[cfg(test)]
 pub(crate) mod tests;
 mod tools;
-pub mod trace;
 
 pub use cleanup::Cleaned;
 pub use dual_stack::{DualStack, FamilyError};

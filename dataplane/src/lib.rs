@@ -6,14 +6,14 @@
 pub mod changes;
 pub mod conntrack;
 pub mod endpoints;
-pub mod flow_table;
 pub mod iptables;
 pub mod ipvs;
 pub mod leftovers;
 pub mod local_traffic;
 pub mod model;
 pub mod nftables;
-pub mod recording;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tool;
 
 use std::future::Future;

@@ -21,8 +21,6 @@ pub mod backend;
 pub mod names;
 pub mod render;
 mod script;
-#[cfg(test)]
-mod testing;
 pub mod transaction;
 
 pub use backend::NftablesBackend;

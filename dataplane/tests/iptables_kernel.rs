@@ -6,9 +6,12 @@
 use splitproxy_dataplane::{
     Dataplane, Endpoint, IpFamily, Protocol, ProxyState, Service, ServiceKey, ServicePort,
     TrafficPolicy,
-    flow_table::{Expected, Flow, Origin},
-    iptables::{Config, DualStack, Iptables, RenderOptions, trace},
+    iptables::{Config, DualStack, Iptables, RenderOptions},
     leftovers::Leftovers,
+    testing::{
+        flow_table::{Expected, Flow, Origin},
+        tracer,
+    },
 };
 use std::{process::Command, time::Duration};
 
@@ -538,7 +541,7 @@ async fn ip6tables_restore_accepts_the_ipv6_rules_and_each_family_keeps_its_own(
     };
     let node_ips = ["fd00:198:18::11".parse().unwrap()];
     assert_eq!(
-        trace::trace(&kernel, &pod, &node_ips).unwrap(),
+        tracer::trace(&kernel, &pod, &node_ips).unwrap(),
         Expected::endpoints([("[fd00:10:180::4]:80".parse().unwrap(), false)])
     );
     let rejected = Flow {
@@ -547,7 +550,7 @@ async fn ip6tables_restore_accepts_the_ipv6_rules_and_each_family_keeps_its_own(
         ..pod
     };
     assert_eq!(
-        trace::trace(&kernel, &rejected, &node_ips).unwrap(),
+        tracer::trace(&kernel, &rejected, &node_ips).unwrap(),
         Expected::Reject
     );
 

@@ -8,7 +8,7 @@ use splitproxy_agent::{
     status::Status,
     sync::Applier,
 };
-use splitproxy_dataplane::recording::RecordingDataplane;
+use splitproxy_dataplane::testing::recording::RecordingDataplane;
 use splitproxy_proto::v1alpha1::{
     self as pb,
     node_view_service_server::{NodeViewService, NodeViewServiceServer},

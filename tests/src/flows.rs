@@ -1,4 +1,4 @@
-//! The shared packet-flow table (`splitproxy_dataplane::flow_table`) with real traffic: each
+//! The shared packet-flow table (`splitproxy_dataplane::testing::flow_table`) with real traffic: each
 //! scenario's node, pods and outside clients built as network namespaces, every row's connection
 //! made from where the row says it comes from, and what happened compared with what it expects.
 //!
@@ -22,8 +22,8 @@ use std::{
 use serde::Serialize;
 use splitproxy_dataplane::{
     IpFamily, Protocol, TrafficPolicy,
-    flow_table::{Expected, FlowCase, Origin, Scenario},
     ipvs::plan::{Plan, PlanOptions, plan},
+    testing::flow_table::{Expected, FlowCase, Origin, Scenario},
 };
 
 use crate::HitReport;

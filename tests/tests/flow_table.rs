@@ -1,4 +1,4 @@
-//! The shared packet-flow table (`splitproxy_dataplane::flow_table`) with real traffic on this
+//! The shared packet-flow table (`splitproxy_dataplane::testing::flow_table`) with real traffic on this
 //! machine's kernel, against the iptables mode: `sp-flows` runs inside a namespace standing in
 //! for the node, builds each scenario's pods and outside clients as namespaces behind it,
 //! programs the scenario with the backend and makes every row's connections (the same runner the

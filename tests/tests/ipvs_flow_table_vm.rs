@@ -4,7 +4,7 @@
 //! (virtual servers, `kube-ipvs0`, ipsets and iptables) and makes every row's connections.
 //! Needs root.
 //!
-//! Addresses: the table's own block (`splitproxy_dataplane::flow_table`); the node's addresses
+//! Addresses: the table's own block (`splitproxy_dataplane::testing::flow_table`); the node's addresses
 //! sit on a dummy `eth0` in the VM's root namespace.
 
 use std::time::Duration;
@@ -18,7 +18,7 @@ use splitproxy_e2e::{
 
 /// The node's LAN (a dummy), where anything not local goes: `sp-flows` routes it there.
 ///
-/// Its first addresses are ones no row uses, as in the host's flow-table test (`flow_table.rs`):
+/// Its first addresses are ones no row uses, as in the host's flow-table test (`dataplane/src/testing/flow_table.rs`):
 /// IPv4 masquerading gives traffic leaving through a pod's veth (which has no address) the first
 /// address of the node's first interface, and IPv6 source selection the address sharing the
 /// longest prefix with the pod's, so with only a scenario's node IP there, the node's own

@@ -18,8 +18,9 @@ use super::{
     Config, Dataplane, Error, Iptables, JUMPS, RenderOptions, canaries, render_filter, render_nat,
 };
 use crate::local_traffic::PodInterfaces;
+use crate::testing::{rules::assert_rules_eq, scratch::Scratch};
 use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy};
-use std::{collections::BTreeSet, path::PathBuf, time::Duration};
+use std::{collections::BTreeSet, time::Duration};
 
 // ---------------------------------------------------------------------------------------------
 // Fixtures
@@ -85,47 +86,6 @@ fn ips(texts: &[&str]) -> Vec<std::net::IpAddr> {
 
 fn chains(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|name| (*name).to_owned()).collect()
-}
-
-/// Fails with a line diff (`-` expected, `+` actual) when the payloads differ.
-#[track_caller]
-pub(crate) fn assert_rules_eq(actual: &str, expected: &str) {
-    if actual != expected {
-        panic!(
-            "rules differ (-expected +actual):\n{}",
-            line_diff(expected, actual)
-        );
-    }
-}
-
-/// A longest-common-subsequence line diff, good enough for a few hundred lines.
-fn line_diff(old: &str, new: &str) -> String {
-    let old: Vec<&str> = old.lines().collect();
-    let new: Vec<&str> = new.lines().collect();
-    let mut lcs = vec![vec![0usize; new.len() + 1]; old.len() + 1];
-    for i in (0..old.len()).rev() {
-        for j in (0..new.len()).rev() {
-            lcs[i][j] = if old[i] == new[j] {
-                lcs[i + 1][j + 1] + 1
-            } else {
-                lcs[i + 1][j].max(lcs[i][j + 1])
-            };
-        }
-    }
-    let (mut i, mut j, mut out) = (0, 0, String::new());
-    while i < old.len() || j < new.len() {
-        if i < old.len() && j < new.len() && old[i] == new[j] {
-            out += &format!("  {}\n", old[i]);
-            (i, j) = (i + 1, j + 1);
-        } else if j < new.len() && (i == old.len() || lcs[i][j + 1] >= lcs[i + 1][j]) {
-            out += &format!("+ {}\n", new[j]);
-            j += 1;
-        } else {
-            out += &format!("- {}\n", old[i]);
-            i += 1;
-        }
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1277,28 +1237,6 @@ fn jumps_are_kube_proxys_and_inserted_first() {
 #[test]
 fn mode_is_iptables() {
     assert_eq!(Iptables::new().mode(), "iptables");
-}
-
-/// A scratch directory for the fake tools, removed when dropped.
-/// A scratch folder for fake tools, removed on drop.
-pub(crate) struct Scratch(pub(crate) PathBuf);
-
-impl Scratch {
-    pub(crate) fn new(test: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("sp-dp-{test}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    pub(crate) fn read(&self, name: &str) -> String {
-        std::fs::read_to_string(self.0.join(name)).unwrap_or_default()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// An executor whose tools are one `sh` script: `sh -c SCRIPT DIR TOOL ARGS...`. The script logs

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::runner::SyncPeriods;
-use splitproxy_dataplane::{ProxyState, SyncReport, recording::RecordingDataplane};
+use splitproxy_dataplane::{ProxyState, SyncReport, testing::recording::RecordingDataplane};
 use std::sync::{
     Arc, Mutex,
     atomic::{AtomicUsize, Ordering},

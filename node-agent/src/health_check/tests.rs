@@ -395,7 +395,7 @@ fn web_revision(number: u64, port: u16, local: bool) -> crate::state::Revision {
 #[tokio::test]
 async fn the_applier_reconciles_the_servers_after_each_applied_revision() {
     let status = Status::default();
-    let dataplane = splitproxy_dataplane::recording::RecordingDataplane::default();
+    let dataplane = splitproxy_dataplane::testing::recording::RecordingDataplane::default();
     let mut applier = crate::sync::Applier::new(
         dataplane,
         status.clone(),

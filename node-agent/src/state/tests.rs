@@ -1045,7 +1045,7 @@ fn services_whose_names_cannot_go_into_a_rule_are_skipped_and_the_rest_renders()
                 &splitproxy_dataplane::iptables::RenderOptions::default(),
                 &std::collections::BTreeSet::new(),
             );
-            splitproxy_dataplane::iptables::trace::Ruleset::parse(&nat.payload)
+            splitproxy_dataplane::testing::tracer::Ruleset::parse(&nat.payload)
                 .expect("the remaining Services render to valid restore input");
         }
     }

@@ -5,7 +5,7 @@
 use super::*;
 use crate::state::Revision;
 use prometheus_client::metrics::{counter::Counter, family::Family};
-use splitproxy_dataplane::{IpFamily, recording::RecordingDataplane};
+use splitproxy_dataplane::{IpFamily, testing::recording::RecordingDataplane};
 use splitproxy_proto::v1alpha1 as pb;
 
 const SYNC_PERIOD: Duration = Duration::from_secs(30);

@@ -19,10 +19,10 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, Subcommand};
 use splitproxy_dataplane::{
     Dataplane, IpFamily,
-    flow_table::{self, Expected, Scenario},
     iptables::{self, Iptables},
     ipvs::backend::{self, IpvsBackend},
     nftables::{self, NftablesBackend},
+    testing::flow_table::{self, Expected, Scenario},
 };
 use splitproxy_e2e::{
     HitReport,

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use splitproxy_dataplane::flow_table::{self, Flow};
+use splitproxy_dataplane::testing::flow_table::{self, Flow};
 
 fn row(scenario: &Scenario, name: &str) -> FlowCase {
     scenario

@@ -4,10 +4,10 @@
 
 use super::*;
 use crate::iptables::RenderOptions;
-use crate::iptables::tests::Scratch;
 use crate::ipvs::rules::render;
 use crate::ipvs::sets::SetId;
 use crate::ipvs::sets::tests::{example_v4, options, sets_of};
+use crate::testing::scratch::Scratch;
 use std::collections::BTreeSet;
 use std::time::Duration;
 

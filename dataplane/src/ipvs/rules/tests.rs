@@ -3,9 +3,9 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::iptables::tests::assert_rules_eq;
 use crate::ipvs::sets::IpSets;
 use crate::ipvs::sets::tests::{example_v4, example_v6, options, sets_of};
+use crate::testing::rules::assert_rules_eq;
 
 fn pod_cidrs() -> RenderOptions {
     RenderOptions::default().with_cluster_cidrs([

@@ -9,8 +9,8 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::iptables::tests::assert_rules_eq;
 use crate::ipvs::plan::{PlanOptions, plan};
+use crate::testing::rules::assert_rules_eq;
 use crate::{Endpoint, ServiceKey};
 use std::fmt::Write as _;
 

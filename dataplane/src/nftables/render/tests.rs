@@ -1,17 +1,17 @@
 //! Tests of the render: the rules a full transaction writes for representative states, in both
 //! families.
 //!
-//! Test addresses: see [`crate::nftables::testing`].
+//! Test addresses: see [`crate::testing::nftables`].
 #![allow(clippy::unwrap_used)]
 
 use super::*;
 use crate::iptables::RenderOptions;
-use crate::iptables::tests::assert_rules_eq;
 use crate::local_traffic::PodInterfaces;
-use crate::nftables::testing::{
+use crate::nftables::transaction::{Leftovers, transaction};
+use crate::testing::nftables::{
     assert_numbers_apart, draining, ip, local, options_v4, options_v6, ready, service, state, tcp,
 };
-use crate::nftables::transaction::{Leftovers, transaction};
+use crate::testing::rules::assert_rules_eq;
 use crate::{Endpoint, Protocol, ServicePort, TrafficPolicy};
 use std::time::{Duration, Instant};
 

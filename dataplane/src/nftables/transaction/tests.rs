@@ -1,18 +1,18 @@
 //! Tests of the transaction builder: the scripts of representative changes, random sequences of
 //! syncs checked against an in-memory kernel model, and the real `nft` in a network namespace.
 //!
-//! Test addresses: see [`crate::nftables::testing`].
+//! Test addresses: see [`crate::testing::nftables`].
 #![allow(clippy::unwrap_used)]
 
 use super::*;
 use crate::iptables::RenderOptions;
 use crate::iptables::partial::tests::Steps;
-use crate::iptables::tests::assert_rules_eq;
 use crate::nftables::render::Options;
-use crate::nftables::testing::{
+use crate::testing::nftables::{
     Model, Netns, assert_numbers_apart, ip, local, normalize, options_v4, options_v6, ready,
     resolve_listing, resolved, service, state, tcp,
 };
+use crate::testing::rules::assert_rules_eq;
 use crate::{Endpoint, ProxyState, Service, ServiceKey, TrafficPolicy};
 use std::time::Duration;
 

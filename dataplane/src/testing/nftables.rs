@@ -14,10 +14,10 @@
 //! | external clients | `203.0.113.0/24`; IPv6 `2001:db8:203::/48`                           |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use super::names::ENDPOINTS_PREFIX;
-use super::render::Options;
 use crate::conntrack::IpFamily;
 use crate::iptables::RenderOptions;
+use crate::nftables::names::ENDPOINTS_PREFIX;
+use crate::nftables::render::Options;
 use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -613,7 +613,7 @@ pub(crate) fn resolve_listing(
 /// Checks that no two chains of `rendered` share a number of an endpoint map, and that each
 /// chain's elements are exactly its numbers.
 #[track_caller]
-pub(crate) fn assert_numbers_apart(rendered: &super::Rendered) {
+pub(crate) fn assert_numbers_apart(rendered: &crate::nftables::Rendered) {
     let mut taken: BTreeMap<String, BTreeMap<u32, String>> = BTreeMap::new();
     for (_, rules) in rendered.service_rules() {
         for slot in &rules.slots {
@@ -627,7 +627,7 @@ pub(crate) fn assert_numbers_apart(rendered: &super::Rendered) {
         let mut numbered: Vec<u32> = rules
             .elements
             .iter()
-            .filter(|element| matches!(element.container, super::Container::Endpoints(_)))
+            .filter(|element| matches!(element.container, crate::nftables::Container::Endpoints(_)))
             .map(|element| element.key.parse().unwrap())
             .collect();
         numbered.sort_unstable();

@@ -23,7 +23,7 @@
 //! # Hooks
 //!
 //! The executor installs the jumps from built-in chains with `iptables -I`, outside the payload.
-//! The tracer hooks exactly those jumps (`super::installed_jumps`), inserted the same way, each
+//! The tracer hooks exactly those jumps (`crate::iptables::installed_jumps`), inserted the same way, each
 //! only when the payload declares its target chain in that table; so a trace follows what a node
 //! really gets, and a jump the executor forgets is a jump the trace does not take.
 //!
@@ -60,8 +60,8 @@
 #[cfg(test)]
 mod tests;
 
+use super::flow_table::{Expected, Flow, Origin};
 use crate::Protocol;
-use crate::flow_table::{Expected, Flow, Origin};
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
@@ -507,7 +507,7 @@ impl Table {
     /// Finishes a table at `COMMIT`: puts the hooks in front and checks that every jump lands.
     fn commit(mut self, name: &str) -> Result<Self> {
         // The executor inserts each jump as its chain's first rule, in this order.
-        for (table, builtin, rule) in super::installed_jumps() {
+        for (table, builtin, rule) in crate::iptables::installed_jumps() {
             let target = rule.rsplit(' ').next().unwrap_or_default();
             if table != name || !self.chains.contains_key(target) {
                 continue;

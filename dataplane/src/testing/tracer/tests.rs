@@ -13,8 +13,8 @@
 
 use super::*;
 use crate::IpFamily;
-use crate::flow_table::{self, CLIENT_POD, EXTERNAL_CLIENT, NODE_IP};
 use crate::iptables::render::{RenderOptions, render_filter_for, render_nat_for};
+use crate::testing::flow_table::{self, CLIENT_POD, EXTERNAL_CLIENT, NODE_IP};
 
 const NODE_IPS: [IpAddr; 1] = [NODE_IP];
 
