@@ -22,7 +22,7 @@
 mod tests;
 
 use crate::endpoints::categorize;
-use crate::{Protocol, ProxyState, Service, ServiceKey, ServicePort, tool::RunError};
+use crate::{IpFamily, Protocol, ProxyState, Service, ServiceKey, ServicePort, tool::RunError};
 use std::{
     collections::BTreeSet,
     net::IpAddr,
@@ -50,45 +50,6 @@ pub enum Error {
 
 /// The result type of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// An IP family: which addresses one proxier programs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum IpFamily {
-    /// IPv4.
-    V4,
-    /// IPv6.
-    V6,
-}
-
-impl IpFamily {
-    /// Both families, IPv4 first.
-    pub const ALL: [Self; 2] = [Self::V4, Self::V6];
-
-    /// The name kube-proxy's `ip_family` metric label and Kubernetes' `ipFamilies` use: `IPv4`
-    /// or `IPv6`.
-    #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::V4 => "IPv4",
-            Self::V6 => "IPv6",
-        }
-    }
-
-    /// Whether `ip` belongs to this family.
-    #[must_use]
-    pub fn contains(self, ip: &IpAddr) -> bool {
-        match self {
-            Self::V4 => ip.is_ipv4(),
-            Self::V6 => ip.is_ipv6(),
-        }
-    }
-
-    /// The addresses of `ips` in this family, in their order.
-    #[must_use]
-    pub fn select(self, ips: &[IpAddr]) -> Vec<IpAddr> {
-        ips.iter().copied().filter(|ip| self.contains(ip)).collect()
-    }
-}
 
 /// Where the flows to delete were sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

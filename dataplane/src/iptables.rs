@@ -29,12 +29,14 @@ mod tools;
 pub use cleanup::Cleaned;
 pub use dual_stack::{DualStack, FamilyError};
 pub use render::{
-    FilterRules, NatRules, RenderOptions, render_filter, render_filter_for, render_nat,
-    render_nat_for,
+    FilterRules, NatRules, render_filter, render_filter_for, render_nat, render_nat_for,
 };
 pub(crate) use tools::{Jump, Tools, canaries};
 
-use crate::conntrack::{self, Conntrack, IpFamily};
+use crate::IpFamily;
+use crate::NodeOptions;
+use crate::conntrack::{self, Conntrack};
+use crate::node_options::FamilyOptions;
 use crate::tool::RunError;
 use crate::{Dataplane, FailedStep, ProxyState, SyncReport};
 use partial::Rendered;
@@ -125,7 +127,7 @@ pub struct Config {
     /// Seconds `iptables` and `iptables-restore` wait for the xtables lock (`-w`).
     pub lock_wait_seconds: u32,
     /// The node's configuration the rules depend on (cluster CIDR, masquerade-all).
-    pub render: RenderOptions,
+    pub render: NodeOptions,
     /// How often the canary chains are probed between full syncs: the sync period, the
     /// interval of kube-proxy's canary monitor.
     pub canary_interval: Duration,
@@ -148,7 +150,7 @@ impl Default for Config {
             // kube-proxy's `-w 5`: wait for other writers, but not forever.
             lock_wait_seconds: 5,
             // No cluster CIDR and no masquerade-all: kube-proxy's defaults.
-            render: RenderOptions::default(),
+            render: NodeOptions::default(),
             // kube-proxy's default sync period.
             canary_interval: Duration::from_secs(30),
         }
@@ -184,7 +186,7 @@ impl Config {
 
     /// Renders the rules with `options` (cluster CIDR, masquerade-all).
     #[must_use]
-    pub fn with_render_options(mut self, options: RenderOptions) -> Self {
+    pub fn with_node_options(mut self, options: NodeOptions) -> Self {
         self.render = options;
         self
     }
@@ -419,7 +421,7 @@ impl Iptables {
         // Cleared, so that a sync failing from here on makes the next one full.
         let in_kernel = std::mem::replace(&mut self.in_kernel, false);
         let full_reason = self.full_sync_reason(in_kernel).await?;
-        let options = render::FamilyOptions::new(family, &self.config().render);
+        let options = FamilyOptions::new(family, &self.config().render);
         let (rendered, changed) = self.rendered.update(state, &options);
         // Changes none of this family's rules show (another family's endpoints) restore nothing,
         // as upstream's proxier of the other family does not sync for them. A sync with no

@@ -6,12 +6,14 @@
 pub mod changes;
 pub mod conntrack;
 pub mod endpoints;
+mod family;
 pub mod iptables;
 pub mod ipvs;
 pub mod leftovers;
 pub mod local_traffic;
 pub mod model;
 pub mod nftables;
+pub mod node_options;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tool;
@@ -19,10 +21,11 @@ pub mod tool;
 use std::future::Future;
 
 pub use changes::changed_keys;
-pub use conntrack::IpFamily;
+pub use family::IpFamily;
 pub use model::{
     Cidr, Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy,
 };
+pub use node_options::NodeOptions;
 
 /// What one successful sync wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -3,10 +3,11 @@
 //! modes' leftovers. Needs root, `ip`, iptables, ip6tables, `nft` and `ipset`.
 #![allow(clippy::unwrap_used)]
 
+use splitproxy_dataplane::NodeOptions;
 use splitproxy_dataplane::{
     Dataplane, Endpoint, IpFamily, Protocol, ProxyState, Service, ServiceKey, ServicePort,
     TrafficPolicy,
-    iptables::{Config, DualStack, Iptables, RenderOptions},
+    iptables::{Config, DualStack, Iptables},
     leftovers::Leftovers,
     testing::{
         flow_table::{Expected, Flow, Origin},
@@ -57,14 +58,14 @@ impl Netns {
     }
 
     fn iptables(&self) -> Iptables {
-        self.iptables_with(RenderOptions::default())
+        self.iptables_with(NodeOptions::default())
     }
 
-    fn iptables_with(&self, options: RenderOptions) -> Iptables {
+    fn iptables_with(&self, options: NodeOptions) -> Iptables {
         Iptables::with_config(
             Config::default()
                 .with_command_prefix(["ip", "netns", "exec", &self.name])
-                .with_render_options(options)
+                .with_node_options(options)
                 .with_canary_interval(CANARY_INTERVAL),
         )
     }
@@ -304,9 +305,8 @@ async fn sync_programs_the_nat_table_idempotently_and_removes_stale_chains() {
 async fn kernel_accepts_affinity_external_ips_local_policies_and_source_ranges() {
     let netns = Netns::create("features");
     // With a cluster CIDR, so the kernel also takes the `! -s` and pod-traffic rules.
-    let mut iptables = netns.iptables_with(
-        RenderOptions::default().with_cluster_cidrs(["10.0.0.0/8".parse().unwrap()]),
-    );
+    let mut iptables = netns
+        .iptables_with(NodeOptions::default().with_cluster_cidrs(["10.0.0.0/8".parse().unwrap()]));
 
     iptables.sync(&every_feature()).await.unwrap();
 
@@ -468,7 +468,7 @@ async fn ip6tables_restore_accepts_the_ipv6_rules_and_each_family_keeps_its_own(
     let netns = Netns::create("dual");
     let config = Config::default()
         .with_command_prefix(["ip", "netns", "exec", &netns.name])
-        .with_render_options(RenderOptions::default().with_cluster_cidrs([
+        .with_node_options(NodeOptions::default().with_cluster_cidrs([
             "10.0.0.0/8".parse().unwrap(),
             "fd00:10::/32".parse().unwrap(),
         ]));

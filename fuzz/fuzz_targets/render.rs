@@ -5,14 +5,14 @@
 
 use arbitrary::Unstructured;
 use libfuzzer_sys::fuzz_target;
-use splitproxy_fuzz::{check_render, proxy_state, render_options};
+use splitproxy_fuzz::{check_render, node_options, proxy_state};
 
 fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
     let (Ok(previous), Ok(state), Ok(options)) = (
         proxy_state(&mut u),
         proxy_state(&mut u),
-        render_options(&mut u),
+        node_options(&mut u),
     ) else {
         return;
     };

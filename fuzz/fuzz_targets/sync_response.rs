@@ -8,7 +8,7 @@
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use splitproxy_agent::state::{Conversion, NodeState, Revision};
-use splitproxy_dataplane::{ProxyState, iptables::RenderOptions};
+use splitproxy_dataplane::{NodeOptions, ProxyState};
 use splitproxy_fuzz::check_render;
 use splitproxy_proto::v1alpha1 as pb;
 
@@ -38,5 +38,5 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let model = Conversion::of(&state).model;
-    check_render(&ProxyState::default(), &model, &RenderOptions::default());
+    check_render(&ProxyState::default(), &model, &NodeOptions::default());
 });

@@ -2,10 +2,12 @@
 //! built from fuzzer bytes.
 
 use arbitrary::{Result, Unstructured};
+use splitproxy_dataplane::NodeOptions;
 use splitproxy_dataplane::{
     Cidr, Endpoint, IpFamily, Protocol, ProxyState, Service, ServiceKey, ServicePort,
     TrafficPolicy,
-    iptables::{RenderOptions, render_filter_for, render_nat_for, save, trace::Ruleset},
+    iptables::{render_filter_for, render_nat_for, save},
+    testing::tracer::Ruleset,
 };
 use splitproxy_proto::names::is_dns_label;
 use std::{
@@ -24,7 +26,7 @@ const MAX_COMMENT: usize = 255;
 /// `iptables-restore` input (every jump's chain declared, quotes balanced, `COMMIT` closing
 /// it), no chain is declared twice, chain names fit iptables' 28 characters, comments its 255,
 /// and the rule count is the number of `-A` lines.
-pub fn check_render(previous: &ProxyState, state: &ProxyState, options: &RenderOptions) {
+pub fn check_render(previous: &ProxyState, state: &ProxyState, options: &NodeOptions) {
     for family in IpFamily::ALL {
         let before = render_nat_for(family, previous, options, &BTreeSet::new());
         let existing = save::chains(&before.payload, "nat");
@@ -98,8 +100,8 @@ pub fn proxy_state(u: &mut Unstructured) -> Result<ProxyState> {
 /// # Errors
 ///
 /// When the bytes run out.
-pub fn render_options(u: &mut Unstructured) -> Result<RenderOptions> {
-    Ok(RenderOptions::default()
+pub fn node_options(u: &mut Unstructured) -> Result<NodeOptions> {
+    Ok(NodeOptions::default()
         .with_cluster_cidrs(list(u, 2, cidr)?)
         .with_masquerade_all(u.arbitrary()?)
         .with_node_ips(list(u, 2, ip)?)

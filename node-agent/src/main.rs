@@ -15,9 +15,10 @@ use splitproxy_agent::{
     },
     wire_mode,
 };
+use splitproxy_dataplane::NodeOptions;
 use splitproxy_dataplane::{
     Cidr, Dataplane, IpFamily,
-    iptables::{self, DualStack, RenderOptions},
+    iptables::{self, DualStack},
     ipvs::backend::{self as ipvs, IpvsBackend},
     ipvs::cleanup as ipvs_cleanup,
     leftovers::{Leftovers, Removed},
@@ -258,7 +259,7 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
     if let Some(addresses) = &node_port_addresses {
         tracing::info!(?addresses, "node ports accepted on");
     }
-    let render = RenderOptions::default()
+    let render = NodeOptions::default()
         .with_cluster_cidrs(cluster_cidrs)
         .with_pod_interfaces(pod_interfaces)
         .with_masquerade_all(settings.masquerade_all)
@@ -268,7 +269,7 @@ async fn agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Resul
         .with_localhost_node_ports(localhost_node_ports(&settings, primary_ip))
         .with_tcp_be_liberal(host_setup::tcp_be_liberal());
     let iptables = iptables::Config::default()
-        .with_render_options(render)
+        .with_node_options(render)
         .with_canary_interval(settings.sync_periods.sync_period());
     let ipvs = ipvs::Config {
         families: Vec::new(),

@@ -4,7 +4,7 @@
 // Tested with the rest of the backend, in `super::tests::dual_stack`.
 
 use super::{Config, Error, Iptables};
-use crate::conntrack::IpFamily;
+use crate::IpFamily;
 use crate::{Dataplane, ProxyState, SyncReport};
 
 /// A family's sync failed; the message says which family, the source why.

@@ -14,9 +14,10 @@
 //! tables were flushed, as kube-proxy's.
 
 use super::render::{
-    AssembledNat, Chain, FamilyOptions, ServiceFilter, ServiceNat, ServiceRules, assemble_filter,
-    assemble_nat, assemble_nat_full, render_service,
+    AssembledNat, Chain, ServiceFilter, ServiceNat, ServiceRules, assemble_filter, assemble_nat,
+    assemble_nat_full, render_service,
 };
+use crate::node_options::FamilyOptions;
 use crate::{ProxyState, Service, ServiceKey};
 use imbl::OrdMap;
 use std::{

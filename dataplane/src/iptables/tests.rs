@@ -14,9 +14,8 @@
 
 mod dual_stack;
 
-use super::{
-    Config, Dataplane, Error, Iptables, JUMPS, RenderOptions, canaries, render_filter, render_nat,
-};
+use super::{Config, Dataplane, Error, Iptables, JUMPS, canaries, render_filter, render_nat};
+use crate::NodeOptions;
 use crate::local_traffic::PodInterfaces;
 use crate::testing::{rules::assert_rules_eq, scratch::Scratch};
 use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy};
@@ -110,7 +109,7 @@ fn cluster_ip_and_node_port_service_spreads_over_three_endpoints() {
         )],
     )]);
 
-    let nat = render_nat(&state, &RenderOptions::default(), &BTreeSet::new());
+    let nat = render_nat(&state, &NodeOptions::default(), &BTreeSet::new());
 
     assert_rules_eq(
         &nat.payload,
@@ -177,7 +176,7 @@ fn stale_chains_are_flushed_and_deleted_but_live_and_foreign_ones_are_kept() {
         )],
     )]);
 
-    let nat = render_nat(&state, &RenderOptions::default(), &existing);
+    let nat = render_nat(&state, &NodeOptions::default(), &existing);
 
     assert_rules_eq(
         &nat.payload,
@@ -232,7 +231,7 @@ fn port_without_usable_endpoints_gets_no_chains() {
         ],
     )]);
 
-    let nat = render_nat(&state, &RenderOptions::default(), &BTreeSet::new());
+    let nat = render_nat(&state, &NodeOptions::default(), &BTreeSet::new());
 
     assert_rules_eq(
         &nat.payload,
@@ -286,7 +285,7 @@ fn serving_terminating_endpoints_take_traffic_only_while_none_is_ready() {
         ),
     ]);
 
-    let nat = render_nat(&state, &RenderOptions::default(), &BTreeSet::new());
+    let nat = render_nat(&state, &NodeOptions::default(), &BTreeSet::new());
 
     assert_rules_eq(
         &nat.payload,
@@ -365,7 +364,7 @@ fn external_and_load_balancer_ips_go_through_the_external_chain() {
         },
     ]);
 
-    let nat = render_nat(&state, &RenderOptions::default(), &BTreeSet::new());
+    let nat = render_nat(&state, &NodeOptions::default(), &BTreeSet::new());
 
     assert_rules_eq(
         &nat.payload,
@@ -451,7 +450,7 @@ COMMIT
     );
     assert_eq!(filter.rule_count, 8);
     assert!(
-        !render_nat(&state, &RenderOptions::default(), &BTreeSet::new())
+        !render_nat(&state, &NodeOptions::default(), &BTreeSet::new())
             .payload
             .contains("svc6"),
         "a port without endpoints has no nat rules"
@@ -476,7 +475,7 @@ fn session_affinity_checks_recent_clients_first_and_remembers_them_on_dnat() {
         )
     }]);
 
-    let nat = render_nat(&state, &RenderOptions::default(), &BTreeSet::new());
+    let nat = render_nat(&state, &NodeOptions::default(), &BTreeSet::new());
 
     assert_rules_eq(
         &nat.payload,
@@ -534,7 +533,7 @@ fn external_traffic_policy_local_keeps_external_clients_on_local_endpoints() {
         ..external_local_svc2(vec![local("10.180.0.2", 80), ready("10.180.2.1", 80)])
     }]);
 
-    let nat = render_nat(&state, &RenderOptions::default(), &BTreeSet::new());
+    let nat = render_nat(&state, &NodeOptions::default(), &BTreeSet::new());
 
     // Cluster-IP traffic spreads over both endpoints; external traffic from the node itself is
     // masqueraded and short-circuited to KUBE-SVC; all other external traffic goes to KUBE-SVL,
@@ -588,7 +587,7 @@ fn topology_excluded_endpoints_get_no_cluster_rule_but_local_ones_keep_their_loc
         elsewhere(ready("10.180.2.2", 80)),
     ])]);
 
-    let nat = render_nat(&state, &RenderOptions::default(), &BTreeSet::new());
+    let nat = render_nat(&state, &NodeOptions::default(), &BTreeSet::new());
 
     // KUBE-SVC holds only the endpoint the hints leave to this node; KUBE-SVL still holds the
     // local one; the endpoint sent elsewhere that is not local gets no chain at all. The rest of
@@ -633,7 +632,7 @@ fn external_traffic_policy_local_without_local_endpoints_drops_external_traffic(
         )
     }]);
 
-    let nat = render_nat(&state, &RenderOptions::default(), &BTreeSet::new());
+    let nat = render_nat(&state, &NodeOptions::default(), &BTreeSet::new());
     let filter = render_filter(&state);
 
     // The EXT chain still short-circuits the node's own traffic, then lets the rest fall out.
@@ -714,7 +713,7 @@ fn internal_traffic_policy_local_uses_local_endpoints_or_drops() {
         },
     ]);
 
-    let nat = render_nat(&state, &RenderOptions::default(), &BTreeSet::new());
+    let nat = render_nat(&state, &NodeOptions::default(), &BTreeSet::new());
     let filter = render_filter(&state);
 
     assert_rules_eq(
@@ -787,7 +786,7 @@ fn source_ranged_service() -> ProxyState {
 fn load_balancer_source_ranges_filter_load_balancer_ips_only() {
     let state = source_ranged_service();
 
-    let nat = render_nat(&state, &RenderOptions::default(), &BTreeSet::new());
+    let nat = render_nat(&state, &NodeOptions::default(), &BTreeSet::new());
     let filter = render_filter(&state);
 
     // Load-balancer traffic from an allowed source continues to KUBE-EXT; the rest falls out of
@@ -845,7 +844,7 @@ COMMIT
 fn source_ranges_holding_the_node_ip_also_accept_the_load_balancer_ips_themselves() {
     let state = source_ranged_service();
     let firewall_rules = |node_ip: &str| {
-        let options = RenderOptions::default().with_node_ips([node_ip.parse().unwrap()]);
+        let options = NodeOptions::default().with_node_ips([node_ip.parse().unwrap()]);
         render_nat(&state, &options, &BTreeSet::new())
             .payload
             .lines()
@@ -885,7 +884,7 @@ fn source_ranges_without_load_balancer_ips_or_endpoints_write_no_firewall() {
         let payload = format!(
             "{}{}",
             render_filter(&state).payload,
-            render_nat(&state, &RenderOptions::default(), &BTreeSet::new()).payload
+            render_nat(&state, &NodeOptions::default(), &BTreeSet::new()).payload
         );
         assert!(!payload.contains("KUBE-FW-"), "{payload}");
         assert!(!payload.contains("-A KUBE-PROXY-FIREWALL"), "{payload}");
@@ -907,7 +906,7 @@ fn ipv6_cluster_ips_and_endpoints_are_left_out() {
         )],
     )]);
 
-    let nat = render_nat(&state, &RenderOptions::default(), &BTreeSet::new());
+    let nat = render_nat(&state, &NodeOptions::default(), &BTreeSet::new());
 
     assert_rules_eq(
         &nat.payload,
@@ -947,7 +946,7 @@ fn udp_port_matches_and_dnats_udp() {
         )],
     )]);
 
-    let payload = render_nat(&state, &RenderOptions::default(), &BTreeSet::new()).payload;
+    let payload = render_nat(&state, &NodeOptions::default(), &BTreeSet::new()).payload;
 
     for line in [
         r#"-A KUBE-SERVICES -m comment --comment "ns5/svc5:dns cluster IP" -m udp -p udp -d 172.30.0.45 --dport 53 -j KUBE-SVC-P5TF35VZD6JC4ICL"#,
@@ -975,7 +974,7 @@ fn duplicate_endpoints_get_one_chain() {
         )],
     )]);
 
-    let payload = render_nat(&state, &RenderOptions::default(), &BTreeSet::new()).payload;
+    let payload = render_nat(&state, &NodeOptions::default(), &BTreeSet::new()).payload;
 
     assert_eq!(payload.matches(":KUBE-SEP-SXIVWICOYRO3J4NJ ").count(), 1);
     assert!(!payload.contains("--probability"), "{payload}");
@@ -1032,7 +1031,7 @@ fn everything() -> (ProxyState, BTreeSet<String>) {
 #[test]
 fn payload_is_well_formed_iptables_restore_input() {
     let (state, existing) = everything();
-    let nat = render_nat(&state, &RenderOptions::default(), &existing);
+    let nat = render_nat(&state, &NodeOptions::default(), &existing);
     let lines: Vec<&str> = nat.payload.lines().collect();
 
     assert!(nat.payload.ends_with("COMMIT\n"), "{}", nat.payload);
@@ -1106,7 +1105,7 @@ fn payload_is_well_formed_iptables_restore_input() {
 #[test]
 fn node_ports_jump_is_the_last_rule_of_kube_services() {
     let (state, existing) = everything();
-    let payload = render_nat(&state, &RenderOptions::default(), &existing).payload;
+    let payload = render_nat(&state, &NodeOptions::default(), &existing).payload;
 
     let last = payload
         .lines()
@@ -1122,8 +1121,8 @@ fn node_ports_jump_is_the_last_rule_of_kube_services() {
 fn rendering_is_deterministic() {
     let (state, existing) = everything();
     assert_eq!(
-        render_nat(&state, &RenderOptions::default(), &existing),
-        render_nat(&state, &RenderOptions::default(), &existing)
+        render_nat(&state, &NodeOptions::default(), &existing),
+        render_nat(&state, &NodeOptions::default(), &existing)
     );
 }
 
@@ -1280,7 +1279,7 @@ async fn sync_restores_the_render_and_inserts_only_missing_jumps() {
 
     let expected = render_nat(
         &state,
-        &RenderOptions::default(),
+        &NodeOptions::default(),
         &chains(&["PREROUTING", "KUBE-SVC-GNZBNJ2PO5MGZ6GT"]),
     );
     let filter = render_filter(&state);
@@ -1466,8 +1465,8 @@ fn health_check_node_ports_of_local_policy_services_are_accepted_even_without_en
 // Render options: cluster CIDR and masquerade-all
 
 /// `--cluster-cidr` as upstream's tests set it, after an IPv6 one this renderer skips.
-fn cluster_cidr() -> RenderOptions {
-    RenderOptions::default().with_cluster_cidrs([
+fn cluster_cidr() -> NodeOptions {
+    NodeOptions::default().with_cluster_cidrs([
         "fd00:10::/64".parse().unwrap(),
         "10.0.0.0/8".parse().unwrap(),
     ])
@@ -1535,7 +1534,7 @@ COMMIT
 #[test]
 fn masquerade_all_marks_every_cluster_ip_packet_whatever_the_cluster_cidr() {
     for options in [
-        RenderOptions::default().with_masquerade_all(true),
+        NodeOptions::default().with_masquerade_all(true),
         cluster_cidr().with_masquerade_all(true),
     ] {
         let nat = render_nat(&one_node_port_service(), &options, &BTreeSet::new());
@@ -1553,7 +1552,7 @@ fn masquerade_all_marks_every_cluster_ip_packet_whatever_the_cluster_cidr() {
 
 #[test]
 fn without_an_ipv4_cluster_cidr_cluster_ip_traffic_is_not_marked() {
-    let ipv6_only = RenderOptions::default().with_cluster_cidrs(["fd00:10::/64".parse().unwrap()]);
+    let ipv6_only = NodeOptions::default().with_cluster_cidrs(["fd00:10::/64".parse().unwrap()]);
 
     let nat = render_nat(&one_node_port_service(), &ipv6_only, &BTreeSet::new());
 
@@ -1561,7 +1560,7 @@ fn without_an_ipv4_cluster_cidr_cluster_ip_traffic_is_not_marked() {
         nat,
         render_nat(
             &one_node_port_service(),
-            &RenderOptions::default(),
+            &NodeOptions::default(),
             &BTreeSet::new()
         )
     );
@@ -1834,7 +1833,7 @@ async fn unchanged_services_are_not_rewritten_until_a_canary_goes() {
 async fn a_change_no_rule_of_the_family_shows_restores_nothing() {
     let scratch = Scratch::new("other-family");
     let mut ip6tables = fake_tools(&scratch, SAVED, 0, 0);
-    ip6tables.tools.config_mut().family = crate::conntrack::IpFamily::V6;
+    ip6tables.tools.config_mut().family = crate::IpFamily::V6;
     let with_endpoint = |ip| {
         state(vec![service(
             "ns1",
@@ -1930,7 +1929,7 @@ fn pod_interfaces_replace_the_cluster_cidr_as_the_local_traffic_detector() {
 
 #[test]
 fn the_masquerade_bit_sets_every_mark() {
-    let options = RenderOptions::default().with_masquerade_bit(0);
+    let options = NodeOptions::default().with_masquerade_bit(0);
     let nat = render_nat(&one_node_port_service(), &options, &BTreeSet::new());
     assert!(
         nat.payload

@@ -9,7 +9,7 @@
 
 use super::rules::{IpvsRules, JUMPS};
 use super::sets::{IpSets, restore_script};
-use crate::conntrack::IpFamily;
+use crate::IpFamily;
 use crate::iptables::{self, FULL_SYNC_PERIOD, Tools, canaries};
 use crate::tool::{self, RunError, stderr_text};
 use std::process::ExitStatus;

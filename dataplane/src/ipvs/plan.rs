@@ -15,7 +15,7 @@
 //! Session affinity is persistence with the affinity's timeout.
 
 use super::{RealServer, ServiceId, VirtualServer, service_flags};
-use crate::conntrack::IpFamily;
+use crate::IpFamily;
 use crate::endpoints::categorize;
 use crate::{Endpoint, ProxyState, Service, ServicePort, TrafficPolicy};
 use std::{

@@ -29,13 +29,15 @@
 //! the iptables mode writes them (saved as `--set-xmark`).
 
 use super::sets::{IpSets, SetId};
+use crate::IpFamily;
+use crate::NodeOptions;
 use crate::Protocol;
-use crate::conntrack::IpFamily;
 use crate::iptables::Jump;
 use crate::iptables::render::{
-    FamilyOptions, FilterRules, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_POSTROUTING,
-    KUBE_PROXY_FIREWALL, KUBE_SERVICES, NatRules, RenderOptions, comment,
+    FilterRules, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_POSTROUTING, KUBE_PROXY_FIREWALL,
+    KUBE_SERVICES, NatRules, comment,
 };
+use crate::node_options::FamilyOptions;
 use std::net::IpAddr;
 
 /// The nat chain matching node ports (from [`KUBE_SERVICES`]), and the filter chain accepting
@@ -119,7 +121,7 @@ pub struct IpvsRules {
 /// from a Service address (`src,dst`: the kernel picks a `kube-ipvs0` address as the source
 /// when the node reaches a VIP), as upstream without a local-traffic detector.
 #[must_use]
-pub fn render(sets: &IpSets, options: &RenderOptions) -> IpvsRules {
+pub fn render(sets: &IpSets, options: &NodeOptions) -> IpvsRules {
     let options = FamilyOptions::new(sets.family(), options);
     IpvsRules {
         nat: render_nat(sets, &options),

@@ -32,7 +32,7 @@
 
 use super::ServiceId;
 use super::plan::Plan;
-use crate::conntrack::IpFamily;
+use crate::IpFamily;
 use crate::{Cidr, Protocol, ProxyState, Service, ServicePort, TrafficPolicy};
 use data_encoding::BASE32;
 use sha2::{Digest, Sha256};

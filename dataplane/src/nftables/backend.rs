@@ -11,8 +11,10 @@
 //! it is once an hour anyway.
 
 use super::{Leftovers, Options, Rendered, TABLE, transaction};
-use crate::conntrack::{self, Conntrack, IpFamily};
-use crate::iptables::{FULL_SYNC_PERIOD, RenderOptions};
+use crate::IpFamily;
+use crate::NodeOptions;
+use crate::conntrack::{self, Conntrack};
+use crate::iptables::FULL_SYNC_PERIOD;
 use crate::tool::{self, RunError, stderr_text};
 use crate::{Dataplane, FailedStep, ProxyState, SyncError, SyncReport};
 use std::process::ExitStatus;
@@ -31,7 +33,7 @@ pub struct Config {
     pub command_prefix: Vec<String>,
     /// The node's configuration the rules depend on (cluster CIDR, masquerade-all, node-port
     /// addresses, node IPs).
-    pub render: RenderOptions,
+    pub render: NodeOptions,
     /// The cluster's service CIDRs, of both families (see [`Options::with_service_cidrs`]);
     /// none by default.
     pub service_cidrs: Vec<crate::Cidr>,
@@ -46,7 +48,7 @@ impl Default for Config {
             nft: "nft".to_owned(),
             conntrack: "conntrack".to_owned(),
             command_prefix: Vec::new(),
-            render: RenderOptions::default(),
+            render: NodeOptions::default(),
             service_cidrs: Vec::new(),
         }
     }

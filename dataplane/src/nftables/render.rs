@@ -51,8 +51,9 @@ pub(crate) mod skeleton;
 mod tests;
 
 use super::names::EndpointMap;
-use crate::conntrack::IpFamily;
-use crate::iptables::render::{FamilyOptions, RenderOptions};
+use crate::IpFamily;
+use crate::NodeOptions;
+use crate::node_options::FamilyOptions;
 use crate::{Cidr, ProxyState, Service, ServiceKey};
 use imbl::OrdMap;
 use std::borrow::Cow;
@@ -71,7 +72,7 @@ impl Options {
     /// `options` as the `family` render uses them: that family's cluster CIDR (the local-traffic
     /// detector), node-port addresses and node IPs, and masquerade-all. No service CIDRs.
     #[must_use]
-    pub fn new(family: IpFamily, options: &RenderOptions) -> Self {
+    pub fn new(family: IpFamily, options: &NodeOptions) -> Self {
         Self {
             common: FamilyOptions::new(family, options),
             service_cidrs: Vec::new(),

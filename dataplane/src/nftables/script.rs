@@ -1,7 +1,7 @@
 //! Writing `nft -f -` commands for one family's `kube-proxy` table, straight into one `String`.
 
 use super::render::{Container, Element};
-use crate::conntrack::IpFamily;
+use crate::IpFamily;
 
 /// The table every object lives in, one per family (`ip kube-proxy`, `ip6 kube-proxy`).
 pub const TABLE: &str = "kube-proxy";

@@ -51,7 +51,7 @@ use super::names::{AFFINITY_PREFIX, EndpointMap};
 use super::render::skeleton::{definition, is_fixed_chain};
 use super::render::{AffinitySet, Chain, Container, Element, ElementId, Rendered, ServiceRules};
 use super::script::{Script, TABLE, address_type, family_keyword};
-use crate::conntrack::IpFamily;
+use crate::IpFamily;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 

@@ -139,8 +139,8 @@ impl Scenario {
     /// The node's configuration the scenario implies, as a backend's render takes it: its
     /// cluster CIDRs, masquerade-all, node-port addresses, and its first address as the node IP.
     #[must_use]
-    pub fn render_options(&self) -> crate::iptables::RenderOptions {
-        crate::iptables::RenderOptions::default()
+    pub fn node_options(&self) -> crate::NodeOptions {
+        crate::NodeOptions::default()
             .with_cluster_cidrs(self.cluster_cidrs.iter().copied())
             .with_masquerade_all(self.masquerade_all)
             .with_node_port_addresses(self.node_port_addresses.clone())

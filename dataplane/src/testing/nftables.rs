@@ -14,8 +14,8 @@
 //! | external clients | `203.0.113.0/24`; IPv6 `2001:db8:203::/48`                           |
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::conntrack::IpFamily;
-use crate::iptables::RenderOptions;
+use crate::IpFamily;
+use crate::NodeOptions;
 use crate::nftables::names::ENDPOINTS_PREFIX;
 use crate::nftables::render::Options;
 use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort};
@@ -81,7 +81,7 @@ pub(crate) fn state(services: Vec<Service>) -> ProxyState {
 pub(crate) fn options_v4() -> Options {
     Options::new(
         IpFamily::V4,
-        &RenderOptions::default()
+        &NodeOptions::default()
             .with_cluster_cidrs(["10.0.0.0/8".parse().unwrap()])
             .with_node_ips([ip("192.168.0.2")])
             .with_node_port_addresses(Some(vec![ip("192.168.0.2"), ip("2001:db8::1")])),
@@ -96,7 +96,7 @@ pub(crate) fn options_v4() -> Options {
 pub(crate) fn options_v6() -> Options {
     Options::new(
         IpFamily::V6,
-        &RenderOptions::default()
+        &NodeOptions::default()
             .with_cluster_cidrs(["fd00:10::/48".parse().unwrap()])
             .with_node_ips([ip("2001:db8::1")])
             .with_node_port_addresses(Some(vec![ip("192.168.0.2"), ip("2001:db8::1")])),

@@ -242,7 +242,7 @@ pub fn resolve(config: &KubeProxyConfiguration) -> Result<Settings, InvalidConfi
     }
     .and_then(|bit| u8::try_from(bit).ok())
     .filter(|bit| *bit <= 31)
-    .unwrap_or(splitproxy_dataplane::iptables::render::DEFAULT_MASQUERADE_BIT);
+    .unwrap_or(splitproxy_dataplane::node_options::DEFAULT_MASQUERADE_BIT);
     let local_detector = local_detector(config, &mut problems);
     let node_port_addresses = node_port_addresses(config, &mut problems);
     let ipvs = ipvs(config, &mut problems);

@@ -1042,7 +1042,7 @@ fn services_whose_names_cannot_go_into_a_rule_are_skipped_and_the_rest_renders()
             assert_eq!(names, ["a"], "{bad:?}");
             let nat = splitproxy_dataplane::iptables::render_nat(
                 &proxy,
-                &splitproxy_dataplane::iptables::RenderOptions::default(),
+                &splitproxy_dataplane::NodeOptions::default(),
                 &std::collections::BTreeSet::new(),
             );
             splitproxy_dataplane::testing::tracer::Ruleset::parse(&nat.payload)

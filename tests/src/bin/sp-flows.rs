@@ -215,7 +215,7 @@ fn families(scenario: &Scenario) -> Vec<IpFamily> {
 /// Programs `scenario` with `mode`'s backend, for each IP family of the node's addresses.
 async fn program(mode: &Mode, scenario: &Scenario) -> Result<()> {
     let families = families(scenario);
-    let iptables = iptables::Config::default().with_render_options(scenario.render_options());
+    let iptables = iptables::Config::default().with_node_options(scenario.node_options());
     match mode {
         Mode::Ipvs(_) => {
             IpvsBackend::new(backend::Config {
@@ -237,7 +237,7 @@ async fn program(mode: &Mode, scenario: &Scenario) -> Result<()> {
         Mode::Nftables(_) => {
             NftablesBackend::new(nftables::backend::Config {
                 families,
-                render: scenario.render_options(),
+                render: scenario.node_options(),
                 ..nftables::backend::Config::default()
             })
             .sync(&scenario.state)

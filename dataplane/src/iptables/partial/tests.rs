@@ -1,8 +1,8 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::conntrack::IpFamily;
-use crate::iptables::RenderOptions;
+use crate::IpFamily;
+use crate::NodeOptions;
 use crate::{Endpoint, Protocol, ServicePort, TrafficPolicy};
 use std::collections::BTreeMap;
 
@@ -32,7 +32,7 @@ fn web(index: u8, endpoints: Vec<Endpoint>) -> Service {
 fn options() -> FamilyOptions {
     FamilyOptions::new(
         IpFamily::V4,
-        &RenderOptions::default().with_cluster_cidrs(["10.0.0.0/8".parse().unwrap()]),
+        &NodeOptions::default().with_cluster_cidrs(["10.0.0.0/8".parse().unwrap()]),
     )
 }
 

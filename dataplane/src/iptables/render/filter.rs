@@ -3,11 +3,13 @@
 
 use super::plan::PortPlan;
 use super::{
-    FILTER_KUBE_SERVICES, FamilyOptions, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD,
-    KUBE_PROXY_FIREWALL, RenderOptions, TableText, comment, render_service,
+    FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_PROXY_FIREWALL,
+    TableText, comment, render_service,
 };
+use crate::IpFamily;
+use crate::NodeOptions;
 use crate::ProxyState;
-use crate::conntrack::IpFamily;
+use crate::node_options::FamilyOptions;
 
 /// The filter chain accepting health-check node ports (jumped to from INPUT). It shares its name
 /// with the nat [`KUBE_NODEPORTS`](super::KUBE_NODEPORTS) chain, as in kube-proxy.
@@ -47,7 +49,7 @@ pub fn render_filter(state: &ProxyState) -> FilterRules {
 /// Every chain here is kube-proxy's fixed set and is rewritten whole on each sync.
 #[must_use]
 pub fn render_filter_for(family: IpFamily, state: &ProxyState) -> FilterRules {
-    let options = FamilyOptions::new(family, &RenderOptions::default());
+    let options = FamilyOptions::new(family, &NodeOptions::default());
     let services: Vec<ServiceFilter> = state
         .services
         .values()

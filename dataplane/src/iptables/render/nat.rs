@@ -4,10 +4,12 @@
 use super::super::chain_names::{endpoint_chain, is_owned};
 use super::plan::PortPlan;
 use super::{
-    FamilyOptions, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_SERVICES, RenderOptions,
-    TableText, comment, probability, render_service,
+    KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_SERVICES, TableText, comment,
+    probability, render_service,
 };
-use crate::conntrack::IpFamily;
+use crate::IpFamily;
+use crate::NodeOptions;
+use crate::node_options::FamilyOptions;
 use crate::{Endpoint, ProxyState};
 use std::collections::BTreeSet;
 
@@ -24,7 +26,7 @@ pub struct NatRules {
 #[must_use]
 pub fn render_nat(
     state: &ProxyState,
-    options: &RenderOptions,
+    options: &NodeOptions,
     existing_chains: &BTreeSet<String>,
 ) -> NatRules {
     render_nat_for(IpFamily::V4, state, options, existing_chains)
@@ -40,12 +42,12 @@ pub fn render_nat(
 /// only when it has a usable endpoint of `family` (see [`crate::endpoints`]); addresses and
 /// endpoints of the other family are skipped, and the cluster CIDR is the family's own. `options`
 /// decide which cluster-IP traffic is masqueraded and whether pod traffic skips
-/// `externalTrafficPolicy: Local` (see [`RenderOptions`]).
+/// `externalTrafficPolicy: Local` (see [`NodeOptions`]).
 #[must_use]
 pub fn render_nat_for(
     family: IpFamily,
     state: &ProxyState,
-    options: &RenderOptions,
+    options: &NodeOptions,
     existing_chains: &BTreeSet<String>,
 ) -> NatRules {
     let options = FamilyOptions::new(family, options);

@@ -9,7 +9,7 @@ use super::super::chain_names::{
     external_chain, firewall_chain, local_service_chain, service_chain,
 };
 use super::{comment, reject};
-use crate::conntrack::IpFamily;
+use crate::IpFamily;
 use crate::endpoints::categorize;
 use crate::{Cidr, Endpoint, Service, ServicePort, TrafficPolicy};
 use std::net::IpAddr;

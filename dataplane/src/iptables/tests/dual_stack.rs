@@ -12,9 +12,10 @@
 
 use super::super::{DualStack, canaries, render_filter_for, render_nat_for};
 use super::{
-    Config, Dataplane, Protocol, ProxyState, RenderOptions, Scratch, ServicePort, TrafficPolicy,
-    ips, local, ready, render_filter, render_nat, service, state,
+    Config, Dataplane, Protocol, ProxyState, Scratch, ServicePort, TrafficPolicy, ips, local,
+    ready, render_filter, render_nat, service, state,
 };
+use crate::NodeOptions;
 use crate::{Cidr, IpFamily};
 use std::collections::BTreeSet;
 
@@ -81,8 +82,8 @@ fn only(family: IpFamily, state: &ProxyState) -> ProxyState {
     services.into_iter().collect()
 }
 
-fn v6_options() -> RenderOptions {
-    RenderOptions::default().with_cluster_cidrs([
+fn v6_options() -> NodeOptions {
+    NodeOptions::default().with_cluster_cidrs([
         "10.0.0.0/8".parse().unwrap(),
         "fd00:10::1/32".parse().unwrap(),
     ])
@@ -190,7 +191,7 @@ fn ipv6_render_of_a_dual_stack_state_equals_the_ipv6_only_render() {
 
 #[test]
 fn without_an_ipv6_cluster_cidr_ipv6_cluster_ip_traffic_is_not_masqueraded() {
-    let options = RenderOptions::default().with_cluster_cidrs(["10.0.0.0/8".parse().unwrap()]);
+    let options = NodeOptions::default().with_cluster_cidrs(["10.0.0.0/8".parse().unwrap()]);
     let nat = render_nat_for(
         IpFamily::V6,
         &dual_stack_services(),
@@ -232,7 +233,7 @@ case "$tool" in
   conntrack) echo 'conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.' >&2; exit 1 ;;
 esac"#;
     Config::default()
-        .with_render_options(v6_options())
+        .with_node_options(v6_options())
         .with_command_prefix([
             "sh".to_owned(),
             "-c".to_owned(),

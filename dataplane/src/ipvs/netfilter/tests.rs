@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::iptables::RenderOptions;
+use crate::NodeOptions;
 use crate::ipvs::rules::render;
 use crate::ipvs::sets::SetId;
 use crate::ipvs::sets::tests::{example_v4, options, sets_of};
@@ -44,7 +44,7 @@ esac"#;
 
 /// Syncs `sets` and their rules, then returns the calls made and clears the log.
 async fn sync(netfilter: &mut Netfilter, scratch: &Scratch, sets: IpSets) -> Vec<String> {
-    let rules = [render(&sets, &RenderOptions::default())];
+    let rules = [render(&sets, &NodeOptions::default())];
     let _ = netfilter.sync(vec![sets], &rules).await;
     // No file when nothing ran.
     let calls = std::fs::read_to_string(scratch.0.join("calls")).unwrap_or_default();
@@ -133,7 +133,7 @@ async fn a_failed_restore_makes_the_next_sync_write_every_set() {
     // Other rules, so that they are written.
     let rules = [render(
         &sets,
-        &RenderOptions::default().with_masquerade_all(true),
+        &NodeOptions::default().with_masquerade_all(true),
     )];
     let failed = netfilter.sync(vec![sets.clone()], &rules).await;
     assert!(matches!(failed, Err(Error::Iptables { .. })), "{failed:?}");

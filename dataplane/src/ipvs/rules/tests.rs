@@ -7,14 +7,14 @@ use crate::ipvs::sets::IpSets;
 use crate::ipvs::sets::tests::{example_v4, example_v6, options, sets_of};
 use crate::testing::rules::assert_rules_eq;
 
-fn pod_cidrs() -> RenderOptions {
-    RenderOptions::default().with_cluster_cidrs([
+fn pod_cidrs() -> NodeOptions {
+    NodeOptions::default().with_cluster_cidrs([
         "10.244.0.0/16".parse().unwrap(),
         "fd00:10:244::/48".parse().unwrap(),
     ])
 }
 
-fn render_v4(options_: &RenderOptions) -> IpvsRules {
+fn render_v4(options_: &NodeOptions) -> IpvsRules {
     render(&sets_of(&example_v4(), &options(IpFamily::V4)), options_)
 }
 
@@ -219,7 +219,7 @@ COMMIT
 
 #[test]
 fn without_a_cluster_cidr_only_the_nodes_connections_from_a_vip_are_marked() {
-    let rules = render_v4(&RenderOptions::default());
+    let rules = render_v4(&NodeOptions::default());
 
     assert_eq!(
         cluster_ip_masquerade(&rules),
@@ -231,8 +231,7 @@ fn without_a_cluster_cidr_only_the_nodes_connections_from_a_vip_are_marked() {
 
 #[test]
 fn a_cluster_cidr_of_the_other_family_is_no_detector() {
-    let options_ =
-        RenderOptions::default().with_cluster_cidrs(["fd00:10:244::/48".parse().unwrap()]);
+    let options_ = NodeOptions::default().with_cluster_cidrs(["fd00:10:244::/48".parse().unwrap()]);
 
     let rules = render_v4(&options_);
 
@@ -242,7 +241,7 @@ fn a_cluster_cidr_of_the_other_family_is_no_detector() {
 #[test]
 fn masquerade_all_marks_every_cluster_ip_packet_and_wins_over_the_cluster_cidr() {
     for options_ in [
-        RenderOptions::default().with_masquerade_all(true),
+        NodeOptions::default().with_masquerade_all(true),
         pod_cidrs().with_masquerade_all(true),
     ] {
         let rules = render_v4(&options_);
@@ -276,7 +275,7 @@ fn masquerade_all_changes_nothing_but_the_cluster_ip_rule() {
 fn rule_counts_are_the_rules_in_each_payload() {
     for rules in [
         render_v4(&pod_cidrs()),
-        render_v4(&RenderOptions::default()),
+        render_v4(&NodeOptions::default()),
         render(
             &sets_of(&example_v6(), &options(IpFamily::V6)),
             &pod_cidrs(),

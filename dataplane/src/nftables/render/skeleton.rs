@@ -7,7 +7,7 @@
 //! output, where `reject` is allowed on every kernel.
 
 use super::{Container, Options};
-use crate::conntrack::IpFamily;
+use crate::IpFamily;
 use crate::nftables::script::{Script, address_type, family_keyword};
 use std::fmt::Write as _;
 

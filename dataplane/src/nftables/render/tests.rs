@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::iptables::RenderOptions;
+use crate::NodeOptions;
 use crate::local_traffic::PodInterfaces;
 use crate::nftables::transaction::{Leftovers, transaction};
 use crate::testing::nftables::{
@@ -120,7 +120,7 @@ add element ip kube-proxy nodeport-ips { 192.168.0.2 }
 fn without_node_port_addresses_every_local_address_but_loopback_takes_node_ports() {
     let options = Options::new(
         IpFamily::V6,
-        &RenderOptions::default().with_masquerade_all(true),
+        &NodeOptions::default().with_masquerade_all(true),
     );
     let script = full_script(&ProxyState::default(), &options);
 
@@ -147,7 +147,7 @@ add rule ip6 kube-proxy cluster-ips-check ip6 daddr @cluster-ips reject comment 
 
 #[test]
 fn without_a_cluster_cidr_cluster_ip_traffic_is_not_masqueraded() {
-    let options = Options::new(IpFamily::V4, &RenderOptions::default());
+    let options = Options::new(IpFamily::V4, &NodeOptions::default());
     let script = full_script(&ProxyState::default(), &options);
     assert!(!script.contains("mark set mark or"), "{script}");
 }
@@ -156,7 +156,7 @@ fn without_a_cluster_cidr_cluster_ip_traffic_is_not_masqueraded() {
 fn loopback_node_port_addresses_are_left_out() {
     let options = Options::new(
         IpFamily::V4,
-        &RenderOptions::default()
+        &NodeOptions::default()
             .with_node_port_addresses(Some(vec![ip("127.0.0.1"), ip("192.168.0.2")])),
     );
     let script = full_script(&ProxyState::default(), &options);
@@ -428,7 +428,7 @@ add element ip kube-proxy endpoints-tcp-O4 { 0 : 10.180.2.1 . 80 , 1 : 10.180.0.
 
 #[test]
 fn without_a_cluster_cidr_pod_traffic_follows_the_local_policy_like_any_client() {
-    let options = Options::new(IpFamily::V4, &RenderOptions::default());
+    let options = Options::new(IpFamily::V4, &NodeOptions::default());
     let script = services_part(&state(vec![external_local_service()]), &options);
     assert!(!script.contains("short-circuit pod traffic"), "{script}");
     assert!(script.contains("short-circuit local traffic"), "{script}");
@@ -785,7 +785,7 @@ fn pod_interfaces_replace_the_cluster_cidr_as_the_local_traffic_detector() {
     ] {
         let options = Options::new(
             IpFamily::V4,
-            &RenderOptions::default()
+            &NodeOptions::default()
                 .with_cluster_cidrs(["10.0.0.0/8".parse().unwrap()])
                 .with_pod_interfaces(Some(interfaces)),
         );
@@ -809,7 +809,7 @@ fn pod_interfaces_replace_the_cluster_cidr_as_the_local_traffic_detector() {
 fn the_masquerade_bit_sets_every_mark() {
     let options = Options::new(
         IpFamily::V4,
-        &RenderOptions::default()
+        &NodeOptions::default()
             .with_masquerade_all(true)
             .with_masquerade_bit(0),
     );

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::iptables::RenderOptions;
+use crate::NodeOptions;
 use crate::iptables::partial::tests::Steps;
 use crate::nftables::render::Options;
 use crate::testing::nftables::{
@@ -339,7 +339,7 @@ fn changed_options_make_the_transaction_full_and_the_previous_chains_stale() {
     let after = state(vec![web(1, vec![ready("10.180.2.1", 8080)])]);
     let options = Options::new(
         IpFamily::V4,
-        &RenderOptions::default().with_masquerade_all(true),
+        &NodeOptions::default().with_masquerade_all(true),
     );
     let next = before.update(&after, &options);
 

@@ -13,7 +13,8 @@
 
 use super::*;
 use crate::IpFamily;
-use crate::iptables::render::{RenderOptions, render_filter_for, render_nat_for};
+use crate::NodeOptions;
+use crate::iptables::render::{render_filter_for, render_nat_for};
 use crate::testing::flow_table::{self, CLIENT_POD, EXTERNAL_CLIENT, NODE_IP};
 
 const NODE_IPS: [IpAddr; 1] = [NODE_IP];
@@ -959,7 +960,7 @@ COMMIT
 
 /// What the `family` iptables executor restores for `state` in one transaction (as
 /// `Iptables::sync`).
-fn rendered(family: IpFamily, state: &crate::ProxyState, options: &RenderOptions) -> String {
+fn rendered(family: IpFamily, state: &crate::ProxyState, options: &NodeOptions) -> String {
     let filter = render_filter_for(family, state);
     let nat = render_nat_for(family, state, options, &Default::default());
     format!("{}{}", filter.payload, nat.payload)
@@ -969,7 +970,7 @@ fn rendered(family: IpFamily, state: &crate::ProxyState, options: &RenderOptions
 fn every_flow_table_row_traces_to_its_expected_outcome() {
     let mut failures = Vec::new();
     for scenario in flow_table::scenarios() {
-        let options = scenario.render_options();
+        let options = scenario.node_options();
         // One ruleset per family, as the two executors program them; each flow goes through its
         // own family's tables, as a packet does.
         let mut rulesets = BTreeMap::new();
