@@ -36,6 +36,7 @@ pub(crate) use tools::{Jump, Tools, canaries};
 use crate::IpFamily;
 use crate::NodeOptions;
 use crate::conntrack::{self, Conntrack};
+use crate::full_sync::FullSyncClock;
 use crate::node_options::FamilyOptions;
 use crate::tool::RunError;
 use crate::{Dataplane, FailedStep, ProxyState, SyncReport};
@@ -44,12 +45,7 @@ use render::{
     FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_POSTROUTING,
     KUBE_PROXY_FIREWALL, KUBE_SERVICES,
 };
-use std::{
-    collections::BTreeSet,
-    io,
-    process::ExitStatus,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeSet, io, process::ExitStatus, time::Duration};
 use tracing::Instrument;
 
 /// What can go wrong while syncing the iptables backend.
@@ -216,8 +212,6 @@ impl Config {
 pub const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
 /// The tables holding a canary, as kube-proxy's.
 pub(crate) const CANARY_TABLES: [&str; 3] = ["mangle", "nat", "filter"];
-/// How often a sync is full even when nothing forces it (kube-proxy's `FullSyncPeriod`).
-pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(60 * 60);
 
 const SERVICE_PORTALS: &str = "kubernetes service portals";
 const EXTERNAL_PORTALS: &str = "kubernetes externally-visible service portals";
@@ -285,7 +279,7 @@ pub struct Iptables {
     /// which makes the next sync full.
     in_kernel: bool,
     /// When the last full sync finished.
-    last_full_sync: Option<Instant>,
+    full_syncs: FullSyncClock,
 }
 
 impl Iptables {
@@ -324,24 +318,6 @@ impl Iptables {
     /// The chains `table` holds now.
     async fn chains_of(&self, table: &str) -> Result<BTreeSet<String>> {
         Ok(save::chains(&self.tools.saved(table).await?, table))
-    }
-
-    /// Why this sync must be full, or `None` when a partial one is enough: `in_kernel` says
-    /// whether the kernel holds the rules rendered last. Each table's canary is probed when due.
-    async fn full_sync_reason(&mut self, in_kernel: bool) -> Result<Option<&'static str>> {
-        if !in_kernel {
-            return Ok(Some("first sync or previous failure"));
-        }
-        if self
-            .last_full_sync
-            .is_none_or(|at| at.elapsed() >= FULL_SYNC_PERIOD)
-        {
-            return Ok(Some("periodic full sync"));
-        }
-        if !self.tools.canaries_present().await? {
-            return Ok(Some("canary chain gone"));
-        }
-        Ok(None)
     }
 
     /// Deletes the conntrack entries the change from `previous` to `current` left stale.
@@ -420,7 +396,10 @@ impl Iptables {
         let family = self.config().family;
         // Cleared, so that a sync failing from here on makes the next one full.
         let in_kernel = std::mem::replace(&mut self.in_kernel, false);
-        let full_reason = self.full_sync_reason(in_kernel).await?;
+        let full_reason = self
+            .tools
+            .full_sync_reason(&self.full_syncs, in_kernel)
+            .await?;
         let options = FamilyOptions::new(family, &self.config().render);
         let (rendered, changed) = self.rendered.update(state, &options);
         // Changes none of this family's rules show (another family's endpoints) restore nothing,
@@ -460,7 +439,7 @@ impl Iptables {
             for jump in &KUBELET_JUMPS {
                 self.tools.ensure_jump(jump).await?;
             }
-            self.last_full_sync = Some(Instant::now());
+            self.full_syncs.record();
             tracing::debug!(reason, "full sync");
         }
         tracing::debug!(

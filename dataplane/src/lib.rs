@@ -7,6 +7,7 @@ pub mod changes;
 pub mod conntrack;
 pub mod endpoints;
 mod family;
+pub mod full_sync;
 pub mod iptables;
 pub mod ipvs;
 pub mod leftovers;
@@ -14,6 +15,7 @@ pub mod local_traffic;
 pub mod model;
 pub mod nftables;
 pub mod node_options;
+pub(crate) mod port_plan;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tool;

@@ -15,7 +15,7 @@
 //! a reject for undefined ports of cluster IPs (and, given the service CIDRs, a drop for
 //! unallocated cluster IPs), and the load-balancer source-range firewall applied before DNAT
 //! whether or not the port has endpoints. Which endpoints a port uses, and drop versus reject,
-//! come from the iptables render's port plan, so both modes always agree on them.
+//! come from the mode-neutral port plan (`port_plan.rs`), so both modes always agree on them.
 
 pub mod backend;
 pub mod names;

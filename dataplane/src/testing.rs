@@ -7,7 +7,8 @@
 //! - [`recording`]: a dataplane that records the states it is asked to apply, for in-process tests
 //!   of the agent and the controller;
 //! - for the crate's own unit tests: a model of the nftables kernel and its fixtures
-//!   (`nftables`), a rule-text diff (`rules`) and scratch folders for fake tools (`scratch`).
+//!   (`nftables`), a rule-text diff (`rules`), scratch folders for fake tools (`scratch`) and a
+//!   replayable random sequence (`steps`).
 
 pub mod flow_table;
 #[cfg(test)]
@@ -17,4 +18,6 @@ pub mod recording;
 pub(crate) mod rules;
 #[cfg(test)]
 pub(crate) mod scratch;
+#[cfg(test)]
+pub(crate) mod steps;
 pub mod tracer;

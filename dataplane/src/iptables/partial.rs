@@ -178,4 +178,4 @@ impl Payload {
 }
 
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;

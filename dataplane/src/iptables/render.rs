@@ -14,8 +14,8 @@
 //! POSTROUTING → KUBE-POSTROUTING (MASQUERADE what KUBE-MARK-MASQ marked)
 //! ```
 //!
-//! Which endpoints a port uses is [`crate::endpoints`]' decision; `plan` turns it into the
-//! per-port choices both tables share. Ports without a usable endpoint get no nat rules;
+//! Which endpoints a port uses is [`crate::endpoints`]' decision; `port_plan` turns it into the
+//! per-port choices every mode and both tables share, and `chains` names the port's chains. Ports without a usable endpoint get no nat rules;
 //! [`render_filter`] REJECTs them instead (or DROPs, when only a `Local` traffic policy finds
 //! none).
 //!
@@ -33,9 +33,9 @@
 //! `iptables-restore --noflush` the payload replaces exactly the chains it names. Stale per-service
 //! chains are declared too, then deleted with `-X`.
 
+mod chains;
 mod filter;
 mod nat;
-mod plan;
 
 pub use filter::{FilterRules, render_filter, render_filter_for};
 pub(crate) use filter::{ServiceFilter, assemble as assemble_filter};
@@ -44,7 +44,8 @@ pub(crate) use nat::{
 };
 pub use nat::{NatRules, render_nat, render_nat_for};
 
-pub(crate) use plan::PortPlan;
+use crate::port_plan::PortPlan;
+use chains::PortChains;
 
 use crate::IpFamily;
 use crate::node_options::FamilyOptions;
@@ -94,7 +95,7 @@ pub(crate) fn render_service(service: &crate::Service, options: &FamilyOptions) 
         return rules;
     }
     for port in &service.ports {
-        let plan = PortPlan::new(service, port, options.family);
+        let plan = PortChains::new(PortPlan::new(service, port, options.family));
         rules.nat.add(&plan, options);
         rules.filter.add(&plan);
     }

@@ -1884,7 +1884,7 @@ async fn a_failed_sync_makes_the_next_one_full() {
 
     // The jump check fails after the restore: the sync fails.
     iptables.tools = fake_tools(&scratch, &scratch.read("saved"), 0, 4).tools;
-    iptables.last_full_sync = None;
+    iptables.full_syncs = crate::full_sync::FullSyncClock::default();
     iptables.sync(&state).await.unwrap_err();
 
     iptables.tools = fake_tools(&scratch, &scratch.read("saved"), 0, 0).tools;

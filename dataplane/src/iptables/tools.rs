@@ -4,6 +4,7 @@
 //! and filter rules both write through it.
 
 use super::{CANARY_TABLES, Config, Error, KUBE_PROXY_CANARY, Result};
+use crate::full_sync::FullSyncClock;
 use crate::tool::{self, stderr_text};
 use std::time::Instant;
 
@@ -267,6 +268,22 @@ impl Tools {
     /// partial syncs do not write them, so a flush stays visible until the next probe. Any
     /// failure to tell (a missing table, or worse) counts as gone, since a full sync is always
     /// safe.
+    /// Why this sync must be full, or `None` when a partial one is enough: the [`FullSyncClock`]'s
+    /// reasons first, then a canary chain gone (probed when due).
+    pub(crate) async fn full_sync_reason(
+        &mut self,
+        clock: &FullSyncClock,
+        in_kernel: bool,
+    ) -> Result<Option<&'static str>> {
+        if let Some(reason) = clock.reason(in_kernel) {
+            return Ok(Some(reason));
+        }
+        if !self.canaries_present().await? {
+            return Ok(Some("canary chain gone"));
+        }
+        Ok(None)
+    }
+
     pub(crate) async fn canaries_present(&mut self) -> Result<bool> {
         if self
             .canaries_seen

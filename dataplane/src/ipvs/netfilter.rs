@@ -10,10 +10,10 @@
 use super::rules::{IpvsRules, JUMPS};
 use super::sets::{IpSets, restore_script};
 use crate::IpFamily;
-use crate::iptables::{self, FULL_SYNC_PERIOD, Tools, canaries};
+use crate::full_sync::FullSyncClock;
+use crate::iptables::{self, Tools, canaries};
 use crate::tool::{self, RunError, stderr_text};
 use std::process::ExitStatus;
-use std::time::Instant;
 
 /// Why the sets or the rules could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +58,7 @@ struct FamilyRules {
     tools: Tools,
     /// The payload last restored; `None` when the kernel's rules are unknown.
     written: Option<String>,
-    last_full_sync: Option<Instant>,
+    full_syncs: FullSyncClock,
 }
 
 /// What one sync wrote of a family's rules.
@@ -87,7 +87,7 @@ impl Netfilter {
                 .map(|&family| FamilyRules {
                     tools: Tools::new(iptables.clone().with_family(family)),
                     written: None,
-                    last_full_sync: None,
+                    full_syncs: FullSyncClock::default(),
                 })
                 .collect(),
         }
@@ -170,11 +170,11 @@ impl FamilyRules {
         let payload = format!("{}{}", rules.filter.payload, rules.nat.payload);
         // Cleared, so that a failure from here on makes the next sync full.
         let written = self.written.take();
-        let full = written.is_none()
-            || self
-                .last_full_sync
-                .is_none_or(|at| at.elapsed() >= FULL_SYNC_PERIOD)
-            || !self.tools.canaries_present().await?;
+        let full = self
+            .tools
+            .full_sync_reason(&self.full_syncs, written.is_some())
+            .await?
+            .is_some();
         let write = full || written.as_deref() != Some(payload.as_str());
         if write {
             // The canaries in a full sync only: a partial one must not recreate a canary
@@ -188,7 +188,7 @@ impl FamilyRules {
             for jump in &JUMPS {
                 self.tools.ensure_jump(jump).await?;
             }
-            self.last_full_sync = Some(Instant::now());
+            self.full_syncs.record();
         }
         self.written = Some(payload);
         Ok(Written {

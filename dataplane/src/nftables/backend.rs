@@ -14,11 +14,10 @@ use super::{Leftovers, Options, Rendered, TABLE, transaction};
 use crate::IpFamily;
 use crate::NodeOptions;
 use crate::conntrack::{self, Conntrack};
-use crate::iptables::FULL_SYNC_PERIOD;
+use crate::full_sync::FullSyncClock;
 use crate::tool::{self, RunError, stderr_text};
 use crate::{Dataplane, FailedStep, ProxyState, SyncError, SyncReport};
 use std::process::ExitStatus;
-use std::time::Instant;
 
 /// How the nftables mode is configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,7 +96,7 @@ struct Table {
     /// has read the kernel's table.
     leftovers: Option<Leftovers>,
     /// When the last full transaction of this table succeeded.
-    last_full_sync: Option<Instant>,
+    full_syncs: FullSyncClock,
 }
 
 /// The nftables backend.
@@ -122,7 +121,7 @@ impl NftablesBackend {
                 rendered: None,
                 in_kernel: None,
                 leftovers: None,
-                last_full_sync: None,
+                full_syncs: FullSyncClock::default(),
             })
             .collect();
         Self {
@@ -207,9 +206,7 @@ impl Dataplane for NftablesBackend {
                 let family = self.tables[index].options.family();
                 self.tables[index].leftovers = Some(self.listed(family).await?);
             }
-            let due = self.tables[index]
-                .last_full_sync
-                .is_none_or(|at| at.elapsed() >= FULL_SYNC_PERIOD);
+            let due = self.tables[index].full_syncs.due();
             if due {
                 self.tables[index].in_kernel = None;
             }
@@ -251,7 +248,7 @@ impl Dataplane for NftablesBackend {
         }
         for (table, (rendered, stale_chains)) in self.tables.iter_mut().zip(next) {
             if table.in_kernel.is_none() {
-                table.last_full_sync = Some(Instant::now());
+                table.full_syncs.record();
             }
             table.rendered = Some(rendered.clone());
             table.in_kernel = Some(rendered);

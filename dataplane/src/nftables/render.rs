@@ -34,7 +34,7 @@
 //! so a number never points at two endpoints within one transaction.
 //!
 //! Which endpoints a port uses, whether it has any, and which traffic policies apply are decided
-//! by the iptables render's `PortPlan` (from [`crate::endpoints`]), so both modes always agree on
+//! by the mode-neutral `PortPlan` (`crate::port_plan`, from [`crate::endpoints`]), so both modes always agree on
 //! endpoints, `Local` policies and drop versus reject.
 //!
 //! Where the output can differ from upstream's for the same state:

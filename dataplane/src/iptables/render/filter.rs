@@ -1,7 +1,7 @@
 //! The filter table: REJECT or DROP for Service traffic no endpoint can take, the load-balancer
 //! source-range firewall, the health-check node port ACCEPTs, and kube-proxy's forwarding rules.
 
-use super::plan::PortPlan;
+use super::chains::PortChains;
 use super::{
     FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_PROXY_FIREWALL,
     TableText, comment, render_service,
@@ -73,7 +73,7 @@ pub(crate) struct ServiceFilter {
 
 impl ServiceFilter {
     /// Adds the rules of one Service port.
-    pub(super) fn add(&mut self, plan: &PortPlan<'_>) {
+    pub(super) fn add(&mut self, plan: &PortChains<'_>) {
         let proto = plan.proto;
         if let Some(health_check_node_port) = plan.health_check_node_port {
             self.node_ports.push(format!(

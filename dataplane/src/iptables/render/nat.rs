@@ -2,7 +2,7 @@
 //! endpoint selection, DNAT, and masquerading.
 
 use super::super::chain_names::{endpoint_chain, is_owned};
-use super::plan::PortPlan;
+use super::chains::PortChains;
 use super::{
     KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_SERVICES, TableText, comment,
     probability, render_service,
@@ -103,7 +103,7 @@ impl ServiceNat {
     }
 
     /// Adds the rules of one Service port.
-    pub(super) fn add(&mut self, plan: &PortPlan<'_>, options: &FamilyOptions) {
+    pub(super) fn add(&mut self, plan: &PortChains<'_>, options: &FamilyOptions) {
         if !plan.has_endpoints {
             // Rejected in the filter table instead (`render_filter`).
             return;
@@ -170,7 +170,12 @@ impl ServiceNat {
     /// CIDR only those from outside it (`! -s <cidr>`: the node itself, or an off-cluster client
     /// routing the Service range through this node), so replies come back through this node
     /// whichever node the endpoint is on. Without either, nothing is marked here.
-    fn masquerade_cluster_ip(&mut self, plan: &PortPlan<'_>, chain: &str, options: &FamilyOptions) {
+    fn masquerade_cluster_ip(
+        &mut self,
+        plan: &PortChains<'_>,
+        chain: &str,
+        options: &FamilyOptions,
+    ) {
         if !plan.has_internal_endpoints || chain != plan.internal_chain() {
             return;
         }
@@ -194,7 +199,7 @@ impl ServiceNat {
 
     /// The rules of a `KUBE-SVC-…` or `KUBE-SVL-…` chain: sticky clients first, then an even
     /// random spread over `endpoints`.
-    fn spread(&mut self, plan: &PortPlan<'_>, chain: &str, endpoints: &[&Endpoint]) {
+    fn spread(&mut self, plan: &PortChains<'_>, chain: &str, endpoints: &[&Endpoint]) {
         let to = |endpoint: &Endpoint| {
             let target = endpoint.socket_string();
             let sep = endpoint_chain(&plan.port_name, plan.port.protocol, &target);
@@ -231,7 +236,7 @@ impl ServiceNat {
     }
 
     /// A `KUBE-SEP-…` chain: masquerade hairpin traffic, remember sticky clients, DNAT.
-    fn endpoint(&mut self, plan: &PortPlan<'_>, endpoint: &Endpoint) {
+    fn endpoint(&mut self, plan: &PortChains<'_>, endpoint: &Endpoint) {
         let target = endpoint.socket_string();
         let sep = endpoint_chain(&plan.port_name, plan.port.protocol, &target);
         self.declare(&sep);
@@ -266,7 +271,7 @@ impl ServiceNat {
     /// everything else reaches only the local endpoints with its client IP kept. Without a
     /// cluster CIDR the pod rule is left out, as upstream does without a local-traffic detector,
     /// and pod traffic follows the Local policy like any external client's.
-    fn external(&mut self, plan: &PortPlan<'_>, options: &FamilyOptions) {
+    fn external(&mut self, plan: &PortChains<'_>, options: &FamilyOptions) {
         let chain = &plan.external_chain;
         self.declare(chain);
         let port_name = &plan.port_name;
@@ -324,7 +329,7 @@ impl ServiceNat {
     /// When a source range holds one of the node's IPs, traffic from the load-balancer IPs
     /// themselves is accepted too, as upstream does: a node that holds its VIP as a local address
     /// connects to it from the VIP, not from its node IP.
-    fn firewall(&mut self, plan: &PortPlan<'_>, options: &FamilyOptions) {
+    fn firewall(&mut self, plan: &PortChains<'_>, options: &FamilyOptions) {
         let chain = &plan.firewall_chain;
         self.declare(chain);
         let why = comment(&format!("{} loadbalancer IP", plan.port_name));

@@ -29,13 +29,13 @@
 //! external one.
 
 use super::{AffinitySet, Chain, Container, Element, Numbering, Options, ServiceRules, Slot};
-use crate::iptables::render::PortPlan;
 use crate::nftables::names::{
     AFFINITY_PREFIX, ENDPOINT_PREFIX, EXTERNAL_PREFIX, FIREWALL_PREFIX, LOCAL_PREFIX,
     SERVICE_PREFIX, endpoint_base, endpoint_map, port_base,
 };
 use crate::nftables::render::skeleton::REJECT_CHAIN;
 use crate::nftables::script::family_keyword;
+use crate::port_plan::PortPlan;
 use crate::{Endpoint, Service, TrafficPolicy};
 use std::fmt::Write as _;
 use std::sync::Arc;

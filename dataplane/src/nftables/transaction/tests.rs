@@ -6,13 +6,13 @@
 
 use super::*;
 use crate::NodeOptions;
-use crate::iptables::partial::tests::Steps;
 use crate::nftables::render::Options;
 use crate::testing::nftables::{
     Model, Netns, assert_numbers_apart, ip, local, normalize, options_v4, options_v6, ready,
     resolve_listing, resolved, service, state, tcp,
 };
 use crate::testing::rules::assert_rules_eq;
+use crate::testing::steps::Steps;
 use crate::{Endpoint, ProxyState, Service, ServiceKey, TrafficPolicy};
 use std::time::Duration;
 

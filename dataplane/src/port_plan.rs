@@ -1,14 +1,12 @@
-//! What kube-proxy decides for one Service port before it writes a rule: which addresses, which
-//! endpoints, which chains, and what happens to traffic no endpoint can take.
+//! What kube-proxy decides for one Service port before any mode writes a rule: which addresses,
+//! which endpoints, and whether traffic finds one.
 //!
-//! Both tables are rendered from the same [`PortPlan`], so the nat rules and the filter REJECT or
-//! DROP rules never disagree about whether a port has endpoints. The names follow upstream's
-//! `syncProxyRules` (`hasEndpoints`, `hasInternalEndpoints`, `usesExternalTrafficChain`, …).
+//! Every mode renders from the same [`PortPlan`], so iptables and nftables never disagree about
+//! which endpoints a port uses or whether it has any, and the iptables nat rules and filter
+//! REJECT or DROP rules never disagree with each other. The names follow upstream's
+//! `syncProxyRules` (`hasEndpoints`, `hasInternalEndpoints`, `usesExternalTrafficChain`, …); the
+//! `uses_*_chain` decisions name upstream's chains but hold in every mode.
 
-use super::super::chain_names::{
-    external_chain, firewall_chain, local_service_chain, service_chain,
-};
-use super::{comment, reject};
 use crate::IpFamily;
 use crate::endpoints::categorize;
 use crate::{Cidr, Endpoint, Service, ServicePort, TrafficPolicy};
@@ -58,18 +56,11 @@ pub(crate) struct PortPlan<'a> {
     pub uses_external_chain: bool,
     /// `KUBE-FW-…` is written.
     pub uses_firewall_chain: bool,
-    /// `KUBE-SVC-…`.
-    pub cluster_chain: String,
-    /// `KUBE-SVL-…`.
-    pub local_chain: String,
-    /// `KUBE-EXT-…`.
-    pub external_chain: String,
-    /// `KUBE-FW-…`.
-    pub firewall_chain: String,
     /// The health-check node port the filter table accepts: the Service's, under
     /// `externalTrafficPolicy: Local`.
     pub health_check_node_port: Option<u16>,
-    internal_policy_local: bool,
+    /// `internalTrafficPolicy: Local`.
+    pub internal_policy_local: bool,
 }
 
 impl<'a> PortPlan<'a> {
@@ -124,10 +115,6 @@ impl<'a> PortPlan<'a> {
             uses_firewall_chain: has_endpoints
                 && !load_balancer_ips.is_empty()
                 && !source_ranges.is_empty(),
-            cluster_chain: service_chain(&port_name, port.protocol),
-            local_chain: local_service_chain(&port_name, port.protocol),
-            external_chain: external_chain(&port_name, port.protocol),
-            firewall_chain: firewall_chain(&port_name, port.protocol),
             cluster_endpoints: if uses_cluster_chain {
                 sets.cluster
             } else {
@@ -149,49 +136,6 @@ impl<'a> PortPlan<'a> {
             source_ranges,
             port,
             port_name,
-        }
-    }
-
-    /// Where cluster-IP traffic goes (upstream's `internalTrafficChain`).
-    pub fn internal_chain(&self) -> &str {
-        if self.internal_policy_local {
-            &self.local_chain
-        } else {
-            &self.cluster_chain
-        }
-    }
-
-    /// Where external traffic ends up after `KUBE-EXT-…` (upstream's `externalPolicyChain`).
-    pub fn external_policy_chain(&self) -> &str {
-        if self.external_policy_local {
-            &self.local_chain
-        } else {
-            &self.cluster_chain
-        }
-    }
-
-    /// Where load-balancer IP traffic goes: through the source-range filter when there is one.
-    pub fn load_balancer_chain(&self) -> &str {
-        if self.uses_firewall_chain {
-            &self.firewall_chain
-        } else {
-            &self.external_chain
-        }
-    }
-
-    /// The filter verdict and comment for traffic no endpoint takes: REJECT when the port has no
-    /// endpoint at all (with the family's ICMP error), DROP when only a `Local` policy finds none.
-    pub fn no_endpoint_verdict(&self) -> (&'static str, String) {
-        if self.has_endpoints {
-            (
-                "DROP",
-                comment(&format!("{} has no local endpoints", self.port_name)),
-            )
-        } else {
-            (
-                reject(self.family),
-                comment(&format!("{} has no endpoints", self.port_name)),
-            )
         }
     }
 }
