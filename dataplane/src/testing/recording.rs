@@ -1,5 +1,5 @@
 //! A dataplane that records the states it is asked to apply instead of programming a kernel: for
-//! in-process tests and hollow agents.
+//! in-process tests of the agent and the controller.
 
 use crate::{Dataplane, ProxyState, SyncReport};
 use std::{
