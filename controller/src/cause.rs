@@ -1,8 +1,8 @@
 //! The change a published cluster state came from, as W3C trace context, so every revision it
 //! leads to can be followed as one trace from the source's change to each node's kernel.
 //!
-//! What a trace of a merged revision is: the controller keeps one revision in flight per agent
-//! and folds the changes that arrive meanwhile into the next one. That revision's `send revision`
+//! What a trace of a merged revision is: the controller keeps a bounded number of revisions in
+//! flight per agent (one, or eight when it pipelines) and folds the changes that arrive meanwhile into the next one. That revision's `send revision`
 //! span is a child of the **newest** change it carries (the state it brings the node to), and
 //! holds span links to the older changes folded into it that this agent's stream saw, so each of
 //! those traces can still be reached from the revision that applied it.

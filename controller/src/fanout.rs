@@ -1,6 +1,6 @@
 //! The node view stream server: one task per connected agent that sends the difference between
-//! what the agent holds and its node's current view: one revision in flight at a time, or two
-//! to an agent that pipelines (protocol rule 12). First revisions, the expensive ones, take
+//! what the agent holds and its node's current view: one revision in flight at a time, or up to
+//! eight to an agent that pipelines (protocol rule 12). First revisions, the expensive ones, take
 //! turns.
 
 use crate::{

@@ -1,5 +1,5 @@
-//! The Kubernetes API source: one reflector each on Services, EndpointSlices, Nodes and
-//! ServiceCIDRs.
+//! The Kubernetes API source: one watcher each on Services, EndpointSlices, Nodes and
+//! ServiceCIDRs, with backoff.
 //!
 //! Each watch's events are applied, object by object, to a persistent map of that kind (a
 //! [`Mirror`]), so each snapshot shares all it did not change with the one before and the
@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// Errors of the Kubernetes source.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Every watch stream ended, which reflectors with backoff never do on their own.
+    /// Every watch stream ended, which watchers with backoff never do on their own.
     #[error("the watch streams ended")]
     StreamsEnded,
 }
