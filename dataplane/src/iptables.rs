@@ -220,6 +220,7 @@ const LOAD_BALANCER_FIREWALL: &str = "kubernetes load balancer firewall";
 /// The jumps [`Iptables::sync`] installs, as `(table, built-in chain, rule)` in the order it
 /// inserts them, each as the chain's first rule: the packet tracer hooks the same rules the same
 /// way, so it follows exactly what a node gets.
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn installed_jumps() -> impl Iterator<Item = (&'static str, &'static str, String)> {
     JUMPS
         .iter()

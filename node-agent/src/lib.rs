@@ -1,6 +1,7 @@
 //! The splitproxy node agent: receives its node's view from a controller, programs it through a
 //! dataplane backend, and serves what kube-proxy serves.
 
+pub mod cleanup;
 pub mod cli;
 pub mod client;
 pub mod config_watch;
@@ -16,6 +17,7 @@ pub mod kube_proxy_config;
 pub mod metrics;
 pub mod node_port_addresses;
 pub mod runner;
+pub mod start;
 pub mod state;
 pub mod status;
 pub mod sync;

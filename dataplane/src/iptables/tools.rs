@@ -68,6 +68,7 @@ impl Jump {
     }
 
     /// The rule as `iptables-save` writes it after `-A <chain>`, for the tracer.
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn rule_text(&self) -> String {
         let new_only = if self.new_only {
             "-m conntrack --ctstate NEW "

@@ -1,0 +1,131 @@
+//! Removing what proxies leave on a node: before a mode starts, the other modes' rules, tables,
+//! interface and ipsets, which would take Service traffic beside its own (as kube-proxy on a switch
+//! of mode); and everything, for `--cleanup`. The dataplane finds and removes each kind
+//! (`DualStack::cleanup`, `ipvs::cleanup`, `Leftovers`); this module decides which go when, and
+//! logs what went.
+
+use crate::cli::ProxyMode;
+use splitproxy_dataplane::{
+    Cidr,
+    iptables::{self, DualStack},
+    ipvs::cleanup as ipvs_cleanup,
+    leftovers::{Leftovers, Removed},
+};
+use std::process::ExitCode;
+
+/// Removes the other proxy modes' leftovers before `mode` runs. A failure is logged, not fatal:
+/// the rules still work.
+pub async fn prepare_for(mode: ProxyMode, dual_stack: &DualStack, ipvs_exclude: &[Cidr]) {
+    let leftovers = match mode {
+        ProxyMode::Iptables => Leftovers::default().remove_for_iptables_mode().await,
+        ProxyMode::Ipvs => Leftovers::default().remove_for_ipvs_mode().await,
+        ProxyMode::Nftables => {
+            remove_iptables_rules(dual_stack).await;
+            if let Err(err) = remove_ipvs_virtual_servers(ipvs_exclude.to_vec()).await {
+                tracing::warn!(
+                    error = format!("{err:#}"),
+                    "could not remove the IPVS mode's virtual servers"
+                );
+            }
+            Leftovers::default().remove_for_nftables_mode().await
+        }
+    };
+    match leftovers {
+        Ok(removed) if removed.is_empty() => {}
+        Ok(removed) => log_removed(&removed, "removed another proxy mode's leftovers"),
+        Err(err) => tracing::warn!(
+            error = format!("{:#}", anyhow::Error::from(err)),
+            "could not remove another proxy mode's leftovers"
+        ),
+    }
+}
+
+/// `--cleanup`: removes kube-proxy's iptables layout (splitproxy's, or kube-proxy's own leftovers)
+/// in every IP family whose tools work, then the IPVS virtual servers outside `ipvs_exclude`,
+/// then the other proxy modes' leftovers (after the rules, which may use their ipsets), then
+/// exits; failure if anything could not be cleaned.
+pub async fn cleanup_all(ipvs_exclude: Vec<Cidr>) -> ExitCode {
+    let dataplane = DualStack::detect(&iptables::Config::default()).await;
+    let mut code = ExitCode::SUCCESS;
+    for (family, outcome) in dataplane.cleanup().await {
+        match outcome {
+            Ok(cleaned) => tracing::info!(
+                ip_family = family.name(),
+                jumps = cleaned.jumps,
+                chains = cleaned.chains,
+                "removed the iptables rules"
+            ),
+            Err(err) => {
+                tracing::error!(
+                    ip_family = family.name(),
+                    error = format!("{:#}", anyhow::Error::from(err)),
+                    "could not remove the iptables rules"
+                );
+                code = ExitCode::FAILURE;
+            }
+        }
+    }
+    if let Err(err) = remove_ipvs_virtual_servers(ipvs_exclude).await {
+        tracing::error!(
+            error = format!("{err:#}"),
+            "could not remove the IPVS virtual servers"
+        );
+        code = ExitCode::FAILURE;
+    }
+    match Leftovers::default().remove_all().await {
+        Ok(removed) => log_removed(&removed, "removed the other proxy modes' leftovers"),
+        Err(err) => {
+            tracing::error!(
+                error = format!("{:#}", anyhow::Error::from(err)),
+                "could not remove the other proxy modes' leftovers"
+            );
+            code = ExitCode::FAILURE;
+        }
+    }
+    code
+}
+
+/// Removes the iptables-based modes' rules in every family whose tools work, as kube-proxy's
+/// nftables mode does on start: they would handle Service traffic before the nftables table.
+/// A failure is logged, not fatal.
+async fn remove_iptables_rules(dual_stack: &DualStack) {
+    for (family, outcome) in dual_stack.cleanup().await {
+        match outcome {
+            Ok(cleaned) if cleaned.jumps + cleaned.chains == 0 => {}
+            Ok(cleaned) => tracing::info!(
+                ip_family = family.name(),
+                jumps = cleaned.jumps,
+                chains = cleaned.chains,
+                "removed the iptables rules of another proxy mode"
+            ),
+            Err(err) => tracing::warn!(
+                ip_family = family.name(),
+                error = format!("{:#}", anyhow::Error::from(err)),
+                "could not remove the iptables rules of another proxy mode"
+            ),
+        }
+    }
+}
+
+/// Deletes IPVS virtual servers outside `exclude`, as kube-proxy flushes IPVS on `--cleanup` and
+/// on a switch to the nftables mode (where they would take Service traffic before the table).
+async fn remove_ipvs_virtual_servers(exclude: Vec<Cidr>) -> anyhow::Result<()> {
+    let removed =
+        tokio::task::spawn_blocking(move || ipvs_cleanup::remove_virtual_servers(&exclude))
+            .await??;
+    if !removed.is_empty() {
+        let removed: Vec<String> = removed.iter().map(ToString::to_string).collect();
+        tracing::info!(virtual_servers = ?removed, "removed the IPVS virtual servers");
+    }
+    Ok(())
+}
+
+fn log_removed(removed: &Removed, message: &str) {
+    tracing::info!(
+        nft_tables = ?removed.nft_tables,
+        interfaces = ?removed.interfaces,
+        ipsets = ?removed.ipsets,
+        skipped = ?removed.skipped,
+        "{message}"
+    );
+}
