@@ -12,11 +12,11 @@ use anyhow::{Context as _, bail};
 use serde::Serialize;
 use splitproxy_agent::{
     client::{self, ClientConfig, Controllers},
-    runner::SyncPeriods,
     status::Status,
     sync::Applier,
+    sync_timer::SyncPeriods,
 };
-use splitproxy_controller::{cluster::ServiceSelector, manifests::ManifestsDir, server};
+use splitproxy_controller::{cluster::ServiceSelector, manifests::ManifestsDir, wiring};
 use splitproxy_dataplane::ServiceKey;
 use splitproxy_proto::v1alpha1 as pb;
 use std::{
@@ -208,14 +208,14 @@ pub async fn serve_manifests(
     dir: std::path::PathBuf,
     metrics: splitproxy_controller::metrics::Metrics,
 ) -> anyhow::Result<()> {
-    let serving = server::Serving {
+    let serving = wiring::Serving {
         selector: ServiceSelector::default(),
         metrics,
         auth: splitproxy_controller::auth::AgentAuth::Open,
         tls: None,
         controller_service: None,
     };
-    server::serve(listener, None, ManifestsDir::new(dir), serving)
+    wiring::serve(listener, None, ManifestsDir::new(dir), serving)
         .await
         .context("controller stopped")
 }

@@ -18,7 +18,7 @@ use crate::{
 };
 use anyhow::{Context as _, bail};
 use serde::Serialize;
-use splitproxy_agent::runner::SyncPeriods;
+use splitproxy_agent::sync_timer::SyncPeriods;
 use splitproxy_dataplane::ServiceKey;
 use splitproxy_e2e::control_plane;
 use splitproxy_proto::v1alpha1 as pb;

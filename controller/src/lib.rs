@@ -13,13 +13,13 @@ pub mod kubernetes;
 pub mod manifests;
 pub mod metrics;
 pub mod placement;
-pub mod server;
 pub mod serving_ca;
 pub mod shares;
 pub mod source;
 pub mod topology;
 pub mod view;
 pub mod wire;
+pub mod wiring;
 
 #[cfg(test)]
 mod testing;

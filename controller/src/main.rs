@@ -8,7 +8,7 @@ use splitproxy_controller::{
     kubernetes::KubernetesSource,
     manifests::ManifestsDir,
     metrics::Metrics,
-    server, serving_ca,
+    serving_ca, wiring,
 };
 use splitproxy_telemetry::trace;
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
@@ -248,7 +248,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         tracing::warn!("serving node views without TLS: agents' tokens travel in clear text");
     }
     let serving = async {
-        let mut serving = server::Serving {
+        let mut serving = wiring::Serving {
             selector: selector.clone(),
             metrics,
             auth: AgentAuth::Open,
@@ -274,7 +274,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         AgentAuth::Open
                     }
                 };
-                server::run(listen, inspection, ManifestsDir::new(dir), serving).await
+                wiring::run(listen, inspection, ManifestsDir::new(dir), serving).await
             }
             Input::Cluster(client) => {
                 let (namespace, name) = &cli.agent_service_account;
@@ -285,7 +285,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     name,
                 )));
                 let source = KubernetesSource::new(client, selector);
-                server::run(listen, inspection, source, serving).await
+                wiring::run(listen, inspection, source, serving).await
             }
         }
         .map_err(anyhow::Error::from)

@@ -11,7 +11,7 @@ use splitproxy_agent::{
     status::Status,
     sync::Applier,
 };
-use splitproxy_controller::{cluster::ServiceSelector, manifests::ManifestsDir, server};
+use splitproxy_controller::{cluster::ServiceSelector, manifests::ManifestsDir, wiring};
 use splitproxy_dataplane::{
     Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort,
     testing::recording::RecordingDataplane,
@@ -133,14 +133,14 @@ async fn listener() -> (TcpListener, String) {
 fn controller(tasks: &mut Tasks, listener: TcpListener, dir: &Path) -> usize {
     let dir = dir.to_owned();
     tasks.spawn(async move {
-        let serving = server::Serving {
+        let serving = wiring::Serving {
             selector: ServiceSelector::default(),
             metrics: splitproxy_controller::metrics::Metrics::default(),
             auth: splitproxy_controller::auth::AgentAuth::Open,
             tls: None,
             controller_service: None,
         };
-        if let Err(err) = server::serve(listener, None, ManifestsDir::new(dir), serving).await {
+        if let Err(err) = wiring::serve(listener, None, ManifestsDir::new(dir), serving).await {
             panic!("controller stopped: {err:?}");
         }
     })

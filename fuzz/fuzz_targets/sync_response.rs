@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use splitproxy_agent::state::{Conversion, NodeState, Revision};
+use splitproxy_agent::node_state::{Conversion, NodeState, Revision};
 use splitproxy_dataplane::{NodeOptions, ProxyState};
 use splitproxy_fuzz::check_render;
 use splitproxy_proto::v1alpha1 as pb;

@@ -6,9 +6,10 @@
 use crate::{
     credentials::{CredentialError, Credentials},
     discovery::Discovery,
+    error_chain::error_chain,
     fold::{Fold, Folded},
     metrics::Metrics,
-    state::{NodeState, Revision},
+    node_state::{NodeState, Revision},
     status::Status,
     sync::{Applier, ApplyError, sleep_until},
 };
@@ -497,18 +498,6 @@ async fn answer(
         }
     };
     send(acks, sync_request::Kind::Ack(ack)).await;
-}
-
-/// Formats an error with its sources, for one log line or a NACK reason.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 mod rotation;

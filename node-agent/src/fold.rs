@@ -2,7 +2,7 @@
 //! state they bring the node to (protocol rule 12): a change that arrives during the wait is
 //! synced with it, not one min-sync-period later.
 
-use crate::state::{NodeState, Rejected, Revision};
+use crate::node_state::{NodeState, Rejected, Revision};
 use splitproxy_proto::v1alpha1 as pb;
 
 /// Revisions received and not yet synced, folded.

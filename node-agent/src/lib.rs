@@ -8,6 +8,7 @@ pub mod config_watch;
 pub mod credentials;
 pub mod discovery;
 pub mod duration;
+pub mod error_chain;
 pub mod fold;
 pub mod health_check;
 pub mod host_setup;
@@ -16,11 +17,11 @@ pub mod inspection;
 pub mod kube_proxy_config;
 pub mod metrics;
 pub mod node_port_addresses;
-pub mod runner;
+pub mod node_state;
 pub mod start;
-pub mod state;
 pub mod status;
 pub mod sync;
+pub mod sync_timer;
 
 use prometheus_client::registry::Registry;
 use splitproxy_dataplane::Dataplane;
@@ -56,7 +57,7 @@ pub struct Config {
     /// The stream client's settings.
     pub client: client::ClientConfig,
     /// How often the kernel is synced; `/healthz` fails after 2 × the sync period.
-    pub sync_periods: runner::SyncPeriods,
+    pub sync_periods: sync_timer::SyncPeriods,
     /// Address of `/metrics` and `/proxyMode`; `None` serves neither.
     pub metrics_bind_address: Option<SocketAddr>,
     /// Address of `/healthz` and `/livez`; `None` serves neither.

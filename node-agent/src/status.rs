@@ -1,7 +1,7 @@
 //! What the agent has done so far, shared by the sync loop (writer) and the HTTP and inspection
 //! servers (readers).
 
-use crate::state::NodeState;
+use crate::node_state::NodeState;
 use std::{
     sync::{Arc, RwLock},
     time::{Duration, SystemTime},

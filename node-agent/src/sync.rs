@@ -3,13 +3,13 @@
 //! kernel sync, of a revision or a periodic resync, goes through the [`SyncTimer`].
 
 use crate::{
-    client::error_chain,
+    error_chain::error_chain,
     health_check::HealthChecks,
     metrics::{FamilyLabel, Metrics, TableLabel, TrafficPolicyLabel},
     node_port_addresses::{NodePortAddress, interface_addresses, select},
-    runner::{SyncPeriods, SyncTimer},
-    state::{Conversion, Eligibility, Key, NodeState},
+    node_state::{Conversion, Eligibility, Key, NodeState},
     status::{Snapshot, Status, SyncOutcome},
+    sync_timer::{SyncPeriods, SyncTimer},
 };
 use splitproxy_dataplane::{
     Cidr, Dataplane, FailedStep, IpFamily, ProxyState, ServiceKey, SyncError, SyncReport,
@@ -55,7 +55,7 @@ fn local_cidrs(pod_cidrs: &[String]) -> Vec<Cidr> {
 pub enum ApplyError {
     /// The revision does not fit the state held.
     #[error("rejected revision")]
-    Rejected(#[from] crate::state::Rejected),
+    Rejected(#[from] crate::node_state::Rejected),
     /// The kernel refused the rules.
     #[error("dataplane sync failed")]
     Dataplane(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -269,7 +269,7 @@ impl<D: Dataplane> Applier<D> {
     #[cfg(test)]
     pub(crate) async fn apply(
         &mut self,
-        revision: &crate::state::Revision,
+        revision: &crate::node_state::Revision,
     ) -> Result<(), ApplyError> {
         let next = self.status.snapshot().state.apply(revision)?;
         self.apply_state(next, revision.reset).await

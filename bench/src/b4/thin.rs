@@ -12,8 +12,8 @@ use crate::b1::{MAX_BACKOFF, MIN_BACKOFF};
 use prost::bytes::Bytes;
 use splitproxy_agent::{
     client::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT},
-    runner::{SyncPeriods, SyncTimer},
     sync::sleep_until,
+    sync_timer::{SyncPeriods, SyncTimer},
 };
 use splitproxy_proto::v1alpha1 as pb;
 use std::{

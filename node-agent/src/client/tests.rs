@@ -4,7 +4,7 @@
 //! Test addresses: cluster IPs 10.96.0.0/16; pods 10.244.1.0/24 on this node.
 
 use super::*;
-use crate::runner::SyncPeriods;
+use crate::sync_timer::SyncPeriods;
 use splitproxy_dataplane::{ProxyState, SyncReport, testing::recording::RecordingDataplane};
 use std::sync::{
     Arc, Mutex,
@@ -518,7 +518,7 @@ async fn a_status_only_revision_is_applied_at_once_without_touching_the_kernel()
     let snapshot = agent.status.snapshot();
     assert_eq!(
         snapshot.state.eligibility,
-        crate::state::Eligibility::Ineligible("the Node is being deleted".into())
+        crate::node_state::Eligibility::Ineligible("the Node is being deleted".into())
     );
     assert_eq!(snapshot.queued_since, None, "nothing waits to be applied");
 }

@@ -339,13 +339,13 @@ async fn a_port_that_cannot_be_bound_is_retried_on_the_next_reconcile() {
 
 /// A reset revision holding `demo/web` (`externalTrafficPolicy: Local`, health-check node port
 /// `port`) with one ready endpoint, local to this node or not.
-fn web_revision(number: u64, port: u16, local: bool) -> crate::state::Revision {
+fn web_revision(number: u64, port: u16, local: bool) -> crate::node_state::Revision {
     use splitproxy_proto::v1alpha1 as pb;
     let key = pb::ObjectKey {
         namespace: "demo".into(),
         name: "web".into(),
     };
-    crate::state::Revision {
+    crate::node_state::Revision {
         epoch: "epoch-1".into(),
         number,
         reset: true,

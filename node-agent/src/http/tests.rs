@@ -1,5 +1,5 @@
 use super::*;
-use crate::state::{Eligibility, NodeState};
+use crate::node_state::{Eligibility, NodeState};
 use axum::{body::Body, http::Request};
 use http_body_util::BodyExt;
 use tower::ServiceExt;

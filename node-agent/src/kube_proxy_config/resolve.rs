@@ -5,7 +5,7 @@ use super::wire::{GoDuration, KubeProxyConfiguration};
 use crate::{
     cli::ProxyMode,
     node_port_addresses::NodePortAddress,
-    runner::{InvalidPeriods, SyncPeriods},
+    sync_timer::{InvalidPeriods, SyncPeriods},
 };
 use splitproxy_dataplane::{Cidr, IpFamily, ipvs::Timeouts};
 use std::{

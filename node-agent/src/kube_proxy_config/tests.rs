@@ -50,7 +50,10 @@ fn no_flags_give_kube_proxys_defaults() {
     );
     assert_eq!(settings.healthz_bind_address, "0.0.0.0:10256".parse().ok());
     assert_eq!(settings.bind_address, None);
-    assert_eq!(settings.sync_periods, crate::runner::SyncPeriods::default());
+    assert_eq!(
+        settings.sync_periods,
+        crate::sync_timer::SyncPeriods::default()
+    );
     assert_eq!(
         settings.local_detector,
         LocalDetector::ClusterCidr(Vec::new())

@@ -3,7 +3,7 @@
 //! Test addresses: cluster IPs 10.96.0.0/16.
 
 use super::*;
-use crate::state::Revision;
+use crate::node_state::Revision;
 use prometheus_client::metrics::{counter::Counter, family::Family};
 use splitproxy_dataplane::{IpFamily, testing::recording::RecordingDataplane};
 use splitproxy_proto::v1alpha1 as pb;
