@@ -136,8 +136,8 @@ pub async fn run(params: Params, dir: &std::path::Path) -> anyhow::Result<Result
     let cpu_synced = process::cpu_time();
     let full_syncs: Vec<Duration> = probes.iter().filter_map(|p| p.record().full_sync).collect();
     let syncs_before: u64 = probes.iter().map(|p| p.record().syncs).sum();
-    let bytes_before = metrics.bytes_sent.get();
-    let messages_before = metrics.messages_sent.get();
+    let bytes_before = metrics.streams.bytes_sent.get();
+    let messages_before = metrics.streams.messages_sent.get();
 
     for index in 0..params.changes {
         // Spread the changed Services over the whole cluster.
@@ -188,8 +188,10 @@ pub async fn run(params: Params, dir: &std::path::Path) -> anyhow::Result<Result
                     .any(|r| r.latencies.get(i).is_none_or(Option::is_none))
             })
             .collect(),
-        bytes_per_node_per_change: per_pair(metrics.bytes_sent.get() - bytes_before),
-        messages_per_node_per_change: per_pair(metrics.messages_sent.get() - messages_before),
+        bytes_per_node_per_change: per_pair(metrics.streams.bytes_sent.get() - bytes_before),
+        messages_per_node_per_change: per_pair(
+            metrics.streams.messages_sent.get() - messages_before,
+        ),
         syncs_per_agent: (syncs_after - syncs_before) as f64 / params.agents as f64,
         cpu_initial_sync_s: seconds(cpu_start, cpu_synced),
         cpu_churn_s: seconds(cpu_synced, cpu_end),

@@ -8,7 +8,7 @@
 //! as soon as the stream computes that view, which it does whenever no revision is in flight.
 //! The lag is measured on tokio's clock, so paused-time tests control it.
 
-use crate::metrics::Metrics;
+use prometheus_client::metrics::counter::Counter;
 use prost::Message;
 use std::{
     collections::BTreeMap,
@@ -165,12 +165,27 @@ impl Agents {
     }
 }
 
+/// What every stream counts into, summed over the streams; the metrics register them.
+#[derive(Debug, Clone, Default)]
+pub struct StreamCounters {
+    /// `splitproxy_controller_view_computations_total`: node views computed, one per stream
+    /// each time it looks for something to send.
+    pub view_computations: Counter,
+    /// `splitproxy_controller_update_messages_sent_total`: `SyncResponse` messages sent.
+    pub messages_sent: Counter,
+    /// `splitproxy_controller_update_bytes_sent_total`: their encoded protobuf size, without
+    /// gRPC framing or HTTP/2 overhead.
+    pub bytes_sent: Counter,
+    /// `splitproxy_controller_rejected_revisions_total`: revisions agents rejected (NACKs).
+    pub rejected_revisions: Counter,
+}
+
 /// One stream's handle on its record: the fan-out reports what happens on the stream, and the
 /// record goes away when the handle is dropped (the stream ended).
 #[derive(Debug)]
 pub struct Connection {
     agents: Agents,
-    metrics: Metrics,
+    counters: StreamCounters,
     id: u64,
     /// The first cluster state published since the node's view was last computed.
     observed_change: Option<Moment>,
@@ -183,13 +198,14 @@ impl Connection {
     /// from (0 when it starts afresh). The node is behind until its first acknowledgement.
     #[must_use]
     pub fn open(
-        metrics: &Metrics,
+        agents: &Agents,
+        counters: &StreamCounters,
         node: &str,
         peer: &str,
         proxy_mode: i32,
         acked_revision: u64,
     ) -> Self {
-        let agents = metrics.agents.clone();
+        let agents = agents.clone();
         let now = Moment::now();
         let shed = Arc::new(Notify::new());
         let id = {
@@ -219,7 +235,7 @@ impl Connection {
         };
         Self {
             agents,
-            metrics: metrics.clone(),
+            counters: counters.clone(),
             id,
             observed_change: Some(now),
             shed,
@@ -246,7 +262,7 @@ impl Connection {
     /// node does not hold it yet: it differs from what was sent (a revision follows) or a
     /// revision is still in flight. Otherwise the node is up to date.
     pub fn view_computed(&mut self, differs: bool) {
-        self.metrics.view_computations.inc();
+        self.counters.view_computations.inc();
         let observed = self.observed_change.take();
         self.update(|record| {
             record.behind_since = if differs {
@@ -264,8 +280,8 @@ impl Connection {
     pub fn sent(&self, revision: u64, messages: &[crate::wire::SyncResponse]) {
         let bytes: u64 = messages.iter().map(|m| m.encoded_len() as u64).sum();
         let count = messages.len() as u64;
-        self.metrics.messages_sent.inc_by(count);
-        self.metrics.bytes_sent.inc_by(bytes);
+        self.counters.messages_sent.inc_by(count);
+        self.counters.bytes_sent.inc_by(bytes);
         self.update(|record| {
             record.latest_revision = revision;
             record.messages_sent += count;
@@ -289,7 +305,7 @@ impl Connection {
 
     /// The node rejected a revision for `reason`; it keeps what it had, and stays behind.
     pub fn rejected(&self, reason: &str) {
-        self.metrics.rejected_revisions.inc();
+        self.counters.rejected_revisions.inc();
         self.update(|record| {
             record.last_nack = Some((SystemTime::now(), reason.to_owned()));
         });

@@ -344,7 +344,8 @@ impl AgentStream {
             .metrics
             .count_subscription(resumed_from(acked.is_some(), held.as_deref()));
         let connection = Connection::open(
-            &server.metrics,
+            &server.metrics.agents,
+            &server.metrics.streams,
             &subscribe.node_name,
             peer,
             proxy_mode,

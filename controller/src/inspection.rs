@@ -135,7 +135,7 @@ mod tests {
             .insert(("demo".into(), "broken".into()));
         Arc::make_mut(&mut state.nodes).insert("node-1".into(), Default::default());
         tx.send_replace(Some(Arc::new(state)));
-        let _stream = Connection::open(&metrics, "node-1", "peer", 1, 0);
+        let _stream = Connection::open(&metrics.agents, &metrics.streams, "node-1", "peer", 1, 0);
 
         let answer = ask().await;
         assert!(answer.synced);
@@ -149,7 +149,14 @@ mod tests {
         let metrics = Metrics::default();
         let (_tx, rx) = watch::channel(None);
         let inspection = Inspection::new("e1".into(), metrics.agents.clone(), rx);
-        let mut stream = Connection::open(&metrics, "node-1", "198.18.0.11:4000", 1, 0);
+        let mut stream = Connection::open(
+            &metrics.agents,
+            &metrics.streams,
+            "node-1",
+            "198.18.0.11:4000",
+            1,
+            0,
+        );
         stream.view_computed(true);
         stream.sent(1, &[crate::wire::SyncResponse::default()]);
         stream.rejected("dataplane sync failed");

@@ -9,7 +9,7 @@
 //! disconnects; at 5,000 nodes that is 15,000 series, which a `metric_relabel_configs` drop rule
 //! can cut to the cluster-wide `max`/`sum` if it is too many.
 
-use crate::agents::Agents;
+use crate::agents::{Agents, StreamCounters};
 use axum::{Router, extract::State, response::Response, routing::get};
 use prometheus_client::{
     collector::Collector,
@@ -25,16 +25,8 @@ pub struct Metrics {
     /// `splitproxy_controller_invalid_services`: Services left out of the last cluster state
     /// because they cannot be programmed (each is logged with its key).
     pub invalid_services: Gauge,
-    /// `splitproxy_controller_view_computations_total`: node views computed, one per stream
-    /// each time it looks for something to send.
-    pub view_computations: Counter,
-    /// `splitproxy_controller_update_messages_sent_total`: `SyncResponse` messages sent.
-    pub messages_sent: Counter,
-    /// `splitproxy_controller_update_bytes_sent_total`: their encoded protobuf size, without
-    /// gRPC framing or HTTP/2 overhead.
-    pub bytes_sent: Counter,
-    /// `splitproxy_controller_rejected_revisions_total`: revisions agents rejected (NACKs).
-    pub rejected_revisions: Counter,
+    /// What the streams count: views computed, messages and bytes sent, revisions rejected.
+    pub streams: StreamCounters,
     /// `splitproxy_controller_refused_streams_total{reason}`: agent streams refused because
     /// their credential was missing, invalid, for another node, or could not be reviewed, or
     /// because the controller had not read the cluster yet (`not_ready`).
@@ -69,22 +61,22 @@ impl Metrics {
         registry.register(
             "splitproxy_controller_view_computations",
             "Node views computed from the published cluster state",
-            metrics.view_computations.clone(),
+            metrics.streams.view_computations.clone(),
         );
         registry.register(
             "splitproxy_controller_update_messages_sent",
             "Node view messages (SyncResponse) sent to agents",
-            metrics.messages_sent.clone(),
+            metrics.streams.messages_sent.clone(),
         );
         registry.register(
             "splitproxy_controller_update_bytes_sent",
             "Encoded protobuf bytes of the node view messages sent to agents",
-            metrics.bytes_sent.clone(),
+            metrics.streams.bytes_sent.clone(),
         );
         registry.register(
             "splitproxy_controller_rejected_revisions",
             "Revisions agents rejected (NACKed), keeping their last good state",
-            metrics.rejected_revisions.clone(),
+            metrics.streams.rejected_revisions.clone(),
         );
         registry.register(
             "splitproxy_controller_refused_streams",
@@ -238,7 +230,14 @@ mod tests {
     async fn per_node_gauges_follow_the_open_streams() {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
-        let mut stream = Connection::open(&metrics, "node-1", "198.18.0.11:4000", 1, 0);
+        let mut stream = Connection::open(
+            &metrics.agents,
+            &metrics.streams,
+            "node-1",
+            "198.18.0.11:4000",
+            1,
+            0,
+        );
         stream.view_computed(true);
         stream.sent(1, &[crate::wire::SyncResponse::default()]);
         tokio::time::advance(std::time::Duration::from_secs(3)).await;

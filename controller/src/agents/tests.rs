@@ -14,7 +14,7 @@ async fn wait(seconds: u64) {
 #[tokio::test(start_paused = true)]
 async fn a_new_stream_is_behind_from_its_opening_until_its_first_ack() {
     let metrics = Metrics::default();
-    let mut stream = Connection::open(&metrics, "node-1", "peer", 1, 0);
+    let mut stream = Connection::open(&metrics.agents, &metrics.streams, "node-1", "peer", 1, 0);
     wait(2).await;
     stream.view_computed(true);
     stream.sent(1, &[crate::wire::SyncResponse::default()]);
@@ -33,7 +33,7 @@ async fn a_new_stream_is_behind_from_its_opening_until_its_first_ack() {
 #[tokio::test(start_paused = true)]
 async fn a_change_published_while_a_revision_is_in_flight_keeps_the_node_behind_after_the_ack() {
     let metrics = Metrics::default();
-    let mut stream = Connection::open(&metrics, "node-1", "peer", 1, 0);
+    let mut stream = Connection::open(&metrics.agents, &metrics.streams, "node-1", "peer", 1, 0);
     stream.view_computed(true);
     stream.sent(1, &[crate::wire::SyncResponse::default()]);
     wait(1).await;
@@ -53,13 +53,13 @@ async fn a_change_published_while_a_revision_is_in_flight_keeps_the_node_behind_
         record(&metrics, "node-1").lag(Instant::now()),
         Duration::ZERO
     );
-    assert_eq!(metrics.view_computations.get(), 2);
+    assert_eq!(metrics.streams.view_computations.get(), 2);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_rejected_revision_leaves_the_node_behind_with_the_reason() {
     let metrics = Metrics::default();
-    let mut stream = Connection::open(&metrics, "node-1", "peer", 1, 0);
+    let mut stream = Connection::open(&metrics.agents, &metrics.streams, "node-1", "peer", 1, 0);
     stream.view_computed(true);
     stream.sent(1, &[crate::wire::SyncResponse::default()]);
     wait(2).await;
@@ -72,15 +72,15 @@ async fn a_rejected_revision_leaves_the_node_behind_with_the_reason() {
         rejected.last_nack.map(|(_, reason)| reason).as_deref(),
         Some("dataplane sync failed")
     );
-    assert_eq!(metrics.rejected_revisions.get(), 1);
+    assert_eq!(metrics.streams.rejected_revisions.get(), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_node_counts_once_while_its_old_stream_lingers_and_leaves_with_its_last_stream() {
     let metrics = Metrics::default();
-    let old = Connection::open(&metrics, "node-1", "old", 1, 0);
-    let new = Connection::open(&metrics, "node-1", "new", 1, 0);
-    let other = Connection::open(&metrics, "node-2", "peer", 1, 0);
+    let old = Connection::open(&metrics.agents, &metrics.streams, "node-1", "old", 1, 0);
+    let new = Connection::open(&metrics.agents, &metrics.streams, "node-1", "new", 1, 0);
+    let other = Connection::open(&metrics.agents, &metrics.streams, "node-2", "peer", 1, 0);
 
     assert_eq!(metrics.agents.streams().len(), 3);
     let by_node = metrics.agents.by_node();
@@ -97,7 +97,7 @@ async fn a_node_counts_once_while_its_old_stream_lingers_and_leaves_with_its_las
 }
 
 fn open(metrics: &Metrics) -> Connection {
-    Connection::open(metrics, "node-1", "peer", 1, 0)
+    Connection::open(&metrics.agents, &metrics.streams, "node-1", "peer", 1, 0)
 }
 
 #[test]

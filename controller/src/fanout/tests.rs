@@ -766,14 +766,14 @@ async fn an_agent_that_leaves_while_waiting_for_a_first_revision_has_no_view_com
     for index in 0..CONCURRENT_FIRST_REVISIONS {
         stalled.push(stalled_agent(&h.url, &format!("stalled-{index}"), 1).await);
     }
-    let computed = metrics.view_computations.get();
+    let computed = metrics.streams.view_computations.get();
     // Waits for a slot behind the stalled agents, and gives up.
     drop(Agent::subscribe(&h.url, None).await);
     // The next one gets its reset once the stalled agents' slots time out.
     let mut agent = Agent::subscribe(&h.url, None).await;
     while !agent.next().await.complete {}
     assert_eq!(
-        metrics.view_computations.get(),
+        metrics.streams.view_computations.get(),
         computed + 1,
         "only the agent still there had a view computed"
     );
