@@ -4,6 +4,7 @@
 pub mod agents;
 pub mod auth;
 pub mod cause;
+pub mod cli;
 pub mod cluster;
 pub mod eligibility;
 pub mod fanout;
