@@ -22,13 +22,9 @@
 mod tests;
 
 use crate::endpoints::categorize;
-use crate::{IpFamily, Protocol, ProxyState, Service, ServiceKey, ServicePort, tool::RunError};
-use std::{
-    collections::BTreeSet,
-    net::IpAddr,
-    process::{ExitStatus, Stdio},
-};
-use tokio::process::Command;
+use crate::tool::{self, RunError};
+use crate::{IpFamily, Protocol, ProxyState, Service, ServiceKey, ServicePort};
+use std::{collections::BTreeSet, net::IpAddr, process::ExitStatus};
 
 /// What can go wrong while deleting conntrack entries.
 #[derive(Debug, thiserror::Error)]
@@ -305,19 +301,8 @@ impl Conntrack {
     /// If `conntrack` cannot run, or fails for another reason than an empty match.
     pub async fn delete(&self, deletion: &Deletion) -> Result<u32> {
         let args = deletion.args();
-        let output = Command::new(&self.program)
-            .args(&self.leading)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .output()
-            .await
-            .map_err(|source| RunError {
-                program: self.program.clone(),
-                source,
-            })?;
+        let words: Vec<String> = self.leading.iter().chain(&args).cloned().collect();
+        let output = tool::run(&self.program, &words, None).await?.output;
         let text = format!(
             "{}\n{}",
             String::from_utf8_lossy(&output.stderr),

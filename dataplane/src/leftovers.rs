@@ -10,9 +10,8 @@
 //! ([`Leftovers::remove_all`]). IPVS virtual servers are not tools' business: the IPVS client
 //! removes them (`ipvs::cleanup`).
 
-use crate::tool::RunError;
+use crate::tool::{self, RunError};
 use std::{io, process::Output};
-use tokio::process::Command;
 
 /// The tools, found on `PATH` as the iptables tools are.
 const NFT: &str = "nft";
@@ -216,18 +215,14 @@ impl Leftovers {
             .chain(args.iter().copied());
         // `words` holds at least `program`.
         let first = words.next().unwrap_or(program);
-        match Command::new(first)
-            .args(words)
-            .kill_on_drop(true)
-            .output()
-            .await
-        {
-            Ok(output) if !self.command_prefix.is_empty() && not_found(&output) => Ok(None),
-            Ok(output) => Ok(Some(output)),
-            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(RunError {
+        let rest: Vec<String> = words.map(str::to_owned).collect();
+        match tool::run(first, &rest, None).await {
+            Ok(ran) if !self.command_prefix.is_empty() && not_found(&ran.output) => Ok(None),
+            Ok(ran) => Ok(Some(ran.output)),
+            Err(err) if err.source.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(RunError {
                 program: program.to_owned(),
-                source,
+                source: err.source,
             }
             .into()),
         }
