@@ -1,0 +1,255 @@
+//! The executor against fake tools: what it runs, in which order, and what a failure leaves.
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+
+#[test]
+fn command_prefix_goes_before_every_command() {
+    let args = ["-t".to_owned(), "nat".to_owned()];
+
+    let plain = Config::default().command_line("iptables-save", &args);
+    assert_eq!(plain, ("iptables-save".to_owned(), args.to_vec()));
+
+    let in_netns = Config::default()
+        .with_command_prefix(["ip", "netns", "exec", "ns1"])
+        .command_line("iptables-save", &args);
+    assert_eq!(in_netns.0, "ip");
+    assert_eq!(
+        in_netns.1,
+        ["netns", "exec", "ns1", "iptables-save", "-t", "nat"]
+    );
+}
+
+#[test]
+fn jumps_are_kube_proxys_and_inserted_first() {
+    let commands: Vec<String> = JUMPS
+        .iter()
+        .flat_map(|jump| [jump.check_args(5).join(" "), jump.insert_args(5).join(" ")])
+        .collect();
+    assert_eq!(
+        commands,
+        [
+            "-w 5 -t nat -C PREROUTING -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t nat -I PREROUTING 1 -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t nat -C OUTPUT -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t nat -I OUTPUT 1 -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t nat -C POSTROUTING -m comment --comment kubernetes postrouting rules -j KUBE-POSTROUTING",
+            "-w 5 -t nat -I POSTROUTING 1 -m comment --comment kubernetes postrouting rules -j KUBE-POSTROUTING",
+            "-w 5 -t filter -C INPUT -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES",
+            "-w 5 -t filter -I INPUT 1 -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES",
+            "-w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES",
+            "-w 5 -t filter -I FORWARD 1 -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES",
+            "-w 5 -t filter -C INPUT -m comment --comment kubernetes health check service ports -j KUBE-NODEPORTS",
+            "-w 5 -t filter -I INPUT 1 -m comment --comment kubernetes health check service ports -j KUBE-NODEPORTS",
+            "-w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t filter -I FORWARD 1 -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t filter -C OUTPUT -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t filter -I OUTPUT 1 -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+            "-w 5 -t filter -C FORWARD -m comment --comment kubernetes forwarding rules -j KUBE-FORWARD",
+            "-w 5 -t filter -I FORWARD 1 -m comment --comment kubernetes forwarding rules -j KUBE-FORWARD",
+            "-w 5 -t filter -C INPUT -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
+            "-w 5 -t filter -I INPUT 1 -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
+            "-w 5 -t filter -C OUTPUT -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
+            "-w 5 -t filter -I OUTPUT 1 -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
+            "-w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
+            "-w 5 -t filter -I FORWARD 1 -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
+        ]
+    );
+}
+
+#[test]
+fn mode_is_iptables() {
+    assert_eq!(Iptables::new().mode(), "iptables");
+}
+
+#[tokio::test]
+async fn sync_restores_the_render_and_inserts_only_missing_jumps() {
+    let scratch = Scratch::new("sync");
+    let mut iptables = fake_tools(&scratch, SAVED, 0, 1);
+    let (state, _) = everything();
+
+    let report = iptables.sync(&state).await.unwrap();
+
+    let expected = render_nat(
+        &state,
+        &NodeOptions::default(),
+        &chains(&["PREROUTING", "KUBE-SVC-GNZBNJ2PO5MGZ6GT"]),
+    );
+    let filter = render_filter(&state);
+    assert_eq!(
+        report.rules_written(),
+        [
+            ("filter".to_owned(), filter.rule_count),
+            ("nat".to_owned(), expected.rule_count)
+        ]
+    );
+    assert_rules_eq(
+        &scratch.read("payload"),
+        &format!("{}{}{}", filter.payload, expected.payload, canaries()),
+    );
+    assert!(expected.payload.contains("-X KUBE-SVC-GNZBNJ2PO5MGZ6GT"));
+    assert_rules_eq(
+        &scratch.read("calls"),
+        r#"iptables-save -t nat
+iptables-restore -w 5 --noflush
+iptables -w 5 -t nat -C PREROUTING -m comment --comment kubernetes service portals -j KUBE-SERVICES
+iptables -w 5 -t nat -I PREROUTING 1 -m comment --comment kubernetes service portals -j KUBE-SERVICES
+iptables -w 5 -t nat -C OUTPUT -m comment --comment kubernetes service portals -j KUBE-SERVICES
+iptables -w 5 -t nat -C POSTROUTING -m comment --comment kubernetes postrouting rules -j KUBE-POSTROUTING
+iptables -w 5 -t filter -C INPUT -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES
+iptables -w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES
+iptables -w 5 -t filter -C INPUT -m comment --comment kubernetes health check service ports -j KUBE-NODEPORTS
+iptables -w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES
+iptables -w 5 -t filter -C OUTPUT -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES
+iptables -w 5 -t filter -C FORWARD -m comment --comment kubernetes forwarding rules -j KUBE-FORWARD
+iptables -w 5 -t filter -C INPUT -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL
+iptables -w 5 -t filter -C OUTPUT -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL
+iptables -w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL
+iptables -w 5 -t filter -S KUBE-FIREWALL
+iptables -w 5 -t filter -N KUBE-FIREWALL
+iptables -w 5 -t filter -C INPUT -j KUBE-FIREWALL
+iptables -w 5 -t filter -C OUTPUT -j KUBE-FIREWALL
+"#,
+    );
+}
+
+#[tokio::test]
+async fn rejected_restore_reports_its_stderr_and_installs_no_jumps() {
+    let scratch = Scratch::new("restore");
+    let mut iptables = fake_tools(&scratch, SAVED, 2, 1);
+
+    let err = iptables.sync(&ProxyState::default()).await.unwrap_err();
+
+    assert!(
+        matches!(&err, Error::Restore { stderr, .. } if stderr == "iptables-restore: line 2 failed"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("line 2 failed"), "{err}");
+    // The first sync is full: kube-proxy counts it as a restore failure, not a partial one.
+    assert_eq!(
+        crate::SyncError::failed_step(&err),
+        crate::FailedStep::Restore { partial: false }
+    );
+    assert!(!scratch.read("calls").contains("iptables -w"));
+}
+
+#[tokio::test]
+async fn a_refused_partial_sync_says_it_was_partial_and_the_next_sync_is_full() {
+    let scratch = Scratch::new("partial-restore");
+    let saved = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n";
+    let mut iptables = fake_tools(&scratch, saved, 0, 0);
+    let (state, _) = everything();
+    assert!(iptables.sync(&state).await.unwrap().full);
+
+    std::fs::write(scratch.0.join("restore-fails"), "").unwrap();
+    let err = iptables.sync(&state).await.unwrap_err();
+    assert_eq!(
+        crate::SyncError::failed_step(&err),
+        crate::FailedStep::Restore { partial: true },
+        "{err:?}"
+    );
+
+    std::fs::remove_file(scratch.0.join("restore-fails")).unwrap();
+    assert!(iptables.sync(&state).await.unwrap().full);
+}
+
+#[tokio::test]
+async fn failing_jump_check_is_an_error_not_an_insert() {
+    let scratch = Scratch::new("check");
+    // Exit status 4 is iptables' "resource problem" (e.g. the lock), not "rule missing".
+    let mut iptables = fake_tools(&scratch, SAVED, 0, 4);
+
+    let err = iptables.sync(&ProxyState::default()).await.unwrap_err();
+
+    assert!(
+        matches!(&err, Error::Jump { chain: "PREROUTING", stderr, .. } if stderr == "Bad rule"),
+        "{err:?}"
+    );
+    assert!(!scratch.read("calls").contains("-I PREROUTING"));
+}
+
+#[tokio::test]
+async fn failed_save_reports_its_stderr() {
+    let mut iptables = Iptables::with_config(Config::default().with_command_prefix([
+        "sh",
+        "-c",
+        "echo 'iptables-save: no such table' >&2; exit 1",
+    ]));
+
+    let err = iptables.sync(&ProxyState::default()).await.unwrap_err();
+
+    assert!(
+        matches!(&err, Error::Save { stderr, .. } if stderr == "iptables-save: no such table"),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn missing_binary_is_a_run_error_naming_it() {
+    let mut iptables = Iptables::with_config(Config {
+        iptables_save: "/nonexistent/iptables-save".to_owned(),
+        ..Config::default()
+    });
+
+    let err = iptables.sync(&ProxyState::default()).await.unwrap_err();
+
+    assert!(
+        matches!(&err, Error::Run(run) if run.program == "/nonexistent/iptables-save"),
+        "{err:?}"
+    );
+    assert_eq!(err.to_string(), "could not run /nonexistent/iptables-save");
+}
+
+#[test]
+fn health_check_node_ports_of_local_policy_services_are_accepted_even_without_endpoints() {
+    let local_policy = |name: &str, cluster_ip: &str, endpoints: Vec<Endpoint>| Service {
+        external_traffic_policy: TrafficPolicy::Local,
+        health_check_node_port: Some(30000),
+        ..service(
+            "ns1",
+            name,
+            &[cluster_ip],
+            vec![
+                ServicePort::new("p80", Protocol::Tcp, 80, Some(3001), endpoints.clone()),
+                ServicePort::new("p81", Protocol::Udp, 81, Some(3002), endpoints),
+            ],
+        )
+    };
+    let state = state(vec![
+        local_policy("svc1", "172.30.0.41", vec![local("10.180.0.1", 80)]),
+        Service {
+            health_check_node_port: Some(30002),
+            ..local_policy("svc2", "172.30.0.42", Vec::new())
+        },
+        // A health-check port left on a Cluster-policy Service serves nothing: no ACCEPT.
+        Service {
+            external_traffic_policy: TrafficPolicy::Cluster,
+            health_check_node_port: Some(30003),
+            ..local_policy("svc3", "172.30.0.43", vec![ready("10.180.2.3", 80)])
+        },
+    ]);
+
+    let filter = render_filter(&state);
+
+    let accepts: Vec<&str> = filter
+        .payload
+        .lines()
+        .filter(|l| l.starts_with("-A KUBE-NODEPORTS"))
+        .collect();
+    assert_eq!(
+        accepts,
+        [
+            r#"-A KUBE-NODEPORTS -m comment --comment "ns1/svc1:p80 health check node port" -m tcp -p tcp --dport 30000 -j ACCEPT"#,
+            r#"-A KUBE-NODEPORTS -m comment --comment "ns1/svc1:p81 health check node port" -m tcp -p tcp --dport 30000 -j ACCEPT"#,
+            r#"-A KUBE-NODEPORTS -m comment --comment "ns1/svc2:p80 health check node port" -m tcp -p tcp --dport 30002 -j ACCEPT"#,
+            r#"-A KUBE-NODEPORTS -m comment --comment "ns1/svc2:p81 health check node port" -m tcp -p tcp --dport 30002 -j ACCEPT"#,
+        ]
+    );
+    assert!(filter.payload.contains(":KUBE-NODEPORTS - [0:0]\n"));
+    let rules = filter
+        .payload
+        .lines()
+        .filter(|l| l.starts_with("-A "))
+        .count();
+    assert_eq!(filter.rule_count as usize, rules);
+}
