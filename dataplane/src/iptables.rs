@@ -7,7 +7,7 @@
 //! the change left stale ([`crate::conntrack`]).
 //!
 //! One [`Iptables`] programs one IP family (`iptables` or `ip6tables`, [`Config::family`]), as
-//! each of upstream's per-family proxiers does; [`DualStack`] runs one per family the node can
+//! each of upstream's per-family proxiers does; [`IptablesBackend`] runs one per family the node can
 //! program.
 //!
 //! Syncs are partial as in kube-proxy (module `partial`): only the Services that changed are
@@ -16,9 +16,9 @@
 //! firewall reload, an operator) deleted chains behind the agent's back, so nothing written
 //! before can be trusted to be there.
 
+mod backend;
 pub mod chain_names;
 mod cleanup;
-mod dual_stack;
 pub(crate) mod partial;
 pub mod render;
 pub mod save;
@@ -26,8 +26,8 @@ pub mod save;
 pub(crate) mod tests;
 mod tools;
 
+pub use backend::{FamilyError, IptablesBackend};
 pub use cleanup::Cleaned;
-pub use dual_stack::{DualStack, FamilyError};
 pub use render::{
     FilterRules, NatRules, render_filter, render_filter_for, render_nat, render_nat_for,
 };

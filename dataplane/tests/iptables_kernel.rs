@@ -7,7 +7,7 @@ use splitproxy_dataplane::NodeOptions;
 use splitproxy_dataplane::{
     Dataplane, Endpoint, IpFamily, Protocol, ProxyState, Service, ServiceKey, ServicePort,
     TrafficPolicy,
-    iptables::{Config, DualStack, Iptables},
+    iptables::{Config, Iptables, IptablesBackend},
     leftovers::Leftovers,
     testing::{
         flow_table::{Expected, Flow, Origin},
@@ -472,7 +472,7 @@ async fn ip6tables_restore_accepts_the_ipv6_rules_and_each_family_keeps_its_own(
             "10.0.0.0/8".parse().unwrap(),
             "fd00:10::/32".parse().unwrap(),
         ]));
-    let mut dataplane = DualStack::detect(&config).await;
+    let mut dataplane = IptablesBackend::detect(&config).await;
     assert_eq!(dataplane.families(), IpFamily::ALL, "ip6tables is required");
 
     let report = dataplane.sync(&dual_stack()).await.unwrap();

@@ -1,13 +1,13 @@
 //! Removing what proxies leave on a node: before a mode starts, the other modes' rules, tables,
 //! interface and ipsets, which would take Service traffic beside its own (as kube-proxy on a switch
 //! of mode); and everything, for `--cleanup`. The dataplane finds and removes each kind
-//! (`DualStack::cleanup`, `ipvs::cleanup`, `Leftovers`); this module decides which go when, and
+//! (`IptablesBackend::cleanup`, `ipvs::cleanup`, `Leftovers`); this module decides which go when, and
 //! logs what went.
 
 use crate::cli::ProxyMode;
 use splitproxy_dataplane::{
     Cidr,
-    iptables::{self, DualStack},
+    iptables::{self, IptablesBackend},
     ipvs::cleanup as ipvs_cleanup,
     leftovers::{Leftovers, Removed},
 };
@@ -15,12 +15,16 @@ use std::process::ExitCode;
 
 /// Removes the other proxy modes' leftovers before `mode` runs. A failure is logged, not fatal:
 /// the rules still work.
-pub async fn prepare_for(mode: ProxyMode, dual_stack: &DualStack, ipvs_exclude: &[Cidr]) {
+pub async fn prepare_for(
+    mode: ProxyMode,
+    iptables_backend: &IptablesBackend,
+    ipvs_exclude: &[Cidr],
+) {
     let leftovers = match mode {
         ProxyMode::Iptables => Leftovers::default().remove_for_iptables_mode().await,
         ProxyMode::Ipvs => Leftovers::default().remove_for_ipvs_mode().await,
         ProxyMode::Nftables => {
-            remove_iptables_rules(dual_stack).await;
+            remove_iptables_rules(iptables_backend).await;
             if let Err(err) = remove_ipvs_virtual_servers(ipvs_exclude.to_vec()).await {
                 tracing::warn!(
                     error = format!("{err:#}"),
@@ -45,7 +49,7 @@ pub async fn prepare_for(mode: ProxyMode, dual_stack: &DualStack, ipvs_exclude: 
 /// then the other proxy modes' leftovers (after the rules, which may use their ipsets), then
 /// exits; failure if anything could not be cleaned.
 pub async fn cleanup_all(ipvs_exclude: Vec<Cidr>) -> ExitCode {
-    let dataplane = DualStack::detect(&iptables::Config::default()).await;
+    let dataplane = IptablesBackend::detect(&iptables::Config::default()).await;
     let mut code = ExitCode::SUCCESS;
     for (family, outcome) in dataplane.cleanup().await {
         match outcome {
@@ -88,8 +92,8 @@ pub async fn cleanup_all(ipvs_exclude: Vec<Cidr>) -> ExitCode {
 /// Removes the iptables-based modes' rules in every family whose tools work, as kube-proxy's
 /// nftables mode does on start: they would handle Service traffic before the nftables table.
 /// A failure is logged, not fatal.
-async fn remove_iptables_rules(dual_stack: &DualStack) {
-    for (family, outcome) in dual_stack.cleanup().await {
+async fn remove_iptables_rules(iptables_backend: &IptablesBackend) {
+    for (family, outcome) in iptables_backend.cleanup().await {
         match outcome {
             Ok(cleaned) if cleaned.jumps + cleaned.chains == 0 => {}
             Ok(cleaned) => tracing::info!(

@@ -17,7 +17,7 @@ use crate::{
 };
 use splitproxy_dataplane::{
     Dataplane, IpFamily, NodeOptions,
-    iptables::{self, DualStack},
+    iptables::{self, IptablesBackend},
     ipvs::backend::{self as ipvs, IpvsBackend},
     local_traffic::PodInterfaces,
     nftables::{NftablesBackend, backend as nftables},
@@ -205,15 +205,15 @@ async fn run(
     iptables: iptables::Config,
     ipvs: ipvs::Config,
 ) -> anyhow::Result<()> {
-    let dual_stack = DualStack::detect(&iptables).await;
-    cleanup::prepare_for(mode, &dual_stack, &ipvs.exclude_cidrs).await;
+    let iptables_backend = IptablesBackend::detect(&iptables).await;
+    cleanup::prepare_for(mode, &iptables_backend, &ipvs.exclude_cidrs).await;
     // One proxier per IP family whose tools work here, as kube-proxy's dual-stack mode; the
     // IPVS mode needs the same tools for its masquerade and filter rules. nft serves both
     // families wherever the kernel has IPv6.
     match mode {
-        ProxyMode::Iptables => run_until_interrupted(config, dual_stack).await,
+        ProxyMode::Iptables => run_until_interrupted(config, iptables_backend).await,
         ProxyMode::Ipvs => {
-            let families = dual_stack.ip_families();
+            let families = iptables_backend.ip_families();
             run_until_interrupted(config, IpvsBackend::new(ipvs::Config { families, ..ipvs })).await
         }
         ProxyMode::Nftables => {

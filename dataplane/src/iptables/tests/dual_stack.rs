@@ -10,7 +10,7 @@
 //! | external IPs | `192.168.99.x`               | `fd00:192:168:99::x`     |
 //! | LB ingress   | `1.2.3.x`, source range `203.0.113.0/25` | `2001:db8:1::x`, source range `2001:db8:2::/64` |
 
-use super::super::{DualStack, canaries, render_filter_for, render_nat_for};
+use super::super::{IptablesBackend, canaries, render_filter_for, render_nat_for};
 use super::{
     Config, Dataplane, Protocol, ProxyState, Scratch, ServicePort, TrafficPolicy, ips, local,
     ready, render_filter, render_nat, service, state,
@@ -245,7 +245,7 @@ esac"#;
 #[tokio::test]
 async fn both_families_are_synced_each_with_its_own_tools_and_rules() {
     let scratch = Scratch::new("dual-both");
-    let mut dataplane = DualStack::new(&fake_config(&scratch), &[IpFamily::V6, IpFamily::V4]);
+    let mut dataplane = IptablesBackend::new(&fake_config(&scratch), &[IpFamily::V6, IpFamily::V4]);
     assert_eq!(dataplane.families(), [IpFamily::V4, IpFamily::V6]);
     let state = dual_stack_services();
 
@@ -299,7 +299,7 @@ async fn both_families_are_synced_each_with_its_own_tools_and_rules() {
 async fn a_failing_family_fails_the_sync_without_stopping_the_other() {
     let scratch = Scratch::new("dual-one-fails");
     fail(&scratch, "ip6tables-restore");
-    let mut dataplane = DualStack::new(&fake_config(&scratch), &IpFamily::ALL);
+    let mut dataplane = IptablesBackend::new(&fake_config(&scratch), &IpFamily::ALL);
 
     let error = dataplane.sync(&dual_stack_services()).await.unwrap_err();
 
@@ -318,22 +318,28 @@ async fn missing_tools_of_a_family_leave_the_node_single_stack() {
     let scratch = Scratch::new("dual-detect");
     fail(&scratch, "ip6tables-save");
     let config = fake_config(&scratch);
-    assert_eq!(DualStack::detect(&config).await.families(), [IpFamily::V4]);
+    assert_eq!(
+        IptablesBackend::detect(&config).await.families(),
+        [IpFamily::V4]
+    );
     std::fs::remove_file(scratch.0.join("ip6tables-save.fails")).unwrap();
     fail(&scratch, "iptables-save");
-    let v6_only = DualStack::detect(&config).await;
+    let v6_only = IptablesBackend::detect(&config).await;
     assert_eq!(v6_only.families(), [IpFamily::V6]);
     // What the agent's /healthz lists per family.
     assert_eq!(v6_only.ip_families(), [IpFamily::V6]);
     fail(&scratch, "ip6tables-save");
     // Neither: IPv4 stays, so its syncs say what is wrong.
-    assert_eq!(DualStack::detect(&config).await.families(), [IpFamily::V4]);
+    assert_eq!(
+        IptablesBackend::detect(&config).await.families(),
+        [IpFamily::V4]
+    );
 }
 
 #[tokio::test]
 async fn stale_udp_flows_are_deleted_per_family() {
     let scratch = Scratch::new("dual-conntrack");
-    let mut dataplane = DualStack::new(&fake_config(&scratch), &IpFamily::ALL);
+    let mut dataplane = IptablesBackend::new(&fake_config(&scratch), &IpFamily::ALL);
     let dns = |endpoints: &[&str]| {
         state(vec![service(
             "kube-system",

@@ -1,5 +1,5 @@
-//! Dual-stack: one [`Iptables`] executor per IP family, synced one after the other, as
-//! upstream's `metaproxier` runs an IPv4 and an IPv6 proxier side by side.
+//! The iptables mode's backend: one [`Iptables`] executor per IP family, synced one after the
+//! other, as upstream's `metaproxier` runs an IPv4 and an IPv6 proxier side by side.
 
 // Tested with the rest of the backend, in `super::tests::dual_stack`.
 
@@ -31,12 +31,12 @@ impl crate::SyncError for FamilyError {
 /// The iptables dataplane for every IP family the node can program: `iptables` for IPv4 and
 /// `ip6tables` for IPv6, each seeing only its family's addresses and endpoints.
 #[derive(Debug, Clone)]
-pub struct DualStack {
+pub struct IptablesBackend {
     /// One executor per family, IPv4 first; never empty.
     families: Vec<Iptables>,
 }
 
-impl DualStack {
+impl IptablesBackend {
     /// The executors for `families` (deduplicated, IPv4 first), each from `config` with that
     /// family's tools ([`Config::with_family`]). No family at all means IPv4 alone.
     #[must_use]
@@ -100,7 +100,7 @@ impl DualStack {
     }
 }
 
-impl Dataplane for DualStack {
+impl Dataplane for IptablesBackend {
     type Error = FamilyError;
 
     fn mode(&self) -> &'static str {
