@@ -9,9 +9,6 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-/// The `NETLINK_GENERIC` protocol (`linux/netlink.h`).
-const NETLINK_GENERIC: i32 = 16;
-
 /// Why an IPVS operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -112,7 +109,7 @@ impl Ipvs {
     /// [`Error::Socket`] when the socket cannot be opened. (Every IPVS command afterwards, listing
     /// included, needs `CAP_NET_ADMIN`: the kernel refuses with `EPERM` otherwise.)
     pub fn connect() -> Result<Self> {
-        let connection = Connection::open(NETLINK_GENERIC)
+        let connection = Connection::open(netlink_sys::protocols::NETLINK_GENERIC)
             .map_err(|e| exchange_error(e, Subject::VirtualServer, || "opening".to_owned()))?;
         let mut ipvs = Self {
             connection,

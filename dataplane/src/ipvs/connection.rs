@@ -1,15 +1,19 @@
-//! A blocking netlink socket that sends one request at a time and collects the kernel's replies
-//! to it: the transport both the IPVS client (generic netlink) and the `kube-ipvs0` interface
-//! (rtnetlink) speak through. Call it from `spawn_blocking` in async code.
+//! A blocking netlink socket (netlink-sys) that sends one request at a time and collects the
+//! kernel's replies to it (framed by netlink-packet-core): the transport both the IPVS client
+//! (generic netlink) and the `kube-ipvs0` interface (rtnetlink) speak through. Call it from
+//! `spawn_blocking` in async code.
 
 use super::netlink::{self, Attributes, DecodeError, Progress};
-use socket2::{Domain, Protocol, Socket, Type};
+use netlink_packet_core::{
+    NLM_F_MULTIPART, NLM_F_REQUEST, NetlinkBuffer, NetlinkDeserializable, NetlinkMessage,
+    NetlinkPayload, NetlinkSerializable, Parseable,
+};
+use netlink_sys::Socket;
+use socket2::SockRef;
 use std::fmt;
-use std::io::{self, Read};
+use std::io;
 use std::time::Duration;
 
-/// `AF_NETLINK` (`linux/socket.h`).
-const AF_NETLINK: i32 = 16;
 /// Large enough for any datagram the kernel sends: it sizes dump parts to at most 32 KiB.
 const RECEIVE_BUFFER: usize = 64 * 1024;
 /// How long a reply may take; the kernel answers at once, so hitting this means it never will.
@@ -119,22 +123,17 @@ impl fmt::Debug for Connection {
 }
 
 impl Connection {
-    /// Opens a socket of netlink `protocol`, bound on first use.
+    /// Opens a socket of netlink `protocol` (`netlink_sys::protocols`), bound on first use.
     ///
     /// # Errors
     ///
     /// [`ExchangeError::Socket`] when the socket cannot be opened or configured.
-    pub fn open(protocol: i32) -> Result<Self, ExchangeError> {
-        let socket = Socket::new(
-            Domain::from(AF_NETLINK),
-            Type::RAW,
-            Some(Protocol::from(protocol)),
-        )
-        .map_err(|source| ExchangeError::Socket {
+    pub fn open(protocol: isize) -> Result<Self, ExchangeError> {
+        let socket = Socket::new(protocol).map_err(|source| ExchangeError::Socket {
             action: "opening",
             source,
         })?;
-        socket
+        SockRef::from(&socket)
             .set_read_timeout(Some(REPLY_TIMEOUT))
             .map_err(|source| ExchangeError::Socket {
                 action: "setting the reply timeout",
@@ -169,33 +168,10 @@ impl Connection {
         header_len: usize,
         mut decode: impl FnMut(&[u8], Attributes<'_>) -> Result<T, DecodeError>,
     ) -> Result<Vec<T>, ExchangeError> {
-        // With no address, a netlink socket sends to the kernel, and binds itself on first use.
-        self.socket
-            .send(request)
-            .map_err(|source| ExchangeError::Socket {
-                action: "sending",
-                source,
-            })?;
+        self.send(request)?;
         let mut decoded = Vec::new();
         loop {
-            let len = match (&self.socket).read(&mut self.buffer) {
-                Ok(len) => len,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(ExchangeError::NoReply);
-                }
-                Err(source) => {
-                    return Err(ExchangeError::Socket {
-                        action: "receiving",
-                        source,
-                    });
-                }
-            };
+            let len = self.receive()?;
             let progress = netlink::collect(
                 &self.buffer[..len],
                 seq,
@@ -211,4 +187,128 @@ impl Connection {
             }
         }
     }
+
+    /// Sends `request` with the next sequence number and reads the replies to it: every message
+    /// decoded with `decode`, until the acknowledgement, the end of a dump, or the single message
+    /// of a plain request. Replies to earlier requests (one that timed out) are skipped.
+    ///
+    /// # Errors
+    ///
+    /// When sending or receiving fails, no reply comes, the kernel refuses, or a reply cannot be
+    /// read.
+    pub fn exchange_message<Q, R, T>(
+        &mut self,
+        request: NetlinkMessage<Q>,
+        mut decode: impl FnMut(R) -> Result<T, DecodeError>,
+    ) -> Result<Vec<T>, ExchangeError>
+    where
+        Q: NetlinkSerializable,
+        R: NetlinkDeserializable,
+    {
+        let seq = self.next_seq();
+        self.send(&serialize(request, seq))?;
+        let mut decoded = Vec::new();
+        loop {
+            let len = self.receive()?;
+            let progress = collect(&self.buffer[..len], seq, &mut decode, &mut decoded)
+                .map_err(ExchangeError::Decode)?;
+            match progress {
+                Progress::Pending => {}
+                Progress::Finished => return Ok(decoded),
+                Progress::Refused(errno) => return Err(ExchangeError::Refused(Errno(errno))),
+            }
+        }
+    }
+
+    fn send(&self, request: &[u8]) -> Result<(), ExchangeError> {
+        // With no address, a netlink socket sends to the kernel, and binds itself on first use.
+        self.socket
+            .send(request, 0)
+            .map(drop)
+            .map_err(|source| ExchangeError::Socket {
+                action: "sending",
+                source,
+            })
+    }
+
+    /// Reads one datagram into the buffer; its length.
+    fn receive(&mut self) -> Result<usize, ExchangeError> {
+        loop {
+            let mut buffer = &mut self.buffer[..];
+            return match self.socket.recv(&mut buffer, 0) {
+                Ok(len) => Ok(len.min(self.buffer.len())),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    Err(ExchangeError::NoReply)
+                }
+                Err(source) => Err(ExchangeError::Socket {
+                    action: "receiving",
+                    source,
+                }),
+            };
+        }
+    }
+}
+
+/// `request` as sent with sequence number `seq`: `NLM_F_REQUEST` added, its length and type
+/// filled in. The port id is left 0: the kernel fills it in.
+#[must_use]
+pub fn serialize<Q: NetlinkSerializable>(mut request: NetlinkMessage<Q>, seq: u32) -> Vec<u8> {
+    request.header.flags |= NLM_F_REQUEST;
+    request.header.sequence_number = seq;
+    request.finalize();
+    let mut bytes = vec![0; request.buffer_len()];
+    request.serialize(&mut bytes);
+    bytes
+}
+
+/// Reads one datagram of replies to request `seq`: decodes its messages of the protocol with
+/// `decode` into `decoded`, and says whether they are complete. Messages for other sequence
+/// numbers (replies to an earlier request that timed out) are skipped unread.
+///
+/// # Errors
+///
+/// If the datagram's framing is broken, or a message for `seq` cannot be read.
+pub fn collect<R: NetlinkDeserializable, T>(
+    datagram: &[u8],
+    seq: u32,
+    decode: &mut impl FnMut(R) -> Result<T, DecodeError>,
+    decoded: &mut Vec<T>,
+) -> Result<Progress, DecodeError> {
+    let mut progress = Progress::Pending;
+    let mut offset = 0;
+    while let Some(rest) = datagram.get(offset..).filter(|rest| !rest.is_empty()) {
+        let buffer = NetlinkBuffer::new_checked(&rest)?;
+        // At least a header and at most the rest, as `new_checked` made sure; padded to 4 bytes.
+        offset += usize::try_from(buffer.length())
+            .unwrap_or(usize::MAX)
+            .next_multiple_of(4);
+        if buffer.sequence_number() != seq {
+            continue;
+        }
+        let message = NetlinkMessage::<R>::parse(&buffer)?;
+        match message.payload {
+            NetlinkPayload::InnerMessage(inner) => {
+                decoded.push(decode(inner)?);
+                if message.header.flags & NLM_F_MULTIPART == 0 {
+                    progress = Progress::Finished;
+                }
+            }
+            NetlinkPayload::Error(error) => match error.code {
+                Some(code) => return Ok(Progress::Refused(code.get().saturating_neg())),
+                None => progress = Progress::Finished,
+            },
+            NetlinkPayload::Done(done) if done.code < 0 => {
+                return Ok(Progress::Refused(done.code.saturating_neg()));
+            }
+            NetlinkPayload::Done(_) => progress = Progress::Finished,
+            _ => {}
+        }
+    }
+    Ok(progress)
 }

@@ -7,46 +7,22 @@
 //! IPv6 addresses skip duplicate address detection too; IPv6 ones are added with `IFA_F_NODAD`
 //! all the same, so they never wait in the tentative state.
 //!
-//! The messages are pure functions (`rtnetlink.h`, `if_link.h`, `if_addr.h`), unit-tested;
+//! The messages are netlink-packet-route's, built by pure functions (unit-tested);
 //! [`DummyInterface`] sends them through a [`Connection`].
 
 use super::connection::{Connection, Errno, ExchangeError};
-use super::netlink::{Attributes, DecodeError, NLM_F_ACK, NLM_F_DUMP, Request, fixed};
+use super::netlink::DecodeError;
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NetlinkDeserializable, NetlinkHeader,
+    NetlinkMessage, Parseable,
+};
+use netlink_packet_route::address::{
+    AddressAttribute, AddressHeader, AddressHeaderFlags, AddressMessage, AddressScope,
+};
+use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-
-/// The `NETLINK_ROUTE` protocol (`linux/netlink.h`).
-const NETLINK_ROUTE: i32 = 0;
-
-// Message types (`RTM_*`).
-const RTM_NEWLINK: u16 = 16;
-const RTM_GETLINK: u16 = 18;
-const RTM_NEWADDR: u16 = 20;
-const RTM_DELADDR: u16 = 21;
-const RTM_GETADDR: u16 = 22;
-
-// Flags of new objects (`NLM_F_CREATE`, `NLM_F_EXCL`).
-const NLM_F_EXCL: u16 = 0x200;
-const NLM_F_CREATE: u16 = 0x400;
-
-/// `struct ifinfomsg`: family, padding, type, index, flags, change mask.
-const IFINFOMSG_LEN: usize = 16;
-/// `struct ifaddrmsg`: family, prefix length, flags, scope, index.
-const IFADDRMSG_LEN: usize = 8;
-
-// Link attributes (`IFLA_*`) and the nested link info's kind.
-const IFLA_IFNAME: u16 = 3;
-const IFLA_LINKINFO: u16 = 18;
-const IFLA_INFO_KIND: u16 = 1;
-
-// Address attributes (`IFA_*`) and flags.
-const IFA_ADDRESS: u16 = 1;
-const IFA_LOCAL: u16 = 2;
-const IFA_F_NODAD: u8 = 0x02;
-
-const AF_UNSPEC: u8 = 0;
-const AF_INET: u8 = 2;
-const AF_INET6: u8 = 10;
+use std::net::IpAddr;
 
 /// Why an operation on the interface failed.
 #[derive(Debug, thiserror::Error)]
@@ -62,38 +38,55 @@ pub struct Error {
 /// `pub type Result` of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// An rtnetlink request with `flags` besides `NLM_F_REQUEST`.
+fn request(flags: u16, message: RouteNetlinkMessage) -> NetlinkMessage<RouteNetlinkMessage> {
+    let mut request = NetlinkMessage::from(message);
+    request.header.flags = flags;
+    request
+}
+
+/// A link message carrying only the link's name.
+fn named_link(name: &str) -> LinkMessage {
+    let mut link = LinkMessage::default();
+    link.attributes.push(LinkAttribute::IfName(name.to_owned()));
+    link
+}
+
 /// The request for the link named `name` (`RTM_GETLINK`); the kernel answers with one
 /// `RTM_NEWLINK`, or `ENODEV` when there is none.
 #[must_use]
-pub fn link_request(seq: u32, name: &str) -> Vec<u8> {
-    let mut request = Request::with_header(RTM_GETLINK, 0, seq, &[0; IFINFOMSG_LEN]);
-    request.put_str(IFLA_IFNAME, name);
-    request.finish()
+pub fn link_request(name: &str) -> NetlinkMessage<RouteNetlinkMessage> {
+    request(0, RouteNetlinkMessage::GetLink(named_link(name)))
 }
 
 /// The request that creates a dummy link named `name`, refused with `EEXIST` when a link of that
 /// name exists.
 #[must_use]
-pub fn create_dummy_request(seq: u32, name: &str) -> Vec<u8> {
-    let flags = NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK;
-    let mut request = Request::with_header(RTM_NEWLINK, flags, seq, &[0; IFINFOMSG_LEN]);
-    request.put_str(IFLA_IFNAME, name);
-    request.begin_nested(IFLA_LINKINFO);
-    request.put_str(IFLA_INFO_KIND, "dummy");
-    request.end_nested();
-    request.finish()
+pub fn create_dummy_request(name: &str) -> NetlinkMessage<RouteNetlinkMessage> {
+    let mut link = named_link(name);
+    link.attributes
+        .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(
+            InfoKind::Dummy,
+        )]));
+    request(
+        NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
+        RouteNetlinkMessage::NewLink(link),
+    )
 }
 
-/// The link index in the `ifinfomsg` of an `RTM_NEWLINK`.
+/// The link index of the kernel's answer to [`link_request`].
 ///
 /// # Errors
 ///
-/// If the header is not an `ifinfomsg`.
-pub fn decode_link_index(header: &[u8]) -> Result<u32, DecodeError> {
-    let header: [u8; IFINFOMSG_LEN] = fixed(header, "ifinfomsg")?;
-    Ok(u32::from_ne_bytes([
-        header[4], header[5], header[6], header[7],
-    ]))
+/// If the answer is not an `RTM_NEWLINK`.
+pub fn decode_link_index(reply: RouteNetlinkMessage) -> Result<u32, DecodeError> {
+    match reply {
+        RouteNetlinkMessage::NewLink(link) => Ok(link.header.index),
+        other => Err(DecodeError::Invalid {
+            name: "ifinfomsg",
+            reason: format!("expected RTM_NEWLINK, got {other:?}"),
+        }),
+    }
 }
 
 /// Adds or deletes an address.
@@ -107,68 +100,94 @@ pub enum AddressChange {
 
 /// The request that adds `ip` to link `index` as a host address (`/32`, `/128`), or deletes it.
 #[must_use]
-pub fn address_request(seq: u32, change: AddressChange, index: u32, ip: IpAddr) -> Vec<u8> {
-    let (kind, flags) = match change {
-        AddressChange::Add => (RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK),
-        AddressChange::Delete => (RTM_DELADDR, NLM_F_ACK),
+pub fn address_request(
+    change: AddressChange,
+    index: u32,
+    ip: IpAddr,
+) -> NetlinkMessage<RouteNetlinkMessage> {
+    let mut address = AddressMessage::default();
+    address.header = match ip {
+        IpAddr::V4(_) => AddressHeader {
+            family: AddressFamily::Inet,
+            prefix_len: 32,
+            flags: AddressHeaderFlags::empty(),
+            // As `ip addr add` gives a non-loopback address.
+            scope: AddressScope::Universe,
+            index,
+        },
+        IpAddr::V6(_) => AddressHeader {
+            family: AddressFamily::Inet6,
+            prefix_len: 128,
+            flags: AddressHeaderFlags::Nodad,
+            scope: AddressScope::Universe,
+            index,
+        },
     };
-    let (family, prefix, address_flags, octets) = match ip {
-        IpAddr::V4(v4) => (AF_INET, 32, 0, v4.octets().to_vec()),
-        IpAddr::V6(v6) => (AF_INET6, 128, IFA_F_NODAD, v6.octets().to_vec()),
-    };
-    let index = index.to_ne_bytes();
-    // Scope 0 (`RT_SCOPE_UNIVERSE`), as `ip addr add` gives a non-loopback address.
-    let header = [
-        family,
-        prefix,
-        address_flags,
-        0,
-        index[0],
-        index[1],
-        index[2],
-        index[3],
-    ];
-    let mut request = Request::with_header(kind, flags, seq, &header);
     // The same local and peer address: a host address, as `ip addr add` sends one.
-    request.put(IFA_LOCAL, &octets).put(IFA_ADDRESS, &octets);
-    request.finish()
+    address.attributes = vec![AddressAttribute::Local(ip), AddressAttribute::Address(ip)];
+    match change {
+        AddressChange::Add => request(
+            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
+            RouteNetlinkMessage::NewAddress(address),
+        ),
+        AddressChange::Delete => request(NLM_F_ACK, RouteNetlinkMessage::DelAddress(address)),
+    }
 }
 
 /// The dump of every address of every link, both families.
 #[must_use]
-pub fn list_addresses_request(seq: u32) -> Vec<u8> {
-    let header = [AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0];
-    Request::with_header(RTM_GETADDR, NLM_F_DUMP, seq, &header).finish()
+pub fn list_addresses_request() -> NetlinkMessage<RouteNetlinkMessage> {
+    request(
+        NLM_F_DUMP,
+        RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+    )
 }
 
-/// One address of an `RTM_NEWADDR` dump part: the link's index and the address, `None` for a
-/// family other than IPv4 and IPv6.
+/// One message of the address dump: an IPv4 or IPv6 address, or `None` for an address of
+/// another family (MCTP, Phonet, …), whose attributes are left unread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedAddress(pub Option<AddressMessage>);
+
+impl NetlinkDeserializable for ListedAddress {
+    type Error = netlink_packet_core::DecodeError;
+
+    fn deserialize(_: &NetlinkHeader, payload: &[u8]) -> Result<Self, Self::Error> {
+        Ok(Self(match AddressHeader::parse(payload)?.family {
+            AddressFamily::Inet | AddressFamily::Inet6 => Some(AddressMessage::parse(payload)?),
+            _ => None,
+        }))
+    }
+}
+
+/// The link's index and the address of one message of the address dump; `None` for a family
+/// other than IPv4 and IPv6.
 ///
 /// # Errors
 ///
-/// If the header is not an `ifaddrmsg`, or the address attribute is missing or malformed.
-pub fn decode_address(
-    header: &[u8],
-    attributes: Attributes<'_>,
-) -> Result<Option<(u32, IpAddr)>, DecodeError> {
-    let header: [u8; IFADDRMSG_LEN] = fixed(header, "ifaddrmsg")?;
-    let index = u32::from_ne_bytes([header[4], header[5], header[6], header[7]]);
-    let address = match header[0] {
-        // IFA_ADDRESS is the peer's on a point-to-point link; IFA_LOCAL is always the own one.
-        AF_INET => {
-            let local = match attributes.find(IFA_LOCAL)? {
-                Some(local) => local,
-                None => attributes.require(IFA_ADDRESS, "IFA_ADDRESS")?,
-            };
-            IpAddr::from(Ipv4Addr::from(fixed::<4>(local, "IFA_LOCAL")?))
-        }
-        AF_INET6 => {
-            let address = attributes.require(IFA_ADDRESS, "IFA_ADDRESS")?;
-            IpAddr::from(Ipv6Addr::from(fixed::<16>(address, "IFA_ADDRESS")?))
-        }
-        _ => return Ok(None),
+/// If the address attribute is missing.
+pub fn decode_address(listed: ListedAddress) -> Result<Option<(u32, IpAddr)>, DecodeError> {
+    let Some(message) = listed.0 else {
+        return Ok(None);
     };
-    Ok(Some((index, address)))
+    let attribute =
+        |pick: fn(&AddressAttribute) -> Option<IpAddr>| message.attributes.iter().find_map(pick);
+    let local = attribute(|a| match a {
+        AddressAttribute::Local(ip) => Some(*ip),
+        _ => None,
+    });
+    let address = attribute(|a| match a {
+        AddressAttribute::Address(ip) => Some(*ip),
+        _ => None,
+    });
+    let ip = match message.header.family {
+        // IFA_ADDRESS is the peer's on a point-to-point link; IFA_LOCAL is always the own one.
+        AddressFamily::Inet => local.or(address),
+        _ => address,
+    };
+    let ip = ip.ok_or(DecodeError::Missing {
+        name: "IFA_ADDRESS",
+    })?;
+    Ok(Some((message.header.index, ip)))
 }
 
 /// A dummy interface, found or created, over an rtnetlink socket of its own.
@@ -188,10 +207,11 @@ impl DummyInterface {
     /// When the socket cannot be opened, or the kernel refuses to list or create the link
     /// (`EPERM` without `CAP_NET_ADMIN`; `EOPNOTSUPP` when the `dummy` module cannot be loaded).
     pub fn ensure(name: &str) -> Result<Self> {
-        let connection = Connection::open(NETLINK_ROUTE).map_err(|source| Error {
-            operation: "opening an rtnetlink socket".to_owned(),
-            source,
-        })?;
+        let connection =
+            Connection::open(netlink_sys::protocols::NETLINK_ROUTE).map_err(|source| Error {
+                operation: "opening an rtnetlink socket".to_owned(),
+                source,
+            })?;
         let mut interface = Self {
             connection,
             name: name.to_owned(),
@@ -232,11 +252,9 @@ impl DummyInterface {
     ///
     /// When the kernel refuses the dump or its reply is unreadable.
     pub fn addresses(&mut self) -> Result<BTreeSet<IpAddr>> {
-        let seq = self.connection.next_seq();
-        let request = list_addresses_request(seq);
         let listed = self
             .connection
-            .exchange(&request, seq, IFADDRMSG_LEN, decode_address)
+            .exchange_message(list_addresses_request(), decode_address)
             .map_err(|source| self.error("listing the addresses of", source))?;
         Ok(listed
             .into_iter()
@@ -266,11 +284,10 @@ impl DummyInterface {
 
     /// Sends `change` for `ip`, taking the refusal `already` as done.
     fn change(&mut self, change: AddressChange, ip: IpAddr, already: Errno) -> Result<()> {
-        let seq = self.connection.next_seq();
-        let request = address_request(seq, change, self.index, ip);
+        let request = address_request(change, self.index, ip);
         match self
             .connection
-            .exchange(&request, seq, IFADDRMSG_LEN, |_, _| Ok(()))
+            .exchange_message(request, |_: RouteNetlinkMessage| Ok(()))
         {
             Ok(_) => Ok(()),
             Err(ExchangeError::Refused(errno)) if errno == already => Ok(()),
@@ -286,13 +303,9 @@ impl DummyInterface {
 
     /// The index of the link named as the interface.
     fn find(&mut self) -> Result<u32> {
-        let seq = self.connection.next_seq();
-        let request = link_request(seq, &self.name);
         let indexes = self
             .connection
-            .exchange(&request, seq, IFINFOMSG_LEN, |header, _| {
-                decode_link_index(header)
-            })
+            .exchange_message(link_request(&self.name), decode_link_index)
             .map_err(|source| self.error("looking up", source))?;
         indexes
             .into_iter()
@@ -302,10 +315,11 @@ impl DummyInterface {
 
     /// Creates the interface as a dummy link.
     fn create(&mut self) -> Result<()> {
-        let seq = self.connection.next_seq();
-        let request = create_dummy_request(seq, &self.name);
         self.connection
-            .exchange(&request, seq, IFINFOMSG_LEN, |_, _| Ok(()))
+            .exchange_message(
+                create_dummy_request(&self.name),
+                |_: RouteNetlinkMessage| Ok(()),
+            )
             .map(drop)
             .map_err(|source| self.error("creating the dummy interface", source))
     }

@@ -40,6 +40,9 @@ const fn align(len: usize) -> usize {
 /// Why a kernel reply could not be read. Never a panic: the bytes come from outside.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
+    /// The netlink framing is broken, as netlink-packet-core reads it.
+    #[error("{0}")]
+    Framing(String),
     /// A header or attribute claims more bytes than there are, or fewer than its own header.
     #[error("{what} at byte {offset} claims {claimed} bytes, {available} available")]
     BadLength {
@@ -66,6 +69,12 @@ pub enum DecodeError {
         /// What is wrong with it.
         reason: String,
     },
+}
+
+impl From<netlink_packet_core::DecodeError> for DecodeError {
+    fn from(e: netlink_packet_core::DecodeError) -> Self {
+        Self::Framing(e.to_string())
+    }
 }
 
 /// A request being written: `nlmsghdr`, the protocol's fixed header, then attributes.

@@ -4,8 +4,10 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use crate::ipvs::connection::{collect, serialize};
 use crate::ipvs::netlink::tests::{header as nla, message};
-use crate::ipvs::netlink::{NLA_F_NESTED, NLM_F_MULTI, NLM_F_REQUEST, Reply, replies};
+use crate::ipvs::netlink::{NLM_F_MULTI, NLM_F_REQUEST, Progress};
+use std::net::Ipv6Addr;
 
 /// An `ifaddrmsg` for a host address of `family` on link `index`.
 fn ifaddrmsg(family: u8, prefix: u8, flags: u8, index: u32) -> Vec<u8> {
@@ -16,7 +18,7 @@ fn ifaddrmsg(family: u8, prefix: u8, flags: u8, index: u32) -> Vec<u8> {
 fn the_link_lookup_names_the_interface() {
     let body = [vec![0; 16], nla(15, 3), b"kube-ipvs0\0\0".to_vec()].concat();
     assert_eq!(
-        link_request(4, "kube-ipvs0"),
+        serialize(link_request("kube-ipvs0"), 4),
         message(18, NLM_F_REQUEST, 4, &body)
     );
 }
@@ -27,15 +29,16 @@ fn creating_the_dummy_asks_for_a_new_link_of_kind_dummy() {
         vec![0; 16],
         nla(15, 3),
         b"kube-ipvs0\0\0".to_vec(),
-        // The nest spans its padded contents, as `nla_nest_end` sizes it.
-        nla(4 + 12, 18 | NLA_F_NESTED),
+        // The nest spans its padded contents, as `nla_nest_end` sizes it. netlink-packet-route
+        // leaves `NLA_F_NESTED` off `IFLA_LINKINFO`, which the kernel does not require there.
+        nla(4 + 12, 18),
         nla(10, 1),
         b"dummy\0\0\0".to_vec(),
     ]
     .concat();
     let create_exclusive_ack = 0x400 | 0x200 | 0x4;
     assert_eq!(
-        create_dummy_request(5, "kube-ipvs0"),
+        serialize(create_dummy_request("kube-ipvs0"), 5),
         message(16, NLM_F_REQUEST | create_exclusive_ack, 5, &body)
     );
 }
@@ -51,7 +54,10 @@ fn an_ipv4_address_is_bound_as_a_host_address() {
     ]
     .concat();
     assert_eq!(
-        address_request(9, AddressChange::Add, 7, "10.96.0.10".parse().unwrap()),
+        serialize(
+            address_request(AddressChange::Add, 7, "10.96.0.10".parse().unwrap()),
+            9
+        ),
         message(20, NLM_F_REQUEST | 0x400 | 0x200 | 0x4, 9, &body)
     );
 }
@@ -68,11 +74,11 @@ fn an_ipv6_address_is_bound_without_duplicate_address_detection_and_unbound() {
     ]
     .concat();
     assert_eq!(
-        address_request(3, AddressChange::Add, 7, octets.into()),
+        serialize(address_request(AddressChange::Add, 7, octets.into()), 3),
         message(20, NLM_F_REQUEST | 0x400 | 0x200 | 0x4, 3, &body)
     );
     assert_eq!(
-        address_request(4, AddressChange::Delete, 7, octets.into()),
+        serialize(address_request(AddressChange::Delete, 7, octets.into()), 4),
         message(21, NLM_F_REQUEST | 0x4, 4, &body)
     );
 }
@@ -80,21 +86,18 @@ fn an_ipv6_address_is_bound_without_duplicate_address_detection_and_unbound() {
 #[test]
 fn the_address_dump_asks_for_both_families() {
     assert_eq!(
-        list_addresses_request(2),
+        serialize(list_addresses_request(), 2),
         message(22, NLM_F_REQUEST | 0x300, 2, &[0; 8])
     );
 }
 
-/// Decodes the only message of `datagram` with [`decode_address`].
+/// Decodes the only message of `datagram` (a dump part for request 1) with [`decode_address`].
 fn decode_only(datagram: &[u8]) -> Result<Option<(u32, IpAddr)>, DecodeError> {
-    match replies(datagram, IFADDRMSG_LEN).unwrap().as_slice() {
-        [
-            Reply::Message {
-                header, attributes, ..
-            },
-        ] => decode_address(header, *attributes),
-        other => panic!("expected one message, got {other:?}"),
-    }
+    let mut decoded = Vec::new();
+    let progress = collect(datagram, 1, &mut decode_address, &mut decoded)?;
+    assert_eq!(progress, Progress::Pending);
+    assert_eq!(decoded.len(), 1, "expected one message");
+    Ok(decoded[0])
 }
 
 #[test]
@@ -135,13 +138,11 @@ fn addresses_of_other_families_are_skipped_and_malformed_ones_refused() {
         None
     );
     let short_address = [ifaddrmsg(2, 32, 0, 1), nla(7, 2), vec![10, 96, 0, 0]].concat();
-    assert!(matches!(
-        decode_only(&message(20, NLM_F_MULTI, 1, &short_address)),
-        Err(DecodeError::Invalid {
-            name: "IFA_LOCAL",
-            ..
-        })
-    ));
+    let refused = decode_only(&message(20, NLM_F_MULTI, 1, &short_address)).unwrap_err();
+    assert!(
+        matches!(&refused, DecodeError::Framing(text) if text.contains("IFA_LOCAL")),
+        "{refused:?}"
+    );
     let without_address = ifaddrmsg(10, 128, 0, 1);
     assert_eq!(
         decode_only(&message(20, NLM_F_MULTI, 1, &without_address)),
@@ -153,8 +154,19 @@ fn addresses_of_other_families_are_skipped_and_malformed_ones_refused() {
 
 #[test]
 fn the_link_index_comes_from_the_ifinfomsg() {
-    let mut header = vec![0; 16];
-    header[4..8].copy_from_slice(&42u32.to_ne_bytes());
-    assert_eq!(decode_link_index(&header).unwrap(), 42);
-    assert!(decode_link_index(&header[..8]).is_err());
+    let mut ifinfomsg = vec![0; 16];
+    ifinfomsg[4..8].copy_from_slice(&42u32.to_ne_bytes());
+    let reply = [ifinfomsg.clone(), nla(15, 3), b"kube-ipvs0\0\0".to_vec()].concat();
+    let mut indexes = Vec::new();
+    let progress = collect(
+        &message(16, 0, 4, &reply),
+        4,
+        &mut decode_link_index,
+        &mut indexes,
+    )
+    .unwrap();
+    assert_eq!((progress, indexes), (Progress::Finished, vec![42]));
+    let mut indexes = Vec::new();
+    let truncated = message(16, 0, 4, &ifinfomsg[..8]);
+    assert!(collect(&truncated, 4, &mut decode_link_index, &mut indexes).is_err());
 }
