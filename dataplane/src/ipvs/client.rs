@@ -115,15 +115,14 @@ impl Ipvs {
             connection,
             family: 0,
         };
-        let seq = ipvs.next_seq();
         let ids = ipvs
-            .exchange(
-                &message::family_request(seq),
-                seq,
-                Subject::VirtualServer,
-                || "resolving the IPVS family".to_owned(),
-                message::decode_family_id,
-            )
+            .connection
+            .exchange_message(message::family_request(), message::decode_family_id)
+            .map_err(|e| {
+                exchange_error(e, Subject::VirtualServer, || {
+                    "resolving the IPVS family".to_owned()
+                })
+            })
             .map_err(|e| match e {
                 Error::Refused {
                     errno: Errno::ENOENT,

@@ -7,6 +7,10 @@ use super::netlink::{
 };
 use super::{ListedRealServer, RealServer, ServiceId, Timeouts, VirtualServer, service_flags};
 use crate::Protocol;
+use netlink_packet_core::NetlinkMessage;
+use netlink_packet_generic::ctrl::nlas::GenlCtrlAttrs;
+use netlink_packet_generic::ctrl::{GenlCtrl, GenlCtrlCmd};
+use netlink_packet_generic::{GenlHeader, GenlMessage};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The generic netlink family's name (`IPVS_GENL_NAME`).
@@ -14,12 +18,9 @@ pub const FAMILY_NAME: &str = "IPVS";
 /// `IPVS_GENL_VERSION`.
 const VERSION: u8 = 1;
 
-/// `GENL_ID_CTRL`: `nlctrl`, which resolves family names to ids.
-const CTRL_FAMILY: u16 = 0x10;
+/// The `nlctrl` version asked for: 1, as libnl (and so ipvsadm) sends it. netlink-packet-generic
+/// says 2; the kernel takes either.
 const CTRL_VERSION: u8 = 1;
-const CTRL_CMD_GETFAMILY: u8 = 3;
-const CTRL_ATTR_FAMILY_ID: u16 = 1;
-const CTRL_ATTR_FAMILY_NAME: u16 = 2;
 
 /// An IPVS command (`IPVS_CMD_*`); the kernel answers a dump with `NewService` or `NewDest`
 /// messages.
@@ -83,22 +84,35 @@ const AF_INET6: u16 = 10;
 
 /// The request for the id of family [`FAMILY_NAME`] (`CTRL_CMD_GETFAMILY`).
 #[must_use]
-pub fn family_request(seq: u32) -> Vec<u8> {
-    let mut request = Request::new(CTRL_FAMILY, 0, seq, CTRL_CMD_GETFAMILY, CTRL_VERSION);
-    request.put_str(CTRL_ATTR_FAMILY_NAME, FAMILY_NAME);
-    request.finish()
+pub fn family_request() -> NetlinkMessage<GenlMessage<GenlCtrl>> {
+    let lookup = GenlCtrl {
+        cmd: GenlCtrlCmd::GetFamily,
+        nlas: vec![GenlCtrlAttrs::FamilyName(FAMILY_NAME.to_owned())],
+    };
+    let header = GenlHeader {
+        cmd: lookup.cmd.into(),
+        version: CTRL_VERSION,
+    };
+    NetlinkMessage::from(GenlMessage::from_parts(header, lookup))
 }
 
 /// The family id in `nlctrl`'s answer to [`family_request`].
 ///
 /// # Errors
 ///
-/// If it lacks `CTRL_ATTR_FAMILY_ID` or the attribute is malformed.
-pub fn decode_family_id(attributes: Attributes<'_>) -> Result<u16, DecodeError> {
-    read_u16(
-        attributes.require(CTRL_ATTR_FAMILY_ID, "CTRL_ATTR_FAMILY_ID")?,
-        "CTRL_ATTR_FAMILY_ID",
-    )
+/// If it lacks `CTRL_ATTR_FAMILY_ID`.
+pub fn decode_family_id(reply: GenlMessage<GenlCtrl>) -> Result<u16, DecodeError> {
+    reply
+        .payload
+        .nlas
+        .iter()
+        .find_map(|attribute| match attribute {
+            GenlCtrlAttrs::FamilyId(id) => Some(*id),
+            _ => None,
+        })
+        .ok_or(DecodeError::Missing {
+            name: "CTRL_ATTR_FAMILY_ID",
+        })
 }
 
 /// `NewService` or `SetService` for `server`, asking for an acknowledgement.

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use crate::ipvs::connection::{collect, serialize};
 use crate::ipvs::netlink::{GENL_HDRLEN, NLA_F_NESTED, NLM_F_MULTI, NLM_F_REQUEST, Reply, replies};
 
 const FAMILY: u16 = 0x24;
@@ -281,7 +282,7 @@ fn timeouts_carry_only_those_set_in_seconds() {
 
 #[test]
 fn family_lookup_asks_nlctrl_for_ipvs_by_name() {
-    let bytes = family_request(5);
+    let bytes = serialize(family_request(), 5);
     let expected = [
         &32u32.to_ne_bytes()[..],
         &0x10u16.to_ne_bytes(), // GENL_ID_CTRL
@@ -294,4 +295,35 @@ fn family_lookup_asks_nlctrl_for_ipvs_by_name() {
     ]
     .concat();
     assert_eq!(bytes, expected);
+}
+
+#[test]
+fn the_family_id_is_read_from_nlctrls_answer() {
+    let name = [&nla(9, 2)[..], b"IPVS\0\0\0\0"].concat();
+    let id = [&nla(6, 1)[..], &0x24u16.to_ne_bytes(), &[0, 0]].concat();
+    let answer = |attributes: &[u8]| {
+        // CTRL_CMD_NEWFAMILY from GENL_ID_CTRL, answering request 5.
+        let len = u32::try_from(20 + attributes.len()).unwrap();
+        [
+            &len.to_ne_bytes()[..],
+            &0x10u16.to_ne_bytes(),
+            &0u16.to_ne_bytes(),
+            &5u32.to_ne_bytes(),
+            &0u32.to_ne_bytes(),
+            &[1, 2, 0, 0],
+            attributes,
+        ]
+        .concat()
+    };
+    let mut ids = Vec::new();
+    let full = answer(&[name.clone(), id].concat());
+    collect(&full, 5, &mut decode_family_id, &mut ids).unwrap();
+    assert_eq!(ids, [0x24]);
+    let without_id = answer(&name);
+    assert_eq!(
+        collect(&without_id, 5, &mut decode_family_id, &mut ids).unwrap_err(),
+        DecodeError::Missing {
+            name: "CTRL_ATTR_FAMILY_ID"
+        }
+    );
 }
