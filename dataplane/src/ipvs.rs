@@ -4,9 +4,10 @@
 //!
 //! The types here are what the kernel's IPVS tables hold, as its generic netlink family `IPVS`
 //! (`include/uapi/linux/ip_vs.h`) reads and writes them; they know nothing of Services.
-//! [`Ipvs`] (`client`) reads and writes them in the kernel; `message` and `netlink` are its pure
-//! encoding and decoding. `interface` binds the Service addresses to `kube-ipvs0` over rtnetlink,
-//! through the same framing; both speak through a `connection`.
+//! [`Ipvs`] (`client`) reads and writes them in the kernel; `message` holds the IPVS messages,
+//! framed by the rust-netlink crates. `interface` binds the Service addresses to `kube-ipvs0` over
+//! rtnetlink (netlink-packet-route's messages); both speak through a `connection`, a blocking
+//! netlink-sys socket.
 
 pub mod apply;
 pub mod backend;
@@ -17,7 +18,6 @@ pub mod diff;
 pub mod interface;
 pub mod message;
 pub mod netfilter;
-pub mod netlink;
 pub mod plan;
 pub mod rules;
 pub mod sets;

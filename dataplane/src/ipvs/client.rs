@@ -1,10 +1,10 @@
 //! The IPVS client: reads and writes the kernel's virtual and real servers over a blocking
 //! generic netlink socket (no ipvsadm). Call it from `spawn_blocking` in async code.
 
-use super::connection::{Connection, Errno, ExchangeError, REPLY_TIMEOUT};
-use super::message::{self, Command};
-use super::netlink::{Attributes, DecodeError, GENL_HDRLEN};
+use super::connection::{Connection, DecodeError, Errno, ExchangeError, REPLY_TIMEOUT};
+use super::message::{self, Command, IpvsMessage, Request};
 use super::{ListedRealServer, RealServer, ServiceId, Timeouts, VirtualServer};
+use netlink_packet_generic::GenlMessage;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -117,7 +117,7 @@ impl Ipvs {
         };
         let ids = ipvs
             .connection
-            .exchange_message(message::family_request(), message::decode_family_id)
+            .exchange(message::family_request(), message::decode_family_id)
             .map_err(|e| {
                 exchange_error(e, Subject::VirtualServer, || {
                     "resolving the IPVS family".to_owned()
@@ -140,11 +140,9 @@ impl Ipvs {
     ///
     /// If the kernel refuses or its reply is unreadable.
     pub fn services(&mut self) -> Result<Vec<VirtualServer>> {
-        let seq = self.next_seq();
-        let request = message::list_services_request(self.family, seq);
+        let request = message::list_services_request(self.family);
         let listed = self.exchange(
-            &request,
-            seq,
+            request,
             Subject::VirtualServer,
             || "listing virtual servers".to_owned(),
             message::decode_service,
@@ -176,9 +174,8 @@ impl Ipvs {
     ///
     /// If the kernel refuses.
     pub fn set_timeouts(&mut self, timeouts: &Timeouts) -> Result<()> {
-        let seq = self.next_seq();
-        let request = message::timeouts_request(self.family, seq, timeouts);
-        self.acknowledged(&request, seq, Subject::VirtualServer, || {
+        let request = message::timeouts_request(self.family, timeouts);
+        self.acknowledged(request, Subject::VirtualServer, || {
             format!("setting the connection timeouts {timeouts:?}")
         })
     }
@@ -189,9 +186,8 @@ impl Ipvs {
     ///
     /// If the kernel refuses: `ESRCH` when there is no such virtual server.
     pub fn delete_service(&mut self, id: ServiceId) -> Result<()> {
-        let seq = self.next_seq();
-        let request = message::delete_service_request(self.family, seq, id);
-        self.acknowledged(&request, seq, Subject::VirtualServer, || {
+        let request = message::delete_service_request(self.family, id);
+        self.acknowledged(request, Subject::VirtualServer, || {
             format!("deleting virtual server {id}")
         })
     }
@@ -202,14 +198,12 @@ impl Ipvs {
     ///
     /// If the kernel refuses (`ESRCH`: no such virtual server) or its reply is unreadable.
     pub fn real_servers(&mut self, service: ServiceId) -> Result<Vec<ListedRealServer>> {
-        let seq = self.next_seq();
-        let request = message::list_real_servers_request(self.family, seq, service);
+        let request = message::list_real_servers_request(self.family, service);
         self.exchange(
-            &request,
-            seq,
+            request,
             Subject::RealServer,
             || format!("listing the real servers of {service}"),
-            |attributes| message::decode_real_server(attributes, service),
+            |listed| message::decode_real_server(listed, service),
         )
     }
 
@@ -242,9 +236,8 @@ impl Ipvs {
         address: IpAddr,
         port: u16,
     ) -> Result<()> {
-        let seq = self.next_seq();
-        let request = message::delete_real_server_request(self.family, seq, service, address, port);
-        self.acknowledged(&request, seq, Subject::RealServer, || {
+        let request = message::delete_real_server_request(self.family, service, address, port);
+        self.acknowledged(request, Subject::RealServer, || {
             format!(
                 "deleting real server {} of {service}",
                 SocketAddr::new(address, port)
@@ -258,9 +251,8 @@ impl Ipvs {
         server: &VirtualServer,
         verb: &str,
     ) -> Result<()> {
-        let seq = self.next_seq();
-        let request = message::service_request(self.family, seq, command, server);
-        self.acknowledged(&request, seq, Subject::VirtualServer, || {
+        let request = message::service_request(self.family, command, server);
+        self.acknowledged(request, Subject::VirtualServer, || {
             format!(
                 "{verb} virtual server {} (scheduler {})",
                 server.id, server.scheduler
@@ -275,9 +267,8 @@ impl Ipvs {
         server: RealServer,
         verb: &str,
     ) -> Result<()> {
-        let seq = self.next_seq();
-        let request = message::real_server_request(self.family, seq, command, service, server);
-        self.acknowledged(&request, seq, Subject::RealServer, || {
+        let request = message::real_server_request(self.family, command, service, server);
+        self.acknowledged(request, Subject::RealServer, || {
             format!(
                 "{verb} real server {} (weight {}) of {service}",
                 SocketAddr::new(server.address, server.port),
@@ -289,34 +280,27 @@ impl Ipvs {
     /// Sends a request that asked for an acknowledgement and waits for it.
     fn acknowledged(
         &mut self,
-        request: &[u8],
-        seq: u32,
+        request: Request,
         subject: Subject,
         operation: impl Fn() -> String,
     ) -> Result<()> {
-        self.exchange(request, seq, subject, operation, |_| Ok(()))
+        self.exchange(request, subject, operation, |_| Ok(()))
             .map(drop)
     }
 
-    /// Sends `request` (sequence number `seq`) and reads the replies to it, each decoded from
-    /// its attributes with `decode`.
+    /// Sends `request` and reads the replies to it, each decoded with `decode`.
     fn exchange<T>(
         &mut self,
-        request: &[u8],
-        seq: u32,
+        request: Request,
         subject: Subject,
         operation: impl Fn() -> String,
-        mut decode: impl FnMut(Attributes<'_>) -> Result<T, DecodeError>,
+        mut decode: impl FnMut(IpvsMessage) -> Result<T, DecodeError>,
     ) -> Result<Vec<T>> {
         self.connection
-            .exchange(request, seq, GENL_HDRLEN, |_, attributes| {
-                decode(attributes)
+            .exchange(request, |reply: GenlMessage<IpvsMessage>| {
+                decode(reply.payload)
             })
             .map_err(|e| exchange_error(e, subject, operation))
-    }
-
-    fn next_seq(&mut self) -> u32 {
-        self.connection.next_seq()
     }
 }
 

@@ -3,7 +3,6 @@
 //! (generic netlink) and the `kube-ipvs0` interface (rtnetlink) speak through. Call it from
 //! `spawn_blocking` in async code.
 
-use super::netlink::{self, Attributes, DecodeError, Progress};
 use netlink_packet_core::{
     NLM_F_MULTIPART, NLM_F_REQUEST, NetlinkBuffer, NetlinkDeserializable, NetlinkMessage,
     NetlinkPayload, NetlinkSerializable, Parseable,
@@ -40,6 +39,45 @@ pub enum ExchangeError {
     /// The kernel's reply could not be read.
     #[error("unreadable reply")]
     Decode(#[source] DecodeError),
+}
+
+/// Why a kernel reply could not be read. Never a panic: the bytes come from outside.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The netlink framing or an attribute is broken, as netlink-packet-core reads it.
+    #[error("{0}")]
+    Framing(String),
+    /// An attribute the kernel must send is missing.
+    #[error("attribute {name} is missing")]
+    Missing {
+        /// The attribute's UAPI name.
+        name: &'static str,
+    },
+    /// An attribute has an invalid value.
+    #[error("attribute {name} is invalid: {reason}")]
+    Invalid {
+        /// The attribute's UAPI name.
+        name: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl From<netlink_packet_core::DecodeError> for DecodeError {
+    fn from(e: netlink_packet_core::DecodeError) -> Self {
+        Self::Framing(e.to_string())
+    }
+}
+
+/// Where the replies to a request stand after one more datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// More is to come: the rest of a dump, or the acknowledgement.
+    Pending,
+    /// The acknowledgement, the end of the dump, or the single message of a plain request came.
+    Finished,
+    /// The kernel refused the request with this errno (positive).
+    Refused(i32),
 }
 
 /// An errno from the kernel (positive), shown with its name (`ENOENT`) and number.
@@ -147,45 +185,9 @@ impl Connection {
     }
 
     /// The sequence number of the next request.
-    pub fn next_seq(&mut self) -> u32 {
+    fn next_seq(&mut self) -> u32 {
         self.seq = self.seq.wrapping_add(1);
         self.seq
-    }
-
-    /// Sends `request` (sequence number `seq`) and reads the replies to it, whose fixed headers
-    /// are `header_len` bytes long: every message decoded with `decode`, until the
-    /// acknowledgement, the end of a dump, or the single message of a plain request. Replies to
-    /// earlier requests (one that timed out) are skipped.
-    ///
-    /// # Errors
-    ///
-    /// When sending or receiving fails, no reply comes, the kernel refuses, or a reply cannot be
-    /// read.
-    pub fn exchange<T>(
-        &mut self,
-        request: &[u8],
-        seq: u32,
-        header_len: usize,
-        mut decode: impl FnMut(&[u8], Attributes<'_>) -> Result<T, DecodeError>,
-    ) -> Result<Vec<T>, ExchangeError> {
-        self.send(request)?;
-        let mut decoded = Vec::new();
-        loop {
-            let len = self.receive()?;
-            let progress = netlink::collect(
-                &self.buffer[..len],
-                seq,
-                header_len,
-                &mut decode,
-                &mut decoded,
-            )
-            .map_err(ExchangeError::Decode)?;
-            match progress {
-                Progress::Pending => {}
-                Progress::Finished => return Ok(decoded),
-                Progress::Refused(errno) => return Err(ExchangeError::Refused(Errno(errno))),
-            }
-        }
     }
 
     /// Sends `request` with the next sequence number and reads the replies to it: every message
@@ -196,7 +198,7 @@ impl Connection {
     ///
     /// When sending or receiving fails, no reply comes, the kernel refuses, or a reply cannot be
     /// read.
-    pub fn exchange_message<Q, R, T>(
+    pub fn exchange<Q, R, T>(
         &mut self,
         request: NetlinkMessage<Q>,
         mut decode: impl FnMut(R) -> Result<T, DecodeError>,
@@ -312,3 +314,6 @@ pub fn collect<R: NetlinkDeserializable, T>(
     }
     Ok(progress)
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -10,8 +10,7 @@
 //! The messages are netlink-packet-route's, built by pure functions (unit-tested);
 //! [`DummyInterface`] sends them through a [`Connection`].
 
-use super::connection::{Connection, Errno, ExchangeError};
-use super::netlink::DecodeError;
+use super::connection::{Connection, DecodeError, Errno, ExchangeError};
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NetlinkDeserializable, NetlinkHeader,
     NetlinkMessage, Parseable,
@@ -254,7 +253,7 @@ impl DummyInterface {
     pub fn addresses(&mut self) -> Result<BTreeSet<IpAddr>> {
         let listed = self
             .connection
-            .exchange_message(list_addresses_request(), decode_address)
+            .exchange(list_addresses_request(), decode_address)
             .map_err(|source| self.error("listing the addresses of", source))?;
         Ok(listed
             .into_iter()
@@ -287,7 +286,7 @@ impl DummyInterface {
         let request = address_request(change, self.index, ip);
         match self
             .connection
-            .exchange_message(request, |_: RouteNetlinkMessage| Ok(()))
+            .exchange(request, |_: RouteNetlinkMessage| Ok(()))
         {
             Ok(_) => Ok(()),
             Err(ExchangeError::Refused(errno)) if errno == already => Ok(()),
@@ -305,7 +304,7 @@ impl DummyInterface {
     fn find(&mut self) -> Result<u32> {
         let indexes = self
             .connection
-            .exchange_message(link_request(&self.name), decode_link_index)
+            .exchange(link_request(&self.name), decode_link_index)
             .map_err(|source| self.error("looking up", source))?;
         indexes
             .into_iter()
@@ -316,7 +315,7 @@ impl DummyInterface {
     /// Creates the interface as a dummy link.
     fn create(&mut self) -> Result<()> {
         self.connection
-            .exchange_message(
+            .exchange(
                 create_dummy_request(&self.name),
                 |_: RouteNetlinkMessage| Ok(()),
             )

@@ -4,9 +4,9 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::ipvs::connection::{collect, serialize};
-use crate::ipvs::netlink::tests::{header as nla, message};
-use crate::ipvs::netlink::{NLM_F_MULTI, NLM_F_REQUEST, Progress};
+use crate::ipvs::connection::tests::{message, nla};
+use crate::ipvs::connection::{Progress, collect, serialize};
+use netlink_packet_core::{NLM_F_MULTIPART as NLM_F_MULTI, NLM_F_REQUEST};
 use std::net::Ipv6Addr;
 
 /// An `ifaddrmsg` for a host address of `family` on link `index`.

@@ -4,15 +4,11 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use crate::ipvs::connection::tests::nla;
 use crate::ipvs::connection::{collect, serialize};
-use crate::ipvs::netlink::{GENL_HDRLEN, NLA_F_NESTED, NLM_F_MULTI, NLM_F_REQUEST, Reply, replies};
+use netlink_packet_core::{NLM_F_MULTIPART, NLM_F_REQUEST};
 
 const FAMILY: u16 = 0x24;
-
-/// An `nlattr` header: length, then type.
-fn nla(len: u16, kind: u16) -> Vec<u8> {
-    [len.to_ne_bytes(), kind.to_ne_bytes()].concat()
-}
 
 /// A message's `nlmsghdr` and `genlmsghdr`.
 fn headers(len: u32, flags: u16, seq: u32, command: u8) -> Vec<u8> {
@@ -44,12 +40,29 @@ fn persistent_service() -> VirtualServer {
     }
 }
 
-/// The attributes of the only message in `bytes`.
-fn only_message(bytes: &[u8]) -> Attributes<'_> {
-    match replies(bytes, GENL_HDRLEN).unwrap().as_slice() {
-        [Reply::Message { attributes, .. }] => *attributes,
-        other => panic!("expected one message, got {other:?}"),
-    }
+/// The IPVS message `request` is, as the kernel would read it back.
+fn sent(request: Request) -> IpvsMessage {
+    let bytes = serialize(request, 1);
+    let mut messages = Vec::new();
+    collect(
+        &bytes,
+        1,
+        &mut |m: GenlMessage<IpvsMessage>| Ok(m.payload),
+        &mut messages,
+    )
+    .unwrap();
+    assert_eq!(messages.len(), 1);
+    messages.remove(0)
+}
+
+/// A listing's message (a dump part) holding `attributes`, as the kernel would send it.
+fn listed(attributes: Vec<CommandAttribute>) -> IpvsMessage {
+    sent(request(
+        FAMILY,
+        NLM_F_MULTIPART,
+        Command::NewService,
+        attributes,
+    ))
 }
 
 /// `IPVS_SVC_ATTR_AF`, `PROTOCOL`, `ADDR` and `PORT` of `vip()`.
@@ -72,7 +85,10 @@ fn vip_attributes() -> Vec<u8> {
 
 #[test]
 fn new_service_is_laid_out_as_ip_vs_h_says() {
-    let bytes = service_request(FAMILY, 9, Command::NewService, &persistent_service());
+    let bytes = serialize(
+        service_request(FAMILY, Command::NewService, &persistent_service()),
+        9,
+    );
 
     let expected = [
         headers(104, NLM_F_REQUEST | NLM_F_ACK, 9, 1),
@@ -99,7 +115,10 @@ fn new_real_server_is_laid_out_as_ip_vs_h_says() {
         port: 8080,
         weight: 1,
     };
-    let bytes = real_server_request(FAMILY, 3, Command::NewDest, vip(), server);
+    let bytes = serialize(
+        real_server_request(FAMILY, Command::NewDest, vip(), server),
+        3,
+    );
 
     let u32_attribute = |kind: u16, value: u32| [nla(8, kind), value.to_ne_bytes().to_vec()];
     let expected = [
@@ -128,14 +147,15 @@ fn new_real_server_is_laid_out_as_ip_vs_h_says() {
 fn ipv6_service_carries_the_whole_address_and_a_prefix_length_netmask() {
     let mut server = persistent_service();
     server.id.address = "fd00:96::10".parse().unwrap();
-    let bytes = service_request(FAMILY, 1, Command::SetService, &server);
-    let service = Attributes::new(only_message(&bytes).find(1).unwrap().unwrap());
-    assert_eq!(service.find(1).unwrap(), Some(&10u16.to_ne_bytes()[..]));
-    assert_eq!(
-        service.find(3).unwrap(),
-        Some(&"fd00:96::10".parse::<Ipv6Addr>().unwrap().octets()[..])
-    );
-    assert_eq!(service.find(9).unwrap(), Some(&128u32.to_ne_bytes()[..]));
+    let message = sent(service_request(FAMILY, Command::SetService, &server));
+    assert_eq!(message.command, Command::SetService);
+    let [CommandAttribute::Service(service)] = message.attributes.as_slice() else {
+        panic!("expected one service attribute: {message:?}");
+    };
+    assert!(service.contains(&ServiceAttribute::Family(10)));
+    let octets = "fd00:96::10".parse::<Ipv6Addr>().unwrap().octets();
+    assert!(service.contains(&ServiceAttribute::Address(octets.to_vec())));
+    assert!(service.contains(&ServiceAttribute::Netmask(128)));
 }
 
 #[test]
@@ -144,25 +164,26 @@ fn a_service_decodes_back_to_what_was_encoded() {
         let mut server = persistent_service();
         server.id.address = address.parse().unwrap();
         server.id.protocol = Protocol::Sctp;
-        let bytes = service_request(FAMILY, 1, Command::NewService, &server);
-        assert_eq!(decode_service(only_message(&bytes)), Ok(Some(server)));
+        let message = sent(service_request(FAMILY, Command::NewService, &server));
+        assert_eq!(decode_service(message), Ok(Some(server)));
     }
 }
 
 #[test]
 fn listed_flags_leave_out_the_hashed_flag_the_kernel_adds() {
-    let mut request = Request::new(FAMILY, NLM_F_MULTI, 1, 1, 1);
-    request.begin_nested(CMD_ATTR_SERVICE);
-    put_service_id(&mut request, vip());
-    let mut flags = [0; 8];
-    flags[..4].copy_from_slice(&(service_flags::HASHED | service_flags::PERSISTENT).to_ne_bytes());
-    request
-        .put_str(SVC_SCHED_NAME, "wlc")
-        .put(SVC_FLAGS, &flags)
-        .put_u32(SVC_TIMEOUT, 60)
-        .put_u32(SVC_NETMASK, u32::MAX);
-    let bytes = request.finish();
-    let listed = decode_service(only_message(&bytes)).unwrap().unwrap();
+    let mut service = service_id(vip());
+    service.extend([
+        ServiceAttribute::Scheduler("wlc".into()),
+        ServiceAttribute::Flags {
+            flags: service_flags::HASHED | service_flags::PERSISTENT,
+            mask: 0,
+        },
+        ServiceAttribute::Timeout(60),
+        ServiceAttribute::Netmask(u32::MAX),
+    ]);
+    let listed = decode_service(listed(vec![CommandAttribute::Service(service)]))
+        .unwrap()
+        .unwrap();
     assert_eq!(listed.flags, service_flags::PERSISTENT);
     assert_eq!(listed.scheduler, "wlc");
 }
@@ -170,20 +191,19 @@ fn listed_flags_leave_out_the_hashed_flag_the_kernel_adds() {
 #[test]
 fn a_listed_real_server_decodes_with_its_connections() {
     // What the kernel sends in a GET_DEST dump: the request's attributes plus counters.
-    let mut request = Request::new(FAMILY, NLM_F_MULTI, 1, 5, 1);
-    request.begin_nested(CMD_ATTR_DEST);
-    put_destination(&mut request, "fd00:244::20".parse().unwrap(), 8080);
-    request
-        .put_u32(DEST_FWD_METHOD, FWD_MASQ)
-        .put_u32(DEST_WEIGHT, 0)
-        .put_u32(DEST_ACTIVE_CONNS, 3)
-        .put_u32(DEST_INACT_CONNS, 2)
-        .put_u16(DEST_ADDR_FAMILY, AF_INET6);
-    let bytes = request.finish();
-
-    let listed = decode_real_server(only_message(&bytes), vip()).unwrap();
+    let mut destination = destination("fd00:244::20".parse().unwrap(), 8080);
+    destination.extend([
+        DestinationAttribute::ForwardMethod(FWD_MASQ),
+        DestinationAttribute::Weight(0),
+        DestinationAttribute::ActiveConnections(3),
+        DestinationAttribute::InactiveConnections(2),
+        DestinationAttribute::Family(AF_INET6),
+        // Statistics, which the client leaves unread.
+        DestinationAttribute::Other(DefaultNla::new(10 | NLA_F_NESTED, vec![4, 0, 1, 0])),
+    ]);
+    let message = listed(vec![CommandAttribute::Destination(destination)]);
     assert_eq!(
-        listed,
+        decode_real_server(message, vip()).unwrap(),
         ListedRealServer {
             server: RealServer {
                 address: "fd00:244::20".parse().unwrap(),
@@ -203,62 +223,91 @@ fn a_real_server_without_counters_is_a_clear_error() {
         port: 8080,
         weight: 1,
     };
-    let bytes = real_server_request(FAMILY, 3, Command::SetDest, vip(), server);
+    let message = sent(real_server_request(FAMILY, Command::SetDest, vip(), server));
     assert_eq!(
-        decode_real_server(only_message(&bytes), vip())
-            .unwrap_err()
-            .to_string(),
+        decode_real_server(message, vip()).unwrap_err().to_string(),
         "attribute IPVS_DEST_ATTR_ACTIVE_CONNS is missing"
     );
 }
 
 #[test]
 fn a_service_with_garbled_attributes_is_a_clear_error() {
-    let mut request = Request::new(FAMILY, NLM_F_MULTI, 1, 1, 1);
-    request.begin_nested(CMD_ATTR_SERVICE);
-    request
-        .put_u16(SVC_AF, AF_INET)
-        .put_u16(SVC_PROTOCOL, 99)
-        .put(SVC_ADDR, &[10, 96])
-        .put(SVC_PORT, &[0, 80]);
-    let bytes = request.finish();
+    let garbled = vec![
+        ServiceAttribute::Family(AF_INET),
+        ServiceAttribute::Protocol(99),
+        ServiceAttribute::Address(vec![10, 96]),
+        ServiceAttribute::Port(80),
+    ];
     assert_eq!(
-        decode_service(only_message(&bytes))
+        decode_service(listed(vec![CommandAttribute::Service(garbled)]))
             .unwrap_err()
             .to_string(),
         "attribute IPVS_SVC_ATTR_FLAGS is missing"
     );
-
-    let empty = Request::new(FAMILY, NLM_F_MULTI, 1, 1, 1).finish();
     assert_eq!(
-        decode_service(only_message(&empty))
-            .unwrap_err()
-            .to_string(),
+        decode_service(listed(Vec::new())).unwrap_err().to_string(),
         "attribute IPVS_CMD_ATTR_SERVICE is missing"
     );
 }
 
 #[test]
+fn attributes_of_the_wrong_size_are_errors_naming_them() {
+    // IPVS_SVC_ATTR_TIMEOUT in 2 bytes, in a dump part for request 1.
+    let body = [
+        vec![1, 1, 0, 0],
+        nla(4 + 8, 1 | NLA_F_NESTED),
+        nla(6, 8),
+        vec![1, 2, 0, 0],
+    ]
+    .concat();
+    let bytes = crate::ipvs::connection::tests::message(FAMILY, NLM_F_MULTIPART, 1, &body);
+    let mut ignore = |_: GenlMessage<IpvsMessage>| Ok(());
+    let err = collect(&bytes, 1, &mut ignore, &mut Vec::new()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("attribute IPVS_SVC_ATTR_TIMEOUT is invalid: 2 bytes, expected 4"),
+        "{err}"
+    );
+}
+
+#[test]
+fn scheduler_names_are_read_up_to_their_nul_and_must_be_utf8() {
+    let scheduler = |value: &[u8]| {
+        let bytes = [
+            nla(u16::try_from(4 + value.len()).unwrap(), 6),
+            value.to_vec(),
+        ]
+        .concat();
+        ServiceAttribute::parse(&NlaBuffer::new_checked(&bytes[..]).unwrap())
+    };
+    assert_eq!(
+        scheduler(b"wlc\0").unwrap(),
+        ServiceAttribute::Scheduler("wlc".into())
+    );
+    assert!(scheduler(&[0xff, 0]).is_err());
+}
+
+#[test]
 fn firewall_mark_services_are_skipped() {
-    let mut request = Request::new(FAMILY, NLM_F_MULTI, 1, 1, 1);
-    request.begin_nested(CMD_ATTR_SERVICE);
-    request.put_u16(SVC_AF, AF_INET).put_u32(SVC_FWMARK, 7);
-    let bytes = request.finish();
-    assert_eq!(decode_service(only_message(&bytes)), Ok(None));
+    let service = vec![
+        ServiceAttribute::Family(AF_INET),
+        ServiceAttribute::FirewallMark(7),
+    ];
+    assert_eq!(
+        decode_service(listed(vec![CommandAttribute::Service(service)])),
+        Ok(None)
+    );
 }
 
 #[test]
 fn every_truncation_of_a_listing_is_an_error_or_a_shorter_listing_never_a_panic() {
-    let bytes = service_request(FAMILY, 1, Command::NewService, &persistent_service());
+    let bytes = serialize(
+        service_request(FAMILY, Command::NewService, &persistent_service()),
+        1,
+    );
     for len in 0..bytes.len() {
-        let Ok(replies) = replies(&bytes[..len], GENL_HDRLEN) else {
-            continue;
-        };
-        for reply in replies {
-            if let Reply::Message { attributes, .. } = reply {
-                let _ = decode_service(attributes);
-            }
-        }
+        let mut decode = |m: GenlMessage<IpvsMessage>| decode_service(m.payload);
+        let _ = collect(&bytes[..len], 1, &mut decode, &mut Vec::new());
     }
 }
 
@@ -277,7 +326,7 @@ fn timeouts_carry_only_those_set_in_seconds() {
         90u32.to_ne_bytes().to_vec(),
     ]
     .concat();
-    assert_eq!(timeouts_request(FAMILY, 3, &timeouts), expected);
+    assert_eq!(serialize(timeouts_request(FAMILY, &timeouts), 3), expected);
 }
 
 #[test]
