@@ -236,23 +236,24 @@ impl Connection {
     /// Reads one datagram into the buffer; its length.
     fn receive(&mut self) -> Result<usize, ExchangeError> {
         loop {
-            let mut buffer = &mut self.buffer[..];
-            return match self.socket.recv(&mut buffer, 0) {
-                Ok(len) => Ok(len.min(self.buffer.len())),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            match self.socket.recv(&mut &mut self.buffer[..], 0) {
+                Ok(len) => return Ok(len.min(self.buffer.len())),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e)
                     if matches!(
                         e.kind(),
                         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                     ) =>
                 {
-                    Err(ExchangeError::NoReply)
+                    return Err(ExchangeError::NoReply);
                 }
-                Err(source) => Err(ExchangeError::Socket {
-                    action: "receiving",
-                    source,
-                }),
-            };
+                Err(source) => {
+                    return Err(ExchangeError::Socket {
+                        action: "receiving",
+                        source,
+                    });
+                }
+            }
         }
     }
 }
