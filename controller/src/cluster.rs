@@ -1,9 +1,16 @@
 //! The cluster as the controller sees it: Kubernetes objects filtered and converted the way
 //! kube-proxy does, independent of any one node.
 
-use crate::cause::Cause;
-use crate::eligibility::Ineligible;
-use crate::topology::{self, Place};
+use crate::{
+    backends::{Backend, Hints, PortBackends},
+    cause::Cause,
+    digests::SharedDigests,
+    history::{ChangeSet, History, changed_keys},
+    nodes::{NodeInfo, Nodes},
+    placement::Placement,
+    resources::{Endpoints, Key, ServiceBackends, Services},
+    wire::Encodings,
+};
 use imbl::OrdMap;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -28,11 +35,6 @@ pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Annotation holding the time of the change that caused the slice's last update.
 pub const LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
-/// Node label naming the node's zone, which zone hints are matched against.
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
-
-/// A namespaced object's key.
-pub type Key = (String, String);
 
 /// Which Services this proxy programs, by the `service.kubernetes.io/service-proxy-name` label:
 /// by default those without the label (as default kube-proxy); with a name, only those whose
@@ -113,14 +115,6 @@ pub struct Objects {
     pub service_cidrs: OrdMap<String, Arc<ServiceCIDR>>,
 }
 
-/// The converted Services by key; an entry keeps its `Arc` while it does not change, and the
-/// map shares its unchanged parts with the state before, so states and views share both.
-pub type Services = OrdMap<Key, Arc<pb::Service>>;
-/// The merged endpoints by Service key, shared the same way.
-pub type Endpoints = OrdMap<Key, Arc<ServiceBackends>>;
-/// What the views need of each known Node, by name.
-pub type Nodes = OrdMap<String, NodeInfo>;
-
 /// The node-independent state every view is computed from. Cloning it is cheap: the maps are
 /// shared, and so is every entry that two states have in common.
 #[derive(Debug, Clone, Default)]
@@ -138,13 +132,13 @@ pub struct ClusterState {
     /// The change this state came from.
     pub cause: Cause,
     /// This state's generation and what changed in the states just before it.
-    pub history: crate::history::History,
+    pub history: History,
     /// The digests of this state's entries, for the agents that resume from digests.
-    pub digests: Arc<crate::view::SharedDigests>,
+    pub digests: Arc<SharedDigests>,
     /// Which Services each node may see in a form of its own, for its first view.
-    pub placement: Arc<crate::placement::Placement>,
+    pub placement: Arc<Placement>,
     /// The encodings of the resources this state's revisions upsert, shared by every node's.
-    pub encodings: Arc<crate::wire::Encodings>,
+    pub encodings: Arc<Encodings>,
 }
 
 impl ClusterState {
@@ -179,234 +173,33 @@ impl ClusterState {
     #[must_use]
     pub fn followed_by(mut self, previous: Option<&Self>) -> Self {
         let (history, changes) = match previous {
-            Some(previous) => (
-                &previous.history,
-                crate::history::ChangeSet::between(previous, &self),
-            ),
-            None => (&crate::history::History::default(), Default::default()),
+            Some(previous) => (&previous.history, self.changes_since(previous)),
+            None => (&History::default(), Default::default()),
         };
         self.history = history.next(changes);
         // A new state, whatever it was cloned from: its indexes are its own.
         self.digests = Arc::new(match previous {
-            Some(previous) => crate::view::SharedDigests::after(&previous.digests),
-            None => crate::view::SharedDigests::default(),
+            Some(previous) => SharedDigests::after(&previous.digests),
+            None => SharedDigests::default(),
         });
         self.placement = Arc::new(match previous {
-            Some(previous) => crate::placement::Placement::after(&previous.placement),
-            None => crate::placement::Placement::default(),
+            Some(previous) => Placement::after(&previous.placement),
+            None => Placement::default(),
         });
         self.encodings = Arc::default();
         self
     }
-}
 
-/// What the views need of one Node: where it is, and whether it may take new connections.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeInfo {
-    /// What topology hints are matched against.
-    pub topology: NodeTopology,
-    /// Why the node is not eligible for new connections; `None` while it is.
-    pub ineligible: Option<Ineligible>,
-    /// `spec.podCIDRs` (or the older `spec.podCIDR`), as written.
-    pub pod_cidrs: Vec<String>,
-    /// The node's IPs as kube-proxy picks them (see [`node_ips`]).
-    pub node_ips: Vec<String>,
-}
-
-impl NodeInfo {
-    /// What the views need of `node`.
+    /// The keys whose entries differ from `before` to this state. States built one from the
+    /// other share the parts of their maps that did not change, which this skips: it costs in
+    /// proportion to the change, not to the cluster.
     #[must_use]
-    pub fn of(node: &Node) -> Self {
-        Self {
-            topology: NodeTopology::of(node),
-            ineligible: Ineligible::of(node),
-            pod_cidrs: node
-                .spec
-                .as_ref()
-                .map(|spec| match (&spec.pod_cidrs, &spec.pod_cidr) {
-                    (Some(cidrs), _) if !cidrs.is_empty() => cidrs.clone(),
-                    (_, Some(cidr)) if !cidr.is_empty() => vec![cidr.clone()],
-                    _ => Vec::new(),
-                })
-                .unwrap_or_default(),
-            node_ips: node_ips(node).iter().map(ToString::to_string).collect(),
-        }
-    }
-}
-
-/// The Node's IPs as kube-proxy takes them from `status.addresses`: the first InternalIP, else
-/// the first ExternalIP, then the first address of the other family (InternalIPs first again).
-fn node_ips(node: &Node) -> Vec<IpAddr> {
-    let addresses = node
-        .status
-        .as_ref()
-        .and_then(|status| status.addresses.as_deref())
-        .unwrap_or_default();
-    let of_type = |kind: &'static str| {
-        addresses
-            .iter()
-            .filter(move |address| address.type_ == kind)
-            .filter_map(|address| address.address.parse::<IpAddr>().ok())
-    };
-    let mut ips = of_type("InternalIP").chain(of_type("ExternalIP"));
-    let Some(first) = ips.next() else {
-        return Vec::new();
-    };
-    let other = ips.find(|ip| ip.is_ipv4() != first.is_ipv4());
-    std::iter::once(first).chain(other).collect()
-}
-
-/// What of a Node topology hints are matched against.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeTopology {
-    /// The node's `topology.kubernetes.io/zone` label; empty when it has none.
-    pub zone: String,
-}
-
-impl NodeTopology {
-    /// The topology of `node`, from its labels.
-    #[must_use]
-    pub fn of(node: &Node) -> Self {
-        let zone = node
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(ZONE_LABEL));
-        Self {
-            zone: zone.cloned().unwrap_or_default(),
-        }
-    }
-}
-
-/// The merged, deduplicated endpoints of one Service, before per-node locality is known.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ServiceBackends {
-    /// One entry per (port name, protocol), sorted.
-    pub ports: Vec<PortBackends>,
-    /// The newest last-change-trigger-time of the Service's slices.
-    pub last_change_trigger_time: Option<prost_types::Timestamp>,
-    /// The endpoints as every node sees them that runs none of them and whose traffic no hint
-    /// narrows, which is most nodes: one copy shared by all their views.
-    pub plain: Arc<pb::ServiceEndpoints>,
-    /// The endpoints as the nodes of a zone see them where zone hints narrow some port's
-    /// traffic there, for the nodes no endpoint runs on and no node hint names: one copy per
-    /// zone shared by all their views. Sorted by zone; only zones where some endpoint is left
-    /// out, as elsewhere the plain form is the same.
-    pub zoned: Vec<(String, Arc<pb::ServiceEndpoints>)>,
-}
-
-impl ServiceBackends {
-    /// The endpoints of the Service `key`.
-    #[must_use]
-    pub fn new(
-        key: &Key,
-        ports: Vec<PortBackends>,
-        last_change_trigger_time: Option<prost_types::Timestamp>,
-    ) -> Self {
-        let plain = pb::ServiceEndpoints {
-            key: Some(pb::ObjectKey {
-                namespace: key.0.clone(),
-                name: key.1.clone(),
-            }),
-            ports: ports
-                .iter()
-                .map(|port| pb::PortEndpoints {
-                    port_name: port.port_name.clone(),
-                    protocol: port.protocol as i32,
-                    endpoints: port.endpoints.iter().map(|b| b.endpoint.clone()).collect(),
-                })
-                .collect(),
-            last_change_trigger_time,
-        };
-        let mut backends = Self {
-            ports,
-            last_change_trigger_time,
-            plain: Arc::new(plain),
-            zoned: Vec::new(),
-        };
-        backends.zoned = topology::narrowed_zones(&backends.ports)
-            .into_iter()
-            .filter_map(|zone| {
-                let endpoints = backends.seen_from(&Place::anywhere_in(zone));
-                let narrowed = (endpoints.ports.iter().flat_map(|port| &port.endpoints))
-                    .any(|endpoint| endpoint.topology_excluded);
-                narrowed.then(|| (zone.to_owned(), Arc::new(endpoints)))
-            })
-            .collect();
-        backends
-    }
-
-    /// The endpoints as a node at `place` sees them: locality set, topology hints applied.
-    #[must_use]
-    pub fn seen_from(&self, place: &Place) -> pb::ServiceEndpoints {
-        pb::ServiceEndpoints {
-            key: self.plain.key.clone(),
-            ports: place.ports(&self.ports),
-            last_change_trigger_time: self.last_change_trigger_time,
-        }
-    }
-
-    /// The endpoints as the nodes of `zone` see them that run none of them and that no node
-    /// hint names.
-    #[must_use]
-    pub fn seen_in_zone(&self, zone: &str) -> &Arc<pb::ServiceEndpoints> {
-        self.zoned
-            .binary_search_by(|(z, _)| z.as_str().cmp(zone))
-            .ok()
-            .and_then(|at| self.zoned.get(at))
-            .map_or(&self.plain, |(_, endpoints)| endpoints)
-    }
-}
-
-/// The endpoints of one Service port.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PortBackends {
-    /// The Service port name.
-    pub port_name: String,
-    /// The protocol.
-    pub protocol: pb::Protocol,
-    /// Endpoints sorted by address then port, each with the node it runs on.
-    pub endpoints: Vec<Backend>,
-}
-
-/// One endpoint, the node it runs on and its topology hints.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Backend {
-    /// The endpoint, with `is_local` and `topology_excluded` unset.
-    pub endpoint: pb::Endpoint,
-    /// The node the endpoint runs on; empty when the slice does not say.
-    pub node_name: String,
-    /// The slice's `hints` for the endpoint.
-    pub hints: Hints,
-}
-
-/// An endpoint's topology hints, as the EndpointSlice controller set them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Hints {
-    /// `hints.forZones[].name`: the zones whose nodes should use the endpoint.
-    pub for_zones: BTreeSet<String>,
-    /// `hints.forNodes[].name`: the nodes that should use the endpoint.
-    pub for_nodes: BTreeSet<String>,
-}
-
-impl Hints {
-    fn of(hints: Option<&k8s_openapi::api::discovery::v1::EndpointHints>) -> Self {
-        let Some(hints) = hints else {
-            return Self::default();
-        };
-        Self {
-            for_zones: hints
-                .for_zones
-                .iter()
-                .flatten()
-                .map(|zone| zone.name.clone())
-                .collect(),
-            for_nodes: hints
-                .for_nodes
-                .iter()
-                .flatten()
-                .map(|node| node.name.clone())
-                .collect(),
+    pub fn changes_since(&self, before: &Self) -> ChangeSet {
+        ChangeSet {
+            services: changed_keys(&before.services, &self.services),
+            endpoints: changed_keys(&before.endpoints, &self.endpoints),
+            nodes: changed_keys(&before.nodes, &self.nodes),
+            service_cidrs: before.service_cidrs != self.service_cidrs,
         }
     }
 }

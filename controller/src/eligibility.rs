@@ -6,9 +6,7 @@
 //! value, any effect). The cluster autoscaler sets that taint before it drains and removes a
 //! node, so load balancers that probe `/healthz` stop choosing the node before its rules go.
 
-use crate::cluster::NodeInfo;
 use k8s_openapi::api::core::v1::Node;
-use splitproxy_proto::v1alpha1 as pb;
 
 /// The taint key the cluster autoscaler puts on a node it is about to remove.
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
@@ -42,23 +40,6 @@ impl Ineligible {
             .flatten()
             .any(|taint| taint.key == TO_BE_DELETED_TAINT);
         tainted.then_some(Self::ToBeDeleted)
-    }
-}
-
-/// The status sent to the agent of a node the cluster knows as `known` (`None`: not at all): its
-/// eligibility and, passed along, its pod CIDRs and IPs and the cluster's `service_cidrs`.
-#[must_use]
-pub fn status(known: Option<&NodeInfo>, service_cidrs: &[String]) -> pb::NodeStatus {
-    let ineligible = match known {
-        None => Some(Ineligible::UnknownNode),
-        Some(node) => node.ineligible,
-    };
-    pb::NodeStatus {
-        eligible: ineligible.is_none(),
-        reason: ineligible.map(|i| i.to_string()).unwrap_or_default(),
-        pod_cidrs: known.map(|node| node.pod_cidrs.clone()).unwrap_or_default(),
-        service_cidrs: service_cidrs.to_vec(),
-        node_ips: known.map(|node| node.node_ips.clone()).unwrap_or_default(),
     }
 }
 

@@ -5,7 +5,7 @@
 //! [`HISTORY_LENGTH`] generations. A stream whose agent holds the view of generation `g` takes
 //! the union of the change sets after `g`; further behind than that, it compares whole views.
 
-use crate::cluster::{ClusterState, Key};
+use crate::resources::Key;
 use imbl::{OrdMap, ordmap::DiffItem};
 use std::{
     collections::{BTreeSet, VecDeque},
@@ -31,19 +31,6 @@ pub struct ChangeSet {
 }
 
 impl ChangeSet {
-    /// What differs from `before` to `after`. States built one from the other share the parts
-    /// of their maps that did not change, which this skips: it costs in proportion to the
-    /// change, not to the cluster.
-    #[must_use]
-    pub fn between(before: &ClusterState, after: &ClusterState) -> Self {
-        Self {
-            services: changed_keys(&before.services, &after.services),
-            endpoints: changed_keys(&before.endpoints, &after.endpoints),
-            nodes: changed_keys(&before.nodes, &after.nodes),
-            service_cidrs: before.service_cidrs != after.service_cidrs,
-        }
-    }
-
     /// Whether nothing changed.
     #[must_use]
     pub fn is_empty(&self) -> bool {
@@ -117,7 +104,8 @@ impl History {
 }
 
 /// The keys present in only one of `a` and `b`, or in both with entries that differ.
-fn changed_keys<K: Ord + Clone, V: Clone + PartialEq>(
+#[must_use]
+pub fn changed_keys<K: Ord + Clone, V: Clone + PartialEq>(
     a: &OrdMap<K, V>,
     b: &OrdMap<K, V>,
 ) -> BTreeSet<K> {

@@ -9,7 +9,8 @@
 //! disappear in between, and those that did not change keep their entries.
 
 use crate::{
-    cluster::{HEADLESS_LABEL, Key, Objects, ServiceSelector},
+    cluster::{HEADLESS_LABEL, Objects, ServiceSelector},
+    resources::Key,
     source::Source,
 };
 use futures::{FutureExt, StreamExt, stream::BoxStream};

@@ -3,9 +3,11 @@
 
 pub mod agents;
 pub mod auth;
+pub mod backends;
 pub mod cause;
 pub mod cli;
 pub mod cluster;
+pub mod digests;
 pub mod eligibility;
 pub mod fanout;
 pub mod history;
@@ -13,7 +15,9 @@ pub mod inspection;
 pub mod kubernetes;
 pub mod manifests;
 pub mod metrics;
+pub mod nodes;
 pub mod placement;
+pub mod resources;
 pub mod serving_ca;
 pub mod shares;
 pub mod source;

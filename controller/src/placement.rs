@@ -7,7 +7,7 @@
 //! one before it where that was built: the index is persistent, and only the endpoint sets that
 //! changed between the two states are walked.
 
-use crate::cluster::{Endpoints, Key, ServiceBackends};
+use crate::resources::{Endpoints, Key, ServiceBackends};
 use imbl::{OrdMap, OrdSet, ordmap::DiffItem};
 use std::{
     collections::BTreeSet,

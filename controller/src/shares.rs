@@ -12,7 +12,7 @@
 //! itself over its share is taken, and shed again later; as shed agents move on to the next
 //! replica they know, the replicas settle within their shares.
 
-use crate::cluster::{Key, SERVICE_NAME_LABEL};
+use crate::{cluster::SERVICE_NAME_LABEL, resources::Key};
 use imbl::OrdMap;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::{collections::BTreeMap, sync::Arc, time::Duration};

@@ -16,9 +16,35 @@
 //! nothing anywhere. Endpoints that are not ready neither vote nor are filtered here; the
 //! terminating fallback only ever applies when no endpoint is ready, and then no mode applies.
 
-use crate::cluster::{Backend, NodeTopology, PortBackends};
+use crate::backends::{Backend, PortBackends};
+use k8s_openapi::api::core::v1::Node;
 use splitproxy_proto::v1alpha1 as pb;
 use std::collections::BTreeSet;
+
+/// Node label naming the node's zone, which zone hints are matched against.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// What of a Node topology hints are matched against.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeTopology {
+    /// The node's `topology.kubernetes.io/zone` label; empty when it has none.
+    pub zone: String,
+}
+
+impl NodeTopology {
+    /// The topology of `node`, from its labels.
+    #[must_use]
+    pub fn of(node: &Node) -> Self {
+        let zone = node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ZONE_LABEL));
+        Self {
+            zone: zone.cloned().unwrap_or_default(),
+        }
+    }
+}
 
 /// How a node narrows a Service port's cluster-wide endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

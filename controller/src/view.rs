@@ -8,8 +8,9 @@
 //! costs each node work in proportion to the change, not to the cluster.
 
 use crate::{
-    cluster::{ClusterState, Endpoints, Key, ServiceBackends, Services},
-    eligibility,
+    cluster::ClusterState,
+    nodes,
+    resources::{Endpoints, Key, ServiceBackends, Services},
     topology::Place,
 };
 use splitproxy_proto::v1alpha1 as pb;
@@ -120,7 +121,7 @@ impl NodeView {
             backends: Arc::clone(&cluster.endpoints),
             zone: place.zone.to_owned(),
             own,
-            status: Some(eligibility::status(
+            status: Some(nodes::status(
                 cluster.nodes.get(place.node),
                 &cluster.service_cidrs,
             )),
@@ -350,7 +351,7 @@ fn object_key((namespace, name): &Key) -> pb::ObjectKey {
 
 mod resume;
 
-pub use resume::{Held, HeldDigests, SharedDigests};
+pub use resume::{Held, HeldDigests};
 
 #[cfg(test)]
 mod tests;

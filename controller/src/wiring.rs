@@ -4,11 +4,12 @@
 use crate::{
     auth::AgentAuth,
     cause::Cause,
-    cluster::{Builder, Key, Objects, ServiceSelector},
+    cluster::{Builder, Objects, ServiceSelector},
     fanout::{FanOut, Published},
     history::ChangeSet,
     inspection::Inspection,
     metrics::Metrics,
+    resources::Key,
     shares,
     source::Source,
     wire::server::node_view_service_server::NodeViewServiceServer,

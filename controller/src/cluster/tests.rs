@@ -1,5 +1,5 @@
 use super::*;
-use crate::manifests::parse_documents;
+use crate::{eligibility::Ineligible, manifests::parse_documents, topology::NodeTopology};
 
 const WEB: &str = include_str!("../../tests/fixtures/web.yaml");
 
@@ -559,7 +559,7 @@ spec: {cidrs: [10.100.0.0/24, 10.96.0.0/16]}
         ["10.100.0.0/24", "10.96.0.0/16", "fd00:10:96::/112"]
     );
     let before = Builder::default().build(&objects(""), &ServiceSelector::default());
-    let changes = crate::history::ChangeSet::between(&before, &state);
+    let changes = state.changes_since(&before);
     assert!(changes.service_cidrs && !changes.is_empty());
 }
 
@@ -608,13 +608,13 @@ fn builds_whose_nodes_did_not_change_share_the_nodes_and_a_changed_node_is_seen(
     // A source hands over the same objects again when something else changed.
     let second = builder.build(&snapshot, &ServiceSelector::default());
     assert!(Arc::ptr_eq(&first.nodes, &second.nodes));
-    assert!(crate::history::ChangeSet::between(&first, &second).is_empty());
+    assert!(second.changes_since(&first).is_empty());
 
     let moved = objects(&node("node-2", "b"));
     snapshot.nodes.extend(moved.nodes);
     let third = builder.build(&snapshot, &ServiceSelector::default());
     assert_eq!(third.nodes["node-2"].topology.zone, "b");
-    let changes = crate::history::ChangeSet::between(&second, &third);
+    let changes = third.changes_since(&second);
     assert_eq!(changes.nodes, BTreeSet::from(["node-2".to_owned()]));
 }
 
@@ -700,8 +700,8 @@ fn a_state_built_from_the_changes_equals_one_built_from_scratch() {
             assert_eq!(built.service_cidrs, fresh.service_cidrs, "{context}");
             assert_eq!(built.invalid_services, fresh.invalid_services, "{context}");
             assert_eq!(
-                crate::history::ChangeSet::between(&before, &built),
-                crate::history::ChangeSet::between(&before_fresh, &fresh),
+                built.changes_since(&before),
+                fresh.changes_since(&before_fresh),
                 "{context}"
             );
             (before, before_fresh) = (built, fresh);
@@ -728,7 +728,7 @@ fn a_change_to_one_service_leaves_the_other_maps_and_entries_shared() {
     ));
     let other_key = ("demo".to_owned(), "other".to_owned());
     assert_eq!(second.services[&other_key].ports[0].port, 81);
-    let changes = crate::history::ChangeSet::between(&first, &second);
+    let changes = second.changes_since(&first);
     assert_eq!(changes.services, BTreeSet::from([other_key]));
     assert!(changes.endpoints.is_empty() && changes.nodes.is_empty());
 }
@@ -748,7 +748,7 @@ fn a_node_update_the_views_do_not_use_changes_nothing() {
         .extend(objects(&node("2026-11-27T00:00:10Z")).nodes);
     let second = builder.build(&snapshot, &ServiceSelector::default());
     assert!(Arc::ptr_eq(&first.nodes, &second.nodes));
-    assert!(crate::history::ChangeSet::between(&first, &second).is_empty());
+    assert!(second.changes_since(&first).is_empty());
 
     let moved = node("2026-11-27T00:00:20Z").replace("10.0.0.1", "10.0.0.2");
     snapshot.nodes.extend(objects(&moved).nodes);

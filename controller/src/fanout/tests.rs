@@ -1,8 +1,5 @@
 use super::*;
-use crate::{
-    cluster::{PortBackends, ServiceBackends},
-    testing::ready_backend,
-};
+use crate::{backends::PortBackends, resources::ServiceBackends, testing::ready_backend};
 use splitproxy_proto::v1alpha1::node_view_service_client::NodeViewServiceClient;
 use std::collections::BTreeMap;
 
@@ -650,7 +647,7 @@ async fn the_node_status_comes_with_the_reset_and_again_only_when_it_changes() {
         let mut state = cluster(1, 2);
         Arc::make_mut(&mut state.nodes).insert(
             "node-1".into(),
-            crate::cluster::NodeInfo {
+            crate::nodes::NodeInfo {
                 ineligible: (!eligible).then_some(crate::eligibility::Ineligible::ToBeDeleted),
                 ..Default::default()
             },
@@ -793,7 +790,7 @@ async fn what_departed_nodes_acknowledged_is_forgotten() {
     });
     // node-2's Node object is gone.
     let mut state = cluster(1, 2);
-    Arc::make_mut(&mut state.nodes).insert("node-1".into(), crate::cluster::NodeInfo::default());
+    Arc::make_mut(&mut state.nodes).insert("node-1".into(), crate::nodes::NodeInfo::default());
     tx.send_replace(Some(Arc::new(state)));
 
     for _ in 0..300 {
@@ -848,7 +845,7 @@ async fn a_subscribe_with_more_digests_than_grpcs_default_4_mib_is_taken() {
 #[tokio::test]
 async fn a_replica_over_its_share_of_the_nodes_sheds_its_oldest_streams() {
     let nodes = (1..=4)
-        .map(|n| (format!("node-{n}"), crate::cluster::NodeInfo::default()))
+        .map(|n| (format!("node-{n}"), crate::nodes::NodeInfo::default()))
         .collect();
     let state = ClusterState::of(BTreeMap::new(), BTreeMap::new(), nodes);
     let (tx, rx) = watch::channel(Some(Arc::new(state.followed_by(None))));

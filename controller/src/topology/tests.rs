@@ -1,7 +1,7 @@
 //! Nodes `node-a1`, `node-a2` in zone `a`, `node-b1` in zone `b`; endpoints `10.244.<n>.x`.
 
 use super::*;
-use crate::{cluster::Hints, testing::ready_backend};
+use crate::{backends::Hints, testing::ready_backend};
 use splitproxy_proto::v1alpha1 as pb;
 
 /// A ready endpoint on `node` with the hints the EndpointSlice controller writes for

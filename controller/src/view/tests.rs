@@ -1,8 +1,11 @@
 use super::{resume::SortedDigests, *};
 use crate::{
-    cluster::{Backend, NodeInfo, NodeTopology, PortBackends, ServiceBackends},
+    backends::{Backend, PortBackends},
+    digests::{Digests, SharedDigests},
     eligibility::Ineligible,
+    nodes::NodeInfo,
     testing::ready_backend,
+    topology::NodeTopology,
 };
 
 fn cluster(endpoints: &[(&str, &str)]) -> ClusterState {
@@ -846,9 +849,9 @@ fn a_state_takes_the_digests_and_bucket_keys_of_the_last_state_whose_digests_wer
         before.digests.computed.get().expect("computed"),
         after.digests.computed.get().expect("computed"),
     );
-    let fresh = resume::Digests::compute(&after.services, &after.endpoints, None);
+    let fresh = Digests::compute(&after.services, &after.endpoints, None);
     assert_eq!(now.by_address, fresh.by_address);
-    let keys = |digests: &resume::Digests| {
+    let keys = |digests: &Digests| {
         let at = buckets.trailing_zeros() as usize;
         Arc::clone(&digests.summaries[at].get().expect("summed").keys)
     };

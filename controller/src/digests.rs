@@ -1,0 +1,235 @@
+//! The digests of one cluster state's Services and plain and per-zone endpoint sets, and their
+//! sums per bucket (protocol rules 7 and 11), computed once per state and shared by every
+//! resuming node's delta.
+//!
+//! After a controller restart every agent resumes at once, so the work that does not depend on
+//! the node is done once per state: the digests, their sums per bucket, and the keys in each
+//! bucket. A state's digests are seeded from the state before's, so under churn only the entries
+//! that changed are hashed again.
+
+use crate::resources::{Endpoints, Key, Services};
+use splitproxy_proto::{MAX_SUMMARY_BUCKETS, bucket_of};
+use std::{
+    borrow::Cow,
+    collections::HashMap,
+    sync::{Arc, Mutex, OnceLock, PoisonError},
+};
+
+/// Whether a summary may have `buckets` buckets (protocol rule 11).
+pub fn buckets_allowed(buckets: usize) -> bool {
+    splitproxy_proto::BucketSet::empty(buckets).is_some()
+}
+
+/// The digests of one cluster state's Services and plain and per-zone endpoint sets, and their
+/// sums per bucket, computed on the first resume and then shared by every node's.
+#[derive(Debug, Default)]
+pub struct SharedDigests {
+    /// This state's digests, once computed.
+    pub(crate) computed: OnceLock<Digests>,
+    /// The digests of the state before, when they were computed: while agents resume under
+    /// churn, every published state is resumed from, and most of its entries are the previous
+    /// state's, whose digests are taken from there. Dropped once these are computed, so no
+    /// chain of states stays alive.
+    pub(crate) seed: Mutex<Option<Arc<SharedDigests>>>,
+}
+
+impl SharedDigests {
+    /// The digests of the state after the one `before` belongs to, computed from those of
+    /// `before` where entries are shared when `before`'s were computed, or else from those
+    /// `before` was to be computed from: under churn states are published faster than agents
+    /// resume from each, and one nobody resumed from must not make the next hash everything.
+    #[must_use]
+    pub fn after(before: &Arc<Self>) -> Self {
+        let seed = if before.computed.get().is_some() {
+            Some(Arc::clone(before))
+        } else {
+            before
+                .seed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        };
+        Self {
+            computed: OnceLock::new(),
+            seed: Mutex::new(seed),
+        }
+    }
+
+    /// The digests of the entries of `services` and `endpoints`: these when those are the maps
+    /// of the state they belong to, computed for them alone otherwise.
+    #[must_use]
+    pub fn for_maps(
+        &self,
+        services: &Arc<Services>,
+        endpoints: &Arc<Endpoints>,
+    ) -> Cow<'_, Digests> {
+        let digests = self.computed.get_or_init(|| {
+            let seed = self
+                .seed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            Digests::compute(
+                services,
+                endpoints,
+                seed.as_ref().and_then(|s| s.computed.get()),
+            )
+        });
+        if Arc::ptr_eq(&digests.services, services) && Arc::ptr_eq(&digests.endpoints, endpoints) {
+            Cow::Borrowed(digests)
+        } else {
+            Cow::Owned(Digests::compute(services, endpoints, None))
+        }
+    }
+}
+
+/// How many bucket counts a summary may have: every power of two up to the most.
+const BUCKET_COUNTS: usize = MAX_SUMMARY_BUCKETS.trailing_zeros() as usize + 1;
+
+/// Digests by entry address. The maps are held, so every entry stays alive and no address is
+/// reused while this exists.
+#[derive(Debug, Clone)]
+pub struct Digests {
+    services: Arc<Services>,
+    endpoints: Arc<Endpoints>,
+    pub(crate) by_address: HashMap<usize, u64>,
+    /// The sums per bucket, by the bucket count's power of two, each computed when first asked.
+    pub(crate) summaries: [OnceLock<PlainSummary>; BUCKET_COUNTS],
+    /// The keys per bucket of the state before, by bucket count as `summaries`, where that
+    /// state had the same keys and had computed them.
+    inherited_keys: [Option<BucketKeys>; BUCKET_COUNTS],
+}
+
+impl Digests {
+    /// The digests of `services` and `endpoints`; those of entries `seed` has (the state
+    /// before's, alive while `seed` is, so an equal address is the same entry) are copied.
+    pub fn compute(
+        services: &Arc<Services>,
+        endpoints: &Arc<Endpoints>,
+        seed: Option<&Self>,
+    ) -> Self {
+        let services_digests = services.values().map(|s| by_address(s, seed));
+        let endpoints_digests = endpoints
+            .values()
+            .flat_map(|e| std::iter::once(&e.plain).chain(e.zoned.iter().map(|(_, z)| z)))
+            .map(|e| by_address(e, seed));
+        let same_keys = seed.is_some_and(|seed| {
+            seed.services.keys().eq(services.keys()) && seed.endpoints.keys().eq(endpoints.keys())
+        });
+        let inherited_keys = std::array::from_fn(|at| {
+            let seed = seed.filter(|_| same_keys)?;
+            Some(Arc::clone(&seed.summaries.get(at)?.get()?.keys))
+        });
+        Self {
+            services: Arc::clone(services),
+            endpoints: Arc::clone(endpoints),
+            by_address: services_digests.chain(endpoints_digests).collect(),
+            summaries: std::array::from_fn(|_| OnceLock::new()),
+            inherited_keys,
+        }
+    }
+
+    /// The digest of `resource`: looked up when it is one of these entries, computed for any
+    /// other (a node's own endpoints).
+    pub fn digest_of<M: prost::Message>(&self, resource: &Arc<M>) -> u64 {
+        self.by_address
+            .get(&address(resource))
+            .copied()
+            .unwrap_or_else(|| digest(resource))
+    }
+
+    /// The sums in `buckets` buckets; `None` for a count the protocol does not allow.
+    pub fn summary(&self, buckets: usize) -> Option<&PlainSummary> {
+        if !buckets_allowed(buckets) {
+            return None;
+        }
+        let at = buckets.trailing_zeros() as usize;
+        let slot = self.summaries.get(at)?;
+        let inherited = self.inherited_keys.get(at).cloned().flatten();
+        Some(slot.get_or_init(|| PlainSummary::of(self, buckets, inherited)))
+    }
+}
+
+/// A cluster state's Services and plain endpoint sets summed per bucket, with the keys in each
+/// bucket: what every node's summary, and the resources of a replaced bucket, start from.
+#[derive(Debug, Clone)]
+pub struct PlainSummary {
+    sums: Vec<u64>,
+    /// The sums with each zone's endpoint sets in place of the plain ones, for the zones that
+    /// have any.
+    zones: HashMap<String, Vec<u64>>,
+    /// The keys in each bucket: the resources a replaced bucket holds.
+    pub keys: BucketKeys,
+}
+
+/// The keys of the Services and endpoint sets in each bucket, sorted, each once.
+pub type BucketKeys = Arc<Vec<Vec<Key>>>;
+
+impl PlainSummary {
+    /// The sums of `digests` in `buckets` buckets, with `inherited` as the keys per bucket
+    /// when the state before had the same keys.
+    fn of(digests: &Digests, buckets: usize, inherited: Option<BucketKeys>) -> Self {
+        let mut sums = vec![0u64; buckets];
+        let services = digests
+            .services
+            .iter()
+            .map(|(key, s)| (key, digests.digest_of(s)));
+        let endpoints =
+            (digests.endpoints.iter()).map(|(key, e)| (key, digests.digest_of(&e.plain)));
+        for (key, digest) in services.chain(endpoints) {
+            if let Some(sum) = sums.get_mut(bucket_of(&key.0, &key.1, buckets)) {
+                *sum = sum.wrapping_add(digest);
+            }
+        }
+        let mut zones = HashMap::new();
+        for (key, e) in digests.endpoints.iter() {
+            let plain = digests.digest_of(&e.plain);
+            for (zone, form) in &e.zoned {
+                let sums = zones.entry(zone.clone()).or_insert_with(|| sums.clone());
+                if let Some(sum) = sums.get_mut(bucket_of(&key.0, &key.1, buckets)) {
+                    *sum = sum
+                        .wrapping_sub(plain)
+                        .wrapping_add(digests.digest_of(form));
+                }
+            }
+        }
+        let keys = inherited.unwrap_or_else(|| Arc::new(bucket_keys(digests, buckets)));
+        Self { sums, zones, keys }
+    }
+
+    /// The sums every node of `zone` starts from.
+    pub fn sums_in(&self, zone: &str) -> &[u64] {
+        self.zones.get(zone).unwrap_or(&self.sums)
+    }
+}
+
+/// The keys of `digests`' Services and endpoint sets in each of `buckets` buckets, sorted, each
+/// once.
+fn bucket_keys(digests: &Digests, buckets: usize) -> Vec<Vec<Key>> {
+    let mut keys = vec![Vec::new(); buckets];
+    for key in digests.services.keys().chain(digests.endpoints.keys()) {
+        if let Some(bucket) = keys.get_mut(bucket_of(&key.0, &key.1, buckets)) {
+            bucket.push(key.clone());
+        }
+    }
+    for bucket in &mut keys {
+        bucket.sort_unstable();
+        bucket.dedup();
+    }
+    keys
+}
+
+/// `resource`'s address and digest, the digest copied from `seed` when it has the address.
+fn by_address<M: prost::Message>(resource: &Arc<M>, seed: Option<&Digests>) -> (usize, u64) {
+    let at = address(resource);
+    let known = seed.and_then(|seed| seed.by_address.get(&at)).copied();
+    (at, known.unwrap_or_else(|| digest(resource)))
+}
+
+fn address<T>(entry: &Arc<T>) -> usize {
+    Arc::as_ptr(entry).cast::<()>() as usize
+}
+
+fn digest<M: prost::Message>(resource: &Arc<M>) -> u64 {
+    splitproxy_proto::digest(&**resource)
+}
