@@ -123,7 +123,7 @@ pub struct Config {
     /// Seconds `iptables` and `iptables-restore` wait for the xtables lock (`-w`).
     pub lock_wait_seconds: u32,
     /// The node's configuration the rules depend on (cluster CIDR, masquerade-all).
-    pub render: NodeOptions,
+    pub node_options: NodeOptions,
     /// How often the canary chains are probed between full syncs: the sync period, the
     /// interval of kube-proxy's canary monitor.
     pub canary_interval: Duration,
@@ -146,7 +146,7 @@ impl Default for Config {
             // kube-proxy's `-w 5`: wait for other writers, but not forever.
             lock_wait_seconds: 5,
             // No cluster CIDR and no masquerade-all: kube-proxy's defaults.
-            render: NodeOptions::default(),
+            node_options: NodeOptions::default(),
             // kube-proxy's default sync period.
             canary_interval: Duration::from_secs(30),
         }
@@ -183,7 +183,7 @@ impl Config {
     /// Renders the rules with `options` (cluster CIDR, masquerade-all).
     #[must_use]
     pub fn with_node_options(mut self, options: NodeOptions) -> Self {
-        self.render = options;
+        self.node_options = options;
         self
     }
 
@@ -369,17 +369,17 @@ impl Dataplane for Iptables {
     }
 
     fn set_local_cidrs(&mut self, cidrs: Vec<crate::Cidr>) {
-        self.tools.config_mut().render.cluster_cidrs = cidrs;
+        self.tools.config_mut().node_options.cluster_cidrs = cidrs;
         self.render_all_again();
     }
 
     fn set_node_port_addresses(&mut self, addresses: Option<Vec<std::net::IpAddr>>) {
-        self.tools.config_mut().render.node_port_addresses = addresses;
+        self.tools.config_mut().node_options.node_port_addresses = addresses;
         self.render_all_again();
     }
 
     fn set_node_ips(&mut self, ips: Vec<std::net::IpAddr>) {
-        self.tools.config_mut().render.node_ips = ips;
+        self.tools.config_mut().node_options.node_ips = ips;
         self.render_all_again();
     }
 }
@@ -401,7 +401,7 @@ impl Iptables {
             .tools
             .full_sync_reason(&self.full_syncs, in_kernel)
             .await?;
-        let options = FamilyOptions::new(family, &self.config().render);
+        let options = FamilyOptions::new(family, &self.config().node_options);
         let (rendered, changed) = self.rendered.update(state, &options);
         // Changes none of this family's rules show (another family's endpoints) restore nothing,
         // as upstream's proxier of the other family does not sync for them. A sync with no

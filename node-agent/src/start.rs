@@ -223,7 +223,7 @@ async fn run(
             }
             let config_nft = nftables::Config {
                 families,
-                render: iptables.render.clone(),
+                node_options: iptables.node_options.clone(),
                 ..nftables::Config::default()
             };
             run_until_interrupted(config, NftablesBackend::new(config_nft)).await

@@ -207,21 +207,21 @@ impl IpvsBackend {
         plans: &[(IpFamily, Plan)],
         node_port_addresses: &[IpAddr],
     ) -> Result<Vec<netfilter::Written>, Error> {
-        let render = &self.config.iptables.render;
+        let node = &self.config.iptables.node_options;
         let family_sets: Vec<_> = plans
             .iter()
             .map(|(family, plan)| {
                 let options = SetOptions {
                     family: *family,
                     node_port_addresses: node_port_addresses.to_vec(),
-                    node_ips: render.node_ips.clone(),
+                    node_ips: node.node_ips.clone(),
                 };
                 sets(state, plan, &options)
             })
             .collect();
         let rules: Vec<_> = family_sets
             .iter()
-            .map(|sets| rules::render(sets, render))
+            .map(|sets| rules::render(sets, node))
             .collect();
         self.netfilter
             .sync(family_sets, &rules)
@@ -246,20 +246,20 @@ impl Dataplane for IpvsBackend {
     /// The iptables rules are rendered from the configuration at every sync, and written where
     /// they differ from what the kernel holds.
     fn set_local_cidrs(&mut self, cidrs: Vec<crate::Cidr>) {
-        self.config.iptables.render.cluster_cidrs = cidrs;
+        self.config.iptables.node_options.cluster_cidrs = cidrs;
     }
 
     fn set_node_port_addresses(&mut self, addresses: Option<Vec<std::net::IpAddr>>) {
         self.config
             .iptables
-            .render
+            .node_options
             .node_port_addresses
             .clone_from(&addresses);
         self.config.node_port_addresses = addresses;
     }
 
     fn set_node_ips(&mut self, ips: Vec<std::net::IpAddr>) {
-        self.config.iptables.render.node_ips = ips;
+        self.config.iptables.node_options.node_ips = ips;
     }
 
     fn ip_families(&self) -> Vec<IpFamily> {

@@ -32,7 +32,7 @@ pub struct Config {
     pub command_prefix: Vec<String>,
     /// The node's configuration the rules depend on (cluster CIDR, masquerade-all, node-port
     /// addresses, node IPs).
-    pub render: NodeOptions,
+    pub node_options: NodeOptions,
     /// The cluster's service CIDRs, of both families (see [`Options::with_service_cidrs`]);
     /// none by default.
     pub service_cidrs: Vec<crate::Cidr>,
@@ -47,7 +47,7 @@ impl Default for Config {
             nft: "nft".to_owned(),
             conntrack: "conntrack".to_owned(),
             command_prefix: Vec::new(),
-            render: NodeOptions::default(),
+            node_options: NodeOptions::default(),
             service_cidrs: Vec::new(),
         }
     }
@@ -116,7 +116,7 @@ impl NftablesBackend {
             .families
             .iter()
             .map(|&family| Table {
-                options: Options::new(family, &config.render)
+                options: Options::new(family, &config.node_options)
                     .with_service_cidrs(config.service_cidrs.iter().copied()),
                 rendered: None,
                 in_kernel: None,
@@ -181,17 +181,17 @@ impl Dataplane for NftablesBackend {
     }
 
     fn set_local_cidrs(&mut self, cidrs: Vec<crate::Cidr>) {
-        self.config.render.cluster_cidrs = cidrs;
+        self.config.node_options.cluster_cidrs = cidrs;
         self.render_all_again();
     }
 
     fn set_node_port_addresses(&mut self, addresses: Option<Vec<std::net::IpAddr>>) {
-        self.config.render.node_port_addresses = addresses;
+        self.config.node_options.node_port_addresses = addresses;
         self.render_all_again();
     }
 
     fn set_node_ips(&mut self, ips: Vec<std::net::IpAddr>) {
-        self.config.render.node_ips = ips;
+        self.config.node_options.node_ips = ips;
         self.render_all_again();
     }
 
@@ -270,7 +270,7 @@ impl NftablesBackend {
     /// again from nothing and written in full.
     fn render_all_again(&mut self) {
         for table in &mut self.tables {
-            table.options = Options::new(table.options.family(), &self.config.render)
+            table.options = Options::new(table.options.family(), &self.config.node_options)
                 .with_service_cidrs(self.config.service_cidrs.iter().copied());
             table.rendered = None;
         }

@@ -237,7 +237,7 @@ async fn program(mode: &Mode, scenario: &Scenario) -> Result<()> {
         Mode::Nftables(_) => {
             NftablesBackend::new(nftables::backend::Config {
                 families,
-                render: scenario.node_options(),
+                node_options: scenario.node_options(),
                 ..nftables::backend::Config::default()
             })
             .sync(&scenario.state)
