@@ -23,7 +23,7 @@ pub mod tool;
 use std::future::Future;
 
 pub use changes::changed_keys;
-pub use family::IpFamily;
+pub use family::{Families, IpFamily};
 pub use model::{
     Cidr, Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy,
 };
@@ -146,8 +146,8 @@ pub trait Dataplane: Send + 'static {
 
     /// The IP families the backend programs, IPv4 first, as `/healthz` lists them; IPv4 unless
     /// the backend says otherwise.
-    fn ip_families(&self) -> Vec<IpFamily> {
-        vec![IpFamily::V4]
+    fn ip_families(&self) -> Families {
+        Families::default()
     }
 
     /// Makes the kernel's rules match `state`, in one transaction where the kernel allows it.

@@ -16,7 +16,7 @@ use crate::{
     wire_mode,
 };
 use splitproxy_dataplane::{
-    Dataplane, IpFamily, NodeOptions,
+    Dataplane, Families, NodeOptions,
     iptables::{self, IptablesBackend},
     ipvs::backend::{self as ipvs, IpvsBackend},
     local_traffic::PodInterfaces,
@@ -152,7 +152,7 @@ pub async fn run_agent(cli: Cli, settings: Settings, node_name: String) -> anyho
         .with_node_options(render)
         .with_canary_interval(settings.sync_periods.sync_period());
     let ipvs = ipvs::Config {
-        families: Vec::new(),
+        families: Families::default(),
         scheduler: settings.ipvs.scheduler.clone(),
         exclude_cidrs: settings.ipvs.exclude_cidrs.clone(),
         node_port_addresses: node_port_addresses.clone(),
@@ -217,12 +217,8 @@ async fn run(
             run_until_interrupted(config, IpvsBackend::new(ipvs::Config { families, ..ipvs })).await
         }
         ProxyMode::Nftables => {
-            let mut families = vec![IpFamily::V4];
-            if std::path::Path::new("/proc/sys/net/ipv6").exists() {
-                families.push(IpFamily::V6);
-            }
             let config_nft = nftables::Config {
-                families,
+                families: Families::of_kernel(),
                 node_options: iptables.node_options.clone(),
                 ..nftables::Config::default()
             };

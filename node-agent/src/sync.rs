@@ -12,7 +12,7 @@ use crate::{
     sync_timer::{SyncPeriods, SyncTimer},
 };
 use splitproxy_dataplane::{
-    Cidr, Dataplane, FailedStep, IpFamily, ProxyState, ServiceKey, SyncError, SyncReport,
+    Cidr, Dataplane, FailedStep, Families, ProxyState, ServiceKey, SyncError, SyncReport,
     endpoints::NoLocalEndpoints,
 };
 use std::{
@@ -206,7 +206,7 @@ impl<D: Dataplane> Applier<D> {
 
     /// The IP families the dataplane programs, as the agent tells the controller.
     #[must_use]
-    pub fn ip_families(&self) -> Vec<IpFamily> {
+    pub fn ip_families(&self) -> Families {
         self.dataplane.ip_families()
     }
 
@@ -471,7 +471,7 @@ impl<D: Dataplane> Applier<D> {
                 self.timer.failed(started, finished, state_held);
                 if let FailedStep::Restore { partial } = err.failed_step() {
                     let families = match err.failed_family() {
-                        Some(family) => vec![family],
+                        Some(family) => Families::new([family]),
                         None => self.dataplane.ip_families(),
                     };
                     for family in families {

@@ -4,8 +4,8 @@
 // Tested with the rest of the backend, in `super::tests::dual_stack`.
 
 use super::{Config, Error, Iptables};
-use crate::IpFamily;
 use crate::{Dataplane, ProxyState, SyncReport};
+use crate::{Families, IpFamily};
 
 /// A family's sync failed; the message says which family, the source why.
 #[derive(Debug, thiserror::Error)]
@@ -37,21 +37,14 @@ pub struct IptablesBackend {
 }
 
 impl IptablesBackend {
-    /// The executors for `families` (deduplicated, IPv4 first), each from `config` with that
-    /// family's tools ([`Config::with_family`]). No family at all means IPv4 alone.
+    /// The executors for `families`, each from `config` with that family's tools
+    /// ([`Config::with_family`]).
     #[must_use]
-    pub fn new(config: &Config, families: &[IpFamily]) -> Self {
-        let mut chosen: Vec<IpFamily> = IpFamily::ALL
-            .into_iter()
-            .filter(|family| families.contains(family))
-            .collect();
-        if chosen.is_empty() {
-            chosen.push(IpFamily::V4);
-        }
+    pub fn new(config: &Config, families: &Families) -> Self {
         Self {
-            families: chosen
-                .into_iter()
-                .map(|family| Iptables::with_config(config.clone().with_family(family)))
+            families: families
+                .iter()
+                .map(|&family| Iptables::with_config(config.clone().with_family(family)))
                 .collect(),
         }
     }
@@ -73,7 +66,7 @@ impl IptablesBackend {
                 );
             }
         }
-        let dual_stack = Self::new(config, &usable);
+        let dual_stack = Self::new(config, &Families::new(usable));
         tracing::info!(
             ip_families = ?dual_stack.families().iter().map(|f| f.name()).collect::<Vec<_>>(),
             "programming iptables rules"
@@ -90,13 +83,14 @@ impl IptablesBackend {
         outcomes
     }
 
-    /// The families programmed, IPv4 first.
+    /// The families programmed.
     #[must_use]
-    pub fn families(&self) -> Vec<IpFamily> {
-        self.families
-            .iter()
-            .map(|executor| executor.config().family)
-            .collect()
+    pub fn families(&self) -> Families {
+        Families::new(
+            self.families
+                .iter()
+                .map(|executor| executor.config().family),
+        )
     }
 }
 
@@ -107,7 +101,7 @@ impl Dataplane for IptablesBackend {
         "iptables"
     }
 
-    fn ip_families(&self) -> Vec<IpFamily> {
+    fn ip_families(&self) -> Families {
         self.families()
     }
 

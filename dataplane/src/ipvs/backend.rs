@@ -19,9 +19,9 @@ use super::plan::{Plan, PlanOptions, plan};
 use super::rules;
 use super::sets::{SetOptions, sets};
 use super::{Ipvs, ServiceId, Timeouts, client, sysctl};
-use crate::IpFamily;
 use crate::conntrack::{self, Conntrack};
 use crate::{Cidr, Dataplane, FailedStep, ProxyState, SyncError, SyncReport, iptables};
+use crate::{Families, IpFamily};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
@@ -31,8 +31,8 @@ pub const INTERFACE: &str = "kube-ipvs0";
 /// How the IPVS mode is configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// The IP families programmed, IPv4 first.
-    pub families: Vec<IpFamily>,
+    /// The IP families programmed.
+    pub families: Families,
     /// The scheduler of every virtual server (`--ipvs-scheduler`).
     pub scheduler: String,
     /// Virtual servers on these addresses are never deleted, though the agent did not plan them
@@ -60,7 +60,7 @@ impl Default for Config {
     /// defaults, `ipset` from PATH.
     fn default() -> Self {
         Self {
-            families: vec![IpFamily::V4],
+            families: Families::default(),
             scheduler: "rr".to_owned(),
             exclude_cidrs: Vec::new(),
             node_port_addresses: None,
@@ -262,7 +262,7 @@ impl Dataplane for IpvsBackend {
         self.config.iptables.node_options.node_ips = ips;
     }
 
-    fn ip_families(&self) -> Vec<IpFamily> {
+    fn ip_families(&self) -> Families {
         self.config.families.clone()
     }
 

@@ -9,10 +9,10 @@
 
 use super::rules::{IpvsRules, JUMPS};
 use super::sets::{IpSets, restore_script};
-use crate::IpFamily;
 use crate::full_sync::FullSyncClock;
 use crate::iptables::{self, Tools, canaries};
 use crate::tool::{self, RunError, stderr_text};
+use crate::{Families, IpFamily};
 use std::process::ExitStatus;
 
 /// Why the sets or the rules could not be written.
@@ -78,7 +78,7 @@ impl Netfilter {
     /// Writes with `ipset` and, per family of `families`, that family's iptables tools as
     /// `iptables` says (binaries, command prefix, lock wait).
     #[must_use]
-    pub fn new(ipset: &str, iptables: &iptables::Config, families: &[IpFamily]) -> Self {
+    pub fn new(ipset: &str, iptables: &iptables::Config, families: &Families) -> Self {
         Self {
             ipset: ipset.to_owned(),
             sets: None,

@@ -11,19 +11,19 @@
 //! it is once an hour anyway.
 
 use super::{Leftovers, Options, Rendered, TABLE, transaction};
-use crate::IpFamily;
 use crate::NodeOptions;
 use crate::conntrack::{self, Conntrack};
 use crate::full_sync::FullSyncClock;
 use crate::tool::{self, RunError, stderr_text};
 use crate::{Dataplane, FailedStep, ProxyState, SyncError, SyncReport};
+use crate::{Families, IpFamily};
 use std::process::ExitStatus;
 
 /// How the nftables mode is configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// The IP families programmed, IPv4 first: one `kube-proxy` table each.
-    pub families: Vec<IpFamily>,
+    /// The IP families programmed: one `kube-proxy` table each.
+    pub families: Families,
     /// The `nft` binary.
     pub nft: String,
     /// The `conntrack` binary, to delete stale UDP and SCTP flows.
@@ -43,7 +43,7 @@ impl Default for Config {
     /// defaults for the rules.
     fn default() -> Self {
         Self {
-            families: vec![IpFamily::V4],
+            families: Families::default(),
             nft: "nft".to_owned(),
             conntrack: "conntrack".to_owned(),
             command_prefix: Vec::new(),
@@ -176,7 +176,7 @@ impl Dataplane for NftablesBackend {
         "nftables"
     }
 
-    fn ip_families(&self) -> Vec<IpFamily> {
+    fn ip_families(&self) -> Families {
         self.config.families.clone()
     }
 

@@ -95,8 +95,8 @@ impl Dataplane for DualStackReport {
         "iptables"
     }
 
-    fn ip_families(&self) -> Vec<IpFamily> {
-        vec![IpFamily::V4, IpFamily::V6]
+    fn ip_families(&self) -> Families {
+        Families::new(IpFamily::ALL)
     }
 
     async fn sync(&mut self, _: &ProxyState) -> Result<SyncReport, Self::Error> {
@@ -325,8 +325,8 @@ impl Dataplane for Refusing {
         self.1
     }
 
-    fn ip_families(&self) -> Vec<IpFamily> {
-        vec![IpFamily::V4, IpFamily::V6]
+    fn ip_families(&self) -> Families {
+        Families::new(IpFamily::ALL)
     }
 
     async fn sync(&mut self, _: &ProxyState) -> Result<SyncReport, Refusal> {

@@ -18,8 +18,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, Subcommand};
 use splitproxy_dataplane::{
-    Dataplane, IpFamily,
-    iptables::{self, Iptables},
+    Dataplane, Families, IpFamily,
+    iptables::{self, Iptables, IptablesBackend},
     ipvs::backend::{self, IpvsBackend},
     nftables::{self, NftablesBackend},
     testing::flow_table::{self, Expected, Scenario},
@@ -205,11 +205,12 @@ async fn clean(mode: &Mode, scenario: &Scenario) -> Result<()> {
 }
 
 /// The IP families of the node's addresses.
-fn families(scenario: &Scenario) -> Vec<IpFamily> {
-    IpFamily::ALL
-        .into_iter()
-        .filter(|family| scenario.node_ips.iter().any(|ip| family.contains(ip)))
-        .collect()
+fn families(scenario: &Scenario) -> Families {
+    Families::new(
+        IpFamily::ALL
+            .into_iter()
+            .filter(|family| scenario.node_ips.iter().any(|ip| family.contains(ip))),
+    )
 }
 
 /// Programs `scenario` with `mode`'s backend, for each IP family of the node's addresses.
@@ -228,11 +229,9 @@ async fn program(mode: &Mode, scenario: &Scenario) -> Result<()> {
             .await?;
         }
         Mode::Iptables(_) => {
-            for family in families {
-                Iptables::with_config(iptables.clone().with_family(family))
-                    .sync(&scenario.state)
-                    .await?;
-            }
+            IptablesBackend::new(&iptables, &families)
+                .sync(&scenario.state)
+                .await?;
         }
         Mode::Nftables(_) => {
             NftablesBackend::new(nftables::backend::Config {

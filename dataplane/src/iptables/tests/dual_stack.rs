@@ -15,6 +15,7 @@ use super::{
     Config, Dataplane, Protocol, ProxyState, Scratch, ServicePort, TrafficPolicy, ips, local,
     ready, render_filter, render_nat, service, state,
 };
+use crate::Families;
 use crate::NodeOptions;
 use crate::{Cidr, IpFamily};
 use std::collections::BTreeSet;
@@ -245,7 +246,10 @@ esac"#;
 #[tokio::test]
 async fn both_families_are_synced_each_with_its_own_tools_and_rules() {
     let scratch = Scratch::new("dual-both");
-    let mut dataplane = IptablesBackend::new(&fake_config(&scratch), &[IpFamily::V6, IpFamily::V4]);
+    let mut dataplane = IptablesBackend::new(
+        &fake_config(&scratch),
+        &Families::new([IpFamily::V6, IpFamily::V4]),
+    );
     assert_eq!(dataplane.families(), [IpFamily::V4, IpFamily::V6]);
     let state = dual_stack_services();
 
@@ -299,7 +303,7 @@ async fn both_families_are_synced_each_with_its_own_tools_and_rules() {
 async fn a_failing_family_fails_the_sync_without_stopping_the_other() {
     let scratch = Scratch::new("dual-one-fails");
     fail(&scratch, "ip6tables-restore");
-    let mut dataplane = IptablesBackend::new(&fake_config(&scratch), &IpFamily::ALL);
+    let mut dataplane = IptablesBackend::new(&fake_config(&scratch), &Families::new(IpFamily::ALL));
 
     let error = dataplane.sync(&dual_stack_services()).await.unwrap_err();
 
@@ -339,7 +343,7 @@ async fn missing_tools_of_a_family_leave_the_node_single_stack() {
 #[tokio::test]
 async fn stale_udp_flows_are_deleted_per_family() {
     let scratch = Scratch::new("dual-conntrack");
-    let mut dataplane = IptablesBackend::new(&fake_config(&scratch), &IpFamily::ALL);
+    let mut dataplane = IptablesBackend::new(&fake_config(&scratch), &Families::new(IpFamily::ALL));
     let dns = |endpoints: &[&str]| {
         state(vec![service(
             "kube-system",

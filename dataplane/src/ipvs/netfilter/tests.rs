@@ -38,7 +38,7 @@ esac"#;
     Netfilter::new(
         "ipset",
         &config.with_canary_interval(interval),
-        &[IpFamily::V4],
+        &Families::default(),
     )
 }
 
