@@ -1,14 +1,14 @@
 //! The iptables backend: kube-proxy's nat chain layout, written with one `iptables-restore` per sync.
 //!
 //! The work is split as everywhere in this crate: [`render`] turns a [`ProxyState`] into the
-//! `iptables-restore` payload (pure, unit-tested), and [`Iptables`] is the thin executor that reads
-//! the kernel's chains with `iptables-save`, pipes the payload to `iptables-restore --noflush`, and
-//! makes sure the built-in chains jump to ours; then it deletes the UDP and SCTP conntrack entries
-//! the change left stale ([`crate::conntrack`]).
+//! `iptables-restore` payload (pure, unit-tested), and [`FamilyExecutor`] is the thin executor
+//! that reads the kernel's chains with `iptables-save`, pipes the payload to `iptables-restore
+//! --noflush`, and makes sure the built-in chains jump to ours; then it deletes the UDP and SCTP
+//! conntrack entries the change left stale ([`crate::conntrack`]).
 //!
-//! One [`Iptables`] programs one IP family (`iptables` or `ip6tables`, [`Config::family`]), as
-//! each of upstream's per-family proxiers does; [`IptablesBackend`] runs one per family the node can
-//! program.
+//! One [`FamilyExecutor`] programs one IP family (`iptables` or `ip6tables`,
+//! [`Config::family`]), as each of upstream's per-family proxiers does; [`IptablesBackend`], the
+//! mode's backend, runs one per family the node can program.
 //!
 //! Syncs are partial as in kube-proxy (module `partial`): only the Services that changed are
 //! rendered again, and of those only the chains whose rules changed are written. A sync is full (every chain written, the jumps checked) the first time,
@@ -217,7 +217,7 @@ const SERVICE_PORTALS: &str = "kubernetes service portals";
 const EXTERNAL_PORTALS: &str = "kubernetes externally-visible service portals";
 const LOAD_BALANCER_FIREWALL: &str = "kubernetes load balancer firewall";
 
-/// The jumps [`Iptables::sync`] installs, as `(table, built-in chain, rule)` in the order it
+/// The jumps [`FamilyExecutor::sync`] installs, as `(table, built-in chain, rule)` in the order it
 /// inserts them, each as the chain's first rule: the packet tracer hooks the same rules the same
 /// way, so it follows exactly what a node gets.
 #[cfg(any(test, feature = "testing"))]
@@ -268,7 +268,7 @@ const KUBELET_JUMPS: [Jump; 2] = [
 /// The iptables dataplane for one IP family: programs its nat and filter tables through that
 /// family's iptables tools.
 #[derive(Debug, Clone, Default)]
-pub struct Iptables {
+pub struct FamilyExecutor {
     tools: Tools,
     /// The state of the last successful sync; `None` before the first one, which deletes no
     /// flows (kube-proxy does not flush conntrack on startup either).
@@ -283,7 +283,7 @@ pub struct Iptables {
     full_syncs: FullSyncClock,
 }
 
-impl Iptables {
+impl FamilyExecutor {
     /// An executor running `iptables`, `iptables-save` and `iptables-restore` from PATH.
     #[must_use]
     pub fn new() -> Self {
@@ -333,7 +333,7 @@ impl Iptables {
     }
 }
 
-impl Dataplane for Iptables {
+impl Dataplane for FamilyExecutor {
     type Error = Error;
 
     fn mode(&self) -> &'static str {
@@ -384,7 +384,7 @@ impl Dataplane for Iptables {
     }
 }
 
-impl Iptables {
+impl FamilyExecutor {
     /// After a change of render options: every Service's rules are rendered again, in a full
     /// sync.
     fn render_all_again(&mut self) {

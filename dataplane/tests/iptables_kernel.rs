@@ -7,7 +7,7 @@ use splitproxy_dataplane::NodeOptions;
 use splitproxy_dataplane::{
     Dataplane, Endpoint, IpFamily, Protocol, ProxyState, Service, ServiceKey, ServicePort,
     TrafficPolicy,
-    iptables::{Config, Iptables, IptablesBackend},
+    iptables::{Config, FamilyExecutor, IptablesBackend},
     leftovers::Leftovers,
     testing::{
         flow_table::{Expected, Flow, Origin},
@@ -57,12 +57,12 @@ impl Netns {
             .collect()
     }
 
-    fn iptables(&self) -> Iptables {
+    fn iptables(&self) -> FamilyExecutor {
         self.iptables_with(NodeOptions::default())
     }
 
-    fn iptables_with(&self, options: NodeOptions) -> Iptables {
-        Iptables::with_config(
+    fn iptables_with(&self, options: NodeOptions) -> FamilyExecutor {
+        FamilyExecutor::with_config(
             Config::default()
                 .with_command_prefix(["ip", "netns", "exec", &self.name])
                 .with_node_options(options)

@@ -1,9 +1,9 @@
-//! The iptables mode's backend: one [`Iptables`] executor per IP family, synced one after the
+//! The iptables mode's backend: one [`FamilyExecutor`] executor per IP family, synced one after the
 //! other, as upstream's `metaproxier` runs an IPv4 and an IPv6 proxier side by side.
 
 // Tested with the rest of the backend, in `super::tests::dual_stack`.
 
-use super::{Config, Error, Iptables};
+use super::{Config, Error, FamilyExecutor};
 use crate::{Dataplane, ProxyState, SyncReport};
 use crate::{Families, IpFamily};
 
@@ -33,7 +33,7 @@ impl crate::SyncError for FamilyError {
 #[derive(Debug, Clone)]
 pub struct IptablesBackend {
     /// One executor per family, IPv4 first; never empty.
-    families: Vec<Iptables>,
+    families: Vec<FamilyExecutor>,
 }
 
 impl IptablesBackend {
@@ -44,7 +44,7 @@ impl IptablesBackend {
         Self {
             families: families
                 .iter()
-                .map(|&family| Iptables::with_config(config.clone().with_family(family)))
+                .map(|&family| FamilyExecutor::with_config(config.clone().with_family(family)))
                 .collect(),
         }
     }
@@ -55,7 +55,7 @@ impl IptablesBackend {
     pub async fn detect(config: &Config) -> Self {
         let mut usable = Vec::new();
         for family in IpFamily::ALL {
-            let probe = Iptables::with_config(config.clone().with_family(family));
+            let probe = FamilyExecutor::with_config(config.clone().with_family(family));
             if probe.available().await {
                 usable.push(family);
             } else {
@@ -74,7 +74,8 @@ impl IptablesBackend {
         dual_stack
     }
 
-    /// Removes every family's rules ([`Iptables::cleanup`]), each whatever the others' outcome.
+    /// Removes every family's rules ([`FamilyExecutor::cleanup`]), each whatever the others'
+    /// outcome.
     pub async fn cleanup(&self) -> Vec<(IpFamily, Result<super::Cleaned, Error>)> {
         let mut outcomes = Vec::new();
         for executor in &self.families {

@@ -8,7 +8,7 @@
 //! then our chains are flushed and deleted: a chain still jumped to cannot be deleted. Each step
 //! is one `iptables-restore --noflush` over all tables.
 
-use super::{Iptables, KUBE_PROXY_CANARY, Result, chain_names::is_owned, render, save};
+use super::{FamilyExecutor, KUBE_PROXY_CANARY, Result, chain_names::is_owned, render, save};
 use std::fmt::Write as _;
 
 /// The chains kube-proxy's layouts create besides the per-Service ones, in any table: the
@@ -76,7 +76,7 @@ fn removal(table: &str, chains: &[&String]) -> String {
     payload
 }
 
-impl Iptables {
+impl FamilyExecutor {
     /// Removes this family's jumps and chains of kube-proxy's layout, leaving every other rule
     /// alone. Running it twice is harmless.
     ///

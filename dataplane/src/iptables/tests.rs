@@ -20,7 +20,7 @@ mod options;
 mod render;
 mod stale_flows;
 
-use super::{Config, Dataplane, Error, Iptables, JUMPS, canaries, render_filter, render_nat};
+use super::{Config, Dataplane, Error, FamilyExecutor, JUMPS, canaries, render_filter, render_nat};
 use crate::NodeOptions;
 use crate::local_traffic::PodInterfaces;
 use crate::testing::{rules::assert_rules_eq, scratch::Scratch};
@@ -148,7 +148,7 @@ fn everything() -> (ProxyState, BTreeSet<String>) {
 /// for PREROUTING only, and `iptables -S` (the canary probe) succeeds. `conntrack`
 /// answers as conntrack-tools does when nothing matches (exit 1, "0 flow entries"), or fails with
 /// another message while `DIR/conntrack-fails` exists.
-fn fake_tools(scratch: &Scratch, saved: &str, restore_exit: u8, check_exit: u8) -> Iptables {
+fn fake_tools(scratch: &Scratch, saved: &str, restore_exit: u8, check_exit: u8) -> FamilyExecutor {
     let script = format!(
         r#"dir=$0; tool=$1; shift
 echo "$tool $*" >> "$dir/calls"
@@ -163,7 +163,7 @@ esac"#
     );
     std::fs::write(scratch.0.join("saved"), saved).unwrap();
     let dir = scratch.0.to_string_lossy().into_owned();
-    Iptables::with_config(Config::default().with_command_prefix([
+    FamilyExecutor::with_config(Config::default().with_command_prefix([
         "sh".to_owned(),
         "-c".to_owned(),
         script,

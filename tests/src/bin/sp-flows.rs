@@ -19,7 +19,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, Subcommand};
 use splitproxy_dataplane::{
     Dataplane, Families, IpFamily,
-    iptables::{self, Iptables, IptablesBackend},
+    iptables::{self, FamilyExecutor, IptablesBackend},
     ipvs::backend::{self, IpvsBackend},
     nftables::{self, NftablesBackend},
     testing::flow_table::{self, Expected, Scenario},
@@ -163,7 +163,7 @@ async fn clean(mode: &Mode, scenario: &Scenario) -> Result<()> {
     match mode {
         Mode::Iptables(_) => {
             for family in families(scenario) {
-                Iptables::with_config(iptables::Config::default().with_family(family))
+                FamilyExecutor::with_config(iptables::Config::default().with_family(family))
                     .cleanup()
                     .await?;
                 // The cleanup leaves kubelet's KUBE-FIREWALL, as kube-proxy's does; this node

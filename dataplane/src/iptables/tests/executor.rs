@@ -59,7 +59,7 @@ fn jumps_are_kube_proxys_and_inserted_first() {
 
 #[test]
 fn mode_is_iptables() {
-    assert_eq!(Iptables::new().mode(), "iptables");
+    assert_eq!(FamilyExecutor::new().mode(), "iptables");
 }
 
 #[tokio::test]
@@ -170,7 +170,7 @@ async fn failing_jump_check_is_an_error_not_an_insert() {
 
 #[tokio::test]
 async fn failed_save_reports_its_stderr() {
-    let mut iptables = Iptables::with_config(Config::default().with_command_prefix([
+    let mut iptables = FamilyExecutor::with_config(Config::default().with_command_prefix([
         "sh",
         "-c",
         "echo 'iptables-save: no such table' >&2; exit 1",
@@ -186,7 +186,7 @@ async fn failed_save_reports_its_stderr() {
 
 #[tokio::test]
 async fn missing_binary_is_a_run_error_naming_it() {
-    let mut iptables = Iptables::with_config(Config {
+    let mut iptables = FamilyExecutor::with_config(Config {
         iptables_save: "/nonexistent/iptables-save".to_owned(),
         ..Config::default()
     });

@@ -89,10 +89,10 @@ async fn failed_sync_keeps_the_last_applied_state_for_the_cleanup() {
         .unwrap();
 
     // A sync whose jump check fails applied nothing as far as the cleanup is concerned.
-    let mut failing = Iptables {
+    let mut failing = FamilyExecutor {
         tools: fake_tools(&scratch, SAVED, 0, 4).tools,
         applied: iptables.applied.clone(),
-        ..Iptables::default()
+        ..FamilyExecutor::default()
     };
     failing.sync(&udp_dns(&[])).await.unwrap_err();
     assert!(conntrack_calls(&scratch).is_empty());

@@ -959,7 +959,7 @@ COMMIT
 // The shared flow table against the rendered rules
 
 /// What the `family` iptables executor restores for `state` in one transaction (as
-/// `Iptables::sync`).
+/// `FamilyExecutor::sync`).
 fn rendered(family: IpFamily, state: &crate::ProxyState, options: &NodeOptions) -> String {
     let filter = render_filter_for(family, state);
     let nat = render_nat_for(family, state, options, &Default::default());
