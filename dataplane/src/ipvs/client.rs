@@ -43,7 +43,7 @@ pub enum Error {
         /// What was asked, with the server it was about.
         operation: String,
         /// What IPVS means by the errno, as ipvsadm would say it.
-        meaning: String,
+        meaning: &'static str,
         /// The kernel's errno.
         errno: Errno,
     },
@@ -64,20 +64,20 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// What IPVS means by the errnos it answers with.
 trait IpvsMeaning {
     /// What IPVS means by it in an operation on `subject`.
-    fn meaning(self, subject: Subject) -> String;
+    fn meaning(self, subject: Subject) -> &'static str;
 }
 
 impl IpvsMeaning for Errno {
     /// IPVS reuses a few errnos whose generic text would mislead ("No such process" for a
     /// missing virtual server).
-    fn meaning(self, subject: Subject) -> String {
+    fn meaning(self, subject: Subject) -> &'static str {
         match (self, subject) {
-            (Self::ESRCH, _) => "no such virtual server".to_owned(),
-            (Self::ENOENT, Subject::RealServer) => "no such real server".to_owned(),
+            (Self::ESRCH, _) => "no such virtual server",
+            (Self::ENOENT, Subject::RealServer) => "no such real server",
             (Self::ENOENT, Subject::VirtualServer) => {
-                "unknown scheduler or persistence engine (is its module available?)".to_owned()
+                "unknown scheduler or persistence engine (is its module available?)"
             }
-            (Self::EEXIST, _) => "already exists".to_owned(),
+            (Self::EEXIST, _) => "already exists",
             _ => self.text(),
         }
     }

@@ -96,44 +96,23 @@ impl Errno {
     /// Cannot assign requested address.
     pub const EADDRNOTAVAIL: Self = Self(99);
 
-    /// The errno's symbolic name, for those netlink, IPVS and rtnetlink return.
+    /// The errno's symbolic name (`ENOENT`); `None` for a number Linux does not define.
     #[must_use]
-    pub fn name(self) -> Option<&'static str> {
-        Some(match self.0 {
-            1 => "EPERM",
-            2 => "ENOENT",
-            3 => "ESRCH",
-            12 => "ENOMEM",
-            13 => "EACCES",
-            14 => "EFAULT",
-            16 => "EBUSY",
-            17 => "EEXIST",
-            19 => "ENODEV",
-            22 => "EINVAL",
-            34 => "ERANGE",
-            90 => "EMSGSIZE",
-            93 => "EPROTONOSUPPORT",
-            95 => "EOPNOTSUPP",
-            97 => "EAFNOSUPPORT",
-            99 => "EADDRNOTAVAIL",
-            _ => return None,
-        })
+    pub fn name(self) -> Option<String> {
+        let known = nix::errno::Errno::from_raw(self.0);
+        (known != nix::errno::Errno::UnknownErrno).then(|| format!("{known:?}"))
     }
 
-    /// The system's text for it, without the number ("Invalid argument"): [`fmt::Display`]
-    /// shows the number with the name.
+    /// The system's text for it ("Invalid argument"): [`fmt::Display`] shows the number with
+    /// the name.
     #[must_use]
-    pub fn text(self) -> String {
-        let text = io::Error::from_raw_os_error(self.0).to_string();
-        text.split(" (os error")
-            .next()
-            .unwrap_or_default()
-            .to_owned()
+    pub fn text(self) -> &'static str {
+        nix::errno::Errno::from_raw(self.0).desc()
     }
 }
 
 impl fmt::Display for Errno {
-    /// `EEXIST, errno 17`, or `errno 4095` for one without a name here.
+    /// `EEXIST, errno 17`, or `errno 4095` for one without a name.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.name() {
             Some(name) => write!(f, "{name}, errno {}", self.0),

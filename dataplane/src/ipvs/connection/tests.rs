@@ -203,4 +203,7 @@ fn errnos_show_their_name_and_number() {
     assert_eq!(Errno::ESRCH.to_string(), "ESRCH, errno 3");
     assert_eq!(Errno(4095).to_string(), "errno 4095");
     assert_eq!(Errno(22).text(), "Invalid argument");
+    // Every errno Linux defines has its name, not only those IPVS is known to return.
+    assert_eq!(Errno(110).to_string(), "ETIMEDOUT, errno 110");
+    assert_eq!(Errno(105).to_string(), "ENOBUFS, errno 105");
 }
