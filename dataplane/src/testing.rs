@@ -10,6 +10,8 @@
 //!   (`nftables`), a rule-text diff (`rules`), scratch folders for fake tools (`scratch`) and a
 //!   replayable random sequence (`steps`).
 
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod flow_table;
 #[cfg(test)]
 pub(crate) mod nftables;

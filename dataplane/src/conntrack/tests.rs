@@ -1,21 +1,11 @@
 //! Tests of the stale-flow diff and of reading `conntrack -D`'s answer.
 //!
-//! Test IP conventions (as the iptables tests):
-//!
-//! | thing        | addresses                    |
-//! |--------------|------------------------------|
-//! | pods         | endpoints `10.180.0.x` (this node), `10.180.2.x`, IPv6 `fd00:10:180::x` |
-//! | cluster IPs  | `172.30.0.x`, IPv6 `fd00:172:30::x` |
-//! | external IPs | `192.168.99.x`               |
-//! | LB ingress   | `1.2.3.x`                    |
+//! Test addresses: the unit tests' plan ([`crate::testing::fixtures`]).
 #![allow(clippy::unwrap_used)]
 
 use super::{Deletion, Destination, IpFamily, deleted_count, stale_flows};
+use crate::testing::fixtures::{self, state};
 use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy};
-
-fn state(services: Vec<Service>) -> ProxyState {
-    services.into_iter().collect()
-}
 
 fn dns(protocol: Protocol, node_port: Option<u16>, endpoints: Vec<Endpoint>) -> Service {
     Service::new(
@@ -25,16 +15,9 @@ fn dns(protocol: Protocol, node_port: Option<u16>, endpoints: Vec<Endpoint>) -> 
     )
 }
 
+/// A ready endpoint on port 5353.
 fn ready(ip: &str) -> Endpoint {
-    Endpoint {
-        ip: ip.parse().unwrap(),
-        port: 5353,
-        ready: true,
-        serving: true,
-        terminating: false,
-        is_local: false,
-        topology_excluded: false,
-    }
+    fixtures::ready(ip, 5353)
 }
 
 fn draining(ip: &str) -> Endpoint {

@@ -2,16 +2,7 @@
 //! `options`), the executor against fake tools (`executor`, `stale_flows`) and both families
 //! (`dual_stack`). This module holds the fixtures they share.
 //!
-//! Test IP conventions (as upstream's `proxier_test.go`):
-//!
-//! | thing        | addresses                    |
-//! |--------------|------------------------------|
-//! | pods         | `10.0.0.0/8`; endpoints `10.180.0.x`, `10.180.2.x`, IPv6 `fd00:10:180::x`; `is_local` ones (this node) only in `10.180.0.x` |
-//! | cluster IPs  | `172.30.0.0/16`, IPv6 `fd00:172:30::x` |
-//! | node         | `192.168.0.2`                |
-//! | external     | `203.0.113.0/24`             |
-//! | external IPs | `192.168.99.x`               |
-//! | LB ingress   | `1.2.3.x`                    |
+//! Test addresses: the unit tests' plan ([`crate::testing::fixtures`]).
 #![allow(clippy::unwrap_used)]
 
 mod dual_stack;
@@ -23,41 +14,13 @@ mod stale_flows;
 use super::{Config, Dataplane, Error, FamilyExecutor, JUMPS, canaries, render_filter, render_nat};
 use crate::NodeOptions;
 use crate::local_traffic::PodInterfaces;
+use crate::testing::fixtures::{local, ready, service, state};
 use crate::testing::{rules::assert_rules_eq, scratch::Scratch};
-use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort, TrafficPolicy};
+use crate::{Endpoint, Protocol, ProxyState, Service, ServicePort, TrafficPolicy};
 use std::{collections::BTreeSet, time::Duration};
 
 // ---------------------------------------------------------------------------------------------
 // Fixtures
-
-fn state(services: Vec<Service>) -> ProxyState {
-    services.into_iter().collect()
-}
-
-fn service(namespace: &str, name: &str, cluster_ips: &[&str], ports: Vec<ServicePort>) -> Service {
-    let cluster_ips = cluster_ips.iter().map(|ip| ip.parse().unwrap()).collect();
-    Service::new(ServiceKey::new(namespace, name), cluster_ips, ports)
-}
-
-fn ready(ip: &str, port: u16) -> Endpoint {
-    Endpoint {
-        ip: ip.parse().unwrap(),
-        port,
-        ready: true,
-        serving: true,
-        terminating: false,
-        is_local: false,
-        topology_excluded: false,
-    }
-}
-
-/// A ready endpoint on this node.
-fn local(ip: &str, port: u16) -> Endpoint {
-    Endpoint {
-        is_local: true,
-        ..ready(ip, port)
-    }
-}
 
 /// Terminating but still serving: used only when no endpoint is ready.
 fn terminating(ip: &str, port: u16) -> Endpoint {

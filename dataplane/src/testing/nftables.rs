@@ -1,44 +1,18 @@
 //! Test helpers: fixtures, an in-memory model of what the kernel does with a `nft -f -` script
 //! (strict where the kernel is), and a throwaway network namespace to run the real `nft` in.
 //!
-//! Test addresses (upstream's `proxier_test.go` conventions, as the iptables tests):
-//!
-//! | thing            | addresses                                                            |
-//! |------------------|----------------------------------------------------------------------|
-//! | pods             | `10.0.0.0/8`; endpoints `10.180.0.x` (the `is_local` ones: this node), `10.180.2.x` elsewhere |
-//! | IPv6 pods        | `fd00:10::/48`; endpoints `fd00:10:180::x` (this node), `fd00:10:180:2::x` elsewhere |
-//! | cluster IPs      | `172.30.0.0/16`; IPv6 `fd00:172:30::/112`                            |
-//! | node             | `192.168.0.2`; IPv6 `2001:db8::1`                                    |
-//! | external IPs     | `192.168.99.x`; IPv6 `2001:db8:99::x`                                |
-//! | LB ingress       | `1.2.3.4`, `5.6.7.8`; IPv6 `2001:db8:1b::x`                          |
-//! | external clients | `203.0.113.0/24`; IPv6 `2001:db8:203::/48`                           |
+//! Test addresses: the unit tests' plan ([`super::fixtures`]).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use super::fixtures::{ip, ready};
 use crate::IpFamily;
 use crate::NodeOptions;
 use crate::nftables::names::ENDPOINTS_PREFIX;
 use crate::nftables::render::Options;
-use crate::{Endpoint, Protocol, ProxyState, Service, ServiceKey, ServicePort};
+use crate::{Endpoint, Protocol, ServicePort};
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-pub(crate) fn ip(text: &str) -> IpAddr {
-    text.parse().unwrap()
-}
-
-pub(crate) fn ready(address: &str, port: u16) -> Endpoint {
-    Endpoint::ready(std::net::SocketAddr::new(ip(address), port))
-}
-
-/// A ready endpoint on this node.
-pub(crate) fn local(address: &str, port: u16) -> Endpoint {
-    Endpoint {
-        is_local: true,
-        ..ready(address, port)
-    }
-}
 
 /// Terminating but still serving.
 pub(crate) fn draining(address: &str, port: u16, is_local: bool) -> Endpoint {
@@ -57,23 +31,6 @@ pub(crate) fn tcp(
     endpoints: Vec<Endpoint>,
 ) -> ServicePort {
     ServicePort::new(name, Protocol::Tcp, port, node_port, endpoints)
-}
-
-pub(crate) fn service(
-    namespace: &str,
-    name: &str,
-    cluster_ips: &[&str],
-    ports: Vec<ServicePort>,
-) -> Service {
-    Service::new(
-        ServiceKey::new(namespace, name),
-        cluster_ips.iter().map(|address| ip(address)).collect(),
-        ports,
-    )
-}
-
-pub(crate) fn state(services: Vec<Service>) -> ProxyState {
-    services.into_iter().collect()
 }
 
 /// Upstream's test proxier for IPv4: pod CIDR `10.0.0.0/8`, node ports on `192.168.0.2` only,

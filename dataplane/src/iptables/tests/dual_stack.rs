@@ -1,14 +1,7 @@
 //! Tests of the per-family render and the dual-stack executor, with the fixtures of the backend's
 //! other tests.
 //!
-//! Test addresses (the IPv4 ones as in the parent module):
-//!
-//! | thing        | IPv4                         | IPv6                     |
-//! |--------------|------------------------------|--------------------------|
-//! | pods         | `10.0.0.0/8`; endpoints `10.180.0.x` | `fd00:10::/32`; endpoints `fd00:10:180::x` |
-//! | cluster IPs  | `172.30.0.x`                 | `fd00:172:30::x`         |
-//! | external IPs | `192.168.99.x`               | `fd00:192:168:99::x`     |
-//! | LB ingress   | `1.2.3.x`, source range `203.0.113.0/25` | `2001:db8:1::x`, source range `2001:db8:2::/64` |
+//! Test addresses: the unit tests' plan ([`crate::testing::fixtures`]), in both families.
 
 use super::super::{IptablesBackend, canaries, render_filter_for, render_nat_for};
 use super::{
@@ -54,9 +47,9 @@ fn dual_stack_services() -> ProxyState {
             vec![local("10.180.0.3", 80), local("fd00:10:180::3", 80)],
         )],
     );
-    svc3.external_ips = ips(&["192.168.99.33", "fd00:192:168:99::33"]);
-    svc3.load_balancer_ips = ips(&["1.2.3.4", "2001:db8:1::4"]);
-    svc3.load_balancer_source_ranges = ["203.0.113.0/25", "2001:db8:2::/64"]
+    svc3.external_ips = ips(&["192.168.99.33", "2001:db8:99::33"]);
+    svc3.load_balancer_ips = ips(&["1.2.3.4", "2001:db8:1b::4"]);
+    svc3.load_balancer_source_ranges = ["203.0.113.0/25", "2001:db8:203::/64"]
         .iter()
         .map(|range| range.parse::<Cidr>().unwrap())
         .collect();
@@ -86,7 +79,7 @@ fn only(family: IpFamily, state: &ProxyState) -> ProxyState {
 fn v6_options() -> NodeOptions {
     NodeOptions::default().with_cluster_cidrs([
         "10.0.0.0/8".parse().unwrap(),
-        "fd00:10::1/32".parse().unwrap(),
+        "fd00:10::1/48".parse().unwrap(),
     ])
 }
 
@@ -110,7 +103,7 @@ fn ipv6_render_holds_only_ipv6_addresses_endpoints_and_cidrs() {
 -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
--A KUBE-PROXY-FIREWALL -m comment --comment "ns3/svc3:p80 traffic not accepted by KUBE-FW-X27LE4BHSL4DOUIK" -m tcp -p tcp -d 2001:db8:1::4 --dport 80 -j DROP
+-A KUBE-PROXY-FIREWALL -m comment --comment "ns3/svc3:p80 traffic not accepted by KUBE-FW-X27LE4BHSL4DOUIK" -m tcp -p tcp -d 2001:db8:1b::4 --dport 80 -j DROP
 COMMIT
 "#;
     let expected_nat = r#"*nat
@@ -128,30 +121,30 @@ COMMIT
 :KUBE-FW-X27LE4BHSL4DOUIK - [0:0]
 -A KUBE-SERVICES -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d fd00:172:30::41 --dport 80 -j KUBE-SVC-XPGD46QRK7WJZT7O
 -A KUBE-SERVICES -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp -p tcp -d fd00:172:30::43 --dport 80 -j KUBE-SVC-X27LE4BHSL4DOUIK
--A KUBE-SERVICES -m comment --comment "ns3/svc3:p80 external IP" -m tcp -p tcp -d fd00:192:168:99::33 --dport 80 -j KUBE-EXT-X27LE4BHSL4DOUIK
--A KUBE-SERVICES -m comment --comment "ns3/svc3:p80 loadbalancer IP" -m tcp -p tcp -d 2001:db8:1::4 --dport 80 -j KUBE-FW-X27LE4BHSL4DOUIK
+-A KUBE-SERVICES -m comment --comment "ns3/svc3:p80 external IP" -m tcp -p tcp -d 2001:db8:99::33 --dport 80 -j KUBE-EXT-X27LE4BHSL4DOUIK
+-A KUBE-SERVICES -m comment --comment "ns3/svc3:p80 loadbalancer IP" -m tcp -p tcp -d 2001:db8:1b::4 --dport 80 -j KUBE-FW-X27LE4BHSL4DOUIK
 -A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL ! -d ::1/128 -j KUBE-NODEPORTS
 -A KUBE-NODEPORTS -m comment --comment ns1/svc1:p80 -m tcp -p tcp --dport 30001 -j KUBE-EXT-XPGD46QRK7WJZT7O
 -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
 -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
 -A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
 -A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
--A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d fd00:172:30::41 --dport 80 ! -s fd00:10::/32 -j KUBE-MARK-MASQ
+-A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d fd00:172:30::41 --dport 80 ! -s fd00:10::/48 -j KUBE-MARK-MASQ
 -A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 -> [fd00:10:180::1]:80" -j KUBE-SEP-OGYCNMB4EMRUSJ6N
 -A KUBE-SEP-OGYCNMB4EMRUSJ6N -m comment --comment ns1/svc1:p80 -s fd00:10:180::1 -j KUBE-MARK-MASQ
 -A KUBE-SEP-OGYCNMB4EMRUSJ6N -m comment --comment ns1/svc1:p80 -m tcp -p tcp -j DNAT --to-destination [fd00:10:180::1]:80
 -A KUBE-EXT-XPGD46QRK7WJZT7O -m comment --comment "masquerade traffic for ns1/svc1:p80 external destinations" -j KUBE-MARK-MASQ
 -A KUBE-EXT-XPGD46QRK7WJZT7O -j KUBE-SVC-XPGD46QRK7WJZT7O
--A KUBE-SVC-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp -p tcp -d fd00:172:30::43 --dport 80 ! -s fd00:10::/32 -j KUBE-MARK-MASQ
+-A KUBE-SVC-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp -p tcp -d fd00:172:30::43 --dport 80 ! -s fd00:10::/48 -j KUBE-MARK-MASQ
 -A KUBE-SVC-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 -> [fd00:10:180::3]:80" -j KUBE-SEP-CCZHJH42U3MUTGMQ
 -A KUBE-SVL-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 -> [fd00:10:180::3]:80" -j KUBE-SEP-CCZHJH42U3MUTGMQ
 -A KUBE-SEP-CCZHJH42U3MUTGMQ -m comment --comment ns3/svc3:p80 -s fd00:10:180::3 -j KUBE-MARK-MASQ
 -A KUBE-SEP-CCZHJH42U3MUTGMQ -m comment --comment ns3/svc3:p80 -m tcp -p tcp -j DNAT --to-destination [fd00:10:180::3]:80
--A KUBE-EXT-X27LE4BHSL4DOUIK -m comment --comment "pod traffic for ns3/svc3:p80 external destinations" -s fd00:10::/32 -j KUBE-SVC-X27LE4BHSL4DOUIK
+-A KUBE-EXT-X27LE4BHSL4DOUIK -m comment --comment "pod traffic for ns3/svc3:p80 external destinations" -s fd00:10::/48 -j KUBE-SVC-X27LE4BHSL4DOUIK
 -A KUBE-EXT-X27LE4BHSL4DOUIK -m comment --comment "masquerade LOCAL traffic for ns3/svc3:p80 external destinations" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ
 -A KUBE-EXT-X27LE4BHSL4DOUIK -m comment --comment "route LOCAL traffic for ns3/svc3:p80 external destinations" -m addrtype --src-type LOCAL -j KUBE-SVC-X27LE4BHSL4DOUIK
 -A KUBE-EXT-X27LE4BHSL4DOUIK -j KUBE-SVL-X27LE4BHSL4DOUIK
--A KUBE-FW-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 loadbalancer IP" -s 2001:db8:2::/64 -j KUBE-EXT-X27LE4BHSL4DOUIK
+-A KUBE-FW-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 loadbalancer IP" -s 2001:db8:203::/64 -j KUBE-EXT-X27LE4BHSL4DOUIK
 -A KUBE-FW-X27LE4BHSL4DOUIK -m comment --comment "other traffic to ns3/svc3:p80 will be dropped by KUBE-PROXY-FIREWALL"
 COMMIT
 "#;

@@ -245,7 +245,7 @@ fn external_and_load_balancer_ips_go_through_the_external_chain() {
     // chain. IPv6 external and load-balancer IPs are left out.
     let state = state(vec![
         Service {
-            external_ips: ips(&["192.168.99.22", "fd00:192:168::22"]),
+            external_ips: ips(&["192.168.99.22", "2001:db8:99::22"]),
             load_balancer_ips: ips(&["1.2.3.4", "fd00:1:2::4"]),
             ..service(
                 "ns2",

@@ -99,7 +99,7 @@ async fn a_changed_set_is_the_only_one_written() {
     let mut state = example_v4();
     let key = state.services.keys().next().unwrap().clone();
     let mut service = (*state.services[&key]).clone();
-    service.cluster_ips = vec!["10.96.0.99".parse().unwrap()];
+    service.cluster_ips = vec!["172.30.0.99".parse().unwrap()];
     state.insert(service);
     let calls = sync(
         &mut netfilter,

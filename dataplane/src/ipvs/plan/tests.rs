@@ -2,11 +2,8 @@
 
 use super::*;
 use crate::ServiceKey;
+use crate::testing::fixtures::ip;
 use std::time::Duration;
-
-fn ip(text: &str) -> IpAddr {
-    text.parse().unwrap()
-}
 
 fn endpoint(address: &str, is_local: bool) -> Endpoint {
     Endpoint {

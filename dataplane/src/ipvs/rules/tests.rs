@@ -1,5 +1,5 @@
-//! Addresses follow the block of the sets' tests, whose examples these render; the cluster's
-//! pod CIDRs are `10.244.0.0/16` and `fd00:10:244::/48`.
+//! Test addresses: the unit tests' plan ([`crate::testing::fixtures`]), through the sets' tests'
+//! examples, which these render.
 #![allow(clippy::unwrap_used)]
 
 use super::*;
@@ -9,8 +9,8 @@ use crate::testing::rules::assert_rules_eq;
 
 fn pod_cidrs() -> NodeOptions {
     NodeOptions::default().with_cluster_cidrs([
-        "10.244.0.0/16".parse().unwrap(),
-        "fd00:10:244::/48".parse().unwrap(),
+        "10.0.0.0/8".parse().unwrap(),
+        "fd00:10::/48".parse().unwrap(),
     ])
 }
 
@@ -59,7 +59,7 @@ fn the_ipv4_example_with_a_cluster_cidr_renders_upstreams_layout() {
 -A KUBE-NODE-PORT -p tcp -m comment --comment "TCP node port with eTP Local" -m set --match-set KUBE-NODE-PORT-LOCAL-TCP dst -j RETURN
 -A KUBE-NODE-PORT -p tcp -m comment --comment "TCP node port" -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ
 -A KUBE-NODE-PORT -p sctp -m comment --comment "SCTP node port" -m set --match-set KUBE-NODE-PORT-SCTP-HASH dst,dst -j KUBE-MARK-MASQ
--A KUBE-SERVICES ! -s 10.244.0.0/16 -m comment --comment "cluster IP:port to masquerade" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ
+-A KUBE-SERVICES ! -s 10.0.0.0/8 -m comment --comment "cluster IP:port to masquerade" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ
 -A KUBE-SERVICES -m comment --comment "external IP:port" -m set --match-set KUBE-EXTERNAL-IP dst,dst -j KUBE-MARK-MASQ
 -A KUBE-SERVICES -m comment --comment "external IP:port" -m set --match-set KUBE-EXTERNAL-IP dst,dst -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT
 -A KUBE-SERVICES -m comment --comment "external IP:port" -m set --match-set KUBE-EXTERNAL-IP dst,dst -m addrtype --dst-type LOCAL -j ACCEPT
@@ -88,7 +88,7 @@ COMMIT
 -A KUBE-SOURCE-RANGES-FIREWALL -m comment --comment "load-balancer IP:port from an allowed range" -m set --match-set KUBE-LOAD-BALANCER-SOURCE-CIDR dst,dst,src -j RETURN
 -A KUBE-SOURCE-RANGES-FIREWALL -m comment --comment "node reaching its own load-balancer IP:port" -m set --match-set KUBE-LOAD-BALANCER-SOURCE-IP dst,dst,src -j RETURN
 -A KUBE-SOURCE-RANGES-FIREWALL -j DROP
--A KUBE-IPVS-OUT-FILTER -s 203.0.113.10/32 -m ipvs --vproto 6 --vaddr 203.0.113.10/32 --vport 443 -j DROP
+-A KUBE-IPVS-OUT-FILTER -s 1.2.3.10/32 -m ipvs --vproto 6 --vaddr 1.2.3.10/32 --vport 443 -j DROP
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
 -A KUBE-NODE-PORT -m comment --comment "health check node port" -m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j ACCEPT
@@ -128,7 +128,7 @@ fn the_ipv6_example_matches_the_kube_6_sets_with_the_ipv6_pod_cidr() {
 -A KUBE-NODE-PORT -p tcp -m comment --comment "TCP node port with eTP Local" -m set --match-set KUBE-6-NODE-PORT-LOCAL-TCP dst -j RETURN
 -A KUBE-NODE-PORT -p tcp -m comment --comment "TCP node port" -m set --match-set KUBE-6-NODE-PORT-TCP dst -j KUBE-MARK-MASQ
 -A KUBE-NODE-PORT -p udp -m comment --comment "UDP node port" -m set --match-set KUBE-6-NODE-PORT-UDP dst -j KUBE-MARK-MASQ
--A KUBE-SERVICES ! -s fd00:10:244::/48 -m comment --comment "cluster IP:port to masquerade" -m set --match-set KUBE-6-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ
+-A KUBE-SERVICES ! -s fd00:10::/48 -m comment --comment "cluster IP:port to masquerade" -m set --match-set KUBE-6-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ
 -A KUBE-SERVICES -m comment --comment "external IP:port with eTP Local" -m set --match-set KUBE-6-EXTERNAL-IP-LOCAL dst,dst -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT
 -A KUBE-SERVICES -m comment --comment "external IP:port with eTP Local" -m set --match-set KUBE-6-EXTERNAL-IP-LOCAL dst,dst -m addrtype --dst-type LOCAL -j ACCEPT
 -A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT
@@ -154,7 +154,7 @@ COMMIT
 -A KUBE-PROXY-FIREWALL -m comment --comment "load-balancer IP:port with source ranges" -m set --match-set KUBE-6-LOAD-BALANCER-FW dst,dst -j KUBE-SOURCE-RANGES-FIREWALL
 -A KUBE-SOURCE-RANGES-FIREWALL -m comment --comment "load-balancer IP:port from an allowed range" -m set --match-set KUBE-6-LOAD-BALANCER-SOURCE-CID dst,dst,src -j RETURN
 -A KUBE-SOURCE-RANGES-FIREWALL -j DROP
--A KUBE-IPVS-OUT-FILTER -s 2001:db8:203::9/128 -m ipvs --vproto 17 --vaddr 2001:db8:203::9/128 --vport 443 -j DROP
+-A KUBE-IPVS-OUT-FILTER -s 2001:db8:1b::9/128 -m ipvs --vproto 17 --vaddr 2001:db8:1b::9/128 --vport 443 -j DROP
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
 -A KUBE-NODE-PORT -m comment --comment "health check node port" -m set --match-set KUBE-6-HEALTH-CHECK-NODE-PORT dst -j ACCEPT
@@ -231,7 +231,7 @@ fn without_a_cluster_cidr_only_the_nodes_connections_from_a_vip_are_marked() {
 
 #[test]
 fn a_cluster_cidr_of_the_other_family_is_no_detector() {
-    let options_ = NodeOptions::default().with_cluster_cidrs(["fd00:10:244::/48".parse().unwrap()]);
+    let options_ = NodeOptions::default().with_cluster_cidrs(["fd00:10::/48".parse().unwrap()]);
 
     let rules = render_v4(&options_);
 

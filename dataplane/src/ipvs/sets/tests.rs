@@ -1,22 +1,13 @@
-//! Addresses follow one block, shared with the rules' tests:
-//!
-//! * pods `10.244.1.x` on this node and `10.244.2.x` elsewhere (`fd00:10:244:1::x`,
-//!   `fd00:10:244:2::x`);
-//! * cluster IPs `10.96.0.x` (`fd00:10:96::x`);
-//! * this node `192.168.0.2` (`fd00:192:168::2`), its IP and its one node-port address;
-//! * external and load-balancer IPs `203.0.113.x` (`2001:db8:203::x`);
-//! * clients `198.51.100.x` (`2001:db8:198::x`).
+//! Test addresses: the unit tests' plan ([`crate::testing::fixtures`]); this node's IP, and its
+//! one node-port address, is `192.168.0.2` (`2001:db8::1`).
 #![allow(clippy::unwrap_used)]
 
 use super::*;
 use crate::ipvs::plan::{PlanOptions, plan};
+use crate::testing::fixtures::ip;
 use crate::testing::rules::assert_rules_eq;
 use crate::{Endpoint, ServiceKey};
 use std::fmt::Write as _;
-
-pub(crate) fn ip(text: &str) -> IpAddr {
-    text.parse().unwrap()
-}
 
 fn cidr(text: &str) -> Cidr {
     text.parse().unwrap()
@@ -24,7 +15,7 @@ fn cidr(text: &str) -> Cidr {
 
 /// A ready endpoint, on this node when its address is in this node's pod block.
 fn endpoint(address: &str, port: u16) -> Endpoint {
-    let is_local = address.starts_with("10.244.1.") || address.starts_with("fd00:10:244:1::");
+    let is_local = address.starts_with("10.180.0.") || address.starts_with("fd00:10:180::");
     Endpoint {
         is_local,
         ..Endpoint::ready(std::net::SocketAddr::new(ip(address), port))
@@ -58,16 +49,16 @@ fn service(key: &str, cluster_ips: &[&str], ports: Vec<ServicePort>) -> Service 
 ///
 /// * `kube-system/dns`: cluster IP only, UDP and TCP 53, one local and one remote endpoint;
 /// * `web/shop`: node port 30080 under `externalTrafficPolicy: Local`;
-/// * `web/lb`: load balancer 203.0.113.9:443 allowing 198.51.100.0/24 and the node's network;
-/// * `web/private`: load balancer 203.0.113.10:443 under eTP Local, with health-check node port
-///   32000, allowing only the client 198.51.100.7;
-/// * `web/legacy`: external IP 203.0.113.50:80;
+/// * `web/lb`: load balancer 1.2.3.9:443 allowing 203.0.113.0/24 and the node's network;
+/// * `web/private`: load balancer 1.2.3.10:443 under eTP Local, with health-check node port
+///   32000, allowing only the client 203.0.113.7;
+/// * `web/legacy`: external IP 192.168.99.50:80;
 /// * `tel/sip`: SCTP node port 30060.
 pub(crate) fn example_v4() -> ProxyState {
-    let dns_endpoints = [("10.244.1.5", 53), ("10.244.2.5", 53)];
+    let dns_endpoints = [("10.180.0.5", 53), ("10.180.2.5", 53)];
     let dns = service(
         "kube-system/dns",
-        &["10.96.0.10"],
+        &["172.30.0.10"],
         vec![
             port("dns", Protocol::Udp, 53, None, &dns_endpoints),
             port("dns-tcp", Protocol::Tcp, 53, None, &dns_endpoints),
@@ -77,71 +68,71 @@ pub(crate) fn example_v4() -> ProxyState {
         external_traffic_policy: TrafficPolicy::Local,
         ..service(
             "web/shop",
-            &["10.96.0.20"],
+            &["172.30.0.20"],
             vec![port(
                 "http",
                 Protocol::Tcp,
                 80,
                 Some(30080),
-                &[("10.244.1.20", 8080), ("10.244.2.20", 8080)],
+                &[("10.180.0.20", 8080), ("10.180.2.20", 8080)],
             )],
         )
     };
     let lb = Service {
-        load_balancer_ips: vec![ip("203.0.113.9")],
-        load_balancer_source_ranges: vec![cidr("198.51.100.0/24"), cidr("192.168.0.0/16")],
+        load_balancer_ips: vec![ip("1.2.3.9")],
+        load_balancer_source_ranges: vec![cidr("203.0.113.0/24"), cidr("192.168.0.0/16")],
         ..service(
             "web/lb",
-            &["10.96.0.30"],
+            &["172.30.0.30"],
             vec![port(
                 "https",
                 Protocol::Tcp,
                 443,
                 Some(30443),
-                &[("10.244.2.30", 8443)],
+                &[("10.180.2.30", 8443)],
             )],
         )
     };
     let private = Service {
-        load_balancer_ips: vec![ip("203.0.113.10")],
-        load_balancer_source_ranges: vec![cidr("198.51.100.7/32")],
+        load_balancer_ips: vec![ip("1.2.3.10")],
+        load_balancer_source_ranges: vec![cidr("203.0.113.7/32")],
         external_traffic_policy: TrafficPolicy::Local,
         health_check_node_port: Some(32000),
         ..service(
             "web/private",
-            &["10.96.0.31"],
+            &["172.30.0.31"],
             vec![port(
                 "https",
                 Protocol::Tcp,
                 443,
                 Some(30444),
-                &[("10.244.1.31", 8443)],
+                &[("10.180.0.31", 8443)],
             )],
         )
     };
     let legacy = Service {
-        external_ips: vec![ip("203.0.113.50")],
+        external_ips: vec![ip("192.168.99.50")],
         ..service(
             "web/legacy",
-            &["10.96.0.40"],
+            &["172.30.0.40"],
             vec![port(
                 "http",
                 Protocol::Tcp,
                 80,
                 None,
-                &[("10.244.2.40", 80)],
+                &[("10.180.2.40", 80)],
             )],
         )
     };
     let sip = service(
         "tel/sip",
-        &["10.96.0.50"],
+        &["172.30.0.50"],
         vec![port(
             "sip",
             Protocol::Sctp,
             5060,
             Some(30060),
-            &[("10.244.2.50", 5060)],
+            &[("10.180.2.50", 5060)],
         )],
     );
     [dns, shop, lb, private, legacy, sip].into_iter().collect()
@@ -151,60 +142,60 @@ pub(crate) fn example_v4() -> ProxyState {
 ///
 /// * `web/shop`, dual-stack: node port 30080 and external IPs under `externalTrafficPolicy:
 ///   Local`, a local endpoint per family and a remote IPv6 one;
-/// * `web/quic`: IPv6 only, UDP load balancer 2001:db8:203::9:443 (an IPv4 load-balancer IP and
-///   source range too, which the IPv6 sets skip) allowing only 2001:db8:198::/48, which leaves
+/// * `web/quic`: IPv6 only, UDP load balancer 2001:db8:1b::9:443 (an IPv4 load-balancer IP and
+///   source range too, which the IPv6 sets skip) allowing only 2001:db8:203::/48, which leaves
 ///   the node out;
 /// * `web/v4`: IPv4 only, which the IPv6 sets skip.
 pub(crate) fn example_v6() -> ProxyState {
     let shop = Service {
         external_traffic_policy: TrafficPolicy::Local,
-        external_ips: vec![ip("203.0.113.50"), ip("2001:db8:203::50")],
+        external_ips: vec![ip("192.168.99.50"), ip("2001:db8:99::50")],
         ..service(
             "web/shop",
-            &["10.96.0.20", "fd00:10:96::20"],
+            &["172.30.0.20", "fd00:172:30::20"],
             vec![port(
                 "http",
                 Protocol::Tcp,
                 80,
                 Some(30080),
                 &[
-                    ("10.244.1.20", 8080),
-                    ("fd00:10:244:1::20", 8080),
-                    ("fd00:10:244:2::20", 8080),
+                    ("10.180.0.20", 8080),
+                    ("fd00:10:180::20", 8080),
+                    ("fd00:10:180:2::20", 8080),
                 ],
             )],
         )
     };
     let quic = Service {
-        load_balancer_ips: vec![ip("203.0.113.9"), ip("2001:db8:203::9")],
-        load_balancer_source_ranges: vec![cidr("198.51.100.0/24"), cidr("2001:db8:198::/48")],
+        load_balancer_ips: vec![ip("1.2.3.9"), ip("2001:db8:1b::9")],
+        load_balancer_source_ranges: vec![cidr("203.0.113.0/24"), cidr("2001:db8:203::/48")],
         ..service(
             "web/quic",
-            &["fd00:10:96::30"],
+            &["fd00:172:30::30"],
             vec![port(
                 "quic",
                 Protocol::Udp,
                 443,
                 Some(30443),
-                &[("fd00:10:244:2::30", 8443)],
+                &[("fd00:10:180:2::30", 8443)],
             )],
         )
     };
     let v4 = service(
         "web/v4",
-        &["10.96.0.40"],
+        &["172.30.0.40"],
         vec![port(
             "http",
             Protocol::Tcp,
             80,
             Some(30040),
-            &[("10.244.1.40", 80)],
+            &[("10.180.0.40", 80)],
         )],
     );
     [shop, quic, v4].into_iter().collect()
 }
 
-/// This node: `192.168.0.2` and `fd00:192:168::2`, its IPs and its node-port addresses.
+/// This node: `192.168.0.2` and `2001:db8::1`, its IPs and its node-port addresses.
 /// The sets of `state` with the plan they go with, the node holding its node IPs.
 pub(crate) fn sets_of(state: &ProxyState, options: &SetOptions) -> IpSets {
     let plan = plan(
@@ -222,8 +213,8 @@ pub(crate) fn sets_of(state: &ProxyState, options: &SetOptions) -> IpSets {
 pub(crate) fn options(family: IpFamily) -> SetOptions {
     SetOptions {
         family,
-        node_port_addresses: vec![ip("192.168.0.2"), ip("fd00:192:168::2")],
-        node_ips: vec![ip("192.168.0.2"), ip("fd00:192:168::2")],
+        node_port_addresses: vec![ip("192.168.0.2"), ip("2001:db8::1")],
+        node_ips: vec![ip("192.168.0.2"), ip("2001:db8::1")],
     }
 }
 
@@ -330,35 +321,35 @@ fn the_ipv4_example_fills_each_set_as_upstreams_sync_does() {
         &listing(&sets),
         "\
 KUBE-LOOP-BACK hash:ip,port,ip
-  10.244.1.20,tcp:8080,10.244.1.20
-  10.244.1.31,tcp:8443,10.244.1.31
-  10.244.1.5,tcp:53,10.244.1.5
-  10.244.1.5,udp:53,10.244.1.5
+  10.180.0.20,tcp:8080,10.180.0.20
+  10.180.0.31,tcp:8443,10.180.0.31
+  10.180.0.5,tcp:53,10.180.0.5
+  10.180.0.5,udp:53,10.180.0.5
 KUBE-CLUSTER-IP hash:ip,port
-  10.96.0.10,tcp:53
-  10.96.0.10,udp:53
-  10.96.0.20,tcp:80
-  10.96.0.30,tcp:443
-  10.96.0.31,tcp:443
-  10.96.0.40,tcp:80
-  10.96.0.50,sctp:5060
+  172.30.0.10,tcp:53
+  172.30.0.10,udp:53
+  172.30.0.20,tcp:80
+  172.30.0.30,tcp:443
+  172.30.0.31,tcp:443
+  172.30.0.40,tcp:80
+  172.30.0.50,sctp:5060
 KUBE-EXTERNAL-IP hash:ip,port
-  203.0.113.50,tcp:80
+  192.168.99.50,tcp:80
 KUBE-EXTERNAL-IP-LOCAL hash:ip,port
 KUBE-LOAD-BALANCER hash:ip,port
-  203.0.113.10,tcp:443
-  203.0.113.9,tcp:443
+  1.2.3.10,tcp:443
+  1.2.3.9,tcp:443
 KUBE-LOAD-BALANCER-LOCAL hash:ip,port
-  203.0.113.10,tcp:443
+  1.2.3.10,tcp:443
 KUBE-LOAD-BALANCER-FW hash:ip,port
-  203.0.113.10,tcp:443
-  203.0.113.9,tcp:443
+  1.2.3.10,tcp:443
+  1.2.3.9,tcp:443
 KUBE-LOAD-BALANCER-SOURCE-IP hash:ip,port,ip
-  203.0.113.9,tcp:443,203.0.113.9
+  1.2.3.9,tcp:443,1.2.3.9
 KUBE-LOAD-BALANCER-SOURCE-CIDR hash:ip,port,net
-  203.0.113.10,tcp:443,198.51.100.7
-  203.0.113.9,tcp:443,192.168.0.0/16
-  203.0.113.9,tcp:443,198.51.100.0/24
+  1.2.3.10,tcp:443,203.0.113.7
+  1.2.3.9,tcp:443,192.168.0.0/16
+  1.2.3.9,tcp:443,203.0.113.0/24
 KUBE-NODE-PORT-TCP bitmap:port
   30080
   30443
@@ -374,16 +365,16 @@ KUBE-NODE-PORT-LOCAL-SCTP-HASH hash:ip,port
 KUBE-HEALTH-CHECK-NODE-PORT bitmap:port
   32000
 KUBE-IPVS-IPS hash:ip
-  10.96.0.10
-  10.96.0.20
-  10.96.0.30
-  10.96.0.31
-  10.96.0.40
-  10.96.0.50
-  203.0.113.10
-  203.0.113.50
-  203.0.113.9
-closed to node: tcp 203.0.113.10:443
+  1.2.3.10
+  1.2.3.9
+  172.30.0.10
+  172.30.0.20
+  172.30.0.30
+  172.30.0.31
+  172.30.0.40
+  172.30.0.50
+  192.168.99.50
+closed to node: tcp 1.2.3.10:443
 ",
     );
 }
@@ -396,21 +387,21 @@ fn the_ipv6_sets_hold_only_ipv6_addresses_of_services_with_an_ipv6_cluster_ip() 
         &listing(&sets),
         "\
 KUBE-6-LOOP-BACK hash:ip,port,ip
-  fd00:10:244:1::20,tcp:8080,fd00:10:244:1::20
+  fd00:10:180::20,tcp:8080,fd00:10:180::20
 KUBE-6-CLUSTER-IP hash:ip,port
-  fd00:10:96::20,tcp:80
-  fd00:10:96::30,udp:443
+  fd00:172:30::20,tcp:80
+  fd00:172:30::30,udp:443
 KUBE-6-EXTERNAL-IP hash:ip,port
 KUBE-6-EXTERNAL-IP-LOCAL hash:ip,port
-  2001:db8:203::50,tcp:80
+  2001:db8:99::50,tcp:80
 KUBE-6-LOAD-BALANCER hash:ip,port
-  2001:db8:203::9,udp:443
+  2001:db8:1b::9,udp:443
 KUBE-6-LOAD-BALANCER-LOCAL hash:ip,port
 KUBE-6-LOAD-BALANCER-FW hash:ip,port
-  2001:db8:203::9,udp:443
+  2001:db8:1b::9,udp:443
 KUBE-6-LOAD-BALANCER-SOURCE-IP hash:ip,port,ip
 KUBE-6-LOAD-BALANCER-SOURCE-CID hash:ip,port,net
-  2001:db8:203::9,udp:443,2001:db8:198::/48
+  2001:db8:1b::9,udp:443,2001:db8:203::/48
 KUBE-6-NODE-PORT-TCP bitmap:port
   30080
 KUBE-6-NODE-PORT-LOCAL-TCP bitmap:port
@@ -422,11 +413,11 @@ KUBE-6-NODE-PORT-SCTP-HASH hash:ip,port
 KUBE-6-NODE-PORT-LOCAL-SCTP-HAS hash:ip,port
 KUBE-6-HEALTH-CHECK-NODE-PORT bitmap:port
 KUBE-6-IPVS-IPS hash:ip
-  2001:db8:203::50
-  2001:db8:203::9
-  fd00:10:96::20
-  fd00:10:96::30
-closed to node: udp [2001:db8:203::9]:443
+  2001:db8:1b::9
+  2001:db8:99::50
+  fd00:172:30::20
+  fd00:172:30::30
+closed to node: udp [2001:db8:1b::9]:443
 ",
     );
 }
@@ -435,13 +426,13 @@ closed to node: udp [2001:db8:203::9]:443
 fn an_external_ip_the_node_holds_is_matched_but_not_bound_nor_filtered() {
     let mut web = service(
         "web/app",
-        &["10.96.0.70"],
+        &["172.30.0.70"],
         vec![port(
             "http",
             Protocol::Tcp,
             80,
             None,
-            &[("10.244.2.7", 8080)],
+            &[("10.180.2.7", 8080)],
         )],
     );
     // The node's own address, and one it does not hold.
@@ -459,28 +450,28 @@ fn an_external_ip_the_node_holds_is_matched_but_not_bound_nor_filtered() {
     );
     assert_eq!(
         sets.get(SetId::IpvsIps).entries,
-        ["10.96.0.70", "192.0.2.70"].map(str::to_owned).into(),
+        ["172.30.0.70", "192.0.2.70"].map(str::to_owned).into(),
         "bound, the node's address would have KUBE-IPVS-FILTER close its other ports"
     );
 }
 
 #[test]
 fn every_local_endpoint_loops_back_whatever_its_readiness() {
-    let mut draining = endpoint("10.244.1.7", 8080);
+    let mut draining = endpoint("10.180.0.7", 8080);
     draining.ready = false;
     draining.terminating = true;
-    let mut unready = endpoint("10.244.1.8", 8080);
+    let mut unready = endpoint("10.180.0.8", 8080);
     unready.ready = false;
     unready.serving = false;
     let mut web = service(
         "web/app",
-        &["10.96.0.70"],
+        &["172.30.0.70"],
         vec![port(
             "http",
             Protocol::Tcp,
             80,
             None,
-            &[("10.244.2.7", 8080)],
+            &[("10.180.2.7", 8080)],
         )],
     );
     web.ports[0].endpoints.extend([draining, unready]);
@@ -490,8 +481,8 @@ fn every_local_endpoint_loops_back_whatever_its_readiness() {
     assert_eq!(
         sets.get(SetId::LoopBack).entries,
         BTreeSet::from([
-            "10.244.1.7,tcp:8080,10.244.1.7".to_owned(),
-            "10.244.1.8,tcp:8080,10.244.1.8".to_owned(),
+            "10.180.0.7,tcp:8080,10.180.0.7".to_owned(),
+            "10.180.0.8,tcp:8080,10.180.0.8".to_owned(),
         ])
     );
 }
@@ -499,11 +490,11 @@ fn every_local_endpoint_loops_back_whatever_its_readiness() {
 #[test]
 fn a_zero_length_source_range_allows_every_source_so_no_firewall_entry_is_made() {
     let open = Service {
-        load_balancer_ips: vec![ip("203.0.113.9")],
-        load_balancer_source_ranges: vec![cidr("198.51.100.0/24"), cidr("0.0.0.0/0")],
+        load_balancer_ips: vec![ip("1.2.3.9")],
+        load_balancer_source_ranges: vec![cidr("203.0.113.0/24"), cidr("0.0.0.0/0")],
         ..service(
             "web/open",
-            &["10.96.0.60"],
+            &["172.30.0.60"],
             vec![port("https", Protocol::Tcp, 443, None, &[])],
         )
     };
@@ -520,11 +511,11 @@ fn a_zero_length_source_range_allows_every_source_so_no_firewall_entry_is_made()
 fn source_ranges_of_the_other_family_leave_a_load_balancer_open() {
     // Only an IPv6 range: the IPv4 VIP has no range of its family, so no firewall.
     let mixed = Service {
-        load_balancer_ips: vec![ip("203.0.113.9")],
-        load_balancer_source_ranges: vec![cidr("2001:db8:198::/48")],
+        load_balancer_ips: vec![ip("1.2.3.9")],
+        load_balancer_source_ranges: vec![cidr("2001:db8:203::/48")],
         ..service(
             "web/mixed",
-            &["10.96.0.60"],
+            &["172.30.0.60"],
             vec![port("https", Protocol::Tcp, 443, None, &[])],
         )
     };
@@ -539,10 +530,10 @@ fn node_ports_and_their_health_check_get_no_entries_without_a_node_port_address_
     let lb = Service {
         external_traffic_policy: TrafficPolicy::Local,
         health_check_node_port: Some(32000),
-        load_balancer_ips: vec![ip("203.0.113.9")],
+        load_balancer_ips: vec![ip("1.2.3.9")],
         ..service(
             "web/lb",
-            &["10.96.0.30"],
+            &["172.30.0.30"],
             vec![
                 port("http", Protocol::Tcp, 80, Some(30080), &[]),
                 port("sip", Protocol::Sctp, 5060, Some(30060), &[]),
@@ -555,12 +546,12 @@ fn node_ports_and_their_health_check_get_no_entries_without_a_node_port_address_
         health_check_node_port: Some(32001),
         ..service(
             "web/direct",
-            &["10.96.0.31"],
+            &["172.30.0.31"],
             vec![port("http", Protocol::Tcp, 80, None, &[])],
         )
     };
     let options = SetOptions {
-        node_port_addresses: vec![ip("fd00:192:168::2")],
+        node_port_addresses: vec![ip("2001:db8::1")],
         ..options(IpFamily::V4)
     };
 
@@ -588,12 +579,12 @@ fn sctp_node_ports_are_matched_on_each_node_port_address_of_the_family() {
         external_traffic_policy: TrafficPolicy::Local,
         ..service(
             "tel/sip",
-            &["10.96.0.50"],
+            &["172.30.0.50"],
             vec![port("sip", Protocol::Sctp, 5060, Some(30060), &[])],
         )
     };
     let options = SetOptions {
-        node_port_addresses: vec![ip("192.168.0.2"), ip("192.168.1.2"), ip("fd00:192:168::2")],
+        node_port_addresses: vec![ip("192.168.0.2"), ip("192.168.1.2"), ip("2001:db8::1")],
         ..options(IpFamily::V4)
     };
 
@@ -623,8 +614,8 @@ fn services_without_a_cluster_ip_of_the_family_get_no_entry_at_all() {
 fn dns_only() -> IpSets {
     let dns = service(
         "kube-system/dns",
-        &["10.96.0.10"],
-        vec![port("dns", Protocol::Udp, 53, None, &[("10.244.2.5", 53)])],
+        &["172.30.0.10"],
+        vec![port("dns", Protocol::Udp, 53, None, &[("10.180.2.5", 53)])],
     );
     sets_of(&state([dns]), &options(IpFamily::V4))
 }
@@ -641,7 +632,7 @@ flush KUBE-LOOP-BACK
 create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536 -exist
 create KUBE-TMP-ELZJH7TBY5IDBVPW hash:ip,port family inet hashsize 1024 maxelem 65536 -exist
 flush KUBE-TMP-ELZJH7TBY5IDBVPW
-add KUBE-TMP-ELZJH7TBY5IDBVPW 10.96.0.10,udp:53
+add KUBE-TMP-ELZJH7TBY5IDBVPW 172.30.0.10,udp:53
 swap KUBE-TMP-ELZJH7TBY5IDBVPW KUBE-CLUSTER-IP
 destroy KUBE-TMP-ELZJH7TBY5IDBVPW
 create KUBE-EXTERNAL-IP hash:ip,port family inet hashsize 1024 maxelem 65536 -exist
@@ -675,7 +666,7 @@ flush KUBE-HEALTH-CHECK-NODE-PORT
 create KUBE-IPVS-IPS hash:ip family inet hashsize 1024 maxelem 65536 -exist
 create KUBE-TMP-JLUMM2X2AEHLL5GK hash:ip family inet hashsize 1024 maxelem 65536 -exist
 flush KUBE-TMP-JLUMM2X2AEHLL5GK
-add KUBE-TMP-JLUMM2X2AEHLL5GK 10.96.0.10
+add KUBE-TMP-JLUMM2X2AEHLL5GK 172.30.0.10
 swap KUBE-TMP-JLUMM2X2AEHLL5GK KUBE-IPVS-IPS
 destroy KUBE-TMP-JLUMM2X2AEHLL5GK
 ",
@@ -696,7 +687,7 @@ fn only_changed_sets_are_written_an_emptied_one_by_a_flush() {
     // The Service moves to a new cluster IP over TCP; its UDP port is gone.
     let dns = service(
         "kube-system/dns",
-        &["10.96.0.11"],
+        &["172.30.0.11"],
         vec![port("dns-tcp", Protocol::Tcp, 53, Some(30053), &[])],
     );
     let after = sets_of(&state([dns]), &options(IpFamily::V4));
@@ -709,7 +700,7 @@ fn only_changed_sets_are_written_an_emptied_one_by_a_flush() {
 create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536 -exist
 create KUBE-TMP-ELZJH7TBY5IDBVPW hash:ip,port family inet hashsize 1024 maxelem 65536 -exist
 flush KUBE-TMP-ELZJH7TBY5IDBVPW
-add KUBE-TMP-ELZJH7TBY5IDBVPW 10.96.0.11,tcp:53
+add KUBE-TMP-ELZJH7TBY5IDBVPW 172.30.0.11,tcp:53
 swap KUBE-TMP-ELZJH7TBY5IDBVPW KUBE-CLUSTER-IP
 destroy KUBE-TMP-ELZJH7TBY5IDBVPW
 create KUBE-NODE-PORT-TCP bitmap:port range 0-65535 -exist
@@ -721,7 +712,7 @@ destroy KUBE-TMP-XMEGPKXLJPUWR2HN
 create KUBE-IPVS-IPS hash:ip family inet hashsize 1024 maxelem 65536 -exist
 create KUBE-TMP-JLUMM2X2AEHLL5GK hash:ip family inet hashsize 1024 maxelem 65536 -exist
 flush KUBE-TMP-JLUMM2X2AEHLL5GK
-add KUBE-TMP-JLUMM2X2AEHLL5GK 10.96.0.11
+add KUBE-TMP-JLUMM2X2AEHLL5GK 172.30.0.11
 swap KUBE-TMP-JLUMM2X2AEHLL5GK KUBE-IPVS-IPS
 destroy KUBE-TMP-JLUMM2X2AEHLL5GK
 ",
@@ -753,7 +744,7 @@ fn ipv6_sets_are_created_for_inet6_and_built_in_their_own_temporary_sets() {
 create KUBE-6-LOAD-BALANCER-SOURCE-CID hash:ip,port,net family inet6 hashsize 1024 maxelem 65536 -exist
 create {temporary} hash:ip,port,net family inet6 hashsize 1024 maxelem 65536 -exist
 flush {temporary}
-add {temporary} 2001:db8:203::9,udp:443,2001:db8:198::/48
+add {temporary} 2001:db8:1b::9,udp:443,2001:db8:203::/48
 swap {temporary} KUBE-6-LOAD-BALANCER-SOURCE-CID
 destroy {temporary}
 create KUBE-6-NODE-PORT-TCP bitmap:port range 0-65535 -exist

@@ -1,16 +1,15 @@
 //! Tests of the render: the rules a full transaction writes for representative states, in both
 //! families.
 //!
-//! Test addresses: see [`crate::testing::nftables`].
+//! Test addresses: the unit tests' plan ([`crate::testing::fixtures`]).
 #![allow(clippy::unwrap_used)]
 
 use super::*;
 use crate::NodeOptions;
 use crate::local_traffic::PodInterfaces;
 use crate::nftables::transaction::{Leftovers, transaction};
-use crate::testing::nftables::{
-    assert_numbers_apart, draining, ip, local, options_v4, options_v6, ready, service, state, tcp,
-};
+use crate::testing::fixtures::{ip, local, ready, service, state};
+use crate::testing::nftables::{assert_numbers_apart, draining, options_v4, options_v6, tcp};
 use crate::testing::rules::assert_rules_eq;
 use crate::{Endpoint, Protocol, ServicePort, TrafficPolicy};
 use std::time::{Duration, Instant};

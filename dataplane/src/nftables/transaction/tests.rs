@@ -1,15 +1,16 @@
 //! Tests of the transaction builder: the scripts of representative changes, random sequences of
 //! syncs checked against an in-memory kernel model, and the real `nft` in a network namespace.
 //!
-//! Test addresses: see [`crate::testing::nftables`].
+//! Test addresses: the unit tests' plan ([`crate::testing::fixtures`]).
 #![allow(clippy::unwrap_used)]
 
 use super::*;
 use crate::NodeOptions;
 use crate::nftables::render::Options;
+use crate::testing::fixtures::{ip, local, ready, service, state};
 use crate::testing::nftables::{
-    Model, Netns, assert_numbers_apart, ip, local, normalize, options_v4, options_v6, ready,
-    resolve_listing, resolved, service, state, tcp,
+    Model, Netns, assert_numbers_apart, normalize, options_v4, options_v6, resolve_listing,
+    resolved, tcp,
 };
 use crate::testing::rules::assert_rules_eq;
 use crate::testing::steps::Steps;

@@ -15,13 +15,10 @@ use super::*;
 use crate::IpFamily;
 use crate::NodeOptions;
 use crate::iptables::render::{render_filter_for, render_nat_for};
+use crate::testing::fixtures::ip;
 use crate::testing::flow_table::{self, CLIENT_POD, EXTERNAL_CLIENT, NODE_IP};
 
 const NODE_IPS: [IpAddr; 1] = [NODE_IP];
-
-fn ip(text: &str) -> IpAddr {
-    text.parse().unwrap()
-}
 
 fn flow(origin: Origin, source: IpAddr, protocol: Protocol, destination: &str, port: u16) -> Flow {
     Flow {
