@@ -8,7 +8,7 @@ use crate::{
     history::{ChangeSet, History, changed_keys},
     nodes::{NodeInfo, Nodes},
     placement::Placement,
-    resources::{Endpoints, Key, ServiceBackends, Services},
+    resources::{Endpoints, ServiceBackends, Services},
     wire::Encodings,
 };
 use imbl::OrdMap;
@@ -17,7 +17,7 @@ use k8s_openapi::api::{
     discovery::v1::EndpointSlice,
     networking::v1::ServiceCIDR,
 };
-use splitproxy_proto::{names::is_dns_label, v1alpha1 as pb};
+use splitproxy_proto::{Key, names::is_dns_label, v1alpha1 as pb};
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,

@@ -7,8 +7,8 @@
 //! bucket. A state's digests are seeded from the state before's, so under churn only the entries
 //! that changed are hashed again.
 
-use crate::resources::{Endpoints, Key, Services};
-use splitproxy_proto::{MAX_SUMMARY_BUCKETS, bucket_of};
+use crate::resources::{Endpoints, Services};
+use splitproxy_proto::{Key, MAX_SUMMARY_BUCKETS, bucket_of};
 use std::{
     borrow::Cow,
     collections::HashMap,

@@ -5,8 +5,8 @@
 //! [`HISTORY_LENGTH`] generations. A stream whose agent holds the view of generation `g` takes
 //! the union of the change sets after `g`; further behind than that, it compares whole views.
 
-use crate::resources::Key;
 use imbl::{OrdMap, ordmap::DiffItem};
+use splitproxy_proto::Key;
 use std::{
     collections::{BTreeSet, VecDeque},
     sync::Arc,

@@ -10,7 +10,6 @@
 
 use crate::{
     cluster::{HEADLESS_LABEL, Objects, ServiceSelector},
-    resources::Key,
     source::Source,
 };
 use futures::{FutureExt, StreamExt, stream::BoxStream};
@@ -25,6 +24,7 @@ use kube::{
     Api, Client, Resource,
     runtime::{WatchStreamExt, watcher},
 };
+use splitproxy_proto::Key;
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Errors of the Kubernetes source.

@@ -6,7 +6,7 @@
 //! and patched by key as files change, so a change costs in proportion to the files it touched;
 //! of objects with the same key in several files, the one in the last file (in path order) wins.
 
-use crate::{cluster::Objects, resources::Key, source::Source};
+use crate::{cluster::Objects, source::Source};
 use imbl::OrdMap;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -15,6 +15,7 @@ use k8s_openapi::api::{
 };
 use notify::Watcher;
 use serde::Deserialize;
+use splitproxy_proto::Key;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     os::unix::fs::MetadataExt as _,

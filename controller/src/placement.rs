@@ -7,8 +7,9 @@
 //! one before it where that was built: the index is persistent, and only the endpoint sets that
 //! changed between the two states are walked.
 
-use crate::resources::{Endpoints, Key, ServiceBackends};
+use crate::resources::{Endpoints, ServiceBackends};
 use imbl::{OrdMap, OrdSet, ordmap::DiffItem};
+use splitproxy_proto::Key;
 use std::{
     collections::BTreeSet,
     sync::{Arc, Mutex, OnceLock, PoisonError},

@@ -6,11 +6,8 @@ use crate::{
     topology::{self, Place},
 };
 use imbl::OrdMap;
-use splitproxy_proto::v1alpha1 as pb;
+use splitproxy_proto::{Key, v1alpha1 as pb};
 use std::sync::Arc;
-
-/// A namespaced object's key.
-pub type Key = (String, String);
 
 /// The converted Services by key; an entry keeps its `Arc` while it does not change, and the
 /// map shares its unchanged parts with the state before, so states and views share both.

@@ -12,9 +12,10 @@
 //! itself over its share is taken, and shed again later; as shed agents move on to the next
 //! replica they know, the replicas settle within their shares.
 
-use crate::{cluster::SERVICE_NAME_LABEL, resources::Key};
+use crate::cluster::SERVICE_NAME_LABEL;
 use imbl::OrdMap;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use splitproxy_proto::Key;
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 /// How often a replica over its share sheds one stream: 50 a second, so the replica taking them

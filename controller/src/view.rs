@@ -10,10 +10,10 @@
 use crate::{
     cluster::ClusterState,
     nodes,
-    resources::{Endpoints, Key, ServiceBackends, Services},
+    resources::{Endpoints, ServiceBackends, Services},
     topology::Place,
 };
-use splitproxy_proto::v1alpha1 as pb;
+use splitproxy_proto::{Key, v1alpha1 as pb};
 use std::{collections::BTreeMap, sync::Arc};
 
 /// What one node must program: the Services and, for those that have any, their endpoints; and

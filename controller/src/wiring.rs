@@ -9,11 +9,11 @@ use crate::{
     history::ChangeSet,
     inspection::Inspection,
     metrics::Metrics,
-    resources::Key,
     shares,
     source::Source,
     wire::server::node_view_service_server::NodeViewServiceServer,
 };
+use splitproxy_proto::Key;
 use splitproxy_proto::v1alpha1::controller_inspection_service_server::ControllerInspectionServiceServer;
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};

@@ -3,16 +3,13 @@
 
 use imbl::OrdMap;
 use splitproxy_dataplane::{self as dp, ProxyState};
-use splitproxy_proto::{names::is_dns_label, v1alpha1 as pb};
+use splitproxy_proto::{Key, names::is_dns_label, v1alpha1 as pb};
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     sync::Arc,
     time::Duration,
 };
-
-/// A Service's namespace and name.
-pub type Key = (String, String);
 
 /// Why a revision cannot be taken; the agent rejects it and keeps its last good state.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use crate::{
     health_check::HealthChecks,
     metrics::{FamilyLabel, Metrics, TableLabel, TrafficPolicyLabel},
     node_port_addresses::{NodePortAddress, interface_addresses, select},
-    node_state::{Conversion, Eligibility, Key, NodeState},
+    node_state::{Conversion, Eligibility, NodeState},
     status::{Snapshot, Status, SyncOutcome},
     sync_timer::{SyncPeriods, SyncTimer},
 };
@@ -15,6 +15,7 @@ use splitproxy_dataplane::{
     Cidr, Dataplane, FailedStep, Families, ProxyState, ServiceKey, SyncError, SyncReport,
     endpoints::NoLocalEndpoints,
 };
+use splitproxy_proto::Key;
 use std::{
     collections::BTreeSet,
     future::Future,

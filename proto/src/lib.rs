@@ -2,6 +2,10 @@
 
 pub mod names;
 
+/// A namespaced resource's key, `(namespace, name)`, as the controller and the agent key their
+/// views (the wire's `ObjectKey`; the dataplane's model has its own `ServiceKey`).
+pub type Key = (String, String);
+
 /// Version `v1alpha1` of the protocol.
 pub mod v1alpha1 {
     #![allow(missing_docs, clippy::all, clippy::pedantic)]

@@ -10,11 +10,12 @@
 //! all.
 
 use super::{
-    ClusterState, Endpoints, Key, NodeInfo, Nodes, Objects, SERVICE_NAME_LABEL, ServiceBackends,
+    ClusterState, Endpoints, NodeInfo, Nodes, Objects, SERVICE_NAME_LABEL, ServiceBackends,
     ServiceSelector, Services, convert_service, merge_slices,
 };
 use imbl::ordmap::DiffItem;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use splitproxy_proto::Key;
 use std::{
     collections::{BTreeSet, HashMap},
     sync::Arc,

@@ -7,11 +7,8 @@
 //! differ.
 
 use super::{Delta, EndpointsOf, NodeView, Resources, diff_all};
-use crate::{
-    digests::{Digests, PlainSummary, SharedDigests, buckets_allowed},
-    resources::Key,
-};
-use splitproxy_proto::{bucket_of, v1alpha1 as pb};
+use crate::digests::{Digests, PlainSummary, SharedDigests, buckets_allowed};
+use splitproxy_proto::{Key, bucket_of, v1alpha1 as pb};
 use std::sync::Arc;
 
 /// What an agent said it holds when subscribing, when that is not a state of this controller, so
