@@ -87,12 +87,6 @@ impl std::ops::Deref for Families {
     }
 }
 
-impl<const N: usize> PartialEq<[IpFamily; N]> for Families {
-    fn eq(&self, other: &[IpFamily; N]) -> bool {
-        self.0 == other
-    }
-}
-
 impl IntoIterator for Families {
     type Item = IpFamily;
     type IntoIter = std::vec::IntoIter<IpFamily>;

@@ -473,7 +473,11 @@ async fn ip6tables_restore_accepts_the_ipv6_rules_and_each_family_keeps_its_own(
             "fd00:10::/32".parse().unwrap(),
         ]));
     let mut dataplane = IptablesBackend::detect(&config).await;
-    assert_eq!(dataplane.families(), IpFamily::ALL, "ip6tables is required");
+    assert_eq!(
+        *dataplane.families(),
+        IpFamily::ALL,
+        "ip6tables is required"
+    );
 
     let report = dataplane.sync(&dual_stack()).await.unwrap();
 

@@ -243,7 +243,7 @@ async fn both_families_are_synced_each_with_its_own_tools_and_rules() {
         &fake_config(&scratch),
         &Families::new([IpFamily::V6, IpFamily::V4]),
     );
-    assert_eq!(dataplane.families(), [IpFamily::V4, IpFamily::V6]);
+    assert_eq!(*dataplane.families(), [IpFamily::V4, IpFamily::V6]);
     let state = dual_stack_services();
 
     let report = dataplane.sync(&state).await.unwrap();
@@ -316,19 +316,19 @@ async fn missing_tools_of_a_family_leave_the_node_single_stack() {
     fail(&scratch, "ip6tables-save");
     let config = fake_config(&scratch);
     assert_eq!(
-        IptablesBackend::detect(&config).await.families(),
+        *IptablesBackend::detect(&config).await.families(),
         [IpFamily::V4]
     );
     std::fs::remove_file(scratch.0.join("ip6tables-save.fails")).unwrap();
     fail(&scratch, "iptables-save");
     let v6_only = IptablesBackend::detect(&config).await;
-    assert_eq!(v6_only.families(), [IpFamily::V6]);
+    assert_eq!(*v6_only.families(), [IpFamily::V6]);
     // What the agent's /healthz lists per family.
-    assert_eq!(v6_only.ip_families(), [IpFamily::V6]);
+    assert_eq!(*v6_only.ip_families(), [IpFamily::V6]);
     fail(&scratch, "ip6tables-save");
     // Neither: IPv4 stays, so its syncs say what is wrong.
     assert_eq!(
-        IptablesBackend::detect(&config).await.families(),
+        *IptablesBackend::detect(&config).await.families(),
         [IpFamily::V4]
     );
 }
