@@ -4,8 +4,11 @@
 #
 #   SPLITPROXY_TOOLS  tools cache outside the work tree (default /var/cache/splitproxy/tools);
 #                     scripts/setup.sh installs into it, $SPLITPROXY_TOOLS/bin holds the symlinks.
+#   SPLITPROXY_CACHE  the folder above it (default /var/cache/splitproxy), which also holds the
+#                     cargo target folder of scripts/test.sh and scripts/images.sh (cargo-target).
 
 export SPLITPROXY_TOOLS="${SPLITPROXY_TOOLS:-/var/cache/splitproxy/tools}"
+export SPLITPROXY_CACHE="${SPLITPROXY_CACHE:-$(dirname "$SPLITPROXY_TOOLS")}"
 
 _splitproxy_path_prepend() {
     case ":${PATH:-}:" in

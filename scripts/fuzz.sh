@@ -17,29 +17,42 @@ if [[ ! $seconds =~ ^[1-9][0-9]*$ ]]; then
     exit 64
 fi
 
-cargo run -q -p splitproxy-controller --example fuzz_seeds -- \
-    fuzz/corpus/sync_response tests/corpus/*.yaml
+# The seed writer as the workspace build has it (scripts/test.sh builds every target first; with
+# the workspace's features, so that this compiles nothing more there).
+cargo build -q --workspace --examples
+"${CARGO_TARGET_DIR:-target}/debug/examples/fuzz_seeds" fuzz/corpus/sync_response tests/corpus/*.yaml
 mkdir -p fuzz/corpus/render
 # The instrumented build takes about ten minutes cold on two cores: keep it in the tools cache,
 # so fresh clones (CI) rebuild only what changed.
 export CARGO_TARGET_DIR="$SPLITPROXY_TOOLS/fuzz-target"
+scripts/lib/prune-other-work-trees.py "$PWD" "$CARGO_TARGET_DIR"
 cd fuzz
 # Quiet when it builds; on failure built again, loudly, to show why.
 cargo +nightly fuzz build -O >/dev/null 2>&1 || cargo +nightly fuzz build -O
 
-log="$(mktemp -t splitproxy-fuzz.XXXXXX)"
-trap 'rm -f "$log"' EXIT
+logs="$(mktemp -d -t splitproxy-fuzz.XXXXXX)"
+trap 'rm -rf "$logs"' EXIT
 # The render target builds its model from the bytes: without length control it gets inputs long
 # enough for several Services from the start.
 declare -A options=([sync_response]="" [render]="-len_control=0 -max_len=4096")
-for target in sync_response render; do
+targets=(sync_response render)
+# Each fuzzer runs on one core: the targets run side by side.
+declare -A pids
+for target in "${targets[@]}"; do
     # shellcheck disable=SC2086 # the options are separate words
-    if ! cargo +nightly fuzz run -O "$target" "corpus/$target" -- \
-        -max_total_time="$seconds" ${options[$target]} >"$log" 2>&1; then
-        tail -n 60 "$log" >&2
+    cargo +nightly fuzz run -O "$target" "corpus/$target" -- \
+        -max_total_time="$seconds" ${options[$target]} >"$logs/$target" 2>&1 &
+    pids[$target]=$!
+done
+status=0
+for target in "${targets[@]}"; do
+    if ! wait "${pids[$target]}"; then
+        tail -n 60 "$logs/$target" >&2
         echo "fuzz: $target failed; its input is in fuzz/artifacts/$target/" >&2
-        exit 1
+        status=1
+        continue
     fi
-    runs="$(sed -n 's/^Done \([0-9]*\) runs in \([0-9]*\) second.*/\1 runs in \2 s/p' "$log")"
+    runs="$(sed -n 's/^Done \([0-9]*\) runs in \([0-9]*\) second.*/\1 runs in \2 s/p' "$logs/$target")"
     echo "fuzz: $target: ${runs:-no summary}, no crash"
 done
+exit "$status"

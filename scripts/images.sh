@@ -53,10 +53,13 @@ for variable in $(compgen -e); do
         CARGO* | RUST* | __CARGO* | MAKEFLAGS | MFLAGS | OUT_DIR | TARGET | HOST | PROFILE | OPT_LEVEL | DEBUG | NUM_JOBS) unset "$variable" ;;
     esac
 done
-cache="${SPLITPROXY_CACHE:-$(dirname "$SPLITPROXY_TOOLS")}"
-export CARGO_TARGET_DIR="$cache/cargo-target"
-# Paths compiled into the binaries (panic locations, line tables) name no machine's folders.
-export RUSTFLAGS="--remap-path-prefix=$PWD=/splitproxy --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo"
+export CARGO_TARGET_DIR="$SPLITPROXY_CACHE/cargo-target"
+scripts/lib/prune-other-work-trees.py "$PWD" "$CARGO_TARGET_DIR"
+# Paths compiled into the binaries (panic locations, line tables) name no machine's folders: the
+# dependencies' sources are under cargo's home, the same for every clone; the work tree's path is
+# mapped for the workspace's crates alone (scripts/lib/remap-workspace-paths.sh says why).
+export RUSTFLAGS="--remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo"
+export SPLITPROXY_WORK_TREE="$PWD" RUSTC_WORKSPACE_WRAPPER="$PWD/scripts/lib/remap-workspace-paths.sh"
 echo "images.sh: building the release binaries in $CARGO_TARGET_DIR" >&2
 # Not with SOURCE_DATE_EPOCH: build scripts that watch it (cc's) would rebuild half the tree at
 # every commit. The images get it.

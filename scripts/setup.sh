@@ -7,6 +7,9 @@
 #   - grpcurl, built with `go install` from its Go module, pinned
 #   - cargo-fuzz, built with `cargo install` from crates.io, pinned (scripts/fuzz.sh runs it on
 #     the nightly toolchain)
+#   - cargo-nextest, built with `cargo install` from crates.io, pinned (scripts/test.sh runs the
+#     tests with it: a process per test, tests of every binary side by side, groups for what
+#     tests share)
 #
 # Tools go to $SPLITPROXY_TOOLS (default /var/cache/splitproxy/tools, outside the work tree):
 # one folder per tool and version, plus bin/ with symlinks to the pinned versions.
@@ -15,6 +18,7 @@ set -euo pipefail
 BUF_VERSION=1.75.0       # npm: @bufbuild/buf
 GRPCURL_VERSION=v1.9.4   # go: github.com/fullstorydev/grpcurl
 CARGO_FUZZ_VERSION=0.13.1 # crates.io: cargo-fuzz
+NEXTEST_VERSION=0.9.151   # crates.io: cargo-nextest
 APT_PACKAGES=(iptables iproute2 conntrack curl ca-certificates openssl nftables ipset)
 
 # shellcheck source=scripts/env.sh
@@ -93,19 +97,28 @@ if [[ ! -x $grpcurl_dir/grpcurl ]]; then
 fi
 ln -sfn "$grpcurl_dir/grpcurl" "$TOOLS/bin/grpcurl"
 
-# ---- cargo-fuzz (cargo install) and the nightly toolchain it needs -----------------------------
-cargo_fuzz_dir="$TOOLS/cargo-fuzz-$CARGO_FUZZ_VERSION"
-if [[ ! -x $cargo_fuzz_dir/bin/cargo-fuzz ]]; then
-    tmp="$cargo_fuzz_dir.tmp.$$"
-    rm -rf "$tmp"
-    quiet cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION" --root "$tmp"
-    rm -rf "$cargo_fuzz_dir"
-    mv "$tmp" "$cargo_fuzz_dir"
-fi
-ln -sfn "$cargo_fuzz_dir/bin/cargo-fuzz" "$TOOLS/bin/cargo-fuzz"
+# ---- cargo-fuzz and cargo-nextest (cargo install), and the nightly toolchain cargo-fuzz needs -----
+# cargo_tool CRATE VERSION BINARY [ARGS...]: installs CRATE at VERSION into its own folder (ARGS
+# go to cargo install) and links BINARY into bin/.
+cargo_tool() {
+    local crate=$1 version=$2 binary=$3 dir="$TOOLS/$1-$2" tmp
+    shift 3
+    if [[ ! -x $dir/bin/$binary ]]; then
+        tmp="$dir.tmp.$$"
+        rm -rf "$tmp"
+        quiet cargo install "$crate" --locked --version "$version" --root "$tmp" "$@"
+        rm -rf "$dir"
+        mv "$tmp" "$dir"
+    fi
+    ln -sfn "$dir/bin/$binary" "$TOOLS/bin/$binary"
+}
+cargo_tool cargo-fuzz "$CARGO_FUZZ_VERSION" cargo-fuzz
+# Without the self-update feature: the pinned version is the one that runs.
+cargo_tool cargo-nextest "$NEXTEST_VERSION" cargo-nextest --no-default-features --features default-no-update
 rustup toolchain list | grep -q '^nightly' || quiet rustup toolchain install nightly --profile minimal
 
 # ---- report ----------------------------------------------------------------------------------
 echo "buf $("$TOOLS/bin/buf" --version 2>&1)"
 "$TOOLS/bin/grpcurl" -version 2>&1
 "$TOOLS/bin/cargo-fuzz" --version
+"$TOOLS/bin/cargo-nextest" nextest --version | head -n1

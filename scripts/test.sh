@@ -1,44 +1,49 @@
 #!/usr/bin/env bash
-# Sets up what the tests need and runs all of them: lints (buf, rustfmt, clippy), a bounded fuzz
-# run, unit and in-process tests, and the end-to-end tests in network namespaces on the real
-# kernel (needs root).
+# Sets up what the tests need and runs them (needs root): lints (buf, rustfmt, clippy), a bounded
+# fuzz run, and every test with cargo-nextest (.config/nextest.toml): unit and in-process tests,
+# end-to-end tests in network namespaces on the real kernel, on a real control plane, in a qemu
+# VM and on a real kubelet cluster, and upstream's [Conformance] Service specs on that cluster
+# (tests/tests/conformance_share.rs). Ends with a table of its phases' wall times, one of the
+# test binaries and one of the tests that took longer than 30 s (docs/testing.md keeps the latest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
+source scripts/lib/phases.sh
 
-scripts/setup.sh
-# The real control plane for the control-plane tests: built once from the official Kubernetes and
-# etcd Go modules (about 20 minutes cold on 2 cores), then cached in $SPLITPROXY_TOOLS.
-tests/controlplane/build-kubernetes.sh >/dev/null
-tests/controlplane/build-etcd.sh >/dev/null
-# The trace receiver for the tracing test: Jaeger v2 from its Go module, cached the same way.
-tests/tracing/build-jaeger.sh >/dev/null
-# The VM for the IPVS tests: qemu and a pinned Debian kernel with its IPVS modules, cached the same way.
-tests/vm/build-vm.sh >/dev/null
+# Cargo's builds are cached outside the work tree, like the tools: a fresh clone compiles only the
+# workspace's own crates. Incremental state never helps a fresh clone; it only takes disk.
+export CARGO_TARGET_DIR="$SPLITPROXY_CACHE/cargo-target" CARGO_INCREMENTAL=0
+scripts/lib/prune-other-work-trees.py "$PWD" "$CARGO_TARGET_DIR"
+junit=target/nextest/default/junit.xml
+rm -f "$junit"
+
+report() {
+    phase_table
+    [[ -f $junit ]] && python3 scripts/lib/test-times.py "$junit" 30
+    scripts/cluster.sh down >/dev/null 2>&1 || true
+}
+trap report EXIT
+
+phase "set-up" scripts/setup.sh
+# The real control plane for the control-plane tests, built once from the official Kubernetes and
+# etcd Go modules, then cached in $SPLITPROXY_TOOLS like every build below.
+phase "build: Kubernetes" tests/controlplane/build-kubernetes.sh >/dev/null
+phase "build: etcd" tests/controlplane/build-etcd.sh >/dev/null
+# The trace receiver for the tracing test: Jaeger v2 from its Go module.
+phase "build: Jaeger" tests/tracing/build-jaeger.sh >/dev/null
+# The VM for the IPVS tests: qemu and a pinned Debian kernel with its IPVS modules.
+phase "build: VM kernel" tests/vm/build-vm.sh >/dev/null
 # The real cluster (tests/cluster): kubelet, containerd, the CNI plugins, CoreDNS, upstream's
-# network e2e tests and the lab's images, cached the same way.
-tests/cluster/setup.sh
-tests/cluster/build-containerd.sh >/dev/null
-tests/cluster/build-cni-plugins.sh >/dev/null
-tests/cluster/images.sh >/dev/null
-scripts/lint.sh
+# network e2e tests and the lab's images.
+phase "set-up: cluster packages" tests/cluster/setup.sh
+phase "build: containerd" tests/cluster/build-containerd.sh >/dev/null
+phase "build: CNI plugins" tests/cluster/build-cni-plugins.sh >/dev/null
+phase "build: cluster images" tests/cluster/images.sh >/dev/null
+phase "lint" scripts/lint.sh
+# Every target in one build, with the features the tests switch on, so that the test run compiles
+# nothing more and the end-to-end tests find the binaries they start beside them.
+phase "build: workspace" cargo build --workspace --all-targets
 # Hostile input for the agent's conversion and the renderer: 60 s per cargo-fuzz target.
-scripts/fuzz.sh 60
-# The end-to-end tests start the workspace's binaries; build them in the tests' profile first.
-cargo build --workspace --bins
+phase "fuzz" scripts/fuzz.sh 60
 
-log="$(mktemp -t splitproxy-test.XXXXXX)"
-trap 'rm -f "$log"' EXIT
-status=0
-cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee "$log" || status=$?
-# One closing line over every test binary (cargo prints one "test result" line per binary).
-awk '/^test result:/ { passed += $4; failed += $6; ignored += $8 }
-     END { printf "tests: %d passed, %d failed, %d skipped\n", passed, failed, ignored }' "$log"
-
-# Upstream's own tests on the real cluster: CI's bounded share, the [Conformance] Service specs
-# against splitproxy in iptables mode (scripts/conformance.sh with no flags runs the whole
-# matrix: three proxies, every Service spec).
-trap 'rm -f "$log"; scripts/cluster.sh down >/dev/null 2>&1 || true' EXIT
-scripts/conformance.sh --proxy iptables --workers 2 \
-    --focus '\[sig-network\] Services .*\[Conformance\]' --output target/conformance-ci || status=$?
-exit "$status"
+phase "tests" cargo nextest run --workspace --all-targets

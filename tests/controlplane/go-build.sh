@@ -19,16 +19,22 @@ go_build_env() {
     unset GOOS GOARCH
 }
 
-# build_begin DEST BINARY...: when every BINARY is executable in DEST/bin (and the caller's
-# optional hook `build_is_current DIR` agrees), prints DEST/bin and exits 0: an already-built run
-# does nothing, with no network. Else sets up the build: go_build_env; WORK, an empty temp folder;
-# TMP=DEST.tmp.<pid> with TMP/bin, where the build goes, so that DEST appears only by the rename in
-# build_finish (if its binaries are there, the build finished); START; an EXIT trap that removes
-# WORK and TMP, so a failed build leaves neither behind.
+# build_begin DEST BINARY...: waits for any other build of DEST to end; then, when every BINARY is
+# executable in DEST/bin (and the caller's optional hook `build_is_current DIR` agrees), prints
+# DEST/bin and exits 0: an already-built run does nothing, with no network. Else sets up the
+# build: go_build_env; WORK, an empty temp folder; TMP=DEST.tmp.<pid> with TMP/bin, where the
+# build goes, so that DEST appears only by the rename in build_finish (if its binaries are there,
+# the build finished); START; an EXIT trap that removes WORK and TMP, so a failed build leaves
+# neither behind.
 build_begin() {
     DEST=$1
     shift
     BUILD_BINARIES=("$@")
+    # One build of DEST at a time: tests running side by side may ask for the same tool, and
+    # scripts/test.sh may be building it already; the others wait, then find it built.
+    mkdir -p "$(dirname "$DEST")"
+    exec {BUILD_LOCK}>"$DEST.lock"
+    flock "$BUILD_LOCK"
     if build_complete "$DEST"; then
         echo "$DEST/bin"
         exit 0

@@ -140,6 +140,10 @@ proxy_install() {
             ;;
     esac
     echo "$proxy" >"$PROXY_FILE"
-    kc -n kube-system rollout status deployment/coredns --timeout=300s >&2
+    # CoreDNS reaches the API server through the kubernetes Service, so it is ready only once a
+    # proxy runs; by then its rollout may have passed its progress deadline, which `rollout
+    # status` takes for a failure although the Pods become ready.
+    kc -n kube-system wait deployment/coredns --for=jsonpath='{.status.readyReplicas}'=2 \
+        --timeout=300s >&2
     log "installed $proxy"
 }
