@@ -27,6 +27,7 @@ fi
 scripts/setup.sh >&2
 tests/controlplane/build-kubernetes.sh >/dev/null
 tests/controlplane/build-etcd.sh >/dev/null
-cargo build --workspace --bins
+# Every target, as scripts/test.sh builds them: its build (in its cargo target folder) is reused.
+cargo build --workspace --all-targets
 SPLITPROXY_DIFF_SEEDS="$seeds" SPLITPROXY_DIFF_ROUNDS="$rounds" SPLITPROXY_DIFF_SERVICES="$services" \
-    cargo test -p splitproxy-e2e --test kube_proxy_differential -- --nocapture
+    cargo nextest run -p splitproxy-e2e --test kube_proxy_differential --no-capture

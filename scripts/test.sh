@@ -5,10 +5,25 @@
 # VM and on a real kubelet cluster, and upstream's [Conformance] Service specs on that cluster
 # (tests/tests/conformance_share.rs). Ends with a table of its phases' wall times, one of the
 # test binaries and one of the tests that took longer than 30 s (docs/testing.md keeps the latest).
+#
+#   scripts/test.sh         the CI tier: what .ci/run runs (about 20 minutes warm, see
+#                           docs/testing.md)
+#   scripts/test.sh --all   the CI tier, then what is too long for CI: upstream's whole e2e
+#                           matrix (scripts/conformance.sh: every selected [sig-network] spec
+#                           against kube-proxy and both splitproxy modes, about 75 minutes), the
+#                           differential test over 20 seeds (scripts/differential.sh) and 10
+#                           minutes of fuzzing per target
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 source scripts/lib/phases.sh
+
+all=false
+case ${1:-} in
+    "") ;;
+    --all) all=true ;;
+    *) sed -n '2,/^set -euo/p' "$0" | sed '$d' >&2; exit 64 ;;
+esac
 
 # Cargo's builds are cached outside the work tree, like the tools: a fresh clone compiles only the
 # workspace's own crates. Incremental state never helps a fresh clone; it only takes disk.
@@ -18,6 +33,7 @@ junit=target/nextest/default/junit.xml
 rm -f "$junit"
 
 report() {
+    phase_join || true
     phase_table
     [[ -f $junit ]] && python3 scripts/lib/test-times.py "$junit" 30
     scripts/cluster.sh down >/dev/null 2>&1 || true
@@ -29,8 +45,6 @@ phase "set-up" scripts/setup.sh
 # etcd Go modules, then cached in $SPLITPROXY_TOOLS like every build below.
 phase "build: Kubernetes" tests/controlplane/build-kubernetes.sh >/dev/null
 phase "build: etcd" tests/controlplane/build-etcd.sh >/dev/null
-# The trace receiver for the tracing test: Jaeger v2 from its Go module.
-phase "build: Jaeger" tests/tracing/build-jaeger.sh >/dev/null
 # The VM for the IPVS tests: qemu and a pinned Debian kernel with its IPVS modules.
 phase "build: VM kernel" tests/vm/build-vm.sh >/dev/null
 # The real cluster (tests/cluster): kubelet, containerd, the CNI plugins, CoreDNS, upstream's
@@ -43,7 +57,24 @@ phase "lint" scripts/lint.sh
 # Every target in one build, with the features the tests switch on, so that the test run compiles
 # nothing more and the end-to-end tests find the binaries they start beside them.
 phase "build: workspace" cargo build --workspace --all-targets
-# Hostile input for the agent's conversion and the renderer: 60 s per cargo-fuzz target.
-phase "fuzz" scripts/fuzz.sh 60
+# The release images, which the real cluster's tests install: built before their first test
+# starts rather than inside it.
+phase "build: images" scripts/images.sh >/dev/null
 
-phase "tests" cargo nextest run --workspace --all-targets
+# Beside the tests, on what CPU they leave idle (they mostly wait on kubelets, rollouts and
+# timeouts): the trace receiver for the tracing test (Jaeger v2 from its Go module), which that
+# test, run last, waits for if it has to; and the fuzz targets' instrumented build.
+phase_beside "build: Jaeger" tests/tracing/build-jaeger.sh
+phase_beside "build: fuzz targets" scripts/fuzz.sh --build-only
+status=0
+phase "tests" cargo nextest run --workspace --all-targets || status=$?
+phase_join || status=1
+# Hostile input for the agent's conversion and the renderer: 60 s per cargo-fuzz target.
+phase "fuzz" scripts/fuzz.sh 60 || status=$?
+
+if $all; then
+    phase "conformance: the whole matrix" scripts/conformance.sh || status=$?
+    phase "differential: 20 seeds" scripts/differential.sh --seeds 20 || status=$?
+    phase "fuzz: 10 minutes per target" scripts/fuzz.sh 600 || status=$?
+fi
+exit "$status"

@@ -5,6 +5,11 @@
 #
 #   phase NAME COMMAND...   runs COMMAND and records NAME, its seconds and its exit status;
 #                           returns that status (so `set -e` stops the run at a failed phase)
+#   phase_beside NAME COMMAND...
+#                           starts COMMAND in the background at the lowest CPU priority, so it
+#                           takes only what the phases after it leave idle (the end-to-end tests
+#                           mostly wait); its output goes to a log shown if it fails
+#   phase_join              waits for every phase started beside; returns non-zero if one failed
 #   phase_table             prints the table of the phases recorded so far, with the run's total
 
 PHASE_NAMES=()
@@ -21,6 +26,44 @@ phase() {
     PHASE_SECONDS+=($((SECONDS - started)))
     PHASE_STATUS+=("$status")
     return "$status"
+}
+
+PHASES_BESIDE=()
+
+phase_beside() {
+    local name=$1 log
+    shift
+    log="$(mktemp -t splitproxy-phase.XXXXXX)"
+    echo "==> $name (beside what follows)" >&2
+    (
+        started=$SECONDS
+        status=0
+        nice -n 19 "$@" >"$log" 2>&1 || status=$?
+        echo "$((SECONDS - started)) $status" >"$log.done"
+    ) &
+    PHASES_BESIDE+=("$name"$'\t'"$!"$'\t'"$log")
+}
+
+phase_join() {
+    local entry name pid log seconds status failed=0
+    for entry in "${PHASES_BESIDE[@]}"; do
+        IFS=$'\t' read -r name pid log <<<"$entry"
+        wait "$pid" || true
+        read -r seconds status <"$log.done" || { seconds=0 status=1; }
+        PHASE_NAMES+=("$name (beside)")
+        PHASE_SECONDS+=("$seconds")
+        PHASE_STATUS+=("$status")
+        if ((status != 0)); then
+            echo "==> $name failed ($status):" >&2
+            tail -n 80 "$log" >&2
+            failed=1
+        else
+            cat "$log" >&2
+        fi
+        rm -f "$log" "$log.done"
+    done
+    PHASES_BESIDE=()
+    return "$failed"
 }
 
 phase_table() {
