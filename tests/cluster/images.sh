@@ -29,8 +29,13 @@ source "$REPO/tests/cluster/lib/common.sh"
 AGNHOST_PACKAGES=bash,curl,wget,netcat-openbsd,iproute2,bind9-dnsutils,iperf,iputils-ping,procps
 NGINX_PACKAGES=nginx-light
 
-key="$(cat "${BASH_SOURCE[0]}" "$REPO/scripts/oci.sh" "$REPO/deploy/images/iptables-wrapper" \
-    "$REPO/tests/cluster/lib/common.sh" | sha256sum | cut -c1-12)"
+# The key: this script, what it packs with, and the names and release it builds from common.sh
+# (not the whole of it, so that a change to the cluster's scripts rebuilds no image).
+key="$({
+    cat "${BASH_SOURCE[0]}" "$REPO/scripts/oci.sh" "$REPO/deploy/images/iptables-wrapper"
+    declare -p KUBERNETES_VERSION PAUSE_IMAGE COREDNS_IMAGE AGNHOST_IMAGE BUSYBOX_IMAGE \
+        NGINX_IMAGE REGRESSION_74839_IMAGE KUBE_PROXY_IMAGE
+} | sha256sum | cut -c1-12)"
 dest="$SPLITPROXY_TOOLS/cluster-images-$key"
 names=(pause coredns agnhost busybox nginx regression-issue-74839 kube-proxy)
 complete() {
