@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use prost::Message;
 use splitproxy_controller::{
     cluster::{ClusterState, Objects, ServiceSelector},
-    fanout::split,
+    fanout::{EndpointSets, split},
     manifests::parse_documents,
     view::{Delta, NodeView},
 };
@@ -44,7 +44,14 @@ fn seed(path: &Path) -> Option<Vec<u8>> {
     let view = NodeView::for_node(&cluster, "node-1");
     let delta = Delta::between(&NodeView::default(), &view);
     let mut bytes = Vec::new();
-    for message in split(delta, "seed", 1, true, &cluster.encodings) {
+    for message in split(
+        delta,
+        "seed",
+        1,
+        true,
+        &cluster.encodings,
+        EndpointSets::InPieces,
+    ) {
         // Writing into a Vec cannot run out of space.
         message.encode_length_delimited(&mut bytes).ok()?;
     }

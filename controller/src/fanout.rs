@@ -31,11 +31,11 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 /// Largest encoded size of one message's resources; bigger revisions are split (protocol rule 3),
-/// so no message nears the 4 MiB an agent takes (gRPC's default) whatever the size of its
-/// resources. A resource bigger than this goes alone in its message: one Service's endpoints are
-/// never split, and fit up to roughly 100,000 endpoints. Small, because each stream's encoder
-/// keeps a buffer as large as the largest message it sent: at 256 KiB, the resets of 5,000 agents
-/// left about 1 GB behind.
+/// and so are bigger endpoint sets, for agents that take them in pieces (rule 14), so no message
+/// grows with the cluster or with one Service. What still goes whole is a `Service`, which
+/// etcd's request limit bounds (1.5 MiB by default) well below the 4 MiB an agent takes. Small,
+/// because each stream's encoder keeps a buffer as large as the largest message it sent: at
+/// 256 KiB, the resets of 5,000 agents left about 1 GB behind.
 const MAX_MESSAGE_BYTES: usize = 32 * 1024;
 /// The largest request an agent may send. A subscribe lists a digest of every resource the agent
 /// holds, about 55 bytes each: gRPC's default 4 MiB stops at some 35,000 Services, 16 MiB at about
@@ -55,8 +55,15 @@ const FIRST_REVISION_SLOT: Duration = Duration::from_secs(10);
 /// wait at most one period, as under kube-proxy; beyond that rate they are compacted as under
 /// rule 6. Each revision in flight holds a view that shares nearly everything with the next.
 const PIPELINED_REVISIONS: usize = 8;
-/// How long to wait before resending after a NACK.
-const RETRY_AFTER_REJECT: Duration = Duration::from_secs(2);
+/// How long a view an agent rejected waits before it is sent again as it is, the first time;
+/// each rejection in a row doubles it, up to [`LONGEST_RESEND_OF_REJECTED`]. A changed view goes
+/// at once. Not sooner: the agent keeps its last good rules, and a refusal that stays (a kernel
+/// that refuses a rule) would otherwise cost the node a full sync every few seconds; not never: a
+/// refusal may pass (a lock held, a module loading), and the agent retries the kernel itself
+/// meanwhile.
+const FIRST_RESEND_OF_REJECTED: Duration = Duration::from_secs(30);
+/// The longest wait before a rejected view is sent again as it is.
+const LONGEST_RESEND_OF_REJECTED: Duration = Duration::from_secs(300);
 /// How long a shed agent waits before it subscribes to the next replica it knows: not at all,
 /// as it is not shed for a fault.
 const RETRY_AFTER_SHED: Duration = Duration::ZERO;
@@ -300,6 +307,10 @@ struct AgentStream {
     /// How many revisions may be in flight: one, or [`PIPELINED_REVISIONS`] when the agent
     /// pipelines.
     max_in_flight: usize,
+    /// How the agent takes endpoint sets too big for one message.
+    endpoint_sets: EndpointSets,
+    /// The last view the agent rejected, while no view was applied since.
+    rejected: Option<RejectedView>,
     /// The stream's record for metrics and inspection, which also tells it when it is shed;
     /// removed when the stream ends.
     connection: Connection,
@@ -329,6 +340,15 @@ impl AgentStream {
             .capabilities
             .as_ref()
             .is_some_and(|c| c.pipelining);
+        let endpoint_sets = if subscribe
+            .capabilities
+            .as_ref()
+            .is_some_and(|c| c.appended_endpoints)
+        {
+            EndpointSets::InPieces
+        } else {
+            EndpointSets::Whole
+        };
         let resumed_revision = remembered
             .as_ref()
             .filter(|_| resumes)
@@ -363,6 +383,8 @@ impl AgentStream {
             held,
             in_flight: VecDeque::new(),
             max_in_flight: if pipelining { PIPELINED_REVISIONS } else { 1 },
+            endpoint_sets,
+            rejected: None,
             connection,
             changes: cause::Pending::default(),
             credential_expires: None,
@@ -384,7 +406,6 @@ impl AgentStream {
         if !known {
             tracing::warn!("agent's node is not a known Node object");
         }
-        let mut retry_at: Option<tokio::time::Instant> = None;
         let credential_expires = self.credential_expires.map(|at| {
             let left = at
                 .duration_since(std::time::SystemTime::now())
@@ -393,7 +414,7 @@ impl AgentStream {
         });
         let mut dirty = true;
         loop {
-            if dirty && self.in_flight.len() < self.max_in_flight && retry_at.is_none() {
+            if dirty && self.in_flight.len() < self.max_in_flight {
                 dirty = false;
                 if self.send_next().await.is_err() {
                     break;
@@ -412,9 +433,8 @@ impl AgentStream {
                 }
                 message = inbound.next() => match message {
                     Some(Ok(pb::SyncRequest { kind: Some(sync_request::Kind::Ack(ack)) })) => {
-                        if self.on_ack(&ack) {
-                            retry_at = Some(tokio::time::Instant::now() + RETRY_AFTER_REJECT);
-                        }
+                        // After a NACK, a view that differs from the one rejected goes at once.
+                        dirty |= self.on_ack(&ack);
                     }
                     Some(Ok(_)) => tracing::warn!("ignoring a second subscribe on the stream"),
                     Some(Err(status)) => {
@@ -426,8 +446,10 @@ impl AgentStream {
                         break;
                     }
                 },
-                () = sleep_until(retry_at) => {
-                    retry_at = None;
+                () = sleep_until(self.rejected.as_ref().and_then(RejectedView::held_back_until)) => {
+                    if let Some(rejected) = &mut self.rejected {
+                        rejected.held_back = false;
+                    }
                     dirty = true;
                 }
                 () = self.connection.shed() => {
@@ -471,13 +493,22 @@ impl AgentStream {
                 .set(&self.node, revision, Arc::clone(&newest.view));
             self.acked = Some((revision, newest.view));
             self.held = None;
+            self.rejected = None;
             self.connection.acked(revision, self.in_flight.is_empty());
             false
         } else {
-            tracing::warn!(revision, reason = %ack.reason, "agent rejected revision; will resend");
+            let view = Arc::clone(&self.in_flight[position].view);
             for dropped in self.in_flight.drain(..) {
                 dropped.answer("rejected");
             }
+            let rejected = RejectedView::after(self.rejected.take(), view);
+            tracing::warn!(
+                revision,
+                reason = %ack.reason,
+                resend_in_s = rejected.backoff.as_secs(),
+                "agent rejected revision; a changed view goes at once, this one again after a back-off"
+            );
+            self.rejected = Some(rejected);
             self.connection.rejected(&ack.reason);
             true
         }
@@ -505,6 +536,11 @@ impl AgentStream {
         let Some(cluster) = self.cluster.borrow_and_update().clone() else {
             return Ok(());
         };
+        if self.holds_back(&cluster) {
+            // Behind, holding neither this view nor any later one.
+            self.connection.view_computed(true);
+            return Ok(());
+        }
         let reset = base.is_none() && self.held.is_none();
         let (view, mut messages) = match &base {
             Some((base_revision, base_view)) => {
@@ -521,6 +557,7 @@ impl AgentStream {
                     self.revision + 1,
                     false,
                     &cluster.encodings,
+                    self.endpoint_sets,
                 );
                 for message in &mut messages {
                     message.base_revision = *base_revision;
@@ -536,6 +573,7 @@ impl AgentStream {
                     held: self.held.clone(),
                     epoch: self.epoch.clone(),
                     revision: self.revision + 1,
+                    endpoint_sets: self.endpoint_sets,
                 };
                 let computed = tokio::task::spawn_blocking(move || first.compute())
                     .await
@@ -566,6 +604,20 @@ impl AgentStream {
             span,
         });
         Ok(())
+    }
+
+    /// Whether the next view is the one the agent rejected last, not to be sent again before
+    /// its back-off passes: then it is held back until then.
+    fn holds_back(&mut self, cluster: &ClusterState) -> bool {
+        let Some(rejected) = &mut self.rejected else {
+            return false;
+        };
+        if !self.in_flight.is_empty() || tokio::time::Instant::now() >= rejected.resend_at {
+            return false;
+        }
+        let (_, since_rejected) = rejected.view.advance(cluster, &self.node);
+        rejected.held_back = since_rejected.is_empty();
+        rejected.held_back
     }
 
     /// Waits for room for one more message on the stream; gives `slot` up once `slot_until`
@@ -611,6 +663,38 @@ impl AgentStream {
     }
 }
 
+/// The view an agent rejected last, and when it may be sent again as it is.
+struct RejectedView {
+    view: Arc<NodeView>,
+    /// The wait before it is sent again: [`FIRST_RESEND_OF_REJECTED`], doubled for each
+    /// rejection in a row.
+    backoff: Duration,
+    resend_at: tokio::time::Instant,
+    /// Whether the stream has a view equal to it to send, waiting for `resend_at`.
+    held_back: bool,
+}
+
+impl RejectedView {
+    /// The record of `view`'s rejection, the one after `previous` when the agent applied
+    /// nothing in between.
+    fn after(previous: Option<Self>, view: Arc<NodeView>) -> Self {
+        let backoff = previous.map_or(FIRST_RESEND_OF_REJECTED, |previous| {
+            (previous.backoff * 2).min(LONGEST_RESEND_OF_REJECTED)
+        });
+        Self {
+            view,
+            backoff,
+            resend_at: tokio::time::Instant::now() + backoff,
+            held_back: false,
+        }
+    }
+
+    /// When the view held back may be sent; `None` while none is held back.
+    fn held_back_until(&self) -> Option<tokio::time::Instant> {
+        self.held_back.then_some(self.resend_at)
+    }
+}
+
 /// A revision sent and not yet answered.
 struct InFlight {
     revision: u64,
@@ -645,6 +729,7 @@ struct FirstRevision {
     held: Option<Arc<Held>>,
     epoch: String,
     revision: u64,
+    endpoint_sets: EndpointSets,
 }
 
 impl FirstRevision {
@@ -670,9 +755,19 @@ impl FirstRevision {
             self.revision,
             reset,
             &self.cluster.encodings,
+            self.endpoint_sets,
         );
         (view, messages)
     }
+}
+
+/// How an agent takes an endpoint set bigger than [`MAX_MESSAGE_BYTES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointSets {
+    /// In one message, as agents older than protocol rule 14 do.
+    Whole,
+    /// In pieces of at most [`MAX_MESSAGE_BYTES`] (rule 14).
+    InPieces,
 }
 
 /// One resource change of a revision, for splitting; upserts as their encodings.
@@ -681,6 +776,7 @@ enum Item {
     RemovedEndpoints(pb::ObjectKey),
     Service(Bytes),
     Endpoints(Bytes),
+    AppendedEndpoints(Bytes),
 }
 
 impl Item {
@@ -688,9 +784,35 @@ impl Item {
     fn encoded_len(&self) -> usize {
         let body = match self {
             Self::RemovedService(key) | Self::RemovedEndpoints(key) => key.encoded_len(),
-            Self::Service(encoded) | Self::Endpoints(encoded) => encoded.len(),
+            Self::Service(encoded)
+            | Self::Endpoints(encoded)
+            | Self::AppendedEndpoints(encoded) => encoded.len(),
         };
         1 + prost::length_delimiter_len(body) + body
+    }
+
+    /// The items upserting `set`: its encoding, or its pieces when `sets` allows them and it is
+    /// too big for one message.
+    fn endpoints(
+        set: &Arc<pb::ServiceEndpoints>,
+        encodings: &Encodings,
+        sets: EndpointSets,
+    ) -> Vec<Self> {
+        let whole = encodings.of(set);
+        if sets == EndpointSets::Whole || whole.len() <= MAX_MESSAGE_BYTES {
+            return vec![Self::Endpoints(whole)];
+        }
+        // A piece's entry overhead must fit the budget too.
+        let budget = MAX_MESSAGE_BYTES - 6;
+        let pieces = encodings.pieces_of(set, budget);
+        let (first, rest) = pieces
+            .split_first()
+            .map_or((None, &[][..]), |(f, r)| (Some(f), r));
+        let first = first.cloned().map(Self::Endpoints);
+        first
+            .into_iter()
+            .chain(rest.iter().cloned().map(Self::AppendedEndpoints))
+            .collect()
     }
 }
 
@@ -732,7 +854,8 @@ fn unavailable(message: &str, retry_after: Duration) -> Status {
 /// Splits one revision into messages whose resources take at most [`MAX_MESSAGE_BYTES`] encoded;
 /// the last carries `complete`, the first the node's status when it changed and the buckets a
 /// delta from a summary replaces. Removals go first so an agent never holds a removed and an
-/// added copy. Upserts are encoded through `encodings`, the cache of the state they belong to.
+/// added copy. Upserts are encoded through `encodings`, the cache of the state they belong to;
+/// an endpoint set too big for one message goes in pieces where `sets` allows, whole otherwise.
 #[must_use]
 pub fn split(
     delta: Delta,
@@ -740,6 +863,7 @@ pub fn split(
     revision: u64,
     reset: bool,
     encodings: &Encodings,
+    sets: EndpointSets,
 ) -> Vec<wire::SyncResponse> {
     let header = || wire::SyncResponse {
         controller_epoch: epoch.to_owned(),
@@ -748,7 +872,8 @@ pub fn split(
         ..Default::default()
     };
     let services = (delta.upserted_services.iter()).map(|s| Item::Service(encodings.of(s)));
-    let endpoints = (delta.upserted_endpoints.iter()).map(|e| Item::Endpoints(encodings.of(e)));
+    let endpoints =
+        (delta.upserted_endpoints.iter()).flat_map(|e| Item::endpoints(e, encodings, sets));
     let items = delta
         .removed_services
         .into_iter()
@@ -769,7 +894,10 @@ pub fn split(
     let mut bytes = 0;
     for item in items {
         let size = item.encoded_len();
-        if bytes > 0 && bytes + size > MAX_MESSAGE_BYTES {
+        // Each later piece of an endpoint set starts a message (rule 14), so a message never
+        // names a key twice in one list (rule 8).
+        let piece = matches!(item, Item::AppendedEndpoints(_));
+        if bytes > 0 && (piece || bytes + size > MAX_MESSAGE_BYTES) {
             messages.push(header());
             bytes = 0;
         }
@@ -781,6 +909,7 @@ pub fn split(
             Item::RemovedEndpoints(key) => message.removed_endpoints.push(key),
             Item::Service(encoded) => message.upserted_services.push(encoded),
             Item::Endpoints(encoded) => message.upserted_endpoints.push(encoded),
+            Item::AppendedEndpoints(encoded) => message.appended_endpoints.push(encoded),
         }
     }
     if let Some(last) = messages.last_mut() {

@@ -58,38 +58,76 @@ pub struct SyncResponse {
     /// The revision this delta builds on.
     #[prost(uint64, tag = "12")]
     pub base_revision: u64,
+    /// Encoded later pieces of `ServiceEndpoints` upserted earlier in the revision.
+    #[prost(bytes = "bytes", repeated, tag = "13")]
+    pub appended_endpoints: Vec<Bytes>,
 }
 
-/// The encodings of the resources one cluster state's revisions upsert, by entry address; each
-/// entry is held, so no address is reused while the cache lives. Dropped with the state.
+/// The encodings of the resources one cluster state's revisions upsert, by entry address: whole,
+/// and for an endpoint set too big for one message, in pieces (protocol rule 14). Each entry is
+/// held, so no address is reused while the cache lives. Dropped with the state.
 #[derive(Debug, Default)]
-pub struct Encodings(Mutex<HashMap<usize, Encoded>>);
-
-#[derive(Debug)]
-struct Encoded {
-    /// Held only to keep the address from being reused.
-    _entry: Arc<dyn std::any::Any + Send + Sync>,
-    bytes: Bytes,
+pub struct Encodings {
+    whole: Cache<Bytes>,
+    pieces: Cache<Arc<[Bytes]>>,
 }
 
 impl Encodings {
     /// `entry`'s encoding: the one made for the first node that was sent it, or made now.
     pub fn of<M: Message + Send + Sync + 'static>(&self, entry: &Arc<M>) -> Bytes {
-        let address = Arc::as_ptr(entry).cast::<()>() as usize;
-        if let Some(known) = self.lock().get(&address) {
-            return known.bytes.clone();
-        }
-        // Encoded outside the lock; two nodes encoding the same entry at once keep the first.
-        let bytes = Bytes::from(entry.encode_to_vec());
-        let entry: Arc<dyn std::any::Any + Send + Sync> = Arc::clone(entry) as _;
-        let encoded = Encoded {
-            _entry: entry,
-            bytes,
-        };
-        self.lock().entry(address).or_insert(encoded).bytes.clone()
+        self.whole
+            .get_or_make(entry, || Bytes::from(entry.encode_to_vec()))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Encoded>> {
+    /// The encodings of `entry` in pieces of at most `max` bytes, the first to upsert and the
+    /// others to append (see [`splitproxy_proto::pieces`]); made once per entry, like
+    /// [`Encodings::of`], so every node sent a big Service shares the same bytes.
+    pub fn pieces_of(&self, entry: &Arc<pb::ServiceEndpoints>, max: usize) -> Arc<[Bytes]> {
+        self.pieces.get_or_make(entry, || {
+            let pieces = splitproxy_proto::pieces::split(entry, max);
+            pieces
+                .iter()
+                .map(|piece| Bytes::from(piece.encode_to_vec()))
+                .collect()
+        })
+    }
+}
+
+/// Values made from entries, by entry address.
+#[derive(Debug)]
+struct Cache<V>(Mutex<HashMap<usize, Made<V>>>);
+
+impl<V> Default for Cache<V> {
+    fn default() -> Self {
+        Self(Mutex::default())
+    }
+}
+
+#[derive(Debug)]
+struct Made<V> {
+    /// Held only to keep the address from being reused.
+    _entry: Arc<dyn std::any::Any + Send + Sync>,
+    value: V,
+}
+
+impl<V: Clone> Cache<V> {
+    /// The value made for `entry`, or `make`'s, made outside the lock: two nodes making the same
+    /// entry's at once keep the first.
+    fn get_or_make<M: Send + Sync + 'static>(&self, entry: &Arc<M>, make: impl FnOnce() -> V) -> V {
+        let address = Arc::as_ptr(entry).cast::<()>() as usize;
+        if let Some(known) = self.lock().get(&address) {
+            return known.value.clone();
+        }
+        let value = make();
+        let entry: Arc<dyn std::any::Any + Send + Sync> = Arc::clone(entry) as _;
+        let made = Made {
+            _entry: entry,
+            value,
+        };
+        self.lock().entry(address).or_insert(made).value.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Made<V>>> {
         // Every write leaves the map consistent.
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }

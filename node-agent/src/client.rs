@@ -89,6 +89,12 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// layer answers pings without waiting for its own work, so a few seconds is still generous.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The largest message the agent takes from a controller. A controller sends at most 32 KiB of
+/// resources per message, one Service's endpoints in pieces (protocol rule 14); only a single
+/// `Service` may go past that, and etcd's request limit (1.5 MiB by default) bounds it. gRPC's
+/// default, named so that it is a decision.
+const MAX_RESPONSE_BYTES: usize = 4 << 20;
+
 /// Why one stream ended.
 #[derive(Debug, thiserror::Error)]
 enum StreamError {
@@ -267,6 +273,7 @@ async fn subscribe(
                 })
                 .collect(),
             pipelining: true,
+            appended_endpoints: true,
         }),
         resume: held.epoch.as_ref().map(|epoch| pb::ResumePoint {
             controller_epoch: epoch.clone(),
@@ -291,7 +298,10 @@ async fn subscribe(
     send(&tx, sync_request::Kind::Subscribe(subscribe)).await;
     let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
     config.credentials.authorize(&mut request)?;
-    let response = NodeViewServiceClient::new(channel).sync(request).await?;
+    let response = NodeViewServiceClient::new(channel)
+        .max_decoding_message_size(MAX_RESPONSE_BYTES)
+        .sync(request)
+        .await?;
     *reads_summary = response
         .metadata()
         .contains_key(splitproxy_proto::READS_SUMMARY);
@@ -409,11 +419,15 @@ where
                     revision = revision.number,
                     "dropping a revision built on a state dropped after a rejection"
                 );
+                if pending.is_none() {
+                    applier.unqueued();
+                }
             }
             Err(rejected) => {
                 pending = None;
                 let rejected = ApplyError::Rejected(rejected);
                 answer(acks, revision.number, Err(&rejected), metrics).await;
+                applier.unqueued();
             }
         }
         sync_at = pending.as_ref().map(|fold| {
@@ -470,6 +484,9 @@ async fn sync<D: Dataplane>(
         );
     }
     answer(acks, number, applied.as_ref().map(|_| ()), metrics).await;
+    if applied.is_err() {
+        applier.unqueued();
+    }
     applied.is_ok()
 }
 

@@ -39,6 +39,9 @@ pub enum Rejected {
     /// A revision names buckets to replace where the protocol allows none, or badly (rule 11).
     #[error("replaced buckets {0}")]
     ReplacedBuckets(&'static str),
+    /// A piece of an endpoint set continues no set upserted earlier in the revision (rule 14).
+    #[error("a piece of the endpoints of {0} continues no set the revision upserted")]
+    PieceWithoutSet(String),
 }
 
 /// Why one Service cannot be programmed. The Service is skipped; the others are programmed.
@@ -164,6 +167,10 @@ impl Revision {
                 part.upserted_endpoints.iter().map(|e| e.key.as_ref()),
             )?;
             unique_keys("removed_endpoints", part.removed_endpoints.iter().map(Some))?;
+            unique_keys(
+                "appended_endpoints",
+                part.appended_endpoints.iter().map(|e| e.key.as_ref()),
+            )?;
         }
         Ok(())
     }
@@ -257,22 +264,37 @@ impl NodeState {
             remove_keys(&mut next.services, within);
             remove_keys(&mut next.endpoints, within);
         }
+        // The endpoint sets the revision upserted, which its later pieces continue (rule 14).
+        let mut upserted_sets = BTreeSet::new();
         for part in &revision.parts {
             for key in &part.removed_services {
                 let key = key_of(Some(key))?;
                 next.services.remove(&key);
                 next.endpoints.remove(&key);
+                upserted_sets.remove(&key);
             }
             for key in &part.removed_endpoints {
-                next.endpoints.remove(&key_of(Some(key))?);
+                let key = key_of(Some(key))?;
+                next.endpoints.remove(&key);
+                upserted_sets.remove(&key);
             }
             for service in &part.upserted_services {
                 next.services
                     .insert(key_of(service.key.as_ref())?, Arc::new(service.clone()));
             }
             for endpoints in &part.upserted_endpoints {
+                let key = key_of(endpoints.key.as_ref())?;
                 next.endpoints
-                    .insert(key_of(endpoints.key.as_ref())?, Arc::new(endpoints.clone()));
+                    .insert(key.clone(), Arc::new(endpoints.clone()));
+                upserted_sets.insert(key);
+            }
+            for piece in &part.appended_endpoints {
+                let key = key_of(piece.key.as_ref())?;
+                let set = (next.endpoints.get_mut(&key)).filter(|_| upserted_sets.contains(&key));
+                let Some(set) = set else {
+                    return Err(Rejected::PieceWithoutSet(format!("{}/{}", key.0, key.1)));
+                };
+                splitproxy_proto::pieces::append(Arc::make_mut(set), piece);
             }
             if let Some(status) = &part.node_status {
                 next.eligibility = status.into();

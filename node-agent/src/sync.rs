@@ -73,6 +73,11 @@ pub struct Applier<D> {
     /// The dataplane model of the state held in `status`, and that state: updated by each
     /// revision with the Services it changed.
     converted: (Arc<NodeState>, Conversion),
+    /// The model of the last revision the kernel refused, which every resync writes in place of
+    /// the held state's until a revision is applied: as kube-proxy retries its last change, so
+    /// the families that took it keep it (no flapping back) and the others take it once their
+    /// kernel does.
+    refused: Option<Conversion>,
     /// Whether pod traffic is told by the Node's pod CIDRs (kube-proxy's `NodeCIDR` detector).
     node_cidr_detector: bool,
     /// The `nodePortAddresses` selection and the addresses it matched last: matched again
@@ -125,6 +130,7 @@ impl<D: Dataplane> Applier<D> {
             timer: SyncTimer::new(SyncPeriods::default()),
             health_checks: None,
             converted: Default::default(),
+            refused: None,
             node_cidr_detector: false,
             node_ports: None,
             node_ips: NodeIps::default(),
@@ -254,6 +260,15 @@ impl<D: Dataplane> Applier<D> {
         });
     }
 
+    /// Notes that no received revision waits any more: those that did were rejected (NACKed) or
+    /// dropped as built on a rejected one. The node keeps serving its last good rules, the
+    /// refusal is in the metrics and with the controller, and a change the agent refused does
+    /// not fail `/healthz` and `/livez`, where kube-proxy, which keeps a refused change queued,
+    /// fails them on every node the change reaches (docs/kube-proxy-compatibility.md).
+    pub fn unqueued(&self) {
+        self.status.update(|s| s.queued_since = None);
+    }
+
     /// The state held: the last one applied.
     #[must_use]
     pub fn held(&self) -> Arc<NodeState> {
@@ -347,7 +362,14 @@ impl<D: Dataplane> Applier<D> {
             .set(i64::try_from(conversion.invalid.len()).unwrap_or(i64::MAX));
         let proxy_state = conversion.model.clone();
 
-        let (report, duration, finished_at) = self.sync_kernel(&proxy_state).await?;
+        let (report, duration, finished_at) = match self.sync_kernel(&proxy_state).await {
+            Ok(synced) => synced,
+            Err(err) => {
+                self.refused = Some(conversion);
+                return Err(err);
+            }
+        };
+        self.refused = None;
         let next = Arc::new(next);
         self.converted = (Arc::clone(&next), conversion);
         self.record_success(&endpoint_changes, next, report, duration, finished_at);
@@ -392,20 +414,28 @@ impl<D: Dataplane> Applier<D> {
     }
 
     /// Syncs the held state again (a full resync), repairing rules changed behind the agent's
-    /// back. Does nothing, and drops the due resync, while no state is held.
+    /// back; or the state of a revision the kernel refused, trying it again. Does nothing, and
+    /// drops the due resync, while there is neither.
     async fn resync(&mut self) {
         let held = self.status.snapshot().state;
-        if held.epoch.is_none() {
-            self.timer.cancel_resync();
-            return;
-        }
-        let proxy_state = self.conversion_of(&held).model.clone();
+        let proxy_state = match &self.refused {
+            Some(refused) => refused.model.clone(),
+            None if held.epoch.is_none() => {
+                self.timer.cancel_resync();
+                return;
+            }
+            None => self.conversion_of(&held).model.clone(),
+        };
         // A resync is nobody's change: its kernel sync is a trace of its own.
         let span = tracing::info_span!("resync", revision = held.revision);
         splitproxy_telemetry::trace::continue_trace(&span, None);
         match self.sync_kernel(&proxy_state).instrument(span).await {
             Ok((report, duration, finished_at)) => {
-                tracing::debug!(revision = held.revision, "resynced");
+                tracing::debug!(
+                    revision = held.revision,
+                    refused_change = self.refused.is_some(),
+                    "resynced"
+                );
                 self.record_sync(report, duration, finished_at, |_| {});
                 // Retries the health-check ports that could not be bound before.
                 self.reconcile_health_checks(&proxy_state);
@@ -466,10 +496,7 @@ impl<D: Dataplane> Applier<D> {
                 Ok((report, duration, finished_at))
             }
             Err(err) => {
-                // The state held is the last good one: the resync's own, or the one a failed
-                // revision leaves in place (none before the first revision).
-                let state_held = self.status.snapshot().state.epoch.is_some();
-                self.timer.failed(started, finished, state_held);
+                self.timer.failed(started, finished);
                 if let FailedStep::Restore { partial } = err.failed_step() {
                     let families = match err.failed_family() {
                         Some(family) => Families::new([family]),

@@ -12,11 +12,12 @@
 //!   period after the last sync, with or without new revisions. This repairs rules someone else
 //!   changed or flushed. Nothing is due before the first state is held (fail static).
 //!
-//! After a failed sync, a resync of the held state is due one min-sync-period after it (at least
-//! [`MIN_RETRY_DELAY`], so a min-sync-period of 0 cannot spin). Upstream kube-proxy waits a whole
-//! sync-period there (`syncRunner.RetryAfter(proxier.syncPeriod)`); the agent retries sooner on
-//! purpose, since a node whose rules failed to apply should not wait 30 s to repair them, and the
-//! retry delay still bounds how often it tries.
+//! After a failed sync, a resync is due one min-sync-period after it (at least
+//! [`MIN_RETRY_DELAY`], so a min-sync-period of 0 cannot spin), twice that after a second failure
+//! in a row, and so on up to one sync-period. Upstream kube-proxy waits a whole sync-period
+//! there (`syncRunner.RetryAfter(proxier.syncPeriod)`); the agent retries sooner on purpose, since
+//! a node whose rules failed to apply should not wait 30 s to repair them, and backs off so that
+//! a kernel that keeps refusing is not rewritten every second.
 
 use std::time::Duration;
 use tokio::time::Instant;
@@ -123,6 +124,8 @@ pub struct SyncTimer {
     last_start: Option<Instant>,
     /// When the next resync is due; `None` while no state is held.
     resync_at: Option<Instant>,
+    /// Failed syncs since the last one that succeeded.
+    failures: u32,
 }
 
 impl SyncTimer {
@@ -133,6 +136,7 @@ impl SyncTimer {
             periods,
             last_start: None,
             resync_at: None,
+            failures: 0,
         }
     }
 
@@ -161,14 +165,20 @@ impl SyncTimer {
     pub fn succeeded(&mut self, started: Instant, finished: Instant) {
         self.last_start = Some(started);
         self.resync_at = Some(finished + self.periods.sync_period());
+        self.failures = 0;
     }
 
-    /// Records a sync that started at `started` and failed at `finished`. When a state is held
-    /// (`state_held`), a resync of it is due [`SyncPeriods::retry_delay`] after `finished`;
-    /// otherwise nothing is due, so the kernel stays untouched until a first state is applied.
-    pub fn failed(&mut self, started: Instant, finished: Instant, state_held: bool) {
+    /// Records a sync that started at `started` and failed at `finished`: a resync is due
+    /// [`SyncPeriods::retry_delay`] after `finished`, doubled for each earlier failure in a row,
+    /// at most a sync-period.
+    pub fn failed(&mut self, started: Instant, finished: Instant) {
         self.last_start = Some(started);
-        self.resync_at = state_held.then(|| finished + self.periods.retry_delay());
+        let doublings = self.failures.min(16);
+        self.failures = self.failures.saturating_add(1);
+        let delay = (self.periods.retry_delay())
+            .saturating_mul(1 << doublings)
+            .min(self.periods.sync_period());
+        self.resync_at = Some(finished + delay);
     }
 
     /// Drops the due resync, for when there turns out to be no state to resync.

@@ -1,6 +1,7 @@
 //! Generated types and gRPC services of the splitproxy protocol (`proto/splitproxy/v1alpha1`).
 
 pub mod names;
+pub mod pieces;
 
 /// A namespaced resource's key, `(namespace, name)`, as the controller and the agent key their
 /// views (the wire's `ObjectKey`; the dataplane's model has its own `ServiceKey`).

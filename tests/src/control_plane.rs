@@ -8,6 +8,7 @@
 //! produces the slices.
 
 use crate::{
+    addresses::CONTROL_PLANE,
     lab::{Host, Lab, Node, Pod, Process},
     pki::{self, ControllerTls},
 };
@@ -240,6 +241,26 @@ impl ControlPlane {
         };
         control_plane.start_apiserver(lab)?;
         Ok(control_plane)
+    }
+
+    /// A lab tagged `tag` with the control plane on a host `cp` ([`CONTROL_PLANE`]), two nodes
+    /// registered as Node objects, and `namespace` created: what the tests of the API server
+    /// source start from.
+    ///
+    /// # Errors
+    ///
+    /// If the lab, the control plane or an object cannot be made.
+    pub fn lab_with_two_nodes(tag: &str, namespace: &str) -> Result<(Lab, Host, Vec<Node>, Self)> {
+        let binaries = Binaries::ensure()?;
+        let mut lab = Lab::new(tag)?;
+        let host = lab.add_host("cp", CONTROL_PLANE)?;
+        let nodes = lab.add_nodes(2)?;
+        let control_plane = Self::start(&mut lab, &host, binaries)?;
+        for node in &nodes {
+            control_plane.register_node(&lab, node)?;
+        }
+        control_plane.kubectl(&lab, &["create", "namespace", namespace])?;
+        Ok((lab, host, nodes, control_plane))
     }
 
     /// Starts kube-apiserver and waits until it is ready.

@@ -1,5 +1,6 @@
 //! IPv6 and dual-stack Services with real traffic between network namespaces, on the demo cluster
-//! (manifests source, iptables and ip6tables). Needs root.
+//! (manifests source, iptables and ip6tables), and a kernel refusing one family's change. Needs
+//! root.
 //!
 //! Addresses: see `splitproxy_e2e::addresses`; every lab address has an IPv6 twin
 //! (`fd00:198:18::11` is node-1, `fd00:10:244:1::2` is web-a). The Services here:
@@ -14,8 +15,9 @@
 //! says which of the pod's addresses a connection was sent to.
 
 use anyhow::{Context, Result, ensure};
-use splitproxy_dataplane::IpFamily;
+use splitproxy_dataplane::{IpFamily, Protocol, iptables::chain_names::endpoint_chain};
 use splitproxy_e2e::{
+    agent_metric,
     demo_cluster::{DemoCluster, POD_PORT},
     eventually, hit,
     lab::HasNamespace,
@@ -223,4 +225,109 @@ fn node_ports_answer_an_outside_client_over_ipv6() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A kernel that refuses one family's change, as ip6tables does when another program's rule
+/// still jumps to a chain the change deletes: the node keeps the other family's new rules (no
+/// flapping back), keeps answering `/livez`, and the refused revision is not sent again and
+/// again; once the kernel takes it, the agent's own retry puts it in.
+#[test]
+fn a_kernel_refusing_one_familys_change_costs_that_family_alone() -> Result<()> {
+    let sync_period = Duration::from_secs(3);
+    let mut cluster = DemoCluster::start_with("refusesix", &["--iptables-sync-period", "3s"])?;
+    cluster.write_manifest("web6.yaml", &web6_yaml(&cluster))?;
+    let before: BTreeSet<String> = cluster.ready_web().into_iter().collect();
+    ensure!(before.contains("web-c"), "web-c is not ready: {before:?}");
+    let after: BTreeSet<String> = before.iter().filter(|p| *p != "web-c").cloned().collect();
+    let (node1, node2) = (cluster.nodes[0].clone(), cluster.nodes[1].clone());
+    let url4 = DemoCluster::cluster_ip_url();
+    let url6 = format!("http://[{WEB6_IP}]:80/");
+    for node in [&node1, &node2] {
+        converges(&cluster, node, &url4, &before)?;
+        converges(&cluster, node, &url6, &before)?;
+    }
+
+    // Another program's rule on node-1 jumps to the IPv6 chain of web-c's web6 endpoint.
+    let web_c6 = format!("[{}]:{POD_PORT}", cluster.web_pod("web-c")?.ip6());
+    let chain = endpoint_chain("demo/web6:http", Protocol::Tcp, &web_c6);
+    let foreign: [&str; 10] = [
+        "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "--dport", "9", "-j", &chain,
+    ];
+    cluster.run(&node1, "ip6tables", &foreign)?;
+    let rejected = |cluster: &DemoCluster| {
+        agent_metric(
+            &cluster.lab,
+            &node1,
+            "splitproxy_agent_rejected_revisions_total",
+        )
+    };
+    ensure!(
+        rejected(&cluster)? == 0.0,
+        "node-1 rejected a revision before the change"
+    );
+
+    // web-c leaves both Services: node-1's ip6tables cannot delete its chain.
+    cluster.set_web(&[("web-a", true), ("web-b", false)])?;
+    cluster.write_manifest("web6.yaml", &web6_yaml(&cluster))?;
+    eventually("node-1 to reject the change", CONVERGE, || {
+        ensure!(rejected(&cluster)? >= 1.0, "no rejection yet");
+        Ok(())
+    })
+    .with_context(|| cluster.logs())?;
+    converges(&cluster, &node2, &url6, &after)?;
+
+    // Over four sync-periods (past /livez's 2 x sync-period): IPv4 serves the change, IPv6 the
+    // last good rules, and /livez answers.
+    let watch_until = std::time::Instant::now() + 4 * sync_period;
+    let mut checks = 0;
+    while checks < 4 || std::time::Instant::now() < watch_until {
+        let v4 = hit(&cluster.lab, &node1, &url4, REQUESTS)?;
+        let answered: BTreeSet<String> = v4.answers.keys().cloned().collect();
+        ensure!(
+            v4.failures == 0 && answered == after,
+            "node-1's IPv4 rules went back or failed: {v4:?}\n{}",
+            cluster.logs()
+        );
+        let livez = cluster.run(
+            &node1,
+            "curl",
+            &[
+                "-s",
+                "-o",
+                "/dev/null",
+                "-m",
+                "5",
+                "-w",
+                "%{http_code}",
+                "http://127.0.0.1:10256/livez",
+            ],
+        )?;
+        ensure!(
+            livez.trim() == "200",
+            "node-1's /livez answered {livez}\n{}",
+            cluster.logs()
+        );
+        checks += 1;
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let v6 = hit(&cluster.lab, &node1, &url6, REQUESTS)?;
+    let answered: BTreeSet<String> = v6.answers.keys().cloned().collect();
+    ensure!(
+        answered == before,
+        "node-1's IPv6 rules are not the last good ones: {v6:?}"
+    );
+    // One rejection, or two if the controller's 30 s back-off passed meanwhile; not one every
+    // few seconds.
+    let count = rejected(&cluster)?;
+    println!("node-1 rejected {count} revisions over {checks} checks");
+    ensure!(
+        count <= 2.0,
+        "node-1 rejected {count} revisions: the controller kept resending"
+    );
+
+    // The other program's rule goes: the agent's own retry puts the change in.
+    let mut undo = foreign;
+    undo[2] = "-D";
+    cluster.run(&node1, "ip6tables", &undo)?;
+    converges(&cluster, &node1, &url6, &after)
 }

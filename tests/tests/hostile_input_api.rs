@@ -9,13 +9,11 @@
 
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
-    addresses::{self, CONTROL_PLANE},
-    control_plane::{Binaries, ControlPlane},
+    addresses,
+    control_plane::ControlPlane,
     controller_metric,
     corpus::{self, Expect},
-    eventually, hit,
-    lab::Lab,
-    serve,
+    eventually, hit, serve,
 };
 use std::time::{Duration, Instant};
 
@@ -28,15 +26,8 @@ const CONVERGE: Duration = Duration::from_secs(120);
 #[test]
 fn the_api_server_refuses_the_malformed_cases_and_the_admitted_ones_are_programmed() -> Result<()> {
     let cases = corpus::load()?;
-    let binaries = Binaries::ensure()?;
-    let mut lab = Lab::new("hostapi")?;
-    let cp_host = lab.add_host("cp", CONTROL_PLANE)?;
-    let nodes = lab.add_nodes(2)?;
-    let control_plane = ControlPlane::start(&mut lab, &cp_host, binaries)?;
-    for node in &nodes {
-        control_plane.register_node(&lab, node)?;
-    }
-    control_plane.kubectl(&lab, &["create", "namespace", NAMESPACE])?;
+    let (mut lab, cp_host, nodes, control_plane) =
+        ControlPlane::lab_with_two_nodes("hostapi", NAMESPACE)?;
     // The pods the corpus' slices list (see tests/corpus/README.md).
     for (name, node, host) in [("web-a", 0, 2), ("web-c", 1, 3)] {
         let n = u8::try_from(node + 1)?;

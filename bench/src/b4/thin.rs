@@ -375,6 +375,8 @@ async fn stream(
             proxy_mode: pb::ProxyMode::Nftables as i32,
             ip_families: vec![pb::IpFamily::Ipv4 as i32],
             pipelining: true,
+            // Digests are taken of the encodings as received, so sets come whole (rule 14).
+            appended_endpoints: false,
         }),
         resume: held.resume.clone(),
         held: listed,

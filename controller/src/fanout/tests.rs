@@ -77,8 +77,16 @@ fn large_revisions_are_split_by_size_and_only_the_last_part_is_complete() {
         7,
         true,
         &Encodings::default(),
+        EndpointSets::InPieces,
     )));
-    let parts = decoded(split(delta, "e", 7, true, &Encodings::default()));
+    let parts = decoded(split(
+        delta,
+        "e",
+        7,
+        true,
+        &Encodings::default(),
+        EndpointSets::InPieces,
+    ));
 
     assert!(parts.len() >= 3, "{} parts", parts.len());
     for part in &parts {
@@ -113,35 +121,90 @@ fn large_revisions_are_split_by_size_and_only_the_last_part_is_complete() {
     assert_eq!(complete.last(), Some(&true));
 }
 
-#[test]
-fn a_resource_bigger_than_a_message_goes_alone() {
+/// Endpoints `a` (one), `huge` (30,000 behind two ports) and `z` (one), as a delta upserts them.
+fn delta_with_a_huge_set() -> (Delta, pb::ServiceEndpoints) {
     let endpoints = |name: &str, count: usize| pb::ServiceEndpoints {
         key: Some(key(name)),
-        ports: vec![pb::PortEndpoints {
-            port_name: String::new(),
-            protocol: pb::Protocol::Tcp as i32,
-            endpoints: (0..count)
-                .map(|i| pb::Endpoint {
-                    address: format!("10.{}.{}.{}", i / 65_536, i / 256 % 256, i % 256),
-                    port: 8080,
-                    ..Default::default()
-                })
-                .collect(),
-        }],
+        ports: ["http", "https"]
+            .map(|port_name| pb::PortEndpoints {
+                port_name: port_name.into(),
+                protocol: pb::Protocol::Tcp as i32,
+                endpoints: (0..count)
+                    .map(|i| pb::Endpoint {
+                        address: format!("10.{}.{}.{}", i / 65_536, i / 256 % 256, i % 256),
+                        port: 8080,
+                        ..Default::default()
+                    })
+                    .collect(),
+            })
+            .into(),
         last_change_trigger_time: None,
     };
     let huge = endpoints("huge", 30_000);
-    assert!(huge.encoded_len() > MAX_MESSAGE_BYTES);
+    assert!(huge.encoded_len() > 20 * MAX_MESSAGE_BYTES);
     let delta = Delta {
         upserted_endpoints: vec![
             Arc::new(endpoints("a", 1)),
-            Arc::new(huge),
+            Arc::new(huge.clone()),
             Arc::new(endpoints("z", 1)),
         ],
         ..Delta::default()
     };
+    (delta, huge)
+}
 
-    let parts = decoded(split(delta, "e", 1, false, &Encodings::default()));
+/// `delta` as the parts of a delta revision, as an agent decodes them.
+fn delta_parts(delta: Delta, sets: EndpointSets) -> Vec<pb::SyncResponse> {
+    decoded(split(delta, "e", 1, false, &Encodings::default(), sets))
+}
+
+#[test]
+fn a_set_bigger_than_a_message_goes_in_pieces_each_in_a_message_of_its_own() {
+    let (delta, huge) = delta_with_a_huge_set();
+    let parts = delta_parts(delta, EndpointSets::InPieces);
+
+    assert!(parts.len() > 20, "{} parts", parts.len());
+    let mut assembled: Option<pb::ServiceEndpoints> = None;
+    for (i, part) in parts.iter().enumerate() {
+        assert!(
+            part.encoded_len() <= MAX_MESSAGE_BYTES + 64,
+            "part {i}: {}",
+            part.encoded_len()
+        );
+        assert!(part.appended_endpoints.len() <= 1, "part {i} appends twice");
+        for upserted in &part.upserted_endpoints {
+            if upserted.key == huge.key {
+                assert!(assembled.is_none(), "huge upserted twice");
+                assembled = Some(upserted.clone());
+            }
+        }
+        for piece in &part.appended_endpoints {
+            assert_eq!(piece.key, huge.key);
+            let whole = assembled.as_mut().expect("a piece after the upsert");
+            splitproxy_proto::pieces::append(whole, piece);
+        }
+    }
+    assert_eq!(assembled.as_ref(), Some(&huge), "the pieces make the set");
+    let first = resources(&parts[..1]);
+    assert_eq!(
+        first,
+        [
+            ("endpoints", "a".to_owned()),
+            ("endpoints", "huge".to_owned())
+        ]
+    );
+    let last = parts.last().expect("parts");
+    assert!(
+        last.upserted_endpoints
+            .iter()
+            .any(|e| e.key == Some(key("z")))
+    );
+}
+
+#[test]
+fn to_an_agent_without_pieces_a_set_bigger_than_a_message_goes_whole_and_alone() {
+    let (delta, _) = delta_with_a_huge_set();
+    let parts = delta_parts(delta, EndpointSets::Whole);
 
     let names: Vec<Vec<String>> = parts
         .iter()
@@ -153,11 +216,19 @@ fn a_resource_bigger_than_a_message_goes_alone() {
         })
         .collect();
     assert_eq!(names, [vec!["a"], vec!["huge"], vec!["z"]]);
+    assert!(parts.iter().all(|p| p.appended_endpoints.is_empty()));
 }
 
 #[test]
 fn an_empty_reset_is_one_complete_message() {
-    let parts = decoded(split(Delta::default(), "e", 1, true, &Encodings::default()));
+    let parts = decoded(split(
+        Delta::default(),
+        "e",
+        1,
+        true,
+        &Encodings::default(),
+        EndpointSets::InPieces,
+    ));
     assert_eq!(parts.len(), 1);
     assert!(parts[0].complete && parts[0].reset);
 }
@@ -314,17 +385,38 @@ async fn changes_during_an_unacknowledged_revision_are_compacted_into_one_delta(
 }
 
 #[tokio::test]
-async fn a_rejected_revision_is_sent_again_from_the_last_acknowledged_view() {
+async fn a_rejected_view_is_held_back_and_a_changed_one_goes_at_once_from_the_acknowledged_view() {
     let h = harness(Some(cluster(1, 2))).await;
     let mut agent = Agent::subscribe(&h.url, None).await;
     let first = agent.next().await;
     agent.answer(first.revision, pb::AckStatus::Rejected).await;
-    let retry = agent.next().await;
+    let resent = tokio::time::timeout(Duration::from_millis(500), agent.rx.message()).await;
     assert!(
-        retry.reset,
-        "nothing was acknowledged, so the retry is a reset"
+        resent.is_err(),
+        "the rejected view went again at once: {resent:?}"
     );
-    assert_eq!(retry.upserted_services, first.upserted_services);
+
+    h.publish(cluster(1, 3));
+    let changed = agent.next().await;
+    assert!(
+        changed.reset,
+        "nothing was acknowledged, so the changed view is a reset"
+    );
+    assert_eq!(changed.revision, first.revision + 1);
+    assert_eq!(first_address(&changed), "10.244.1.3");
+}
+
+#[test]
+fn each_rejection_in_a_row_doubles_the_wait_before_a_view_goes_again_as_it_is() {
+    let view = Arc::new(NodeView::default());
+    let mut rejected = None;
+    let mut waits = Vec::new();
+    for _ in 0..6 {
+        let next = RejectedView::after(rejected.take(), Arc::clone(&view));
+        waits.push(next.backoff.as_secs());
+        rejected = Some(next);
+    }
+    assert_eq!(waits, [30, 60, 120, 240, 300, 300]);
 }
 
 /// An agent that pipelines (protocol rule 12), subscribing with nothing held.
@@ -405,11 +497,14 @@ async fn a_rejection_drops_every_revision_in_flight_and_the_next_builds_on_the_a
     );
 
     agent.answer(third.revision, pb::AckStatus::Rejected).await;
+    // The NACK travels asynchronously; the change after it is what the next revision brings.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    h.publish(cluster(1, 5));
     let retry = agent.next().await;
     assert!(!retry.reset, "the first revision was acknowledged");
     assert_eq!(retry.revision, third.revision + 1);
     assert_eq!(retry.base_revision, first.revision);
-    assert_eq!(first_address(&retry), "10.244.1.4");
+    assert_eq!(first_address(&retry), "10.244.1.5");
 }
 
 #[tokio::test]

@@ -50,6 +50,7 @@ fn everything() -> pb::SyncResponse {
             buckets: vec![3],
         }),
         base_revision: 6,
+        appended_endpoints: vec![endpoints("web")],
     }
 }
 
@@ -65,7 +66,7 @@ fn the_wire_form_carries_every_field_of_the_generated_message() {
     let numbers: Vec<i32> = generated.field.iter().map(|f| f.number()).collect();
     assert_eq!(
         numbers,
-        (1..=12).collect::<Vec<_>>(),
+        (1..=13).collect::<Vec<_>>(),
         "a field was added to SyncResponse: add it to wire::SyncResponse too"
     );
 

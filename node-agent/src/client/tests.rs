@@ -369,20 +369,34 @@ async fn nothing_touches_the_kernel_before_the_first_complete_revision() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_first_revision_the_kernel_refuses_leaves_nothing_to_resync() {
+async fn a_first_revision_the_kernel_refuses_is_tried_again_though_no_state_is_held() {
     let mut agent = Agent::start();
     agent.kernel.refuse_next(1);
     agent
         .send(revision(1, true, &[("web", "10.96.0.10")]))
         .await;
-    let (ack, _) = agent.ack().await;
+    let (ack, refused_at) = agent.ack().await;
     assert!(rejected(&ack, 1), "{ack:?}");
     assert!(ack.reason.contains("kernel refused the rules"), "{ack:?}");
 
-    tokio::time::advance(10 * SYNC_PERIOD).await;
+    tokio::time::advance(MIN_SYNC_PERIOD).await;
     settle().await;
-    assert_eq!(agent.kernel.attempts().len(), 1, "no retry without a state");
-    assert!(agent.kernel.synced().is_empty());
+    assert_eq!(
+        agent.kernel.attempts(),
+        [refused_at, refused_at + MIN_SYNC_PERIOD]
+    );
+    let synced = agent.kernel.synced();
+    assert_eq!(synced.len(), 1);
+    assert_eq!(
+        synced[0].services.len(),
+        1,
+        "the refused state, tried again"
+    );
+    assert_eq!(
+        agent.status.snapshot().state.epoch,
+        None,
+        "still not applied"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -425,32 +439,61 @@ async fn a_failed_resync_is_counted_recorded_and_retried_after_min_sync_period()
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_revision_the_kernel_refuses_is_nacked_and_the_last_good_state_resynced() {
+async fn a_revision_the_kernel_refuses_is_nacked_waits_in_no_queue_and_is_retried_with_back_off() {
     let mut agent = Agent::start();
     agent
         .send(revision(1, true, &[("web", "10.96.0.10")]))
         .await;
     let (_, t0) = agent.ack().await;
-    let good = agent.kernel.synced()[0].clone();
 
     tokio::time::advance(5 * MIN_SYNC_PERIOD).await;
-    agent.kernel.refuse_next(1);
+    agent.kernel.refuse_next(3);
     agent
         .send(revision(2, false, &[("api", "10.96.0.11")]))
         .await;
     let (ack, refused_at) = agent.ack().await;
     assert!(rejected(&ack, 2), "{ack:?}");
     assert_eq!(refused_at, t0 + 5 * MIN_SYNC_PERIOD);
-    assert_eq!(agent.status.snapshot().state.revision, 1);
+    let status = agent.status.snapshot();
+    assert_eq!(status.state.revision, 1, "the last good state is held");
+    assert_eq!(
+        status.queued_since, None,
+        "a refused revision waits no more"
+    );
+    assert!(status.proxy_healthy(Duration::ZERO));
     assert_eq!(agent.metrics.rejected_revisions.get(), 1);
 
-    tokio::time::advance(MIN_SYNC_PERIOD).await;
-    settle().await;
+    // Tried again one min-sync-period later, then twice as long after each failure; what the
+    // kernel finally takes is the refused state, never the older one again.
+    for _ in 0..10 {
+        tokio::time::advance(MIN_SYNC_PERIOD).await;
+        settle().await;
+    }
+    let second = MIN_SYNC_PERIOD;
     assert_eq!(
         agent.kernel.attempts(),
-        [t0, refused_at, refused_at + MIN_SYNC_PERIOD]
+        [
+            t0,
+            refused_at,
+            refused_at + second,
+            refused_at + 3 * second,
+            refused_at + 7 * second
+        ]
     );
-    assert_eq!(agent.kernel.synced(), [good.clone(), good]);
+    tokio::time::advance(SYNC_PERIOD).await;
+    settle().await;
+    let synced = agent.kernel.synced();
+    assert_eq!(synced.len(), 3);
+    assert!(
+        synced[1..].iter().all(|state| state.services.len() == 2),
+        "{synced:?}"
+    );
+    assert_eq!(
+        agent.status.snapshot().state.revision,
+        1,
+        "until a revision is applied"
+    );
+    agent.assert_no_ack();
 }
 
 #[tokio::test(start_paused = true)]

@@ -95,6 +95,7 @@ struct Part {
     removed_services: Vec<&'static str>,
     upserted_endpoints: Vec<pb::ServiceEndpoints>,
     removed_endpoints: Vec<&'static str>,
+    appended_endpoints: Vec<pb::ServiceEndpoints>,
     node_status: Option<pb::NodeStatus>,
     replaced_buckets: Option<pb::ReplacedBuckets>,
 }
@@ -122,6 +123,7 @@ fn revision(epoch: &str, number: u64, reset: bool, parts: Vec<Part>) -> Revision
                 node_status: part.node_status,
                 replaced_buckets: part.replaced_buckets,
                 base_revision: 0,
+                appended_endpoints: part.appended_endpoints,
             })
             .collect(),
     }
@@ -169,6 +171,88 @@ fn first_reset_is_taken_with_its_epoch_and_revision() {
     assert_eq!(service_names(&state), ["a", "b"]);
     assert_eq!(endpoint_names(&state), ["a", "b"]);
     assert_eq!(state.endpoint_count(), 2);
+}
+
+/// `demo/big`: 300 endpoints behind ports `a` and `b`.
+fn big_set() -> pb::ServiceEndpoints {
+    let port = |name: &str| {
+        let each =
+            (0..300).map(|i| endpoint(&format!("10.244.{}.{}", i / 200, i % 200 + 1), 8080, false));
+        port_endpoints(name, TCP, each.collect())
+    };
+    endpoints("big", vec![port("a"), port("b")])
+}
+
+#[test]
+fn a_set_sent_in_pieces_is_held_whole_with_the_digest_of_the_whole() {
+    let (big, _) = web("big", 2);
+    let whole = big_set();
+    let pieces = splitproxy_proto::pieces::split(&whole, 2_000);
+    assert!(pieces.len() > 5, "{} pieces", pieces.len());
+    let (first, rest) = pieces.split_first().expect("pieces");
+    let mut parts = vec![Part {
+        upserted_services: vec![big],
+        upserted_endpoints: vec![first.clone()],
+        ..Part::default()
+    }];
+    parts.extend(rest.iter().map(|piece| Part {
+        appended_endpoints: vec![piece.clone()],
+        ..Part::default()
+    }));
+    let state = state_with_a_and_b()
+        .apply(&revision("e1", 2, false, parts))
+        .expect("pieces of a set upserted in the revision are taken");
+
+    assert_eq!(state.endpoints.get(&key("big")).map(|e| &**e), Some(&whole));
+    assert_eq!(state.endpoint_count(), 2 + 600);
+    let digest = state
+        .digests()
+        .into_iter()
+        .find(|d| d.kind == pb::ResourceKind::Endpoints as i32 && d.key == Some(object_key("big")));
+    assert_eq!(
+        digest.map(|d| d.sha256_prefix),
+        Some(splitproxy_proto::digest(&whole))
+    );
+}
+
+#[test]
+fn a_piece_continuing_no_set_of_its_revision_is_rejected() {
+    let held = state_with_a_and_b();
+    let piece = endpoints(
+        "a",
+        vec![port_endpoints(
+            "",
+            TCP,
+            vec![endpoint("10.244.1.9", 8080, true)],
+        )],
+    );
+    // `a`'s endpoints are held, but not upserted by this revision; nor by the part before the
+    // piece once it removes them.
+    for parts in [
+        vec![Part {
+            appended_endpoints: vec![piece.clone()],
+            ..Part::default()
+        }],
+        vec![
+            Part {
+                upserted_endpoints: vec![web("a", 2).1],
+                ..Part::default()
+            },
+            Part {
+                removed_endpoints: vec!["a"],
+                ..Part::default()
+            },
+            Part {
+                appended_endpoints: vec![piece.clone()],
+                ..Part::default()
+            },
+        ],
+    ] {
+        assert_eq!(
+            held.apply(&revision("e1", 2, false, parts)),
+            Err(Rejected::PieceWithoutSet("demo/a".into()))
+        );
+    }
 }
 
 #[test]

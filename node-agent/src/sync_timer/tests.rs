@@ -71,11 +71,11 @@ fn a_resync_is_due_one_sync_period_after_a_successful_sync() {
 }
 
 #[test]
-fn a_failed_sync_is_retried_after_min_sync_period_when_a_state_is_held() {
+fn a_failed_sync_is_retried_after_min_sync_period() {
     let mut timer = SyncTimer::new(periods(30, 2));
     let started = Instant::now();
     let finished = started + Duration::from_millis(100);
-    timer.failed(started, finished, true);
+    timer.failed(started, finished);
     assert_eq!(timer.resync_due(), Some(finished + Duration::from_secs(2)));
     assert_eq!(
         timer.next_sync_allowed(),
@@ -84,12 +84,18 @@ fn a_failed_sync_is_retried_after_min_sync_period_when_a_state_is_held() {
 }
 
 #[test]
-fn a_failed_sync_without_a_state_leaves_nothing_to_resync() {
-    let mut timer = SyncTimer::new(periods(30, 1));
+fn failures_in_a_row_back_off_to_the_sync_period_and_a_success_starts_over() {
+    let mut timer = SyncTimer::new(periods(30, 2));
     let now = Instant::now();
-    timer.failed(now, now, false);
-    assert_eq!(timer.resync_due(), None);
-    assert_eq!(timer.next_sync_allowed(), Some(now + SECOND));
+    let mut delays = Vec::new();
+    for _ in 0..6 {
+        timer.failed(now, now);
+        delays.push(timer.resync_due().map(|due| (due - now).as_secs()));
+    }
+    assert_eq!(delays, [2, 4, 8, 16, 30, 30].map(Some));
+    timer.succeeded(now, now);
+    timer.failed(now, now);
+    assert_eq!(timer.resync_due(), Some(now + Duration::from_secs(2)));
 }
 
 #[test]
