@@ -7,11 +7,13 @@
 //! Pod runs on. With the manifests source, where there is no API server, a static file maps
 //! tokens to nodes. Tokens never reach a log line: only their SHA-256 is kept.
 
+use claims::Claims;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::{Api, PostParams};
 use sha2::{Digest, Sha256};
 use std::{
     collections::HashMap,
+    net::IpAddr,
     path::Path,
     sync::{Arc, Mutex},
     time::{Duration, SystemTime},
@@ -128,14 +130,18 @@ impl AgentAuth {
     /// # Errors
     ///
     /// A [`Refusal`] saying why the caller is not let in.
-    pub async fn authenticate(&self, metadata: &MetadataMap) -> Result<Identity, Refusal> {
+    pub async fn authenticate(
+        &self,
+        metadata: &MetadataMap,
+        peer: Option<IpAddr>,
+    ) -> Result<Identity, Refusal> {
         match self {
             Self::Open => Ok(Identity {
                 node: None,
                 expires: None,
             }),
             Self::Static(tokens) => tokens.authenticate(bearer_token(metadata)?),
-            Self::Review(reviewer) => reviewer.authenticate(bearer_token(metadata)?).await,
+            Self::Review(reviewer) => reviewer.authenticate(bearer_token(metadata)?, peer).await,
         }
     }
 }
@@ -275,13 +281,16 @@ fn parse(text: &str) -> Result<HashMap<[u8; 32], String>, usize> {
 }
 
 /// Reviews tokens with the API server (TokenReview), accepting only tokens of the agents'
-/// ServiceAccount, for the agents' audience, bound to a Pod on a node.
+/// ServiceAccount, for the agents' audience, bound to a Pod on a node. A token whose own claims
+/// say it cannot be one is refused without a review, and reviews are throttled (see
+/// [`throttle`]).
 pub struct TokenReviewer {
     client: kube::Client,
     audience: String,
     /// `system:serviceaccount:<namespace>:<name>`.
     username: String,
     cache: Mutex<HashMap<[u8; 32], (Identity, SystemTime)>>,
+    throttle: throttle::Throttle,
 }
 
 impl TokenReviewer {
@@ -294,19 +303,35 @@ impl TokenReviewer {
             audience: audience.to_owned(),
             username: format!("system:serviceaccount:{namespace}:{name}"),
             cache: Mutex::default(),
+            throttle: throttle::Throttle::default(),
         }
     }
 
-    async fn authenticate(&self, token: &str) -> Result<Identity, Refusal> {
+    async fn authenticate(&self, token: &str, peer: Option<IpAddr>) -> Result<Identity, Refusal> {
         let key = fingerprint(token);
         let now = SystemTime::now();
         if let Some(identity) = self.cached(&key, now) {
             return Ok(identity);
         }
-        let identity = self.review(token).await?;
-        if identity.expires.is_some_and(|expires| expires <= now) {
-            return Err(Refusal::Invalid("token expired".to_owned()));
+        let claims = Claims::read(token)
+            .ok_or_else(|| Refusal::Invalid("not a service account token".to_owned()))?;
+        if let Some(why) = claims.mismatch(&self.username, &self.audience, now) {
+            return Err(Refusal::Invalid(why));
         }
+        if let Some(why) = self.throttle.refused_recently(&key) {
+            return Err(Refusal::Invalid(why));
+        }
+        let reviewed = {
+            let _slot = self.throttle.permit(peer).await?;
+            self.review(token, claims.expires).await
+        };
+        let identity = match reviewed {
+            Err(Refusal::Invalid(why)) => {
+                self.throttle.remember_refusal(key, &why);
+                return Err(Refusal::Invalid(why));
+            }
+            other => other?,
+        };
         self.remember(key, &identity, now);
         Ok(identity)
     }
@@ -331,7 +356,8 @@ impl TokenReviewer {
         cache.insert(key, (identity.clone(), now + REVIEW_CACHE_TTL));
     }
 
-    async fn review(&self, token: &str) -> Result<Identity, Refusal> {
+    /// The API server's review of `token`, which expires at `expires` by its own claims.
+    async fn review(&self, token: &str, expires: Option<SystemTime>) -> Result<Identity, Refusal> {
         let request = TokenReview {
             spec: TokenReviewSpec {
                 token: token.to_owned(),
@@ -376,22 +402,13 @@ impl TokenReviewer {
             .ok_or_else(|| Refusal::Invalid("token is not bound to a Pod on a node".to_owned()))?;
         Ok(Identity {
             node: Some(node.clone()),
-            expires: jwt_expiry(token),
+            expires,
         })
     }
 }
 
-/// The `exp` claim of a JWT, read without verifying it: only called on tokens the API server
-/// has just accepted, to close their stream when they expire.
-fn jwt_expiry(token: &str) -> Option<SystemTime> {
-    let payload = token.split('.').nth(1)?;
-    let bytes = data_encoding::BASE64URL_NOPAD
-        .decode(payload.trim_end_matches('=').as_bytes())
-        .ok()?;
-    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    let exp = claims.get("exp")?.as_u64()?;
-    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(exp))
-}
+mod claims;
+mod throttle;
 
 #[cfg(test)]
 mod tests;

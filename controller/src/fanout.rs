@@ -4,6 +4,7 @@
 //! turns.
 
 use crate::{
+    admission::ConnectionInfo,
     agents::Connection,
     auth::{AgentAuth, Refusal},
     cause,
@@ -239,18 +240,19 @@ impl NodeViewService for FanOut {
         &self,
         request: Request<Streaming<pb::SyncRequest>>,
     ) -> Result<Response<Self::SyncStream>, Status> {
-        let peer = request
-            .remote_addr()
-            .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
-        let identity = self
-            .auth
-            .authenticate(request.metadata())
-            .await
-            .map_err(|refusal| self.refuse(&peer, refusal))?;
+        let connection = request.extensions().get::<ConnectionInfo>().cloned();
+        let address = (connection.as_ref().map(|c| c.0.peer())).or_else(|| request.remote_addr());
+        let peer = address.map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+        // Before the credential's review: a refusal that costs nothing.
         if self.cluster.borrow().is_none() {
             self.metrics.count_refusal("not_ready");
             return Err(not_read_yet());
         }
+        let identity = self
+            .auth
+            .authenticate(request.metadata(), address.map(|a| a.ip()))
+            .await
+            .map_err(|refusal| self.refuse(&peer, refusal))?;
         let mut inbound = request.into_inner();
         let subscribe = match inbound.next().await {
             Some(Ok(pb::SyncRequest {
@@ -269,6 +271,9 @@ impl NodeViewService for FanOut {
         identity
             .admit(&subscribe.node_name)
             .map_err(|refusal| self.refuse(&peer, refusal))?;
+        if let Some(connection) = &connection {
+            connection.0.authenticated();
+        }
         let (tx, rx) = mpsc::channel(4);
         let span = tracing::info_span!("agent_stream", node = %subscribe.node_name, %peer);
         let mut stream = AgentStream::new(self, subscribe, &peer, tx);

@@ -1,6 +1,7 @@
 //! The splitproxy controller: reads the cluster once, computes each node's view and streams
 //! deltas to the node agents.
 
+pub mod admission;
 pub mod agents;
 pub mod auth;
 pub mod backends;

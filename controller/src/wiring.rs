@@ -2,6 +2,7 @@
 //! controller's inspection server (a separate, by default loopback, listener).
 
 use crate::{
+    admission::Admission,
     auth::AgentAuth,
     cause::Cause,
     cluster::{Builder, Objects, ServiceSelector},
@@ -26,6 +27,18 @@ use tokio_stream::wrappers::TcpListenerStream;
 /// listed and held forever.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a TLS handshake may take (Calico Typha's default): a peer that opens a connection and
+/// says nothing is closed then.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Streams one connection may open at once: an agent opens one `Sync`; a tool, a few calls.
+const MAX_STREAMS_PER_CONNECTION: u32 = 8;
+/// HTTP/2 streams a peer may reset before the server answers them, and streams the server may
+/// reset for a peer's errors, before the connection is closed: h2's and hyper's own defaults,
+/// which tonic replaces with "unlimited" unless set (the rapid-reset attack, RUSTSEC-2024-0003).
+const MAX_PENDING_RESETS: usize = 20;
+const MAX_LOCAL_ERROR_RESETS: usize = 1024;
+/// The largest request header block: a bearer token and a few fields.
+const MAX_HEADER_LIST_BYTES: u32 = 64 * 1024;
 
 /// Errors that stop the controller.
 #[derive(Debug, thiserror::Error)]
@@ -162,11 +175,16 @@ pub async fn serve(
 
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
+        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES);
     if let Some(identity) = tls {
-        builder = builder
-            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
-            .map_err(Error::Serve)?;
+        let config = tonic::transport::ServerTlsConfig::new()
+            .identity(identity)
+            .timeout(TLS_HANDSHAKE_TIMEOUT);
+        builder = builder.tls_config(config).map_err(Error::Serve)?;
     }
     // Reflection on both ports: it shows schemas only, and lets grpcurl check health here.
     let (reflection_v1, reflection_v1alpha) =
@@ -185,7 +203,7 @@ pub async fn serve(
         .add_service(health_service.clone())
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .serve_with_incoming(TcpListenerStream::new(listener));
+        .serve_with_incoming(Admission::default().incoming(listener));
     let inspection = async {
         let Some(listener) = inspection else {
             return std::future::pending().await;

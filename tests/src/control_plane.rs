@@ -18,6 +18,17 @@ use std::{
     time::Duration,
 };
 
+/// A selector-less Service `namespace/name` with port `http` 80 to `pod_port`, and the one
+/// EndpointSlice that lists `ip` ready behind it: a Service whose endpoints a test moves by hand.
+#[must_use]
+pub fn one_endpoint_service_yaml(namespace: &str, name: &str, pod_port: u16, ip: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  ports:\n  - {{name: http, port: 80, targetPort: {pod_port}}}\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  namespace: {namespace}\n  labels:\n    kubernetes.io/service-name: {name}\n    endpointslice.kubernetes.io/managed-by: splitproxy-e2e\n\
+         addressType: IPv4\nports:\n- {{name: http, port: {pod_port}, protocol: TCP}}\nendpoints:\n- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n"
+    )
+}
+
 /// The API server's port on the control-plane host.
 pub const API_PORT: u16 = 6443;
 /// The Service CIDR the API server allocates cluster IPs from.

@@ -14,7 +14,7 @@
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
     addresses, agent_metric,
-    control_plane::ControlPlane,
+    control_plane::{ControlPlane, one_endpoint_service_yaml},
     eventually, hit,
     lab::{Lab, Node},
     serve,
@@ -78,13 +78,9 @@ fn big_slices(ready_ip: &str) -> String {
     )
 }
 
-/// `small`, selector-less on port 80, and its one slice listing `ip`.
+/// `small`, whose one endpoint is `ip`.
 fn small(ip: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Service\nmetadata:\n  name: small\n  namespace: {NAMESPACE}\nspec:\n  ports:\n  - {{name: http, port: 80, targetPort: {POD_PORT}}}\n---\n\
-         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: small-1\n  namespace: {NAMESPACE}\n  labels:\n    kubernetes.io/service-name: small\n    endpointslice.kubernetes.io/managed-by: big-service-test\n\
-         addressType: IPv4\nports:\n- {{name: http, port: {POD_PORT}, protocol: TCP}}\nendpoints:\n- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n"
-    )
+    one_endpoint_service_yaml(NAMESPACE, "small", POD_PORT, ip)
 }
 
 /// Fails unless every request to `url` from every node is answered by `pod`.

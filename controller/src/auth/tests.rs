@@ -22,7 +22,7 @@ fn tokens(text: &str) -> (AgentAuth, tempfile::NamedTempFile) {
 async fn static_token_identifies_its_node() {
     let (auth, _file) = tokens("# node tokens\nsecret-a,node-a\n\nsecret-b, node-b\n");
     let identity = auth
-        .authenticate(&with_authorization("Bearer secret-b"))
+        .authenticate(&with_authorization("Bearer secret-b"), None)
         .await
         .expect("known token");
     assert_eq!(identity.node.as_deref(), Some("node-b"));
@@ -38,7 +38,11 @@ async fn missing_unknown_and_malformed_credentials_are_refused() {
     let (auth, _file) = tokens("secret-a,node-a\n");
     let refusal = |metadata: MetadataMap| {
         let auth = auth.clone();
-        async move { auth.authenticate(&metadata).await.expect_err("refused") }
+        async move {
+            auth.authenticate(&metadata, None)
+                .await
+                .expect_err("refused")
+        }
     };
     assert_eq!(refusal(MetadataMap::new()).await, Refusal::Missing);
     assert!(matches!(
@@ -59,7 +63,7 @@ async fn missing_unknown_and_malformed_credentials_are_refused() {
 async fn refusals_never_echo_the_token() {
     let (auth, _file) = tokens("secret-a,node-a\n");
     let refusal = auth
-        .authenticate(&with_authorization("Bearer secret-zzz"))
+        .authenticate(&with_authorization("Bearer secret-zzz"), None)
         .await
         .expect_err("unknown");
     assert!(!refusal.to_string().contains("secret-zzz"));
@@ -83,19 +87,19 @@ async fn a_changed_tokens_file_applies_to_the_next_stream_and_a_broken_one_is_ig
     };
     write("new-token,node-b\n");
     let identity = auth
-        .authenticate(&with_authorization("Bearer new-token"))
+        .authenticate(&with_authorization("Bearer new-token"), None)
         .await
         .expect("added token");
     assert_eq!(identity.node.as_deref(), Some("node-b"));
     assert!(
-        auth.authenticate(&with_authorization("Bearer old-token"))
+        auth.authenticate(&with_authorization("Bearer old-token"), None)
             .await
             .is_err(),
         "a removed token is revoked"
     );
     write("broken line\n");
     assert!(
-        auth.authenticate(&with_authorization("Bearer new-token"))
+        auth.authenticate(&with_authorization("Bearer new-token"), None)
             .await
             .is_ok(),
         "the last good file stays in force"
@@ -140,15 +144,4 @@ fn open_identity_admits_any_node() {
         expires: None,
     };
     assert_eq!(identity.admit("anything"), Ok(()));
-}
-
-#[test]
-fn jwt_expiry_reads_the_exp_claim() {
-    let payload = data_encoding::BASE64URL_NOPAD.encode(br#"{"exp":1700000000,"sub":"x"}"#);
-    let token = format!("eyJhbGciOiJSUzI1NiJ9.{payload}.c2ln");
-    assert_eq!(
-        jwt_expiry(&token),
-        Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000))
-    );
-    assert_eq!(jwt_expiry("not-a-jwt"), None);
 }
