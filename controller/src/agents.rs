@@ -95,7 +95,18 @@ struct Stream {
     record: Record,
     /// Tells the stream to end.
     shed: Arc<Notify>,
-    shedding: bool,
+    /// Why the stream was told to end; `None` while it was not.
+    ending: Option<Ending>,
+}
+
+/// Why a stream is told to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// The replica holds more than its share of the nodes (protocol rule 13).
+    Shed,
+    /// A newer stream of the same node replaced it: a node has one stream per replica, so
+    /// one node's credential cannot hold more.
+    Superseded,
 }
 
 impl Agents {
@@ -147,14 +158,20 @@ impl Agents {
         if table.streams.len() - table.shedding <= limit {
             return false;
         }
-        let Some(oldest) = table.streams.values_mut().find(|s| !s.shedding) else {
+        let Some(oldest) = table.streams.values_mut().find(|s| s.ending.is_none()) else {
             return false;
         };
-        oldest.shedding = true;
+        oldest.ending = Some(Ending::Shed);
         // Kept until the stream looks: it may be busy sending when told.
         oldest.shed.notify_one();
         table.shedding += 1;
         true
+    }
+
+    /// How many streams are open.
+    #[must_use]
+    pub fn open(&self) -> usize {
+        self.lock().streams.len()
     }
 
     /// How many streams are open and not told to end.
@@ -178,6 +195,9 @@ pub struct StreamCounters {
     pub bytes_sent: Counter,
     /// `splitproxy_controller_rejected_revisions_total`: revisions agents rejected (NACKs).
     pub rejected_revisions: Counter,
+    /// `splitproxy_controller_superseded_streams_total`: streams ended because a newer one of
+    /// the same node opened.
+    pub superseded_streams: Counter,
 }
 
 /// One stream's handle on its record: the fan-out reports what happens on the stream, and the
@@ -189,13 +209,14 @@ pub struct Connection {
     id: u64,
     /// The first cluster state published since the node's view was last computed.
     observed_change: Option<Moment>,
-    /// Tells the stream to end, the replica being over its share of the nodes.
+    /// Tells the stream to end (see [`Ending`]).
     shed: Arc<Notify>,
 }
 
 impl Connection {
-    /// Records a new stream of `node` from `peer`; `acked_revision` is what the agent resumed
-    /// from (0 when it starts afresh). The node is behind until its first acknowledgement.
+    /// Records a new stream of `node` from `peer`, and tells the node's older streams to end
+    /// ([`Ending::Superseded`]); `acked_revision` is what the agent resumed from (0 when it
+    /// starts afresh). The node is behind until its first acknowledgement.
     #[must_use]
     pub fn open(
         agents: &Agents,
@@ -225,10 +246,20 @@ impl Connection {
                 messages_sent: 0,
                 bytes_sent: 0,
             };
+            let mut superseded = 0;
+            for older in (table.streams.values_mut()).filter(|s| s.record.node == node) {
+                if older.ending.is_none() {
+                    older.ending = Some(Ending::Superseded);
+                    older.shed.notify_one();
+                    superseded += 1;
+                }
+            }
+            table.shedding += superseded;
+            counters.superseded_streams.inc_by(superseded as u64);
             let stream = Stream {
                 record,
                 shed: Arc::clone(&shed),
-                shedding: false,
+                ending: None,
             };
             table.streams.insert(id, stream);
             id
@@ -248,9 +279,12 @@ impl Connection {
         }
     }
 
-    /// Completes once the stream is to end, the replica being over its share of the nodes.
-    pub async fn shed(&self) {
+    /// Completes once the stream is to end, with why.
+    pub async fn ending(&self) -> Ending {
         self.shed.notified().await;
+        let table = self.agents.lock();
+        let ending = table.streams.get(&self.id).and_then(|s| s.ending);
+        ending.unwrap_or(Ending::Shed)
     }
 
     /// A new cluster state was published; the node may be behind from now on.
@@ -316,7 +350,7 @@ impl Drop for Connection {
     fn drop(&mut self) {
         let mut table = self.agents.lock();
         if let Some(stream) = table.streams.remove(&self.id)
-            && stream.shedding
+            && stream.ending.is_some()
         {
             table.shedding -= 1;
         }

@@ -5,7 +5,7 @@
 
 use crate::{
     admission::ConnectionInfo,
-    agents::Connection,
+    agents::{Connection, Ending},
     auth::{AgentAuth, Refusal},
     cause,
     cluster::ClusterState,
@@ -42,6 +42,10 @@ const MAX_MESSAGE_BYTES: usize = 32 * 1024;
 /// holds, about 55 bytes each: gRPC's default 4 MiB stops at some 35,000 Services, 16 MiB at about
 /// 150,000. Acks are a few bytes.
 const MAX_SUBSCRIBE_BYTES: usize = 16 << 20;
+/// Digests a subscribe may list beyond twice the cluster's resources (what an agent that was
+/// away while many were removed may still hold) before they are dropped for a reset: no
+/// stream keeps more than the cluster could have given it.
+const SPARE_HELD_DIGESTS: usize = 1024;
 /// How many nodes' first revisions (a reset, or a delta from what the agent presented) are
 /// computed and sent at once: when a controller starts, every agent asks at once. Each holds its
 /// messages until its agent has taken them; the cluster's entries in them are shared encodings,
@@ -360,6 +364,17 @@ impl AgentStream {
             .map_or(0, |(r, _)| *r);
         let revision = remembered.as_ref().map_or(0, |(r, _)| *r);
         let acked = remembered.filter(|_| resumes);
+        let most_held = (server.cluster.borrow().as_deref()).map_or(0, |cluster| {
+            2 * (cluster.services.len() + cluster.endpoints.len())
+        }) + SPARE_HELD_DIGESTS;
+        if subscribe.held.len() > most_held {
+            tracing::warn!(
+                digests = subscribe.held.len(),
+                most_held,
+                "agent presents more resources than the cluster could have left it; sending a reset"
+            );
+            subscribe.held = Vec::new();
+        }
         let held = if resumes {
             None
         } else {
@@ -457,9 +472,18 @@ impl AgentStream {
                     }
                     dirty = true;
                 }
-                () = self.connection.shed() => {
-                    tracing::info!("shedding the stream: this replica holds more than its share of the nodes");
-                    let _ = self.tx.send(Err(shed())).await;
+                ending = self.connection.ending() => {
+                    let status = match ending {
+                        Ending::Shed => {
+                            tracing::info!("shedding the stream: this replica holds more than its share of the nodes");
+                            shed()
+                        }
+                        Ending::Superseded => {
+                            tracing::info!("ending the stream: a newer stream of this node opened");
+                            Status::aborted("a newer stream of this node replaced this one")
+                        }
+                    };
+                    let _ = self.tx.send(Err(status)).await;
                     break;
                 }
                 () = sleep_until(credential_expires) => {

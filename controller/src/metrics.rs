@@ -98,6 +98,11 @@ impl Metrics {
             "Agent streams ended because this replica held more than its share of the nodes",
             metrics.shed_streams.clone(),
         );
+        registry.register(
+            "splitproxy_controller_superseded_streams",
+            "Agent streams ended because a newer stream of the same node opened",
+            metrics.streams.superseded_streams.clone(),
+        );
         registry.register_collector(Box::new(AgentGauges(metrics.agents.clone())));
         metrics
     }
@@ -148,6 +153,8 @@ impl Collector for AgentGauges {
         let now = tokio::time::Instant::now();
         let connected: Gauge = Gauge::default();
         connected.set(i64::try_from(by_node.len()).unwrap_or(i64::MAX));
+        let open: Gauge = Gauge::default();
+        open.set(i64::try_from(self.0.open()).unwrap_or(i64::MAX));
         let acked: Family<NodeLabel, Gauge> = Family::default();
         let latest: Family<NodeLabel, Gauge> = Family::default();
         let lag: Family<NodeLabel, Gauge<f64, AtomicU64>> = Family::default();
@@ -167,6 +174,12 @@ impl Collector for AgentGauges {
             "Nodes with an open node view stream",
             None,
             connected.metric_type(),
+        )?)?;
+        open.encode(encoder.encode_descriptor(
+            "splitproxy_controller_open_streams",
+            "Open node view streams, those told to end and not ended yet included",
+            None,
+            open.metric_type(),
         )?)?;
         acked.encode(encoder.encode_descriptor(
             "splitproxy_controller_node_acked_revision",

@@ -1,28 +1,37 @@
 //! What anyone who reaches the controller's port can do without a credential, and that it does
-//! not stop the cluster: a host on the node network floods the node view port (`sp-flood`: idle TCP connections,
-//! `Sync` streams with random tokens and with forged ServiceAccount JWTs that only the API
-//! server can refuse, health `Watch` streams) while a legitimate agent keeps receiving changes
-//! and reconnects after a restart. Real etcd, kube-apiserver (whose TokenReviews are counted),
-//! controller and agent, real traffic between network namespaces. Needs root and the cached
-//! Kubernetes build.
+//! not stop the cluster: a host on the node network floods the node view port (`sp-flood`: idle
+//! TCP connections, `Sync` streams with random tokens and with forged ServiceAccount JWTs that
+//! only the API server can refuse, health `Watch` streams) while a legitimate agent keeps
+//! receiving changes and reconnects after a restart; and what one node's credential can do: hold
+//! one stream. Real etcd, kube-apiserver (whose TokenReviews are counted), controller and
+//! agents, real traffic between network namespaces. Needs root and the cached Kubernetes build.
 
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
     addresses,
     control_plane::{
-        AGENT_ACCOUNT, AGENT_AUDIENCE, AGENT_NAMESPACE, ControlPlane, one_endpoint_service_yaml,
+        AGENT_ACCOUNT, AGENT_AUDIENCE, AGENT_NAMESPACE, CONTROLLER_PORT, ControlPlane,
+        one_endpoint_service_yaml,
     },
     controller_metric, eventually, hit,
-    lab::{Lab, Node, Process},
+    lab::{Host, Lab, Node, Process},
     serve, workspace_binary,
 };
-use std::time::{Duration, Instant};
+use std::{
+    collections::BTreeMap,
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
 
 const NAMESPACE: &str = "demo";
 const POD_PORT: u16 = 8080;
 const FLOOD_SECONDS: u64 = 60;
+/// How long one node's credential is used to open streams.
+const STREAM_FLOOD_SECONDS: u64 = 40;
 /// Generous: the API server, the controller, the agent and the flood share a 2-core machine.
 const CONVERGE: Duration = Duration::from_secs(120);
+const WEB_A: Ipv4Addr = addresses::pod_ip(1, 2);
+const WEB_B: Ipv4Addr = addresses::pod_ip(1, 3);
 
 /// `web`, whose one endpoint is `ip`.
 fn web(ip: impl std::fmt::Display) -> String {
@@ -44,68 +53,75 @@ fn token_reviews(lab: &Lab, control_plane: &ControlPlane) -> Result<f64> {
     Ok(reviews)
 }
 
-/// Fails unless every request from `node` to `url` is answered by `pod`.
-fn answered_by(lab: &Lab, node: &Node, url: &str, pod: &str) -> Result<()> {
-    let report = hit(lab, node, url, 5)?;
-    ensure!(
-        report.answers.get(pod) == Some(&5),
-        "expected {pod}: {report:?}"
-    );
-    Ok(())
+/// A real control plane with two nodes, the web pods web-a and web-b on node-1, `web` on web-a,
+/// the controller, and agents on the nodes `agents` names.
+struct Cluster {
+    lab: Lab,
+    cp_host: Host,
+    nodes: Vec<Node>,
+    control_plane: ControlPlane,
+    url: String,
+    processes: Vec<Process>,
 }
 
-#[test]
-fn a_flood_without_credentials_costs_a_bounded_handful_and_the_agent_keeps_its_updates()
--> Result<()> {
-    let (mut lab, cp_host, nodes, control_plane) =
-        ControlPlane::lab_with_two_nodes("flood", NAMESPACE)?;
-    let (a_ip, b_ip) = (addresses::pod_ip(1, 2), addresses::pod_ip(1, 3));
-    for (name, ip) in [("web-a", a_ip), ("web-b", b_ip)] {
-        let pod = lab.add_pod(&nodes[0], name, ip)?;
-        serve(&mut lab, &pod, name, POD_PORT)?;
+impl Cluster {
+    fn start(tag: &str, agents: usize) -> Result<Self> {
+        let (mut lab, cp_host, nodes, control_plane) =
+            ControlPlane::lab_with_two_nodes(tag, NAMESPACE)?;
+        for (name, ip) in [("web-a", WEB_A), ("web-b", WEB_B)] {
+            let pod = lab.add_pod(&nodes[0], name, ip)?;
+            serve(&mut lab, &pod, name, POD_PORT)?;
+        }
+        control_plane.kubectl_apply(&lab, &web(WEB_A))?;
+        let ip = control_plane.cluster_ip(&lab, NAMESPACE, "web")?;
+        let mut processes =
+            vec![control_plane.start_controller(&mut lab, &control_plane.admin_kubeconfig())?];
+        for node in &nodes[..agents] {
+            processes.push(control_plane.start_agent(&mut lab, node)?);
+        }
+        let cluster = Self {
+            lab,
+            cp_host,
+            nodes,
+            control_plane,
+            url: format!("http://{ip}:80/"),
+            processes,
+        };
+        cluster.move_to(WEB_A, "web-a")?;
+        Ok(cluster)
     }
-    // Anyone on the node network: the controller's port is on every node's address. One host
-    // holds connections open and watches health; another sends forged tokens.
-    let holder = lab.add_host("holder", addresses::EXTERNAL_CLIENT)?;
-    let forger = lab.add_host("forger", std::net::Ipv4Addr::new(198, 18, 0, 4))?;
-    control_plane.kubectl_apply(&lab, &web(a_ip))?;
-    let ip = control_plane.cluster_ip(&lab, NAMESPACE, "web")?;
-    let url = format!("http://{ip}:80/");
 
-    let controller = control_plane.start_controller(&mut lab, &control_plane.admin_kubeconfig())?;
-    let agent = control_plane.start_agent(&mut lab, &nodes[0])?;
-    let mut processes = vec![controller, agent];
-    let logs = |processes: &[Process]| -> String {
-        processes.iter().map(|p| p.log_tail(30)).collect::<String>()
-    };
-    // Moves web to `pod` at `ip`; returns how long until node-1's agent serves the move.
-    let move_to = |lab: &Lab, processes: &[Process], ip, pod: &str| -> Result<Duration> {
+    /// Moves web to `pod` at `ip`; returns how long until node-1's agent serves the move.
+    fn move_to(&self, ip: Ipv4Addr, pod: &str) -> Result<Duration> {
         let started = Instant::now();
-        control_plane.kubectl_apply(lab, &web(ip))?;
+        self.control_plane.kubectl_apply(&self.lab, &web(ip))?;
         eventually(&format!("web to answer from {pod}"), CONVERGE, || {
-            answered_by(lab, &nodes[0], &url, pod)
+            let report = hit(&self.lab, &self.nodes[0], &self.url, 5)?;
+            ensure!(
+                report.answers.get(pod) == Some(&5),
+                "expected {pod}: {report:?}"
+            );
+            Ok(())
         })
-        .with_context(|| logs(processes))?;
+        .with_context(|| {
+            self.processes
+                .iter()
+                .map(|p| p.log_tail(30))
+                .collect::<String>()
+        })?;
         Ok(started.elapsed())
-    };
-    move_to(&lab, &processes, a_ip, "web-a")?;
-    let quiet = move_to(&lab, &processes, b_ip, "web-b")?;
-    let reviews_before = token_reviews(&lab, &control_plane)?;
+    }
 
-    // The flood.
-    let ca = control_plane
-        .controller_tls()
-        .ca
-        .to_string_lossy()
-        .into_owned();
-    let account = format!("system:serviceaccount:{AGENT_NAMESPACE}:{AGENT_ACCOUNT}");
-    let seconds = FLOOD_SECONDS.to_string();
-    let controller_url =
-        control_plane.controller_url(splitproxy_e2e::control_plane::CONTROLLER_PORT);
-    let flood = |lab: &mut Lab, host: &splitproxy_e2e::lab::Host, roles: &[&str]| {
+    /// Starts `sp-flood` on `host` for `seconds` with `roles` (its options beyond the target).
+    fn flood(&mut self, host: &Host, seconds: u64, roles: &[&str]) -> Result<Process> {
+        let tls = self.control_plane.controller_tls();
+        let ca = tls.ca.to_string_lossy().into_owned();
+        let url = self.control_plane.controller_url(CONTROLLER_PORT);
+        let account = format!("system:serviceaccount:{AGENT_NAMESPACE}:{AGENT_ACCOUNT}");
+        let seconds = seconds.to_string();
         let mut args = vec![
             "--controller",
-            &controller_url,
+            &url,
             "--ca-file",
             &ca,
             "--account",
@@ -116,48 +132,75 @@ fn a_flood_without_credentials_costs_a_bounded_handful_and_the_agent_keeps_its_u
             &seconds,
         ];
         args.extend(roles);
-        lab.spawn(host, workspace_binary("sp-flood")?, &args)
-    };
+        self.lab.spawn(host, workspace_binary("sp-flood")?, &args)
+    }
+
+    /// A controller series.
+    fn metric(&self, series: &str) -> Result<Option<f64>> {
+        controller_metric(&self.lab, &self.cp_host, series)
+    }
+}
+
+/// What `flood` (started for `seconds`) counted, once it is done.
+fn outcome(flood: &Process, seconds: u64) -> Result<BTreeMap<String, u64>> {
+    let line = eventually(
+        "sp-flood to finish",
+        Duration::from_secs(seconds + 120),
+        || {
+            let log = flood.log();
+            let line = log.lines().find(|line| line.starts_with('{'));
+            line.map(str::to_owned).context("no outcome yet")
+        },
+    )
+    .with_context(|| flood.log_tail(20))?;
+    serde_json::from_str(&line).with_context(|| format!("sp-flood printed {line:?}"))
+}
+
+#[test]
+fn a_flood_without_credentials_costs_a_bounded_handful_and_the_agent_keeps_its_updates()
+-> Result<()> {
+    let mut cluster = Cluster::start("flood", 1)?;
+    // Anyone on the node network: the controller's port is on every node's address. One host
+    // holds connections open and watches health; another sends forged tokens.
+    let holder = cluster.lab.add_host("holder", addresses::EXTERNAL_CLIENT)?;
+    let forger = cluster
+        .lab
+        .add_host("forger", Ipv4Addr::new(198, 18, 0, 4))?;
+    let quiet = cluster.move_to(WEB_B, "web-b")?;
+    let reviews_before = token_reviews(&cluster.lab, &cluster.control_plane)?;
+
     let floods = [
-        flood(&mut lab, &holder, &["--callers", "0"])?,
-        flood(
-            &mut lab,
+        cluster.flood(&holder, FLOOD_SECONDS, &["--callers", "0"])?,
+        cluster.flood(
             &forger,
+            FLOOD_SECONDS,
             &["--idle", "0", "--watches", "0", "--tokens", "forged"],
         )?,
     ];
     // Let it build up, then change the Service and restart the agent under it.
     std::thread::sleep(Duration::from_secs(15));
-    let flooded = move_to(&lab, &processes, a_ip, "web-a")?;
-    let agent = processes.remove(1);
-    lab.kill(&agent)?;
-    processes.push(control_plane.start_agent(&mut lab, &nodes[0])?);
-    let restarted = move_to(&lab, &processes, b_ip, "web-b")?;
+    let flooded = cluster.move_to(WEB_A, "web-a")?;
+    let agent = cluster.processes.remove(1);
+    cluster.lab.kill(&agent)?;
+    let restarted_agent = cluster
+        .control_plane
+        .start_agent(&mut cluster.lab, &cluster.nodes[0])?;
+    cluster.processes.push(restarted_agent);
+    let restarted = cluster.move_to(WEB_B, "web-b")?;
 
-    let mut counts = std::collections::BTreeMap::<String, u64>::new();
+    let mut counts = BTreeMap::<String, u64>::new();
     for flood in &floods {
-        let finished = Duration::from_secs(FLOOD_SECONDS + 120);
-        let outcome = eventually("sp-flood to finish", finished, || {
-            let log = flood.log();
-            let line = log.lines().find(|line| line.starts_with('{'));
-            line.map(str::to_owned).context("no outcome yet")
-        })
-        .with_context(|| flood.log_tail(20))?;
-        let these: std::collections::BTreeMap<String, u64> = serde_json::from_str(&outcome)
-            .with_context(|| format!("sp-flood printed {outcome:?}"))?;
-        for (what, count) in these {
+        for (what, count) in outcome(flood, FLOOD_SECONDS)? {
             *counts.entry(what).or_default() += count;
         }
     }
-    let reviews = token_reviews(&lab, &control_plane)? - reviews_before;
+    let reviews = token_reviews(&cluster.lab, &cluster.control_plane)? - reviews_before;
     let refused = |reason: &str| {
-        controller_metric(
-            &lab,
-            &cp_host,
-            &format!("splitproxy_controller_refused_streams_total{{reason=\"{reason}\"}}"),
-        )
+        cluster.metric(&format!(
+            "splitproxy_controller_refused_streams_total{{reason=\"{reason}\"}}"
+        ))
     };
-    let memory = controller_metric(&lab, &cp_host, "process_resident_memory_bytes")?;
+    let memory = cluster.metric("process_resident_memory_bytes")?;
     println!("flood over {FLOOD_SECONDS} s: {counts:?}");
     println!(
         "a change reached the agent in {:.1} s before the flood, {:.1} s during it, and {:.1} s \
@@ -196,5 +239,67 @@ fn a_flood_without_credentials_costs_a_bounded_handful_and_the_agent_keeps_its_u
         held_long.is_empty(),
         "connections held too long: {held_long:?} in {counts:?}"
     );
+    Ok(())
+}
+
+/// One node's credential opens one stream at a time: a host holding node-2's token subscribes as
+/// node-2 over and over, fifty at once, never acknowledging; each new stream replaces the one
+/// before, so the controller holds a handful of streams, not hundreds, and node-1's agent keeps
+/// taking changes. (node-2's own agent loses its stream to each of them: a stolen credential
+/// costs its node, and only its node.)
+#[test]
+fn one_nodes_credential_holds_one_stream_and_the_other_nodes_keep_theirs() -> Result<()> {
+    let mut cluster = Cluster::start("onenode", 2)?;
+    let thief = cluster.lab.add_host("thief", addresses::EXTERNAL_CLIENT)?;
+    let node2 = cluster.nodes[1].name().to_owned();
+    let token = cluster.control_plane.agent_token(&cluster.lab, &node2)?;
+    let token = token.to_string_lossy().into_owned();
+    let roles = [
+        "--idle",
+        "0",
+        "--callers",
+        "0",
+        "--watches",
+        "0",
+        "--token-file",
+        &token,
+        "--node",
+        &node2,
+        "--streams",
+        "50",
+    ];
+    let streams = cluster.flood(&thief, STREAM_FLOOD_SECONDS, &roles)?;
+    std::thread::sleep(Duration::from_secs(5));
+    let mut most_open = 0.0_f64;
+    let sample = |most: &mut f64| -> Result<()> {
+        let open = (cluster.metric("splitproxy_controller_open_streams")?)
+            .context("the controller exports no splitproxy_controller_open_streams")?;
+        *most = most.max(open);
+        Ok(())
+    };
+    for _ in 0..15 {
+        sample(&mut most_open)?;
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let moved = cluster.move_to(WEB_B, "web-b")?;
+    sample(&mut most_open)?;
+
+    let counts = outcome(&streams, STREAM_FLOOD_SECONDS)?;
+    let superseded = cluster.metric("splitproxy_controller_superseded_streams_total")?;
+    let memory = cluster.metric("process_resident_memory_bytes")?;
+    println!(
+        "node-2's credential, 50 subscribers for {STREAM_FLOOD_SECONDS} s: {counts:?}; at most \
+         {most_open} streams open at once; {superseded:?} superseded; node-1 took a change in \
+         {:.1} s; controller memory {:.0} MiB",
+        moved.as_secs_f64(),
+        memory.unwrap_or(0.0) / f64::from(1 << 20),
+    );
+    let subscribed = counts.get("node: subscribed").copied().unwrap_or(0);
+    ensure!(
+        subscribed >= 100,
+        "the thief opened only {subscribed} streams: {counts:?}"
+    );
+    // Two nodes, and the streams told to end that have not yet.
+    ensure!(most_open <= 25.0, "{most_open} streams were open at once");
     Ok(())
 }

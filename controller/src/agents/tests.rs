@@ -86,6 +86,16 @@ async fn a_node_counts_once_while_its_old_stream_lingers_and_leaves_with_its_las
     let by_node = metrics.agents.by_node();
     assert_eq!(by_node.len(), 2);
     assert_eq!(by_node["node-1"].peer, "new");
+    // The old stream of node-1 is told to end; the others are not.
+    assert_eq!(old.ending().now_or_never(), Some(Ending::Superseded));
+    assert_eq!(new.ending().now_or_never(), None);
+    assert_eq!(other.ending().now_or_never(), None);
+    assert_eq!(metrics.streams.superseded_streams.get(), 1);
+    assert_eq!(
+        metrics.agents.kept(),
+        2,
+        "a node counts once against the share"
+    );
 
     drop((old, new));
     assert_eq!(
@@ -96,15 +106,16 @@ async fn a_node_counts_once_while_its_old_stream_lingers_and_leaves_with_its_las
     assert!(metrics.agents.streams().is_empty());
 }
 
-fn open(metrics: &Metrics) -> Connection {
-    Connection::open(&metrics.agents, &metrics.streams, "node-1", "peer", 1, 0)
+fn open(metrics: &Metrics, node: usize) -> Connection {
+    let node = format!("node-{node}");
+    Connection::open(&metrics.agents, &metrics.streams, &node, "peer", 1, 0)
 }
 
 #[test]
 fn the_oldest_streams_beyond_the_limit_are_told_to_end_once_each() {
     let metrics = Metrics::default();
     let agents = &metrics.agents;
-    let streams: Vec<Connection> = (0..4).map(|_| open(&metrics)).collect();
+    let streams: Vec<Connection> = (0..4).map(|node| open(&metrics, node)).collect();
     assert!(!agents.shed_oldest(), "no limit, nothing shed");
     assert!(!agents.set_limit(None));
     assert!(agents.set_limit(Some(2)));
@@ -113,18 +124,18 @@ fn the_oldest_streams_beyond_the_limit_are_told_to_end_once_each() {
     assert!(!agents.shed_oldest(), "two kept, as the limit says");
     assert_eq!(agents.kept(), 2);
     let told: Vec<bool> = (streams.iter())
-        .map(|stream| stream.shed().now_or_never().is_some())
+        .map(|stream| stream.ending().now_or_never().is_some())
         .collect();
     assert_eq!(told, [true, true, false, false]);
 
     // The shed streams end; a new one opens and is over the limit again: the oldest kept goes.
     let mut streams = streams.into_iter().skip(2).collect::<Vec<_>>();
     assert_eq!(agents.kept(), 2);
-    streams.push(open(&metrics));
+    streams.push(open(&metrics, 4));
     assert!(agents.shed_oldest());
-    assert!(streams[0].shed().now_or_never().is_some());
-    assert!(streams[1].shed().now_or_never().is_none());
-    assert!(streams[2].shed().now_or_never().is_none());
+    assert!(streams[0].ending().now_or_never() == Some(Ending::Shed));
+    assert!(streams[1].ending().now_or_never().is_none());
+    assert!(streams[2].ending().now_or_never().is_none());
     // A kept stream that ends makes room.
     assert_eq!(agents.kept(), 2);
     streams.pop();

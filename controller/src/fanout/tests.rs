@@ -999,3 +999,25 @@ async fn a_replica_over_its_share_of_the_nodes_sheds_its_oldest_streams() {
     }
     assert_eq!(metrics.shed_streams.get(), 2, "no more than the excess");
 }
+
+#[tokio::test]
+async fn a_subscribe_listing_more_than_the_cluster_could_have_left_gets_a_reset() {
+    let h = harness(Some(cluster(2, 2))).await;
+    let digest = |i: usize| pb::ResourceDigest {
+        kind: pb::ResourceKind::Service as i32,
+        key: Some(key(&format!("x{i}"))),
+        sha256_prefix: 1,
+    };
+    let too_many = 2 * 4 + SPARE_HELD_DIGESTS + 1;
+    let mut agent =
+        Agent::subscribe_holding(&h.url, None, (0..too_many).map(digest).collect()).await;
+    let first = agent.next().await;
+    assert!(first.reset, "the digests were read: {first:?}");
+
+    let mut agent = Agent::subscribe_holding(&h.url, None, (0..3).map(digest).collect()).await;
+    let first = agent.next().await;
+    assert!(
+        !first.reset,
+        "a few digests are read, and answered with a delta"
+    );
+}

@@ -2,8 +2,8 @@
 //! credential, all at once for a while, so a test can show the controller keeps serving its
 //! agents: idle TCP connections that never start TLS, `Sync` streams with random tokens and with
 //! forged ServiceAccount JWTs (the right subject, audience and expiry, a bad signature: only the
-//! API server can tell), and health `Watch` streams held open. Prints what happened as one JSON
-//! line.
+//! API server can tell), and health `Watch` streams held open; or, given one node's valid token,
+//! as many streams of that node as it can open. Prints what happened as one JSON line.
 //!
 //! ```text
 //! sp-flood --controller https://198.18.0.2:10660 --ca-file ca.crt \
@@ -54,6 +54,16 @@ struct Cli {
     /// The tokens the `Sync` callers send.
     #[arg(long, value_enum, default_value_t = Tokens::Both)]
     tokens: Tokens,
+    /// A node's valid token: `--streams` callers then subscribe as `--node` with it, each on a
+    /// connection of its own, again and again, reading what comes and acknowledging nothing.
+    #[arg(long, requires = "node")]
+    token_file: Option<std::path::PathBuf>,
+    /// The node `--token-file` is for.
+    #[arg(long)]
+    node: Option<String>,
+    /// Callers subscribing with `--token-file`.
+    #[arg(long, default_value_t = 0)]
+    streams: usize,
 }
 
 /// The tokens `Sync` callers send.
@@ -109,6 +119,14 @@ async fn main() -> Result<()> {
     for _ in 0..cli.watches {
         tasks.spawn(watch(endpoint.clone(), until, Arc::clone(&tally)));
     }
+    if let (Some(token_file), Some(node)) = (&cli.token_file, &cli.node) {
+        let token = std::fs::read_to_string(token_file).context("reading the token")?;
+        for _ in 0..cli.streams {
+            let (endpoint, tally) = (endpoint.clone(), Arc::clone(&tally));
+            let (token, node) = (token.trim().to_owned(), node.clone());
+            tasks.spawn(async move { subscribe(endpoint, &token, &node, until, &tally).await });
+        }
+    }
     while tasks.join_next().await.is_some() {}
     let counts = tally.0.lock().map(|c| c.clone()).unwrap_or_default();
     println!("{}", serde_json::to_string(&counts)?);
@@ -137,6 +155,8 @@ async fn idle(address: String, until: Instant, tally: Arc<Tally>) {
             Err(_) => tally.add(format!("idle: open at the end, held {}", held_for(opened))),
             Ok(_) if opened.elapsed() < Duration::from_secs(1) => {
                 tally.add("idle: closed at once");
+                // Pressure enough, without taking the test machine's cores from the others.
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Ok(_) => tally.add(format!("idle: closed, held {}", held_for(opened))),
         }
@@ -188,6 +208,55 @@ async fn sync(cli: &Cli, endpoint: Endpoint, forged: bool, until: Instant, tally
                 }
             }
         }
+    }
+}
+
+/// Subscribes as `node` with its valid `token`, each time on a new connection, reading what
+/// comes until the stream ends, counting how each ended.
+async fn subscribe(endpoint: Endpoint, token: &str, node: &str, until: Instant, tally: &Tally) {
+    while Instant::now() < until {
+        let Ok(channel) = endpoint.connect().await else {
+            tally.add("node: connect failed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let subscribe = pb::SyncRequest {
+            kind: Some(pb::sync_request::Kind::Subscribe(pb::Subscribe {
+                node_name: node.to_owned(),
+                ..Default::default()
+            })),
+        };
+        // The request half stays open while the stream is read: no ACK ever goes.
+        let (requests, outbound) = tokio::sync::mpsc::channel(1);
+        let _ = requests.send(subscribe).await;
+        let mut request =
+            tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(outbound));
+        if let Ok(value) = format!("Bearer {token}").parse() {
+            request.metadata_mut().insert("authorization", value);
+        }
+        let mut stream = match NodeViewServiceClient::new(channel).sync(request).await {
+            Ok(response) => response.into_inner(),
+            Err(status) => {
+                tally.add(format!("node: refused {:?}", status.code()));
+                continue;
+            }
+        };
+        tally.add("node: subscribed");
+        let left = until.saturating_duration_since(Instant::now());
+        let read = tokio::time::timeout(left, async {
+            loop {
+                match stream.message().await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => return "closed".to_owned(),
+                    Err(status) => return format!("{:?}", status.code()),
+                }
+            }
+        });
+        match read.await {
+            Ok(how) => tally.add(format!("node: ended {how}")),
+            Err(_) => tally.add("node: open at the end"),
+        }
+        drop(requests);
     }
 }
 
