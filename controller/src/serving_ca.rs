@@ -2,8 +2,9 @@
 //! certificate at start: TLS between agents and controllers without a script a person runs or a
 //! certificate manager the cluster may not have.
 //!
-//! The first replica to start creates the CA and stores it as a `kubernetes.io/tls` Secret (the
-//! layout cert-manager's CA issuer also reads); replicas racing it take the one that won. The CA
+//! The first replica to start makes the CA and writes it, as `tls.crt` and `tls.key` (the layout
+//! cert-manager's CA issuer also reads), into the empty Secret `deploy/` ships, or into a new
+//! `kubernetes.io/tls` Secret where there is none; replicas racing it take the one that won. The CA
 //! certificate, public, is published as `ca.crt` in a ConfigMap of the same name, which agents
 //! mount. Each replica's serving certificate lives only in its memory and lasts a year; the
 //! replica exits well before it lapses so its restart issues a fresh one.
@@ -163,18 +164,23 @@ impl Ca {
                 ..ObjectMeta::default()
             },
             type_: Some("kubernetes.io/tls".to_owned()),
-            data: Some(BTreeMap::from([
-                (
-                    CERT_KEY.to_owned(),
-                    ByteString(self.cert_pem.clone().into_bytes()),
-                ),
-                (
-                    PRIVATE_KEY_KEY.to_owned(),
-                    ByteString(self.key_pem.clone().into_bytes()),
-                ),
-            ])),
+            data: Some(self.secret_data()),
             ..Secret::default()
         }
+    }
+
+    /// The certificate and key, as a Secret holds them.
+    fn secret_data(&self) -> BTreeMap<String, ByteString> {
+        BTreeMap::from([
+            (
+                CERT_KEY.to_owned(),
+                ByteString(self.cert_pem.clone().into_bytes()),
+            ),
+            (
+                PRIVATE_KEY_KEY.to_owned(),
+                ByteString(self.key_pem.clone().into_bytes()),
+            ),
+        ])
     }
 }
 
@@ -209,8 +215,10 @@ pub fn renewal_time(not_after: OffsetDateTime, spread: f64) -> OffsetDateTime {
     not_after - RENEWAL_MARGIN - RENEWAL_SPREAD * spread.clamp(0.0, 1.0)
 }
 
-/// The CA in Secret `namespace/name`, created if there is none; then its certificate published
-/// as `ca.crt` in ConfigMap `namespace/name`.
+/// The CA in Secret `namespace/name`: the one there, or a new one written into it when it is
+/// empty (`deploy/` ships it so, and the controllers need no right to create Secrets) or created
+/// when there is none; then its certificate published as `ca.crt` in ConfigMap
+/// `namespace/name`. Replicas racing to write it take the one that was written first.
 ///
 /// # Errors
 ///
@@ -224,33 +232,45 @@ pub async fn load_or_create(
     let api_error = |action: &str, kind: &str, source| {
         Error::Api(format!("{action} {kind} {namespace}/{name}"), source)
     };
-    let ca = match secrets
+    let written_first = || async {
+        let secret = secrets
+            .get(name)
+            .await
+            .map_err(|err| api_error("reading", "Secret", err))?;
+        Ca::from_secret(&secret, namespace, name)
+    };
+    let existing = secrets
         .get_opt(name)
         .await
-        .map_err(|err| api_error("reading", "Secret", err))?
-    {
-        Some(secret) => Ca::from_secret(&secret, namespace, name)?,
+        .map_err(|err| api_error("reading", "Secret", err))?;
+    let (ca, written) = match existing {
+        Some(secret) if !secret.data.as_ref().is_none_or(BTreeMap::is_empty) => {
+            (Ca::from_secret(&secret, namespace, name)?, None)
+        }
+        // The empty Secret deploy/ ships: written with the resourceVersion read, so a replica
+        // that wrote it meanwhile makes this write fail.
+        Some(mut empty) => {
+            let ca = Ca::generate(OffsetDateTime::now_utc())?;
+            empty.data = Some(ca.secret_data());
+            let replaced = secrets.replace(name, &PostParams::default(), &empty).await;
+            (ca, Some(replaced.map(drop).map_err(|err| ("writing", err))))
+        }
         None => {
             let ca = Ca::generate(OffsetDateTime::now_utc())?;
-            match secrets
+            let created = secrets
                 .create(&PostParams::default(), &ca.to_secret(name))
-                .await
-            {
-                Ok(_) => {
-                    tracing::info!(secret = %format!("{namespace}/{name}"), "created the controllers' CA");
-                    ca
-                }
-                // Another replica created it first: use that one.
-                Err(kube::Error::Api(status)) if status.code == 409 => {
-                    let secret = secrets
-                        .get(name)
-                        .await
-                        .map_err(|err| api_error("reading", "Secret", err))?;
-                    Ca::from_secret(&secret, namespace, name)?
-                }
-                Err(err) => return Err(api_error("creating", "Secret", err)),
-            }
+                .await;
+            (ca, Some(created.map(drop).map_err(|err| ("creating", err))))
         }
+    };
+    let ca = match written {
+        None => ca,
+        Some(Ok(())) => {
+            tracing::info!(secret = %format!("{namespace}/{name}"), "wrote the controllers' CA");
+            ca
+        }
+        Some(Err((_, kube::Error::Api(status)))) if status.code == 409 => written_first().await?,
+        Some(Err((action, err))) => return Err(api_error(action, "Secret", err)),
     };
     let config_map = serde_json::json!({
         "apiVersion": "v1",

@@ -143,9 +143,9 @@ fn agents_find_controllers_through_their_service_and_trust_the_ca_the_controller
     let ca_file = tempfile::NamedTempFile::new()?;
     std::fs::write(ca_file.path(), &published)?;
     let created = controller_logs(&controllers)
-        .matches("created the controllers' CA")
+        .matches("wrote the controllers' CA")
         .count();
-    ensure!(created == 1, "{created} replicas created a CA");
+    ensure!(created == 1, "{created} replicas wrote a CA");
 
     // The agent: a Pod-bound token for the controllers, an API token for the EndpointSlices,
     // and the API server's real address, as deploy/ gives it.
