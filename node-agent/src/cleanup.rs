@@ -1,6 +1,6 @@
-//! Removing what proxies leave on a node: before a mode starts, the other modes' rules, tables,
-//! interface and ipsets, which would take Service traffic beside its own (as kube-proxy on a switch
-//! of mode); and everything, for `--cleanup`. The dataplane finds and removes each kind
+//! Removing what proxies leave on a node: once a mode's first rules are in, the other modes'
+//! rules, tables, interface and ipsets, which would take Service traffic beside its own (as
+//! kube-proxy on a switch of mode, which removes them at start); and everything, for `--cleanup`. The dataplane finds and removes each kind
 //! (`IptablesBackend::cleanup`, `ipvs::cleanup`, `Leftovers`); this module decides which go when, and
 //! logs what went.
 
@@ -13,8 +13,8 @@ use splitproxy_dataplane::{
 };
 use std::process::ExitCode;
 
-/// Removes the other proxy modes' leftovers before `mode` runs. A failure is logged, not fatal:
-/// the rules still work.
+/// Removes the other proxy modes' leftovers, once `mode` programs the node. A failure is logged,
+/// not fatal: the rules still work.
 pub async fn prepare_for(
     mode: ProxyMode,
     iptables_backend: &IptablesBackend,

@@ -80,13 +80,18 @@ pub struct Config {
     pub bind_address: Option<std::net::IpAddr>,
 }
 
-/// Binds every listener, then runs the stream client and the servers until a server fails.
+/// Binds every listener, then runs the stream client and the servers until a server fails;
+/// runs `after_first_sync` once the node's rules are first in the kernel.
 ///
 /// # Errors
 ///
 /// Returns [`Error::NoControllers`] when no controller is configured, otherwise the first
 /// listener or server error.
-pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error> {
+pub async fn run<D: Dataplane>(
+    config: Config,
+    dataplane: D,
+    after_first_sync: impl Future<Output = ()>,
+) -> Result<(), Error> {
     if config.client.controllers.is_empty() {
         return Err(Error::NoControllers);
     }
@@ -143,9 +148,18 @@ pub async fn run<D: Dataplane>(config: Config, dataplane: D) -> Result<(), Error
     if config.node_cidr_detector {
         applier = applier.with_node_cidr_detector();
     }
+    let first_sync = {
+        let status = status.clone();
+        async move {
+            status.applied().await;
+            after_first_sync.await;
+            std::future::pending::<()>().await;
+        }
+    };
     let client = client::run(config.client, applier, status, metrics);
     tokio::select! {
         () = client => Ok(()),
+        () = first_sync => Ok(()),
         result = metrics_server => result,
         result = health_server => result,
         result = inspection_server => result,

@@ -206,15 +206,21 @@ async fn run(
     ipvs: ipvs::Config,
 ) -> anyhow::Result<()> {
     let iptables_backend = IptablesBackend::detect(&iptables).await;
-    cleanup::prepare_for(mode, &iptables_backend, &ipvs.exclude_cidrs).await;
+    // The other modes' rules go once this mode's are in: a node switching modes whose
+    // controllers cannot be reached keeps serving with the old ones meanwhile.
+    let old_modes = {
+        let (backend, exclude) = (iptables_backend.clone(), ipvs.exclude_cidrs.clone());
+        async move { cleanup::prepare_for(mode, &backend, &exclude).await }
+    };
     // One proxier per IP family whose tools work here, as kube-proxy's dual-stack mode; the
     // IPVS mode needs the same tools for its masquerade and filter rules. nft serves both
     // families wherever the kernel has IPv6.
     match mode {
-        ProxyMode::Iptables => run_until_interrupted(config, iptables_backend).await,
+        ProxyMode::Iptables => run_until_interrupted(config, iptables_backend, old_modes).await,
         ProxyMode::Ipvs => {
             let families = iptables_backend.ip_families();
-            run_until_interrupted(config, IpvsBackend::new(ipvs::Config { families, ..ipvs })).await
+            let dataplane = IpvsBackend::new(ipvs::Config { families, ..ipvs });
+            run_until_interrupted(config, dataplane, old_modes).await
         }
         ProxyMode::Nftables => {
             let config_nft = nftables::Config {
@@ -222,14 +228,18 @@ async fn run(
                 node_options: iptables.node_options.clone(),
                 ..nftables::Config::default()
             };
-            run_until_interrupted(config, NftablesBackend::new(config_nft)).await
+            run_until_interrupted(config, NftablesBackend::new(config_nft), old_modes).await
         }
     }
 }
 
-async fn run_until_interrupted(config: Config, dataplane: impl Dataplane) -> anyhow::Result<()> {
+async fn run_until_interrupted(
+    config: Config,
+    dataplane: impl Dataplane,
+    after_first_sync: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     tokio::select! {
-        result = crate::run(config, dataplane) => Ok(result?),
+        result = crate::run(config, dataplane, after_first_sync) => Ok(result?),
         _ = tokio::signal::ctrl_c() => {
             // Rules stay in place on exit: traffic keeps flowing while the agent restarts.
             tracing::info!("interrupted; stopping and leaving the rules in place");

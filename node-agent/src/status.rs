@@ -65,6 +65,14 @@ impl Status {
         }
     }
 
+    /// Completes once a state is applied: the node's rules are in the kernel. Looks twice a
+    /// second; meant for what waits on that once.
+    pub async fn applied(&self) {
+        while self.snapshot().applied_at.is_none() {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     /// Changes the status under the lock.
     pub fn update(&self, change: impl FnOnce(&mut Snapshot)) {
         let mut guard = match self.inner.write() {

@@ -109,15 +109,27 @@ fn cleanup_takes_every_rule_out_of_a_node_and_leaves_the_others() -> Result<()> 
     Ok(())
 }
 
+/// A node switching to iptables mode keeps the nftables mode's tables until its own first rules
+/// are in, then they go.
 #[test]
-fn an_agent_starting_in_iptables_mode_removes_the_nftables_modes_tables() -> Result<()> {
+fn an_agent_starting_in_iptables_mode_removes_the_nftables_modes_tables_after_its_first_sync()
+-> Result<()> {
     let mut cluster = DemoCluster::start("switch")?;
     let node1 = cluster.nodes[0].clone();
     let agent = cluster.agents[0].clone();
     cluster.lab.kill(&agent)?;
     add_other_modes_leftovers(&cluster, &node1)?;
 
+    // Without a controller the agent programs nothing, so the other mode's rules keep serving.
+    cluster.kill_controller()?;
     cluster.agents[0] = cluster.start_agent(0, &[])?;
+    std::thread::sleep(Duration::from_secs(5));
+    let tables = cluster.run(&node1, "nft", &["list", "tables"])?;
+    ensure!(
+        tables.contains("ip kube-proxy") && tables.contains("ip6 kube-proxy"),
+        "the agent removed the other mode's tables before programming its own:\n{tables}"
+    );
+    cluster.start_controller()?;
     eventually(
         "node-1's agent removes the nftables tables",
         CONVERGE,
