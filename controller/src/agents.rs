@@ -88,6 +88,8 @@ struct Table {
     shedding: usize,
     /// The most streams kept; `None` for no limit.
     limit: Option<usize>,
+    /// Whether the replica is shutting down: every stream told to end, none taken.
+    draining: bool,
 }
 
 #[derive(Debug)]
@@ -107,6 +109,8 @@ pub enum Ending {
     /// A newer stream of the same node replaced it: a node has one stream per replica, so
     /// one node's credential cannot hold more.
     Superseded,
+    /// The replica is shutting down and sends every agent to another one first.
+    Draining,
 }
 
 impl Agents {
@@ -172,6 +176,29 @@ impl Agents {
     #[must_use]
     pub fn open(&self) -> usize {
         self.lock().streams.len()
+    }
+
+    /// Tells every stream to end ([`Ending::Draining`]), the replica shutting down; returns how
+    /// many were told.
+    pub fn drain(&self) -> usize {
+        let mut table = self.lock();
+        table.draining = true;
+        let mut told = 0;
+        for stream in table.streams.values_mut() {
+            if stream.ending.is_none() {
+                stream.ending = Some(Ending::Draining);
+                stream.shed.notify_one();
+                told += 1;
+            }
+        }
+        table.shedding += told;
+        told
+    }
+
+    /// Whether the replica is shutting down ([`Agents::drain`]).
+    #[must_use]
+    pub fn draining(&self) -> bool {
+        self.lock().draining
     }
 
     /// How many streams are open and not told to end.

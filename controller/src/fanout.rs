@@ -72,6 +72,9 @@ const LONGEST_RESEND_OF_REJECTED: Duration = Duration::from_secs(300);
 /// How long a shed agent waits before it subscribes to the next replica it knows: not at all,
 /// as it is not shed for a fault.
 const RETRY_AFTER_SHED: Duration = Duration::ZERO;
+/// How long an agent refused by a replica shutting down waits before it tries that replica
+/// again: it tries the others first, and this one is gone within seconds.
+const RETRY_WHILE_SHUTTING_DOWN: Duration = Duration::from_secs(1);
 /// How long an agent refused before the first complete read of the cluster waits to come back.
 /// The read takes seconds in a large cluster; meanwhile a refused stream costs the controller
 /// nothing, where a parked one would hold the agent's digests and a task.
@@ -247,10 +250,14 @@ impl NodeViewService for FanOut {
         let connection = request.extensions().get::<ConnectionInfo>().cloned();
         let address = (connection.as_ref().map(|c| c.0.peer())).or_else(|| request.remote_addr());
         let peer = address.map_or_else(|| "unknown".to_owned(), |a| a.to_string());
-        // Before the credential's review: a refusal that costs nothing.
+        // Before the credential's review: refusals that cost nothing.
         if self.cluster.borrow().is_none() {
             self.metrics.count_refusal("not_ready");
             return Err(not_read_yet());
+        }
+        if self.metrics.agents.draining() {
+            self.metrics.count_refusal("shutting_down");
+            return Err(shutting_down(RETRY_WHILE_SHUTTING_DOWN));
         }
         let identity = self
             .auth
@@ -481,6 +488,10 @@ impl AgentStream {
                         Ending::Superseded => {
                             tracing::info!("ending the stream: a newer stream of this node opened");
                             Status::aborted("a newer stream of this node replaced this one")
+                        }
+                        Ending::Draining => {
+                            tracing::info!("sending the agent to another replica: this one is shutting down");
+                            shutting_down(Duration::ZERO)
                         }
                     };
                     let _ = self.tx.send(Err(status)).await;
@@ -857,6 +868,15 @@ fn not_read_yet() -> Status {
     unavailable(
         "the controller has not read the whole cluster yet",
         RETRY_BEFORE_FIRST_READ,
+    )
+}
+
+/// The end of a stream, or the refusal of one, by a replica shutting down (protocol rule 13):
+/// the agent subscribes to another replica, and comes back here after `retry_after`.
+fn shutting_down(retry_after: Duration) -> Status {
+    unavailable(
+        "this controller replica is shutting down; subscribe to another",
+        retry_after,
     )
 }
 

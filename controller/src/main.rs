@@ -85,6 +85,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
+    let agents = metrics.agents.clone();
     splitproxy_telemetry::process::ProcessCollector::register(&mut registry);
     let input = match cli.manifests {
         Some(dir) => Input::Manifests(dir),
@@ -165,10 +166,47 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         () = renew_at(renewal) => Err(anyhow::anyhow!(
             "the serving certificate is due for renewal; exiting so the restart issues a new one"
         )),
-        _ = tokio::signal::ctrl_c() => {
-            tracing::info!("interrupted; stopping");
-            Ok(())
+        () = shutdown(agents) => Ok(()),
+    }
+}
+
+/// The longest a replica told to stop waits for its agents to move to another replica.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Completes once the process is told to stop (SIGTERM, as the kubelet does, or SIGINT) and its
+/// agents moved to other replicas, or [`DRAIN_TIMEOUT`] passed: each stream ends telling its
+/// agent to subscribe elsewhere at once (protocol rule 13), so a rolling update of the
+/// controllers moves agents without a broken stream and they resume where they were.
+async fn shutdown(agents: splitproxy_controller::agents::Agents) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::warn!(%err, "cannot watch for SIGTERM");
+                std::future::pending::<()>().await;
+            }
         }
+    };
+    tokio::select! {
+        () = terminate => tracing::info!("told to stop"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
+    }
+    let told = agents.drain();
+    tracing::info!(
+        streams = told,
+        "sending every agent to another replica before stopping"
+    );
+    let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        while agents.open() > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    match drained {
+        Ok(()) => tracing::info!("every agent moved; stopping"),
+        Err(_) => tracing::warn!(left = agents.open(), "stopping with agents still connected"),
     }
 }
 

@@ -1,7 +1,9 @@
 //! Controller replicas sharing the nodes (protocol rule 13), against the real API server: three
 //! agents crowd onto the one ready replica; once a second replica is ready in the controllers'
 //! Service, the first sheds its oldest agent beyond its share, which moves to the second without
-//! a reset, and both replicas' nodes take the next change. Needs root.
+//! a reset, and both replicas' nodes take the next change; then the first is told to stop
+//! (SIGTERM) and sends its agents to the second before it exits, none seeing its stream break.
+//! Needs root.
 
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
@@ -44,6 +46,14 @@ fn agents_per_replica(
         counts[replica] += 1;
     }
     Ok(counts)
+}
+
+/// Fails unless every node reaches `url`.
+fn every_node_reaches(lab: &Lab, nodes: &[Node], url: &str) -> Result<()> {
+    for node in nodes {
+        expect_reached(lab, node, url, 3)?;
+    }
+    Ok(())
 }
 
 /// A series of the replica on `port`'s metrics, 0 while not exported.
@@ -171,17 +181,67 @@ fn a_replica_made_ready_takes_its_share_of_the_nodes_from_the_one_they_crowded_o
     eventually(
         "every node reaches a Service made after the move",
         CONVERGE,
-        || {
-            for node in &nodes {
-                expect_reached(&lab, node, &web2, 3)?;
-            }
-            Ok(())
-        },
+        || every_node_reaches(&lab, &nodes, &web2),
     )
     .with_context(|| logs(&replicas, &agents))?;
     println!(
         "agents per replica after the second became ready: {:?}",
         agents_per_replica(&lab, &control_plane, &nodes)?
     );
+
+    // The first replica is told to stop, as the kubelet does in a rolling update: it sends its
+    // agents to the second before it exits. Each resumes there from its summary, and none sees
+    // its stream break.
+    let stopped = std::process::Command::new("kill")
+        .args(["-TERM", &replicas[0].pid().to_string()])
+        .status()?;
+    ensure!(stopped.success(), "kill -TERM failed");
+    eventually("every agent on the second replica", CONVERGE, || {
+        let counts = agents_per_replica(&lab, &control_plane, &nodes)?;
+        ensure!(counts == [0, 3], "agents per replica: {counts:?}");
+        Ok(())
+    })
+    .with_context(|| logs(&replicas, &agents))?;
+    eventually("the first replica to exit", CONVERGE, || {
+        let log = replicas[0].log();
+        ensure!(
+            log.contains("every agent moved; stopping"),
+            "not drained yet"
+        );
+        Ok(())
+    })
+    .with_context(|| logs(&replicas, &agents))?;
+    ensure!(
+        resumed("summary")? == 3.0 && resumed("none")? == 0.0,
+        "after the drain the second replica resumed {} by summary and reset {}",
+        resumed("summary")?,
+        resumed("none")?
+    );
+    for agent in &agents {
+        let log = agent.log();
+        ensure!(
+            !log.contains("transport error") && !log.contains("h2 protocol error"),
+            "an agent's stream broke:\n{}",
+            agent.log_tail(20)
+        );
+    }
+    let moved = agents
+        .iter()
+        .filter(|agent| {
+            agent
+                .log()
+                .contains("this controller replica is shutting down")
+        })
+        .count();
+    ensure!(
+        moved == 2,
+        "{moved} agents were sent on by the stopping replica"
+    );
+    eventually(
+        "every node reaches web-2 through the second replica",
+        CONVERGE,
+        || every_node_reaches(&lab, &nodes, &web2),
+    )
+    .with_context(|| logs(&replicas, &agents))?;
     Ok(())
 }

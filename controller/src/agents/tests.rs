@@ -142,3 +142,30 @@ fn the_oldest_streams_beyond_the_limit_are_told_to_end_once_each() {
     assert_eq!(agents.kept(), 1);
     assert!(!agents.shed_oldest());
 }
+
+#[test]
+fn draining_tells_every_stream_to_end_once_and_says_so() {
+    let metrics = Metrics::default();
+    let agents = &metrics.agents;
+    let streams: Vec<Connection> = (0..3).map(|node| open(&metrics, node)).collect();
+    assert!(agents.set_limit(Some(2)));
+    assert!(agents.shed_oldest());
+    assert!(!agents.draining());
+
+    assert_eq!(agents.drain(), 2, "the one already shed is not told twice");
+    assert!(agents.draining());
+    let endings: Vec<Option<Ending>> = (streams.iter())
+        .map(|stream| stream.ending().now_or_never())
+        .collect();
+    assert_eq!(
+        endings,
+        [
+            Some(Ending::Shed),
+            Some(Ending::Draining),
+            Some(Ending::Draining)
+        ]
+    );
+    assert_eq!(agents.kept(), 0);
+    drop(streams);
+    assert_eq!(agents.open(), 0);
+}
