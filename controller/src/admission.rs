@@ -12,7 +12,7 @@ use std::{
     net::{IpAddr, SocketAddr},
     pin::Pin,
     sync::{
-        Arc, Mutex, PoisonError,
+        Arc, Mutex, MutexGuard, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
     task::{Context, Poll},
@@ -104,11 +104,8 @@ impl Admission {
         })
     }
 
-    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
-        // Every write leaves the map consistent.
-        self.unauthenticated
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    fn counts(&self) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
+        lock_counts(&self.unauthenticated)
     }
 }
 
@@ -137,10 +134,7 @@ impl Ticket {
     }
 
     fn uncount(&self) {
-        let mut counts = self
-            .unauthenticated
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut counts = lock_counts(&self.unauthenticated);
         if let Some(count) = counts.get_mut(&self.peer.ip()) {
             *count -= 1;
             if *count == 0 {
@@ -156,6 +150,12 @@ impl Drop for Ticket {
             self.uncount();
         }
     }
+}
+
+/// The unauthenticated connections per address, locked.
+fn lock_counts(counts: &Mutex<HashMap<IpAddr, usize>>) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
+    // Every write leaves the map consistent, so a poisoned lock still holds good counts.
+    counts.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A connection kept: it fails its reads once its deadline passes unauthenticated, which makes

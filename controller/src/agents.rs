@@ -311,6 +311,8 @@ impl Connection {
         self.shed.notified().await;
         let table = self.agents.lock();
         let ending = table.streams.get(&self.id).and_then(|s| s.ending);
+        // Only this handle removes the record, and the notification comes with a reason set:
+        // the fallback is never taken, and shedding is the plainest ending if it were.
         ending.unwrap_or(Ending::Shed)
     }
 
