@@ -226,18 +226,21 @@ fn a_flood_without_credentials_costs_a_bounded_handful_and_the_agent_keeps_its_u
         "the API server answered {reviews} TokenReviews during the flood (bound {bound})"
     );
     // Idle connections end at the TLS handshake timeout (10 s), all others at the deadline for
-    // an authenticated stream (20 s): none is held longer.
-    let held_long: Vec<&String> = counts
-        .keys()
-        .filter(|what| {
+    // an authenticated stream (20 s). A few may still look open to the flooder at the end: its
+    // handshake completed in a full accept queue the kernel then dropped, so the controller
+    // never had it. A server without the deadlines holds every one, some 200 here.
+    let held_long: u64 = counts
+        .iter()
+        .filter(|(what, _)| {
             what.rsplit_once("held ")
                 .and_then(|(_, held)| held.split('-').next()?.parse::<u64>().ok())
                 .is_some_and(|low| low >= 25)
         })
-        .collect();
+        .map(|(_, count)| count)
+        .sum();
     ensure!(
-        held_long.is_empty(),
-        "connections held too long: {held_long:?} in {counts:?}"
+        held_long <= 5,
+        "{held_long} connections held past the deadlines: {counts:?}"
     );
     Ok(())
 }
