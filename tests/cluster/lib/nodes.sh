@@ -175,7 +175,9 @@ _node_pods_kill() {
     local node=$1 root pid
     root="/sys/fs/cgroup/pids$(node_cgroup "$node")"
     if [[ -d $root ]]; then
-        find "$root" -name cgroup.procs -exec cat {} + 2>/dev/null |
+        # Cgroups vanish under find as their last process dies: its failure to read one is
+        # expected, and must not stop `down` (pipefail).
+        { find "$root" -name cgroup.procs -exec cat {} + 2>/dev/null || true; } |
             while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done
     fi
     pkill -9 -f -- "-address $(node_socket "$node")" 2>/dev/null || true
