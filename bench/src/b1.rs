@@ -239,7 +239,8 @@ pub async fn hollow_agent(
         max_backoff: MAX_BACKOFF,
         credentials: Default::default(),
     };
-    let applier = Applier::new(probe, status.clone(), metrics.clone()).with_sync_periods(periods);
+    let applier =
+        Applier::new("node-1", probe, status.clone(), metrics.clone()).with_sync_periods(periods);
     client::run(config, applier, status, metrics).await;
     Ok(())
 }

@@ -11,7 +11,7 @@ use splitproxy_controller::{
     cluster::{ClusterState, Objects, ServiceSelector},
     fanout::{EndpointSets, split},
     manifests::parse_documents,
-    view::{Delta, NodeView},
+    view::{Delta, EndpointForm, NodeView},
 };
 use std::path::{Path, PathBuf};
 
@@ -41,7 +41,7 @@ fn seed(path: &Path) -> Option<Vec<u8>> {
     let text = std::fs::read_to_string(path).ok()?;
     let objects = Objects::from_manifests(&parse_documents(&text).ok()?);
     let cluster = ClusterState::build(&objects, &ServiceSelector::default());
-    let view = NodeView::for_node(&cluster, "node-1");
+    let view = NodeView::for_node(&cluster, "node-1", EndpointForm::Cluster);
     let delta = Delta::between(&NodeView::default(), &view);
     let mut bytes = Vec::new();
     for message in split(

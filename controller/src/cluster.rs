@@ -2,7 +2,6 @@
 //! kube-proxy does, independent of any one node.
 
 use crate::{
-    backends::{Backend, Hints, PortBackends},
     cause::Cause,
     digests::SharedDigests,
     history::{ChangeSet, History, changed_keys},
@@ -391,7 +390,7 @@ pub(crate) fn merge_slices<'a>(
     slices: impl Iterator<Item = &'a EndpointSlice>,
 ) -> BTreeMap<Key, ServiceBackends> {
     // (service, port name, protocol) → (address, port) → backend
-    type PortMap = BTreeMap<(String, i32), BTreeMap<(String, u32), Backend>>;
+    type PortMap = BTreeMap<(String, i32), BTreeMap<(String, u32), pb::Endpoint>>;
     let mut merged: BTreeMap<Key, (PortMap, Option<prost_types::Timestamp>)> = BTreeMap::new();
     for slice in slices {
         let meta = &slice.metadata;
@@ -454,16 +453,17 @@ pub(crate) fn merge_slices<'a>(
                 }
                 by_address
                     .entry((address.clone(), number))
-                    .or_insert_with(|| Backend {
-                        endpoint: pb::Endpoint {
+                    .or_insert_with(|| {
+                        let (for_zones, for_nodes) = hints(ep.hints.as_ref());
+                        pb::Endpoint {
                             address: address.clone(),
                             port: number,
                             conditions: Some(conditions),
-                            is_local: false,
-                            topology_excluded: false,
-                        },
-                        node_name: ep.node_name.clone().unwrap_or_default(),
-                        hints: Hints::of(ep.hints.as_ref()),
+                            node_name: ep.node_name.clone().unwrap_or_default(),
+                            for_zones,
+                            for_nodes,
+                            ..pb::Endpoint::default()
+                        }
                     });
             }
         }
@@ -471,12 +471,12 @@ pub(crate) fn merge_slices<'a>(
     merged
         .into_iter()
         .filter_map(|(key, (ports, trigger))| {
-            let ports: Vec<PortBackends> = ports
+            let ports: Vec<pb::PortEndpoints> = ports
                 .into_iter()
                 .filter(|(_, eps)| !eps.is_empty())
-                .map(|((port_name, protocol), eps)| PortBackends {
+                .map(|((port_name, protocol), eps)| pb::PortEndpoints {
                     port_name,
-                    protocol: pb::Protocol::try_from(protocol).unwrap_or_default(),
+                    protocol,
                     endpoints: eps.into_values().collect(),
                 })
                 .collect();
@@ -486,6 +486,23 @@ pub(crate) fn merge_slices<'a>(
             })
         })
         .collect()
+}
+
+/// An EndpointSlice endpoint's `hints`: the zones (`forZones`) and the nodes (`forNodes`) it is
+/// meant for, each sorted and once.
+fn hints(
+    hints: Option<&k8s_openapi::api::discovery::v1::EndpointHints>,
+) -> (Vec<String>, Vec<String>) {
+    let names = |names: Vec<&String>| {
+        let sorted: BTreeSet<&String> = names.into_iter().collect();
+        sorted.into_iter().cloned().collect()
+    };
+    let Some(hints) = hints else {
+        return (Vec::new(), Vec::new());
+    };
+    let zones = hints.for_zones.iter().flatten().map(|zone| &zone.name);
+    let nodes = hints.for_nodes.iter().flatten().map(|node| &node.name);
+    (names(zones.collect()), names(nodes.collect()))
 }
 
 /// kube-proxy's defaults: unset ready means ready; unset serving means the value of ready.

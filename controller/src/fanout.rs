@@ -11,7 +11,7 @@ use crate::{
     cluster::ClusterState,
     metrics::Metrics,
     shares,
-    view::{Delta, Held, NodeView},
+    view::{Delta, EndpointForm, Held, NodeView},
     wire::{
         self, Encodings,
         server::node_view_service_server::{NodeViewService, NodeViewServiceServer},
@@ -325,6 +325,8 @@ struct AgentStream {
     max_in_flight: usize,
     /// How the agent takes endpoint sets too big for one message.
     endpoint_sets: EndpointSets,
+    /// The form the agent takes endpoint sets in.
+    endpoint_form: EndpointForm,
     /// The last view the agent rejected, while no view was applied since.
     rejected: Option<RejectedView>,
     /// The stream's record for metrics and inspection, which also tells it when it is shed;
@@ -344,23 +346,22 @@ impl AgentStream {
         peer: &str,
         tx: mpsc::Sender<Result<wire::SyncResponse, Status>>,
     ) -> Self {
+        let capabilities = subscribe.capabilities.clone().unwrap_or_default();
+        let endpoint_form = if capabilities.derives_locality {
+            EndpointForm::Cluster
+        } else {
+            EndpointForm::Filtered
+        };
         let remembered = server.acknowledged.get(&subscribe.node_name);
         let resumes = match (&subscribe.resume, &remembered) {
-            (Some(resume), Some((revision, _))) => {
-                resume.controller_epoch == server.epoch && resume.revision == *revision
+            (Some(resume), Some((revision, view))) => {
+                resume.controller_epoch == server.epoch
+                    && resume.revision == *revision
+                    && view.form() == endpoint_form
             }
             _ => false,
         };
-        let proxy_mode = subscribe.capabilities.as_ref().map_or(0, |c| c.proxy_mode);
-        let pipelining = subscribe
-            .capabilities
-            .as_ref()
-            .is_some_and(|c| c.pipelining);
-        let endpoint_sets = if subscribe
-            .capabilities
-            .as_ref()
-            .is_some_and(|c| c.appended_endpoints)
-        {
+        let endpoint_sets = if capabilities.appended_endpoints {
             EndpointSets::InPieces
         } else {
             EndpointSets::Whole
@@ -395,7 +396,7 @@ impl AgentStream {
             &server.metrics.streams,
             &subscribe.node_name,
             peer,
-            proxy_mode,
+            capabilities.proxy_mode,
             resumed_revision,
         );
         Self {
@@ -409,8 +410,13 @@ impl AgentStream {
             acked,
             held,
             in_flight: VecDeque::new(),
-            max_in_flight: if pipelining { PIPELINED_REVISIONS } else { 1 },
+            max_in_flight: if capabilities.pipelining {
+                PIPELINED_REVISIONS
+            } else {
+                1
+            },
             endpoint_sets,
+            endpoint_form,
             rejected: None,
             connection,
             changes: cause::Pending::default(),
@@ -614,6 +620,7 @@ impl AgentStream {
                     epoch: self.epoch.clone(),
                     revision: self.revision + 1,
                     endpoint_sets: self.endpoint_sets,
+                    endpoint_form: self.endpoint_form,
                 };
                 let computed = tokio::task::spawn_blocking(move || first.compute())
                     .await
@@ -770,13 +777,14 @@ struct FirstRevision {
     epoch: String,
     revision: u64,
     endpoint_sets: EndpointSets,
+    endpoint_form: EndpointForm,
 }
 
 impl FirstRevision {
     /// The node's view and the messages bringing the agent to it: a reset, or a delta from
     /// what it presented (protocol rules 7 and 11).
     fn compute(self) -> (NodeView, Vec<wire::SyncResponse>) {
-        let view = NodeView::for_node(&self.cluster, &self.node);
+        let view = NodeView::for_node(&self.cluster, &self.node, self.endpoint_form);
         let shared = &self.cluster.digests;
         let (delta, reset) = match self.held.as_deref() {
             Some(Held::Digests(held)) => (Delta::from_digests(held, &view, shared), false),

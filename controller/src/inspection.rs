@@ -91,7 +91,7 @@ impl ControllerInspectionService for Inspection {
                 state
                     .endpoints
                     .values()
-                    .flat_map(|backends| &backends.ports)
+                    .flat_map(|backends| backends.ports())
                     .map(|port| port.endpoints.len())
                     .sum(),
             );

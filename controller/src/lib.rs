@@ -4,7 +4,6 @@
 pub mod admission;
 pub mod agents;
 pub mod auth;
-pub mod backends;
 pub mod cause;
 pub mod cli;
 pub mod cluster;

@@ -66,7 +66,7 @@ fn node_ips(node: &Node) -> Vec<IpAddr> {
 }
 
 /// The status sent to the agent of a node the cluster knows as `known` (`None`: not at all): its
-/// eligibility and, passed along, its pod CIDRs and IPs and the cluster's `service_cidrs`.
+/// eligibility and, passed along, its pod CIDRs, IPs and zone and the cluster's `service_cidrs`.
 #[must_use]
 pub fn status(known: Option<&NodeInfo>, service_cidrs: &[String]) -> pb::NodeStatus {
     let ineligible = match known {
@@ -79,6 +79,9 @@ pub fn status(known: Option<&NodeInfo>, service_cidrs: &[String]) -> pb::NodeSta
         pod_cidrs: known.map(|node| node.pod_cidrs.clone()).unwrap_or_default(),
         service_cidrs: service_cidrs.to_vec(),
         node_ips: known.map(|node| node.node_ips.clone()).unwrap_or_default(),
+        zone: known
+            .map(|node| node.topology.zone.clone())
+            .unwrap_or_default(),
     }
 }
 

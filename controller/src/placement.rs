@@ -114,10 +114,10 @@ impl Index {
 /// The nodes `backends` single out: those an endpoint runs on or a node hint names.
 fn singled_out(backends: Option<&Arc<ServiceBackends>>) -> BTreeSet<&str> {
     let endpoints = (backends.into_iter())
-        .flat_map(|backends| &backends.ports)
+        .flat_map(|backends| backends.ports())
         .flat_map(|port| &port.endpoints);
     endpoints
-        .flat_map(|b| std::iter::once(&b.node_name).chain(&b.hints.for_nodes))
+        .flat_map(|e| std::iter::once(&e.node_name).chain(&e.for_nodes))
         .filter(|node| !node.is_empty())
         .map(String::as_str)
         .collect()

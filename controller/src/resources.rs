@@ -1,12 +1,12 @@
 //! The two kinds of resource a node's view holds, as the cluster state keeps them: converted
 //! Services and each Service's merged endpoints, by namespace and name.
 
-use crate::{
-    backends::PortBackends,
-    topology::{self, Place},
-};
 use imbl::OrdMap;
-use splitproxy_proto::{Key, v1alpha1 as pb};
+use splitproxy_proto::{
+    Key,
+    topology::{self, Place},
+    v1alpha1 as pb,
+};
 use std::sync::Arc;
 
 /// The converted Services by key; an entry keeps its `Arc` while it does not change, and the
@@ -18,12 +18,13 @@ pub type Endpoints = OrdMap<Key, Arc<ServiceBackends>>;
 /// The merged, deduplicated endpoints of one Service, before per-node locality is known.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServiceBackends {
-    /// One entry per (port name, protocol), sorted.
-    pub ports: Vec<PortBackends>,
-    /// The newest last-change-trigger-time of the Service's slices.
-    pub last_change_trigger_time: Option<prost_types::Timestamp>,
+    /// The endpoints in cluster form (protocol rule 15): one entry per (port name, protocol),
+    /// sorted, each endpoint with its node and hints. What every agent that derives locality
+    /// gets, and what the other forms are computed from.
+    pub cluster: Arc<pb::ServiceEndpoints>,
     /// The endpoints as every node sees them that runs none of them and whose traffic no hint
-    /// narrows, which is most nodes: one copy shared by all their views.
+    /// narrows, which is most nodes, for agents that take sets filtered for their node: one copy
+    /// shared by all their views.
     pub plain: Arc<pb::ServiceEndpoints>,
     /// The endpoints as the nodes of a zone see them where zone hints narrow some port's
     /// traffic there, for the nodes no endpoint runs on and no node hint names: one copy per
@@ -33,54 +34,44 @@ pub struct ServiceBackends {
 }
 
 impl ServiceBackends {
-    /// The endpoints of the Service `key`.
+    /// The endpoints of the Service `key`: `ports` in cluster form.
     #[must_use]
     pub fn new(
         key: &Key,
-        ports: Vec<PortBackends>,
+        ports: Vec<pb::PortEndpoints>,
         last_change_trigger_time: Option<prost_types::Timestamp>,
     ) -> Self {
-        let plain = pb::ServiceEndpoints {
+        let cluster = pb::ServiceEndpoints {
             key: Some(pb::ObjectKey {
                 namespace: key.0.clone(),
                 name: key.1.clone(),
             }),
-            ports: ports
-                .iter()
-                .map(|port| pb::PortEndpoints {
-                    port_name: port.port_name.clone(),
-                    protocol: port.protocol as i32,
-                    endpoints: port.endpoints.iter().map(|b| b.endpoint.clone()).collect(),
-                })
-                .collect(),
-            last_change_trigger_time,
-        };
-        let mut backends = Self {
             ports,
             last_change_trigger_time,
-            plain: Arc::new(plain),
-            zoned: Vec::new(),
+            cluster_form: true,
         };
-        backends.zoned = topology::narrowed_zones(&backends.ports)
+        let plain = Place::anywhere_in("").filtered(&cluster);
+        let zoned = topology::narrowed_zones(&cluster.ports)
             .into_iter()
             .filter_map(|zone| {
-                let endpoints = backends.seen_from(&Place::anywhere_in(zone));
+                let endpoints = Place::anywhere_in(zone).filtered(&cluster);
                 let narrowed = (endpoints.ports.iter().flat_map(|port| &port.endpoints))
                     .any(|endpoint| endpoint.topology_excluded);
                 narrowed.then(|| (zone.to_owned(), Arc::new(endpoints)))
             })
             .collect();
-        backends
+        Self {
+            cluster: Arc::new(cluster),
+            plain: Arc::new(plain),
+            zoned,
+        }
     }
 
-    /// The endpoints as a node at `place` sees them: locality set, topology hints applied.
+    /// The endpoints as a node at `place` sees them, for an agent that takes them filtered for
+    /// its node: locality set, topology hints applied.
     #[must_use]
     pub fn seen_from(&self, place: &Place) -> pb::ServiceEndpoints {
-        pb::ServiceEndpoints {
-            key: self.plain.key.clone(),
-            ports: place.ports(&self.ports),
-            last_change_trigger_time: self.last_change_trigger_time,
-        }
+        place.filtered(&self.cluster)
     }
 
     /// The endpoints as the nodes of `zone` see them that run none of them and that no node
@@ -92,5 +83,11 @@ impl ServiceBackends {
             .ok()
             .and_then(|at| self.zoned.get(at))
             .map_or(&self.plain, |(_, endpoints)| endpoints)
+    }
+
+    /// The Service's ports in cluster form.
+    #[must_use]
+    pub fn ports(&self) -> &[pb::PortEndpoints] {
+        &self.cluster.ports
     }
 }

@@ -1,6 +1,5 @@
 //! Builders the unit tests of several modules share.
 
-use crate::backends::{Backend, Hints};
 use k8s_openapi::{
     api::core::v1::{Node, NodeSpec, Taint},
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
@@ -8,22 +7,19 @@ use k8s_openapi::{
 };
 use splitproxy_proto::v1alpha1 as pb;
 
-/// A ready endpoint `address:8080` on `node` (empty: the slice names none), without hints.
-pub(crate) fn ready_backend(address: impl Into<String>, node: &str) -> Backend {
-    Backend {
-        endpoint: pb::Endpoint {
-            address: address.into(),
-            port: 8080,
-            conditions: Some(pb::EndpointConditions {
-                ready: true,
-                serving: true,
-                terminating: false,
-            }),
-            is_local: false,
-            topology_excluded: false,
-        },
+/// A ready endpoint `address:8080` on `node` (empty: the slice names none), without hints, in
+/// cluster form.
+pub(crate) fn ready_backend(address: impl Into<String>, node: &str) -> pb::Endpoint {
+    pb::Endpoint {
+        address: address.into(),
+        port: 8080,
+        conditions: Some(pb::EndpointConditions {
+            ready: true,
+            serving: true,
+            terminating: false,
+        }),
         node_name: node.into(),
-        hints: Hints::default(),
+        ..pb::Endpoint::default()
     }
 }
 

@@ -11,10 +11,22 @@ use crate::{
     cluster::ClusterState,
     nodes,
     resources::{Endpoints, ServiceBackends, Services},
-    topology::Place,
+    topology,
 };
-use splitproxy_proto::{Key, v1alpha1 as pb};
+use splitproxy_proto::{Key, topology::Place, v1alpha1 as pb};
 use std::{collections::BTreeMap, sync::Arc};
+
+/// How a node's agent takes endpoint sets (protocol rule 15).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EndpointForm {
+    /// Filtered for the node: locality and topology set by the controller, so a node that runs
+    /// an endpoint of a Service or that a node hint names has a copy of the set of its own.
+    #[default]
+    Filtered,
+    /// In cluster form, the same for every node: the agent derives locality and topology, and
+    /// the view holds nothing of its own.
+    Cluster,
+}
 
 /// What one node must program: the Services and, for those that have any, their endpoints; and
 /// the node's own status.
@@ -25,13 +37,16 @@ pub struct NodeView {
     generation: Option<u64>,
     /// Services by key: the cluster's.
     services: Arc<Services>,
-    /// The cluster's endpoints, whose form for the node's zone the node uses unless `own` has
-    /// an entry.
+    /// The cluster's endpoints: in cluster form, or their form for the node's zone unless `own`
+    /// has an entry.
     backends: Arc<Endpoints>,
+    /// How the node's agent takes endpoint sets.
+    form: EndpointForm,
     /// The node's zone; empty when it has none.
     zone: String,
     /// The endpoints as this node sees them, where that may differ from its zone's form: the
-    /// Services with an endpoint on the node or a node hint naming it.
+    /// Services with an endpoint on the node or a node hint naming it. Always empty in cluster
+    /// form.
     own: Arc<BTreeMap<Key, Arc<pb::ServiceEndpoints>>>,
     /// The node's status; set in every computed view, `None` only in the empty view, so a reset
     /// always carries it.
@@ -39,12 +54,15 @@ pub struct NodeView {
 }
 
 impl NodeView {
-    /// Computes `node`'s view of the cluster: locality, topology hints applied per Service port
-    /// with the node's zone (see [`crate::topology`]), and the node's eligibility (see
-    /// [`crate::eligibility`]).
+    /// Computes `node`'s view of the cluster in `form`: filtered, with locality and topology
+    /// hints applied per Service port with the node's zone (see [`splitproxy_proto::topology`]);
+    /// and the node's eligibility (see [`crate::eligibility`]).
     #[must_use]
-    pub fn for_node(cluster: &ClusterState, node: &str) -> Self {
+    pub fn for_node(cluster: &ClusterState, node: &str, form: EndpointForm) -> Self {
         let place = place_of(cluster, node);
+        if form == EndpointForm::Cluster {
+            return Self::of(cluster, &place, form, Arc::default());
+        }
         let mine = |(key, backends): (&Key, &Arc<ServiceBackends>)| {
             own_endpoints(backends, &place).map(|e| (key.clone(), Arc::new(e)))
         };
@@ -55,7 +73,7 @@ impl NodeView {
                 .collect(),
             None => cluster.endpoints.iter().filter_map(mine).collect(),
         };
-        Self::of(cluster, &place, Arc::new(own))
+        Self::of(cluster, &place, form, Arc::new(own))
     }
 
     /// `node`'s view of `cluster`, and the delta from this view (an earlier one of the same
@@ -68,13 +86,14 @@ impl NodeView {
             .and_then(|generation| cluster.history.since(generation))
             .filter(|changes| !changes.nodes.contains(node));
         let Some(changes) = changes else {
-            let next = Self::for_node(cluster, node);
+            let next = Self::for_node(cluster, node, self.form);
             let delta = Delta::between(self, &next);
             return (next, delta);
         };
         let place = place_of(cluster, node);
         let mut own = Arc::clone(&self.own);
-        for key in &changes.endpoints {
+        let filtered = self.form == EndpointForm::Filtered;
+        for key in changes.endpoints.iter().filter(|_| filtered) {
             let mine = cluster
                 .endpoints
                 .get(key)
@@ -89,7 +108,7 @@ impl NodeView {
                 None => {}
             }
         }
-        let next = Self::of(cluster, &place, own);
+        let next = Self::of(cluster, &place, self.form, own);
         let delta = Delta::assemble(
             diff(
                 &changes.services,
@@ -109,16 +128,18 @@ impl NodeView {
         (next, delta)
     }
 
-    /// The view of the node at `place`, whose own entries are `own`.
+    /// The view in `form` of the node at `place`, whose own entries are `own`.
     fn of(
         cluster: &ClusterState,
         place: &Place,
+        form: EndpointForm,
         own: Arc<BTreeMap<Key, Arc<pb::ServiceEndpoints>>>,
     ) -> Self {
         Self {
             generation: Some(cluster.history.generation()),
             services: Arc::clone(&cluster.services),
             backends: Arc::clone(&cluster.endpoints),
+            form,
             zone: place.zone.to_owned(),
             own,
             status: Some(nodes::status(
@@ -139,7 +160,7 @@ impl NodeView {
     pub fn endpoints_of(&self, key: &Key) -> Option<&Arc<pb::ServiceEndpoints>> {
         self.own
             .get(key)
-            .or_else(|| self.backends.get(key).map(|b| b.seen_in_zone(&self.zone)))
+            .or_else(|| self.backends.get(key).map(|b| self.shared_form(b)))
     }
 
     /// Every Service's endpoints as this node sees them, by key.
@@ -147,11 +168,23 @@ impl NodeView {
         self.backends.iter().map(|(key, b)| {
             (
                 key,
-                self.own
-                    .get(key)
-                    .unwrap_or_else(|| b.seen_in_zone(&self.zone)),
+                self.own.get(key).unwrap_or_else(|| self.shared_form(b)),
             )
         })
+    }
+
+    /// The form of `backends` this node shares with others: the cluster form, or its zone's.
+    fn shared_form<'a>(&self, backends: &'a ServiceBackends) -> &'a Arc<pb::ServiceEndpoints> {
+        match self.form {
+            EndpointForm::Cluster => &backends.cluster,
+            EndpointForm::Filtered => backends.seen_in_zone(&self.zone),
+        }
+    }
+
+    /// The form the view holds endpoint sets in.
+    #[must_use]
+    pub fn form(&self) -> EndpointForm {
+        self.form
     }
 
     /// The node's status.
@@ -162,14 +195,14 @@ impl NodeView {
 }
 
 fn place_of<'a>(cluster: &'a ClusterState, node: &'a str) -> Place<'a> {
-    Place::new(node, cluster.nodes.get(node).map(|n| &n.topology))
+    topology::place(node, cluster.nodes.get(node).map(|n| &n.topology))
 }
 
 /// The endpoints of one Service as the node at `place` sees them, when that may differ from
 /// what its zone sees; `None` when the node runs none of them and no node hint names it.
 fn own_endpoints(backends: &ServiceBackends, place: &Place) -> Option<pb::ServiceEndpoints> {
     place
-        .is_singled_out(&backends.ports)
+        .is_singled_out(backends.ports())
         .then(|| backends.seen_from(place))
 }
 

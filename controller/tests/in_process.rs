@@ -161,7 +161,7 @@ fn agent(tasks: &mut Tasks, controllers: Vec<String>) -> (RecordingDataplane, St
         max_backoff: Duration::from_millis(200),
         credentials: Default::default(),
     };
-    let applier = Applier::new(dataplane.clone(), status.clone(), metrics.clone());
+    let applier = Applier::new("node-1", dataplane.clone(), status.clone(), metrics.clone());
     tasks.spawn(client::run(
         config,
         applier,

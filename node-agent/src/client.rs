@@ -274,6 +274,7 @@ async fn subscribe(
                 .collect(),
             pipelining: true,
             appended_endpoints: true,
+            derives_locality: true,
         }),
         resume: held.epoch.as_ref().map(|epoch| pb::ResumePoint {
             controller_epoch: epoch.clone(),

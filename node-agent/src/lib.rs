@@ -137,14 +137,19 @@ pub async fn run<D: Dataplane>(
         status.clone(),
         config.sync_periods.health_timeout(),
     );
-    let mut applier = sync::Applier::new(dataplane, status.clone(), metrics.clone())
-        .with_sync_periods(config.sync_periods)
-        .with_health_checks(health_checks)
-        .with_node_ips(config.bind_address, config.node_port_selection.node_ips)
-        .with_node_port_selection(
-            config.node_port_selection.selection,
-            config.node_port_addresses,
-        );
+    let mut applier = sync::Applier::new(
+        &config.client.node_name,
+        dataplane,
+        status.clone(),
+        metrics.clone(),
+    )
+    .with_sync_periods(config.sync_periods)
+    .with_health_checks(health_checks)
+    .with_node_ips(config.bind_address, config.node_port_selection.node_ips)
+    .with_node_port_selection(
+        config.node_port_selection.selection,
+        config.node_port_addresses,
+    );
     if config.node_cidr_detector {
         applier = applier.with_node_cidr_detector();
     }

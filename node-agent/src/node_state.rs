@@ -3,8 +3,9 @@
 
 use imbl::OrdMap;
 use splitproxy_dataplane::{self as dp, ProxyState};
-use splitproxy_proto::{Key, names::is_dns_label, v1alpha1 as pb};
+use splitproxy_proto::{Key, names::is_dns_label, topology::Place, v1alpha1 as pb};
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     sync::Arc,
@@ -232,6 +233,9 @@ pub struct NodeState {
     pub service_cidrs: Vec<String>,
     /// The Node's IPs: from the last revision that carried a status.
     pub node_ips: Vec<String>,
+    /// The Node's zone, which endpoint sets in cluster form are localized with (protocol rule
+    /// 15): from the last revision that carried a status.
+    pub zone: String,
 }
 
 impl NodeState {
@@ -301,16 +305,18 @@ impl NodeState {
                 next.pod_cidrs.clone_from(&status.pod_cidrs);
                 next.service_cidrs.clone_from(&status.service_cidrs);
                 next.node_ips.clone_from(&status.node_ips);
+                next.zone.clone_from(&status.zone);
             }
         }
         Ok(next)
     }
 
-    /// Whether `other` programs the same rules: the same Services and endpoints, whatever the
-    /// node's eligibility.
+    /// Whether `other` programs the same rules: the same Services and endpoints seen from the
+    /// same zone, whatever the node's eligibility.
     #[must_use]
     pub fn same_rules(&self, other: &Self) -> bool {
-        self.service_changes(other).next().is_none()
+        self.zone == other.zone
+            && self.service_changes(other).next().is_none()
             && self.endpoint_changes(other).next().is_none()
     }
 
@@ -399,20 +405,25 @@ pub struct Conversion {
 }
 
 impl Conversion {
-    /// The conversion of every Service of `state`.
+    /// The conversion of every Service of `state`, held by the agent of `node`.
     #[must_use]
-    pub fn of(state: &NodeState) -> Self {
-        Self::default().updated(state, state.services.keys())
+    pub fn of(state: &NodeState, node: &str) -> Self {
+        Self::default().updated(state, node, state.services.keys())
     }
 
-    /// This conversion, of an earlier state, brought to `state` by converting the Services of
-    /// `changed` again (or dropping them, when `state` no longer has them).
+    /// This conversion, of an earlier state of the same zone, brought to `state` by converting
+    /// the Services of `changed` again (or dropping them, when `state` no longer has them).
     #[must_use]
     pub fn updated<'a>(
         &self,
         state: &NodeState,
+        node: &str,
         changed: impl IntoIterator<Item = &'a Key>,
     ) -> Self {
+        let place = Place {
+            node,
+            zone: &state.zone,
+        };
         let mut next = self.clone();
         for key in changed {
             let model_key = dp::ServiceKey {
@@ -424,7 +435,8 @@ impl Conversion {
             let Some(service) = state.services.get(key) else {
                 continue;
             };
-            match convert_service(key, service, state.endpoints.get(key).map(|e| &**e)) {
+            let endpoints = state.endpoints.get(key).map(|set| localized(set, &place));
+            match convert_service(key, service, endpoints.as_deref()) {
                 Ok(converted) => {
                     next.model.services.insert(model_key, Arc::new(converted));
                 }
@@ -435,6 +447,17 @@ impl Conversion {
         }
         next
     }
+}
+
+/// `set` as the node at `place` sees it: as it came when the controller filtered it for the node,
+/// localized here when it came in cluster form (protocol rule 15).
+fn localized<'a>(set: &'a pb::ServiceEndpoints, place: &Place) -> Cow<'a, pb::ServiceEndpoints> {
+    if !set.cluster_form {
+        return Cow::Borrowed(set);
+    }
+    let mut localized = set.clone();
+    place.localize(&mut localized);
+    Cow::Owned(localized)
 }
 
 /// Fails on the first key `keys` (the keys of one part's `list`) holds twice.

@@ -65,6 +65,8 @@ pub enum ApplyError {
 /// Owns the dataplane, the applied state and the sync timing: the only writer of the kernel.
 #[derive(Debug)]
 pub struct Applier<D> {
+    /// The node the agent programs, which endpoint sets in cluster form are localized for.
+    node: String,
     dataplane: D,
     status: Status,
     metrics: Metrics,
@@ -119,11 +121,12 @@ impl NodeIps {
 }
 
 impl<D: Dataplane> Applier<D> {
-    /// An applier that programs `dataplane` and reports to `status` and `metrics`, with
-    /// kube-proxy's default sync periods.
-    pub fn new(dataplane: D, status: Status, metrics: Metrics) -> Self {
+    /// An applier that programs `dataplane` for `node` and reports to `status` and `metrics`,
+    /// with kube-proxy's default sync periods.
+    pub fn new(node: &str, dataplane: D, status: Status, metrics: Metrics) -> Self {
         metrics.start_families(&dataplane.ip_families());
         Self {
+            node: node.to_owned(),
             dataplane,
             status,
             metrics,
@@ -333,7 +336,9 @@ impl<D: Dataplane> Applier<D> {
         let service_changes: Vec<Key> = current.service_changes(&next).cloned().collect();
         let endpoint_changes: Vec<Key> = current.endpoint_changes(&next).cloned().collect();
         let changed: BTreeSet<&Key> = service_changes.iter().chain(&endpoint_changes).collect();
-        let rules_moved = detector_moved || service_cidrs_moved || node_ips_moved;
+        // Endpoint sets in cluster form are localized with the zone: all of them again.
+        let zone_moved = next.zone != current.zone;
+        let rules_moved = detector_moved || service_cidrs_moved || node_ips_moved || zone_moved;
         tracing::Span::current().record("services_changed", changed.len());
         if !reset && changed.is_empty() && !rules_moved {
             // Only the node's status changed: nothing to write, and no reason to wait for
@@ -348,9 +353,13 @@ impl<D: Dataplane> Applier<D> {
             return Ok(());
         }
         self.count_changes(service_changes.len(), endpoint_changes.len());
-        let conversion = self
-            .conversion_of(&current)
-            .updated(&next, changed.iter().copied());
+        let conversion = if zone_moved {
+            Conversion::of(&next, &self.node)
+        } else {
+            let node = self.node.clone();
+            self.conversion_of(&current)
+                .updated(&next, &node, changed.iter().copied())
+        };
         for (namespace, name) in changed {
             if let Some(err) = conversion.invalid.get(&(namespace.clone(), name.clone())) {
                 // Quoted (`?`): a hostile name must not break the log line.
@@ -396,7 +405,7 @@ impl<D: Dataplane> Applier<D> {
     /// The conversion of `state`, the state held: the one kept, unless it is of another state.
     fn conversion_of(&mut self, state: &Arc<NodeState>) -> &Conversion {
         if !Arc::ptr_eq(&self.converted.0, state) {
-            self.converted = (Arc::clone(state), Conversion::of(state));
+            self.converted = (Arc::clone(state), Conversion::of(state, &self.node));
         }
         &self.converted.1
     }

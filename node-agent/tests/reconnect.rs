@@ -130,6 +130,7 @@ async fn subscribes_with_streams_ending_by(
         credentials: Default::default(),
     };
     let applier = Applier::new(
+        "node-1",
         RecordingDataplane::default(),
         status.clone(),
         metrics.clone(),

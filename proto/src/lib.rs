@@ -2,6 +2,7 @@
 
 pub mod names;
 pub mod pieces;
+pub mod topology;
 
 /// A namespaced resource's key, `(namespace, name)`, as the controller and the agent key their
 /// views (the wire's `ObjectKey`; the dataplane's model has its own `ServiceKey`).

@@ -112,8 +112,9 @@ mod tests {
                                 serving: true,
                                 terminating: e % 7 != 0,
                             }),
-                            is_local: e == 3,
-                            topology_excluded: false,
+                            node_name: format!("node-{}", e % 5000),
+                            for_zones: vec![format!("zone-{}", e % 3)],
+                            ..Endpoint::default()
                         })
                         .collect(),
                 })
@@ -122,6 +123,7 @@ mod tests {
                 seconds: 1_700_000_000,
                 nanos: 5,
             }),
+            cluster_form: true,
         }
     }
 

@@ -377,6 +377,8 @@ async fn stream(
             pipelining: true,
             // Digests are taken of the encodings as received, so sets come whole (rule 14).
             appended_endpoints: false,
+            // As the agent: endpoint sets in cluster form, shared by every node (rule 15).
+            derives_locality: true,
         }),
         resume: held.resume.clone(),
         held: listed,

@@ -15,22 +15,16 @@ fn web_key() -> Key {
 fn slices_of_a_service_are_merged_deduplicated_and_not_ready_endpoints_dropped() {
     let state = ClusterState::build(&objects(WEB), &ServiceSelector::default());
     let backends = &state.endpoints[&web_key()];
-    assert_eq!(backends.ports.len(), 1);
-    let port = &backends.ports[0];
+    assert_eq!(backends.ports().len(), 1);
+    let port = &backends.ports()[0];
     assert_eq!(
         (port.port_name.as_str(), port.protocol),
-        ("http", pb::Protocol::Tcp)
+        ("http", pb::Protocol::Tcp as i32)
     );
     let addresses: Vec<_> = port
         .endpoints
         .iter()
-        .map(|b| {
-            (
-                b.endpoint.address.as_str(),
-                b.endpoint.port,
-                b.node_name.as_str(),
-            )
-        })
+        .map(|b| (b.address.as_str(), b.port, b.node_name.as_str()))
         .collect();
     assert_eq!(
         addresses,
@@ -48,10 +42,10 @@ fn named_target_port_resolves_to_the_slice_port_number() {
     assert_eq!(service.ports[0].port, 80);
     assert_eq!(service.ports[0].node_port, 30080);
     assert!(
-        state.endpoints[&web_key()].ports[0]
+        state.endpoints[&web_key()].ports()[0]
             .endpoints
             .iter()
-            .all(|b| b.endpoint.port == 8080)
+            .all(|b| b.port == 8080)
     );
 }
 
@@ -59,6 +53,7 @@ fn named_target_port_resolves_to_the_slice_port_number() {
 fn newest_trigger_time_of_the_slices_is_kept() {
     let state = ClusterState::build(&objects(WEB), &ServiceSelector::default());
     let trigger = state.endpoints[&web_key()]
+        .cluster
         .last_change_trigger_time
         .expect("annotated");
     assert_eq!(trigger, "2026-11-22T06:00:05Z".parse().expect("literal"));
@@ -202,10 +197,10 @@ endpoints:
 - addresses: ['fd00::2']
 ";
     let state = ClusterState::build(&objects(text), &ServiceSelector::default());
-    let addresses: Vec<_> = state.endpoints[&("a".to_owned(), "web".to_owned())].ports[0]
+    let addresses: Vec<_> = state.endpoints[&("a".to_owned(), "web".to_owned())].ports()[0]
         .endpoints
         .iter()
-        .map(|b| b.endpoint.address.as_str())
+        .map(|b| b.address.as_str())
         .collect();
     assert_eq!(addresses, ["10.244.1.2", "fd00::2"]);
 }
@@ -399,12 +394,12 @@ endpoints: [{addresses: ['fd00:10:244:2::9']}]
     );
     assert_eq!(state.services[&six].cluster_ips, ["fd00:10:96::8"]);
     let addresses = |key: &Key| -> Vec<(String, u32)> {
-        let ports = &state.endpoints[key].ports;
+        let ports = state.endpoints[key].ports();
         assert_eq!(ports.len(), 1, "{ports:?}");
         ports[0]
             .endpoints
             .iter()
-            .map(|b| (b.endpoint.address.clone(), b.endpoint.port))
+            .map(|b| (b.address.clone(), b.port))
             .collect()
     };
     assert_eq!(
@@ -458,22 +453,20 @@ metadata: {name: node-2}
 #[test]
 fn endpoint_hints_and_node_zones_are_carried_into_the_state() {
     let state = ClusterState::build(&objects(ZONED), &ServiceSelector::default());
-    let hints: Vec<_> = state.endpoints[&web_key()].ports[0]
+    let hints: Vec<_> = state.endpoints[&web_key()].ports()[0]
         .endpoints
         .iter()
-        .map(|b| (b.endpoint.address.as_str(), b.hints.clone()))
+        .map(|e| (e.address.as_str(), e.for_zones.clone(), e.for_nodes.clone()))
         .collect();
     assert_eq!(
         hints,
         [
             (
                 "10.244.1.2",
-                Hints {
-                    for_zones: ["zone-a".to_owned()].into(),
-                    for_nodes: ["node-1".to_owned()].into(),
-                }
+                vec!["zone-a".to_owned()],
+                vec!["node-1".to_owned()]
             ),
-            ("10.244.2.2", Hints::default()),
+            ("10.244.2.2", Vec::new(), Vec::new()),
         ]
     );
     assert_eq!(

@@ -1,5 +1,5 @@
 use super::*;
-use crate::{backends::PortBackends, resources::ServiceBackends, testing::ready_backend};
+use crate::{resources::ServiceBackends, testing::ready_backend};
 use splitproxy_proto::v1alpha1::node_view_service_client::NodeViewServiceClient;
 use std::collections::BTreeMap;
 
@@ -31,9 +31,9 @@ fn cluster(services: usize, endpoint_host: u8) -> ClusterState {
                 ..Default::default()
             },
         );
-        let ports = vec![PortBackends {
+        let ports = vec![pb::PortEndpoints {
             port_name: String::new(),
-            protocol: pb::Protocol::Tcp,
+            protocol: pb::Protocol::Tcp as i32,
             endpoints: vec![ready_backend(format!("10.244.1.{endpoint_host}"), "node-1")],
         }];
         endpoints.insert(k.clone(), ServiceBackends::new(&k, ports, None));
@@ -69,7 +69,7 @@ fn resources(parts: &[pb::SyncResponse]) -> Vec<(&'static str, String)> {
 
 #[test]
 fn large_revisions_are_split_by_size_and_only_the_last_part_is_complete() {
-    let view = NodeView::for_node(&cluster(10_000, 2), "node-1");
+    let view = NodeView::for_node(&cluster(10_000, 2), "node-1", EndpointForm::Filtered);
     let delta = Delta::between(&NodeView::default(), &view);
     let everything = resources(&decoded(split(
         delta.clone(),
@@ -139,6 +139,7 @@ fn delta_with_a_huge_set() -> (Delta, pb::ServiceEndpoints) {
             })
             .into(),
         last_change_trigger_time: None,
+        cluster_form: true,
     };
     let huge = endpoints("huge", 30_000);
     assert!(huge.encoded_len() > 20 * MAX_MESSAGE_BYTES);

@@ -11,6 +11,7 @@ fn a_plain_node_is_sent_as_eligible() {
             pod_cidrs: Vec::new(),
             service_cidrs: Vec::new(),
             node_ips: Vec::new(),
+            zone: String::new(),
         }
     );
 }
@@ -26,6 +27,7 @@ fn a_node_being_deleted_is_sent_as_ineligible_with_the_first_reason() {
             pod_cidrs: Vec::new(),
             service_cidrs: Vec::new(),
             node_ips: Vec::new(),
+            zone: String::new(),
         }
     );
 }
@@ -40,6 +42,7 @@ fn an_unknown_node_is_ineligible() {
             pod_cidrs: Vec::new(),
             service_cidrs: Vec::new(),
             node_ips: Vec::new(),
+            zone: String::new(),
         }
     );
 }

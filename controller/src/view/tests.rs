@@ -1,6 +1,5 @@
 use super::{resume::SortedDigests, *};
 use crate::{
-    backends::{Backend, PortBackends},
     digests::{Digests, SharedDigests},
     eligibility::Ineligible,
     nodes::NodeInfo,
@@ -17,7 +16,7 @@ fn cluster(endpoints: &[(&str, &str)]) -> ClusterState {
 }
 
 /// The Service demo/web with `backends` on its one port, and `nodes`.
-fn cluster_of(backends: Vec<Backend>, nodes: BTreeMap<String, NodeInfo>) -> ClusterState {
+fn cluster_of(backends: Vec<pb::Endpoint>, nodes: BTreeMap<String, NodeInfo>) -> ClusterState {
     let key: Key = ("demo".into(), "web".into());
     let service = pb::Service {
         key: Some(object_key(&key)),
@@ -39,12 +38,12 @@ fn cluster_of(backends: Vec<Backend>, nodes: BTreeMap<String, NodeInfo>) -> Clus
 fn insert_http_backends(
     endpoints: &mut BTreeMap<Key, ServiceBackends>,
     key: &Key,
-    backends: Vec<Backend>,
+    backends: Vec<pb::Endpoint>,
 ) {
     if !backends.is_empty() {
-        let ports = vec![PortBackends {
+        let ports = vec![pb::PortEndpoints {
             port_name: "http".into(),
-            protocol: pb::Protocol::Tcp,
+            protocol: pb::Protocol::Tcp as i32,
             endpoints: backends,
         }];
         endpoints.insert(key.clone(), ServiceBackends::new(key, ports, None));
@@ -71,7 +70,7 @@ fn endpoints_on_the_viewing_node_are_marked_local() {
         ("10.244.2.2", "node-2"),
         ("10.244.3.2", ""),
     ]);
-    let view = NodeView::for_node(&state, "node-1");
+    let view = NodeView::for_node(&state, "node-1", EndpointForm::Filtered);
     assert_eq!(
         local_flags(&view),
         [
@@ -84,14 +83,26 @@ fn endpoints_on_the_viewing_node_are_marked_local() {
 
 #[test]
 fn identical_views_give_an_empty_delta() {
-    let view = NodeView::for_node(&cluster(&[("10.244.1.2", "node-1")]), "node-1");
+    let view = NodeView::for_node(
+        &cluster(&[("10.244.1.2", "node-1")]),
+        "node-1",
+        EndpointForm::Filtered,
+    );
     assert!(Delta::between(&view, &view).is_empty());
 }
 
 #[test]
 fn changed_endpoints_are_upserted_without_resending_the_service() {
-    let before = NodeView::for_node(&cluster(&[("10.244.1.2", "node-1")]), "node-1");
-    let after = NodeView::for_node(&cluster(&[("10.244.2.2", "node-2")]), "node-1");
+    let before = NodeView::for_node(
+        &cluster(&[("10.244.1.2", "node-1")]),
+        "node-1",
+        EndpointForm::Filtered,
+    );
+    let after = NodeView::for_node(
+        &cluster(&[("10.244.2.2", "node-2")]),
+        "node-1",
+        EndpointForm::Filtered,
+    );
     let delta = Delta::between(&before, &after);
     assert!(delta.upserted_services.is_empty());
     assert_eq!(delta.upserted_endpoints.len(), 1);
@@ -100,8 +111,12 @@ fn changed_endpoints_are_upserted_without_resending_the_service() {
 
 #[test]
 fn losing_every_endpoint_removes_the_endpoint_set_but_keeps_the_service() {
-    let before = NodeView::for_node(&cluster(&[("10.244.1.2", "node-1")]), "node-1");
-    let after = NodeView::for_node(&cluster(&[]), "node-1");
+    let before = NodeView::for_node(
+        &cluster(&[("10.244.1.2", "node-1")]),
+        "node-1",
+        EndpointForm::Filtered,
+    );
+    let after = NodeView::for_node(&cluster(&[]), "node-1", EndpointForm::Filtered);
     let delta = Delta::between(&before, &after);
     assert_eq!(
         delta.removed_endpoints,
@@ -115,7 +130,11 @@ fn losing_every_endpoint_removes_the_endpoint_set_but_keeps_the_service() {
 
 #[test]
 fn a_removed_service_does_not_list_its_endpoints_again() {
-    let before = NodeView::for_node(&cluster(&[("10.244.1.2", "node-1")]), "node-1");
+    let before = NodeView::for_node(
+        &cluster(&[("10.244.1.2", "node-1")]),
+        "node-1",
+        EndpointForm::Filtered,
+    );
     let delta = Delta::between(&before, &NodeView::default());
     assert_eq!(delta.removed_services.len(), 1);
     assert!(delta.removed_endpoints.is_empty());
@@ -128,7 +147,7 @@ fn zoned(endpoints: &[(&str, &str, &str)], nodes: &[(&str, &str)]) -> ClusterSta
         .iter()
         .map(|(address, node, zone)| {
             let mut backend = ready_backend(*address, node);
-            backend.hints.for_zones.insert((*zone).into());
+            backend.for_zones.push((*zone).into());
             backend
         })
         .collect();
@@ -161,12 +180,12 @@ fn zone_hints_exclude_other_zones_endpoints_from_the_node_view_only() {
         &[("10.244.1.2", "node-1", "a"), ("10.244.2.2", "node-2", "b")],
         &[("node-1", "a"), ("node-2", "b"), ("node-3", "a")],
     );
-    let on_node_3 = NodeView::for_node(&state, "node-3");
+    let on_node_3 = NodeView::for_node(&state, "node-3", EndpointForm::Filtered);
     assert_eq!(
         excluded_flags(&on_node_3),
         [("10.244.1.2".into(), false), ("10.244.2.2".into(), true)]
     );
-    let on_node_2 = NodeView::for_node(&state, "node-2");
+    let on_node_2 = NodeView::for_node(&state, "node-2", EndpointForm::Filtered);
     assert_eq!(
         excluded_flags(&on_node_2),
         [("10.244.1.2".into(), true), ("10.244.2.2".into(), false)]
@@ -191,7 +210,7 @@ fn nodes_of_one_zone_that_no_endpoint_singles_out_share_one_copy_of_the_narrowed
         ],
     );
     let key: Key = ("demo".into(), "web".into());
-    let view = |node: &str| NodeView::for_node(&state, node);
+    let view = |node: &str| NodeView::for_node(&state, node, EndpointForm::Filtered);
     let (on_3, on_4, on_5) = (view("node-3"), view("node-4"), view("node-5"));
     let seen = |view: &NodeView| Arc::clone(view.endpoints_of(&key).expect("endpoints"));
     assert!(on_3.own.is_empty() && on_4.own.is_empty() && on_5.own.is_empty());
@@ -207,14 +226,10 @@ fn every_node_sees_each_service_as_if_its_view_were_computed_for_it_alone() {
     for seed in 1..=20 {
         let state = scattered(seed);
         for node in (0..10).map(|n| format!("node-{n}")) {
-            let view = NodeView::for_node(&state, &node);
+            let view = NodeView::for_node(&state, &node, EndpointForm::Filtered);
             let place = place_of(&state, &node);
             for (key, backends) in state.endpoints.iter() {
-                let alone = pb::ServiceEndpoints {
-                    key: Some(object_key(key)),
-                    ports: place.ports(&backends.ports),
-                    last_change_trigger_time: backends.last_change_trigger_time,
-                };
+                let alone = backends.seen_from(&place);
                 let seen = view.endpoints_of(key).map(|e| &**e);
                 assert_eq!(seen, Some(&alone), "seed {seed}, {node}, {key:?}");
             }
@@ -231,6 +246,7 @@ fn a_node_zone_label_change_changes_its_view() {
             &[("node-1", "a"), ("node-2", "b"), ("node-3", "a")],
         ),
         "node-3",
+        EndpointForm::Filtered,
     );
     let after = NodeView::for_node(
         &zoned(
@@ -238,6 +254,7 @@ fn a_node_zone_label_change_changes_its_view() {
             &[("node-1", "a"), ("node-2", "b"), ("node-3", "b")],
         ),
         "node-3",
+        EndpointForm::Filtered,
     );
     let delta = Delta::between(&before, &after);
     assert_eq!(delta.upserted_endpoints.len(), 1);
@@ -249,6 +266,7 @@ fn a_node_zone_label_change_changes_its_view() {
     let unlabelled = NodeView::for_node(
         &zoned(&endpoints, &[("node-1", "a"), ("node-2", "b")]),
         "node-3",
+        EndpointForm::Filtered,
     );
     assert!(
         excluded_flags(&unlabelled)
@@ -275,7 +293,7 @@ fn with_node_1(ineligible: Option<Ineligible>) -> ClusterState {
 #[test]
 fn a_reset_carries_the_node_status_and_a_delta_leaves_an_unchanged_one_out() {
     let known = with_node_1(None);
-    let view = NodeView::for_node(&known, "node-1");
+    let view = NodeView::for_node(&known, "node-1", EndpointForm::Filtered);
     let reset = Delta::between(&NodeView::default(), &view);
     assert_eq!(
         reset.node_status,
@@ -285,23 +303,30 @@ fn a_reset_carries_the_node_status_and_a_delta_leaves_an_unchanged_one_out() {
             pod_cidrs: vec!["10.244.1.0/24".into()],
             service_cidrs: Vec::new(),
             node_ips: Vec::new(),
+            zone: String::new(),
         })
     );
     let mut moved = known;
     moved.endpoints = cluster(&[("10.244.2.2", "node-2")]).endpoints;
-    let delta = Delta::between(&view, &NodeView::for_node(&moved, "node-1"));
+    let delta = Delta::between(
+        &view,
+        &NodeView::for_node(&moved, "node-1", EndpointForm::Filtered),
+    );
     assert_eq!(delta.upserted_endpoints.len(), 1);
     assert_eq!(delta.node_status, None, "the status did not change");
 }
 
 #[test]
 fn new_pod_cidrs_alone_make_a_delta_that_carries_the_new_status() {
-    let before = NodeView::for_node(&with_node_1(None), "node-1");
+    let before = NodeView::for_node(&with_node_1(None), "node-1", EndpointForm::Filtered);
     let mut readdressed = with_node_1(None);
     if let Some(node) = Arc::make_mut(&mut readdressed.nodes).get_mut("node-1") {
         node.pod_cidrs = vec!["10.244.7.0/24".into()];
     }
-    let delta = Delta::between(&before, &NodeView::for_node(&readdressed, "node-1"));
+    let delta = Delta::between(
+        &before,
+        &NodeView::for_node(&readdressed, "node-1", EndpointForm::Filtered),
+    );
     assert_eq!(
         delta.node_status.map(|status| status.pod_cidrs),
         Some(vec!["10.244.7.0/24".to_owned()])
@@ -310,7 +335,7 @@ fn new_pod_cidrs_alone_make_a_delta_that_carries_the_new_status() {
 
 #[test]
 fn a_node_the_cluster_does_not_know_is_not_eligible() {
-    let view = NodeView::for_node(&with_node_1(None), "node-9");
+    let view = NodeView::for_node(&with_node_1(None), "node-9", EndpointForm::Filtered);
     assert_eq!(
         view.status(),
         Some(&pb::NodeStatus {
@@ -319,14 +344,19 @@ fn a_node_the_cluster_does_not_know_is_not_eligible() {
             pod_cidrs: Vec::new(),
             service_cidrs: Vec::new(),
             node_ips: Vec::new(),
+            zone: String::new(),
         })
     );
 }
 
 #[test]
 fn a_taint_alone_makes_a_delta_that_carries_only_the_new_status() {
-    let before = NodeView::for_node(&with_node_1(None), "node-1");
-    let after = NodeView::for_node(&with_node_1(Some(Ineligible::ToBeDeleted)), "node-1");
+    let before = NodeView::for_node(&with_node_1(None), "node-1", EndpointForm::Filtered);
+    let after = NodeView::for_node(
+        &with_node_1(Some(Ineligible::ToBeDeleted)),
+        "node-1",
+        EndpointForm::Filtered,
+    );
     let delta = Delta::between(&before, &after);
     assert!(!delta.is_empty());
     assert_eq!(
@@ -338,14 +368,19 @@ fn a_taint_alone_makes_a_delta_that_carries_only_the_new_status() {
                 pod_cidrs: vec!["10.244.1.0/24".into()],
                 service_cidrs: Vec::new(),
                 node_ips: Vec::new(),
+                zone: String::new(),
             }),
             ..Delta::default()
         }
     );
-    let other_node = NodeView::for_node(&with_node_1(Some(Ineligible::ToBeDeleted)), "node-2");
+    let other_node = NodeView::for_node(
+        &with_node_1(Some(Ineligible::ToBeDeleted)),
+        "node-2",
+        EndpointForm::Filtered,
+    );
     assert_eq!(
         Delta::between(
-            &NodeView::for_node(&with_node_1(None), "node-2"),
+            &NodeView::for_node(&with_node_1(None), "node-2", EndpointForm::Filtered),
             &other_node
         ),
         Delta::default(),
@@ -378,18 +413,28 @@ fn advancing_by_the_changes_matches_comparing_whole_views() {
         with_node_1(Some(Ineligible::ToBeDeleted)),
         cluster(&[("10.244.2.2", "node-2")]),
     ];
-    for node in ["node-1", "node-2", "node-3"] {
-        let mut previous: Option<ClusterState> = None;
-        let mut view = NodeView::default();
-        for state in &states {
+    for (node, form) in ["node-1", "node-2", "node-3"].into_iter().flat_map(|node| {
+        [
+            (node, EndpointForm::Filtered),
+            (node, EndpointForm::Cluster),
+        ]
+    }) {
+        let first = states[0].clone().followed_by(None);
+        let mut view = NodeView::for_node(&first, node, form);
+        let mut previous = Some(first);
+        for state in &states[1..] {
             let state = state.clone().followed_by(previous.as_ref());
             let (next, delta) = view.advance(&state, node);
-            let whole = NodeView::for_node(&state, node);
-            assert_eq!(contents(&next), contents(&whole), "{node}: the view");
+            let whole = NodeView::for_node(&state, node, form);
+            assert_eq!(
+                contents(&next),
+                contents(&whole),
+                "{node}, {form:?}: the view"
+            );
             assert_eq!(
                 delta,
                 Delta::between(&view, &whole),
-                "{node}: the delta from generation {:?}",
+                "{node}, {form:?}: the delta from generation {:?}",
                 view.generation
             );
             view = next;
@@ -398,10 +443,66 @@ fn advancing_by_the_changes_matches_comparing_whole_views() {
     }
 }
 
+/// A DaemonSet-backed Service: one endpoint on each of `nodes` nodes.
+fn daemon_set(nodes: usize) -> ClusterState {
+    let endpoints: Vec<(String, String)> = (1..=nodes)
+        .map(|n| (format!("10.244.{n}.2"), format!("node-{n}")))
+        .collect();
+    let endpoints: Vec<(&str, &str)> = (endpoints.iter())
+        .map(|(address, node)| (address.as_str(), node.as_str()))
+        .collect();
+    cluster(&endpoints)
+}
+
+#[test]
+fn in_cluster_form_every_node_shares_one_set_of_a_daemon_set_services_endpoints() {
+    let state = daemon_set(50);
+    let key: Key = ("demo".into(), "web".into());
+    let views: Vec<NodeView> = (1..=50)
+        .map(|n| NodeView::for_node(&state, &format!("node-{n}"), EndpointForm::Cluster))
+        .collect();
+    let shared = views[0].endpoints_of(&key).expect("endpoints");
+    assert!(shared.cluster_form);
+    for view in &views {
+        assert!(view.own.is_empty());
+        let set = view.endpoints_of(&key).expect("endpoints");
+        assert!(Arc::ptr_eq(set, shared));
+    }
+    // Each endpoint names its node, for the agent to tell its own; none is marked local here.
+    let first = &shared.ports[0].endpoints[0];
+    assert_eq!(
+        (first.node_name.as_str(), first.is_local),
+        ("node-1", false)
+    );
+
+    // Filtered, every node runs an endpoint, so every node holds a copy of its own: what grew
+    // as nodes × endpoints.
+    for n in 1..=50 {
+        let filtered = NodeView::for_node(&state, &format!("node-{n}"), EndpointForm::Filtered);
+        assert_eq!(filtered.own.len(), 1);
+        assert!(!filtered.endpoints_of(&key).expect("endpoints").cluster_form);
+    }
+}
+
+#[test]
+fn a_change_to_a_daemon_set_service_costs_a_cluster_form_view_no_set_of_its_own() {
+    let before = daemon_set(20);
+    let after = daemon_set(21).followed_by(Some(&before));
+    let view = NodeView::for_node(&before, "node-3", EndpointForm::Cluster);
+    let (next, delta) = view.advance(&after, "node-3");
+    assert!(next.own.is_empty());
+    let key: Key = ("demo".into(), "web".into());
+    assert_eq!(delta.upserted_endpoints.len(), 1);
+    assert!(Arc::ptr_eq(
+        &delta.upserted_endpoints[0],
+        next.endpoints_of(&key).expect("endpoints")
+    ));
+}
+
 #[test]
 fn a_view_further_behind_than_the_history_gets_a_delta_from_whole_views() {
     let mut state = cluster(&[("10.244.1.2", "node-1")]);
-    let old = NodeView::for_node(&state, "node-2");
+    let old = NodeView::for_node(&state, "node-2", EndpointForm::Filtered);
     for i in 0..crate::history::HISTORY_LENGTH + 1 {
         let address = format!("10.244.{}.{}", 2 + i / 250, i % 250 + 1);
         state = cluster(&[(address.as_str(), "node-2")]).followed_by(Some(&state));
@@ -409,7 +510,11 @@ fn a_view_further_behind_than_the_history_gets_a_delta_from_whole_views() {
     let (next, delta) = old.advance(&state, "node-2");
     assert_eq!(
         contents(&next),
-        contents(&NodeView::for_node(&state, "node-2"))
+        contents(&NodeView::for_node(
+            &state,
+            "node-2",
+            EndpointForm::Filtered
+        ))
     );
     assert_eq!(delta.upserted_endpoints.len(), 1);
     assert!(
@@ -425,8 +530,8 @@ fn new_service_cidrs_alone_make_a_delta_that_carries_them_to_every_node() {
     extended.service_cidrs = Arc::new(vec!["10.96.0.0/16".into(), "10.100.0.0/24".into()]);
     for node in ["node-1", "node-9"] {
         let delta = Delta::between(
-            &NodeView::for_node(&before, node),
-            &NodeView::for_node(&extended, node),
+            &NodeView::for_node(&before, node, EndpointForm::Filtered),
+            &NodeView::for_node(&extended, node, EndpointForm::Filtered),
         );
         assert_eq!(
             delta.node_status.map(|status| status.service_cidrs),
@@ -469,8 +574,8 @@ fn a_delta_from_a_summary_replaces_the_buckets_that_changed_and_nothing_else() {
     let before = cluster(&[("10.244.1.2", "node-1"), ("10.244.2.2", "node-2")]);
     let after = cluster(&[("10.244.1.2", "node-1"), ("10.244.2.3", "node-2")]);
     let (old, new) = (
-        NodeView::for_node(&before, "node-3"),
-        NodeView::for_node(&after, "node-3"),
+        NodeView::for_node(&before, "node-3", EndpointForm::Filtered),
+        NodeView::for_node(&after, "node-3", EndpointForm::Filtered),
     );
 
     // An agent holding the view itself: every sum matches, and it is sent only the status.
@@ -542,8 +647,8 @@ fn deltas_from_digests_use_the_digests_shared_by_every_node_of_a_state() {
     let before = cluster(&[("10.244.1.2", "node-1"), ("10.244.2.2", "node-2")]);
     let after = cluster(&[("10.244.1.2", "node-1"), ("10.244.2.3", "node-2")]);
     for node in ["node-1", "node-3"] {
-        let old = NodeView::for_node(&before, node);
-        let new = NodeView::for_node(&after, node);
+        let old = NodeView::for_node(&before, node, EndpointForm::Filtered);
+        let new = NodeView::for_node(&after, node, EndpointForm::Filtered);
 
         // The digests of `after`'s entries; node-1 sees its own endpoints (not shared).
         let delta = Delta::from_digests(&held(&old), &new, &after.digests);
@@ -594,7 +699,7 @@ fn scattered(seed: u64) -> ClusterState {
             },
         );
         let hinting = roll(4);
-        let backends: Vec<Backend> = (0..roll(5))
+        let backends: Vec<pb::Endpoint> = (0..roll(5))
             .map(|j| {
                 let node = match roll(9) {
                     8 => String::new(),
@@ -602,16 +707,16 @@ fn scattered(seed: u64) -> ClusterState {
                 };
                 let mut backend = ready_backend(format!("10.244.{i}.{j}"), &node);
                 if roll(5) == 0
-                    && let Some(c) = backend.endpoint.conditions.as_mut()
+                    && let Some(c) = backend.conditions.as_mut()
                 {
                     c.ready = false;
                 }
                 match hinting {
                     1 => {
-                        backend.hints.for_zones.insert(format!("zone-{}", roll(2)));
+                        backend.for_zones.push(format!("zone-{}", roll(2)));
                     }
                     2 => {
-                        backend.hints.for_nodes.insert(format!("node-{}", roll(8)));
+                        backend.for_nodes.push(format!("node-{}", roll(8)));
                     }
                     _ => {}
                 }
@@ -649,8 +754,8 @@ fn first_views_from_the_placement_index_equal_those_from_every_endpoint() {
         );
         let mut own_seen = 0;
         for node in (0..9).map(|n| format!("node-{n}")) {
-            let indexed = NodeView::for_node(&state, &node);
-            let scanned = NodeView::for_node(&unindexed, &node);
+            let indexed = NodeView::for_node(&state, &node, EndpointForm::Filtered);
+            let scanned = NodeView::for_node(&unindexed, &node, EndpointForm::Filtered);
             assert_eq!(indexed.own, scanned.own, "seed {seed}, {node}");
             own_seen += indexed.own.len();
         }
@@ -782,8 +887,8 @@ fn a_delta_from_a_summary_brings_any_held_view_to_the_node_view() {
         let (before, after) = (scattered(seed), scattered(seed + 100));
         for node in (0..9).map(|n| format!("node-{n}")) {
             let (old, new) = (
-                NodeView::for_node(&before, &node),
-                NodeView::for_node(&after, &node),
+                NodeView::for_node(&before, &node, EndpointForm::Filtered),
+                NodeView::for_node(&after, &node, EndpointForm::Filtered),
             );
             for buckets in [16, splitproxy_proto::SUMMARY_BUCKETS] {
                 let context = format!("seed {seed}, {node}, {buckets} buckets");
@@ -814,16 +919,16 @@ fn a_delta_from_a_summary_brings_any_held_view_to_the_node_view() {
 fn a_state_takes_the_digests_and_bucket_keys_of_the_last_state_whose_digests_were_computed() {
     let before = scattered(3);
     let (node, buckets) = ("node-1", splitproxy_proto::SUMMARY_BUCKETS);
-    let old = NodeView::for_node(&before, node);
+    let old = NodeView::for_node(&before, node, EndpointForm::Filtered);
     let mut held = holdings(&old);
     let summary = summary_of(&held, buckets);
     let _ = Delta::from_summary(&summary, &old, &before.digests);
 
     // One Service loses an endpoint; every other entry is shared with `before`.
     let (key, backends) = (before.endpoints.iter())
-        .find(|(_, b)| b.ports.iter().any(|p| p.endpoints.len() > 1))
+        .find(|(_, b)| b.ports().iter().any(|p| p.endpoints.len() > 1))
         .expect("a Service with two endpoints");
-    let mut ports = backends.ports.clone();
+    let mut ports = backends.ports().to_vec();
     for port in &mut ports {
         port.endpoints.truncate(1);
     }
@@ -837,7 +942,7 @@ fn a_state_takes_the_digests_and_bucket_keys_of_the_last_state_whose_digests_wer
     let after = after.followed_by(Some(&between));
     assert!(between.digests.computed.get().is_none());
 
-    let new = NodeView::for_node(&after, node);
+    let new = NodeView::for_node(&after, node, EndpointForm::Filtered);
     let delta = Delta::from_summary(&summary, &new, &after.digests);
     let alone = Delta::from_summary(&summary, &new, &SharedDigests::default());
     assert_eq!(delta, alone);

@@ -103,7 +103,7 @@ impl Agent {
         let status = Status::default();
         let metrics = Metrics::new(&mut Default::default());
         let periods = SyncPeriods::new(SYNC_PERIOD, MIN_SYNC_PERIOD).expect("valid periods");
-        let mut applier = Applier::new(kernel.clone(), status.clone(), metrics.clone())
+        let mut applier = Applier::new("node-1", kernel.clone(), status.clone(), metrics.clone())
             .with_sync_periods(periods);
         let (controller, inbound) = mpsc::channel(8);
         let (ack_tx, acks) = mpsc::channel(8);
@@ -541,6 +541,7 @@ fn status_only(number: u64, eligible: bool) -> pb::SyncResponse {
             pod_cidrs: Vec::new(),
             service_cidrs: Vec::new(),
             node_ips: Vec::new(),
+            zone: String::new(),
         }),
         ..Default::default()
     }
@@ -572,10 +573,7 @@ async fn the_last_eligibility_outlives_the_controller_stream() {
     let mut reset = revision(1, true, &[("web", "10.96.0.10")]);
     reset.node_status = Some(pb::NodeStatus {
         eligible: true,
-        reason: String::new(),
-        pod_cidrs: Vec::new(),
-        service_cidrs: Vec::new(),
-        node_ips: Vec::new(),
+        ..pb::NodeStatus::default()
     });
     agent.send(reset).await;
     agent.ack().await;

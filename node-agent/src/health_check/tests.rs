@@ -382,10 +382,10 @@ fn web_revision(number: u64, port: u16, local: bool) -> crate::node_state::Revis
                             terminating: false,
                         }),
                         is_local: local,
-                        topology_excluded: false,
+                        ..pb::Endpoint::default()
                     }],
                 }],
-                last_change_trigger_time: None,
+                ..pb::ServiceEndpoints::default()
             }],
             ..Default::default()
         }],
@@ -397,6 +397,7 @@ async fn the_applier_reconciles_the_servers_after_each_applied_revision() {
     let status = Status::default();
     let dataplane = splitproxy_dataplane::testing::recording::RecordingDataplane::default();
     let mut applier = crate::sync::Applier::new(
+        "node-1",
         dataplane,
         status.clone(),
         crate::metrics::Metrics::new(&mut Default::default()),

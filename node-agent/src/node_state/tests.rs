@@ -48,7 +48,7 @@ fn endpoint(address: &str, port: u32, is_local: bool) -> pb::Endpoint {
             terminating: false,
         }),
         is_local,
-        topology_excluded: false,
+        ..pb::Endpoint::default()
     }
 }
 
@@ -68,7 +68,7 @@ fn endpoints(name: &str, ports: Vec<pb::PortEndpoints>) -> pb::ServiceEndpoints 
     pb::ServiceEndpoints {
         key: Some(object_key(name)),
         ports,
-        last_change_trigger_time: None,
+        ..pb::ServiceEndpoints::default()
     }
 }
 
@@ -355,7 +355,7 @@ fn removing_a_service_removes_its_endpoints() {
     let Conversion {
         model: proxy,
         invalid,
-    } = Conversion::of(&next);
+    } = Conversion::of(&next, "node-1");
     assert!(invalid.is_empty());
     let names: Vec<&str> = proxy.services.keys().map(|k| k.name.as_str()).collect();
     assert_eq!(names, ["b"]);
@@ -654,7 +654,7 @@ fn the_conversion_joins_endpoints_to_ports_by_port_name_and_protocol() {
     let Conversion {
         model: proxy,
         invalid,
-    } = Conversion::of(&state);
+    } = Conversion::of(&state, "node-1");
     assert!(invalid.is_empty(), "{invalid:?}");
     let dp_endpoint = |ip: [u8; 4], port, is_local| dp::Endpoint {
         ip: IpAddr::V4(Ipv4Addr::from(ip)),
@@ -727,11 +727,12 @@ fn the_conversion_carries_endpoint_conditions_and_topology() {
         pod_cidrs: Vec::new(),
         service_cidrs: Vec::new(),
         node_ips: Vec::new(),
+        zone: String::new(),
     };
     let Conversion {
         model: proxy,
         invalid: _,
-    } = Conversion::of(&state);
+    } = Conversion::of(&state, "node-1");
     let ep = &proxy
         .services
         .values()
@@ -748,6 +749,78 @@ fn the_conversion_carries_endpoint_conditions_and_topology() {
         .map(|e| e.topology_excluded)
         .collect();
     assert_eq!(excluded, [false, true]);
+}
+
+/// The endpoint set of `web("a", ..)` in cluster form: `10.244.1.2` on node-1 in zone `a`,
+/// `10.244.2.2` on node-2 in zone `b`, each zone-hinted.
+fn in_cluster_form() -> (pb::Service, pb::ServiceEndpoints) {
+    let (svc, mut eps) = web("a", 2);
+    eps.cluster_form = true;
+    eps.ports[0].endpoints = vec![
+        pb::Endpoint {
+            node_name: "node-1".into(),
+            for_zones: vec!["a".into()],
+            ..endpoint("10.244.1.2", 8080, false)
+        },
+        pb::Endpoint {
+            node_name: "node-2".into(),
+            for_zones: vec!["b".into()],
+            ..endpoint("10.244.2.2", 8080, false)
+        },
+    ];
+    (svc, eps)
+}
+
+/// Each endpoint of the one converted Service: address, local, excluded by topology.
+fn locality(conversion: &Conversion) -> Vec<(String, bool, bool)> {
+    (conversion.model.services.values())
+        .flat_map(|s| &s.ports[0].endpoints)
+        .map(|e| (e.ip.to_string(), e.is_local, e.topology_excluded))
+        .collect()
+}
+
+#[test]
+fn a_set_in_cluster_form_is_localized_for_the_agents_node_and_zone() {
+    let (svc, eps) = in_cluster_form();
+    let state = |zone: &str| NodeState {
+        epoch: Some("e1".into()),
+        revision: 1,
+        services: OrdMap::unit(key("a"), Arc::new(svc.clone())),
+        endpoints: OrdMap::unit(key("a"), Arc::new(eps.clone())),
+        zone: zone.into(),
+        ..NodeState::default()
+    };
+    let local = |address: &str, local, excluded| (address.to_owned(), local, excluded);
+    assert_eq!(
+        locality(&Conversion::of(&state("a"), "node-1")),
+        [
+            local("10.244.1.2", true, false),
+            local("10.244.2.2", false, true)
+        ]
+    );
+    assert_eq!(
+        locality(&Conversion::of(&state("b"), "node-2")),
+        [
+            local("10.244.1.2", false, true),
+            local("10.244.2.2", true, false)
+        ]
+    );
+    // A node of zone b that runs neither: zone b's endpoint, none local.
+    assert_eq!(
+        locality(&Conversion::of(&state("b"), "node-9")),
+        [
+            local("10.244.1.2", false, true),
+            local("10.244.2.2", false, false)
+        ]
+    );
+    // Without a zone, the hints are ignored.
+    assert_eq!(
+        locality(&Conversion::of(&state(""), "node-1")),
+        [
+            local("10.244.1.2", true, false),
+            local("10.244.2.2", false, false)
+        ]
+    );
 }
 
 /// A Service and, if it has any, its endpoint set.
@@ -878,7 +951,7 @@ fn the_conversion_skips_only_the_services_that_cannot_be_programmed() {
         let Conversion {
             model: proxy,
             invalid,
-        } = Conversion::of(&state);
+        } = Conversion::of(&state, "node-1");
         assert_eq!(invalid, BTreeMap::from([(key("x"), reason)]), "case {case}");
         let names: Vec<&str> = proxy.services.keys().map(|k| k.name.as_str()).collect();
         assert_eq!(names, ["a", "z"], "case {case}");
@@ -967,7 +1040,7 @@ fn external_addresses_affinity_and_policies_reach_the_dataplane_model() {
     let Conversion {
         model: proxy,
         invalid,
-    } = Conversion::of(&state);
+    } = Conversion::of(&state, "node-1");
     assert!(invalid.is_empty());
     let converted = proxy.services.values().next().expect("converted");
     assert_eq!(
@@ -996,8 +1069,7 @@ fn node_status(eligible: bool, reason: &str) -> Option<pb::NodeStatus> {
         eligible,
         reason: reason.into(),
         pod_cidrs: Vec::new(),
-        service_cidrs: Vec::new(),
-        node_ips: Vec::new(),
+        ..pb::NodeStatus::default()
     })
 }
 
@@ -1114,7 +1186,7 @@ fn services_whose_names_cannot_go_into_a_rule_are_skipped_and_the_rest_renders()
             let Conversion {
                 model: proxy,
                 invalid,
-            } = Conversion::of(&state);
+            } = Conversion::of(&state, "node-1");
             assert_eq!(
                 invalid,
                 BTreeMap::from([(
@@ -1218,13 +1290,13 @@ fn a_conversion_updated_by_the_changed_services_equals_a_whole_conversion() {
         .collect();
     let names: BTreeSet<&str> = changed.iter().map(|(_, n)| n.as_str()).collect();
     assert_eq!(names, BTreeSet::from(["a", "b", "c", "d"]));
-    let updated = Conversion::of(&held).updated(&next, changed);
-    assert_eq!(updated, Conversion::of(&next));
+    let updated = Conversion::of(&held, "node-1").updated(&next, "node-1", changed);
+    assert_eq!(updated, Conversion::of(&next, "node-1"));
     assert_eq!(updated.invalid.keys().collect::<Vec<_>>(), [&key("d")]);
-    let kept = Conversion::of(&held).updated(&next, []);
+    let kept = Conversion::of(&held, "node-1").updated(&next, "node-1", []);
     assert_ne!(
         kept,
-        Conversion::of(&next),
+        Conversion::of(&next, "node-1"),
         "without the changes it stays the old one"
     );
 }

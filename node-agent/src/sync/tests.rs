@@ -13,11 +13,26 @@ const SYNC_PERIOD: Duration = Duration::from_secs(30);
 fn applier(dataplane: &RecordingDataplane) -> Applier<RecordingDataplane> {
     let periods = SyncPeriods::new(SYNC_PERIOD, Duration::from_secs(1)).expect("valid periods");
     Applier::new(
+        "node-1",
         dataplane.clone(),
         Status::default(),
         Metrics::new(&mut Default::default()),
     )
     .with_sync_periods(periods)
+}
+
+/// A ready endpoint `address:8080`.
+fn ready_endpoint(address: &str) -> pb::Endpoint {
+    pb::Endpoint {
+        address: address.into(),
+        port: 8080,
+        conditions: Some(pb::EndpointConditions {
+            ready: true,
+            serving: true,
+            terminating: false,
+        }),
+        ..pb::Endpoint::default()
+    }
 }
 
 /// A complete reset revision holding `demo/web` on 10.96.0.10.
@@ -134,7 +149,12 @@ impl Dataplane for DualStackReport {
 async fn rules_written_are_exported_per_table_and_ip_family() {
     let mut registry = prometheus_client::registry::Registry::default();
     let status = Status::default();
-    let mut applier = Applier::new(DualStackReport, status.clone(), Metrics::new(&mut registry));
+    let mut applier = Applier::new(
+        "node-1",
+        DualStackReport,
+        status.clone(),
+        Metrics::new(&mut registry),
+    );
     applier.apply(&web_revision()).await.expect("applied");
 
     let mut text = String::new();
@@ -179,7 +199,7 @@ async fn rules_written_are_exported_per_table_and_ip_family() {
 async fn network_programming_is_observed_under_the_families_of_the_service() {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::new(&mut registry);
-    let mut applier = Applier::new(DualStackReport, Status::default(), metrics);
+    let mut applier = Applier::new("node-1", DualStackReport, Status::default(), metrics);
     // `demo/web` (IPv4) and `demo/dual` (both families), each with an endpoint whose slices
     // changed a second ago.
     let mut revision = web_revision();
@@ -201,18 +221,10 @@ async fn network_programming_is_observed_under_the_families_of_the_service() {
             ports: vec![pb::PortEndpoints {
                 port_name: "http".into(),
                 protocol: pb::Protocol::Tcp as i32,
-                endpoints: vec![pb::Endpoint {
-                    address: address.into(),
-                    port: 8080,
-                    conditions: Some(pb::EndpointConditions {
-                        ready: true,
-                        serving: true,
-                        terminating: false,
-                    }),
-                    ..Default::default()
-                }],
+                endpoints: vec![ready_endpoint(address)],
             }],
             last_change_trigger_time: Some(trigger.into()),
+            ..pb::ServiceEndpoints::default()
         });
     }
 
@@ -253,6 +265,7 @@ fn local_service_delta(number: u64) -> Revision {
 async fn changes_count_against_the_state_held_and_stop_pending_when_the_sync_starts() {
     let metrics = Metrics::new(&mut Default::default());
     let mut applier = Applier::new(
+        "node-1",
         RecordingDataplane::default(),
         Status::default(),
         metrics.clone(),
@@ -340,6 +353,7 @@ async fn only_refused_rules_count_as_restore_failures_and_partial_ones_in_both_c
     let counts = |step, family| async move {
         let metrics = Metrics::new(&mut Default::default());
         let mut applier = Applier::new(
+            "node-1",
             Refusing(step, "iptables", family),
             Status::default(),
             metrics.clone(),
@@ -370,6 +384,7 @@ async fn in_nftables_mode_a_refused_transaction_counts_per_family_and_not_as_ipt
     let metrics = Metrics::new(&mut Default::default());
     let step = FailedStep::Restore { partial: true };
     let mut applier = Applier::new(
+        "node-1",
         Refusing(step, "nftables", None),
         Status::default(),
         metrics.clone(),
@@ -446,7 +461,7 @@ fn status_delta_with(number: u64, pod_cidrs: &[&str], service_cidrs: &[&str]) ->
                     .iter()
                     .map(|cidr| (*cidr).to_owned())
                     .collect(),
-                node_ips: Vec::new(),
+                ..pb::NodeStatus::default()
             }),
             ..Default::default()
         }],
@@ -459,6 +474,7 @@ async fn the_node_cidr_detector_follows_the_nodes_pod_cidrs_and_rewrites_the_rul
     let periods = SyncPeriods::new(SYNC_PERIOD, Duration::ZERO).expect("valid periods");
     let new_applier = |record: &DetectorRecord| {
         Applier::new(
+            "node-1",
             record.clone(),
             Status::default(),
             Metrics::new(&mut Default::default()),
@@ -510,6 +526,7 @@ async fn new_service_cidrs_reach_the_dataplane_and_are_written_at_once() {
     let record = DetectorRecord::default();
     let periods = SyncPeriods::new(SYNC_PERIOD, Duration::ZERO).expect("valid periods");
     let mut applier = Applier::new(
+        "node-1",
         record.clone(),
         Status::default(),
         Metrics::new(&mut Default::default()),
@@ -574,5 +591,62 @@ fn the_nodes_ips_replace_those_known_at_start_and_bind_address_keeps_its_family(
     assert_eq!(
         bound_v6.follow(&from_node(&["198.18.0.11"])),
         Some(vec![ip("fd00::99"), ip("198.18.0.11")])
+    );
+}
+
+/// A status-only delta, revision `number`, moving the node to `zone`.
+fn zone_delta(number: u64, zone: &str) -> Revision {
+    let mut revision = status_delta(number, &[]);
+    if let Some(status) = revision.parts[0].node_status.as_mut() {
+        status.zone = zone.into();
+    }
+    revision
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_zone_localizes_the_sets_in_cluster_form_again_and_rewrites_the_rules() {
+    let dataplane = RecordingDataplane::default();
+    let mut applier = applier(&dataplane);
+    let mut reset = web_revision();
+    let endpoint = |address: &str, node: &str, zone: &str| pb::Endpoint {
+        node_name: node.into(),
+        for_zones: vec![zone.into()],
+        ..ready_endpoint(address)
+    };
+    reset.parts[0].upserted_endpoints = vec![pb::ServiceEndpoints {
+        key: Some(pb::ObjectKey {
+            namespace: "demo".into(),
+            name: "web".into(),
+        }),
+        ports: vec![pb::PortEndpoints {
+            port_name: "http".into(),
+            protocol: pb::Protocol::Tcp as i32,
+            endpoints: vec![
+                endpoint("10.244.1.2", "node-1", "a"),
+                endpoint("10.244.2.2", "node-2", "b"),
+            ],
+        }],
+        cluster_form: true,
+        ..pb::ServiceEndpoints::default()
+    }];
+    reset.parts[0].node_status = zone_delta(1, "a").parts[0].node_status.clone();
+    applier.apply(&reset).await.expect("applied");
+    applier.apply(&zone_delta(2, "b")).await.expect("applied");
+
+    let seen: Vec<Vec<(bool, bool)>> = (dataplane.applied().iter())
+        .map(|state| {
+            (state.services.values())
+                .flat_map(|s| &s.ports[0].endpoints)
+                .map(|e| (e.is_local, e.topology_excluded))
+                .collect()
+        })
+        .collect();
+    // In zone a, node-1's endpoint is local and zone b's is left out; in zone b, the other way.
+    assert_eq!(
+        seen,
+        [
+            vec![(true, false), (false, true)],
+            vec![(true, true), (false, false)]
+        ]
     );
 }

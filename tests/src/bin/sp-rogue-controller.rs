@@ -173,11 +173,10 @@ fn endpoints(name: &str, address: &str, port: u32) -> pb::ServiceEndpoints {
                     serving: true,
                     terminating: false,
                 }),
-                is_local: false,
-                topology_excluded: false,
+                ..pb::Endpoint::default()
             }],
         }],
-        last_change_trigger_time: None,
+        ..pb::ServiceEndpoints::default()
     }
 }
 
@@ -334,7 +333,7 @@ async fn main() -> anyhow::Result<()> {
         reason: String::new(),
         pod_cidrs: Vec::new(),
         service_cidrs: Vec::new(),
-        node_ips: Vec::new(),
+        ..pb::NodeStatus::default()
     });
     let rogue = Rogue {
         good: vec![good],
