@@ -37,6 +37,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(state) = NodeState::default().apply(&revision) else {
         return;
     };
-    let model = Conversion::of(&state).model;
+    // The node the seeds are written for (controller/examples/fuzz_seeds.rs).
+    let model = Conversion::of(&state, "node-1").model;
     check_render(&ProxyState::default(), &model, &NodeOptions::default());
 });
