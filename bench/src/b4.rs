@@ -6,6 +6,7 @@
 //! bottleneck says so), and optionally what a SIGKILLed and restarted controller costs.
 
 mod controller;
+pub mod shapes;
 pub mod sweep;
 mod thin;
 
@@ -60,6 +61,9 @@ pub struct Params {
     pub sync_ms: u64,
     /// Whether every endpoint carries a zone hint (and Nodes a zone).
     pub hints: bool,
+    /// The Services beside the churned ones that cost per node (`--daemon-sets`,
+    /// `--local-services`, `--hostile-slices`).
+    pub shapes: shapes::Shapes,
     /// Whether to SIGKILL and restart the controller under churn.
     pub restart: bool,
     /// Whether to add a second controller replica under churn, after the steady churn.
@@ -242,6 +246,10 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
         zones: if params.hints { ZONES } else { 0 },
     };
     shape.write(dir).context("writing the manifests")?;
+    (params.shapes)
+        .write(dir, &shape)
+        .context("writing the manifests of the other shapes")?;
+    let services = params.services + params.shapes.services();
     let periods = SyncPeriods::new(
         SYNC_PERIOD,
         Duration::from_millis(params.min_sync_period_ms),
@@ -288,7 +296,7 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
         keys: thin::Keys::default(),
         encodings: thin::Encodings::default(),
         changes: thin::Changes::default(),
-        services: params.services,
+        services,
         started,
         urls,
         periods,
@@ -300,7 +308,7 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
     let fleet = Fleet {
         canaries: (0..canaries)
             .map(|index| {
-                let probe = Probe::new(canary_changes.clone(), params.services, started);
+                let probe = Probe::new(canary_changes.clone(), services, started);
                 tasks.spawn(b1::hollow_agent(
                     Shape::node_name(index),
                     url.clone(),

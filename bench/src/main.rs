@@ -126,6 +126,16 @@ struct B4Args {
     /// Put the Nodes in zones and hint every endpoint for its node's zone.
     #[arg(long)]
     hints: bool,
+    /// DaemonSet-backed Services to add, unchurned: an endpoint on every node, two ports.
+    #[arg(long, default_value_t = 0)]
+    daemon_sets: usize,
+    /// NodePort Services with externalTrafficPolicy Local to add, unchurned, ten endpoints each.
+    #[arg(long, default_value_t = 0)]
+    local_services: usize,
+    /// Hand-made Services to add, unchurned: one full slice whose endpoints each name another
+    /// node and carry eight node hints.
+    #[arg(long, default_value_t = 0)]
+    hostile_slices: usize,
     /// SIGKILL the controller after the steady churn and start it again under more churn.
     #[arg(long)]
     restart: bool,
@@ -159,6 +169,12 @@ impl B4Args {
                 1
             };
         cluster::check_churn(self.services, self.endpoints, changes)?;
+        if self.local_services > b4::shapes::MOST_LOCAL_SERVICES {
+            bail!(
+                "--local-services must be at most {}: each takes a node port of its own",
+                b4::shapes::MOST_LOCAL_SERVICES
+            );
+        }
         Ok(b4::Params {
             nodes: self.nodes,
             services: self.services,
@@ -168,6 +184,11 @@ impl B4Args {
             min_sync_period_ms: self.min_sync_period_ms,
             sync_ms: self.sync_ms,
             hints: self.hints,
+            shapes: b4::shapes::Shapes {
+                daemon_sets: self.daemon_sets,
+                local_services: self.local_services,
+                hostile_slices: self.hostile_slices,
+            },
             restart: self.restart,
             add_replica: self.add_replica,
             canaries: self.canaries,

@@ -1,5 +1,5 @@
-//! The digests of one cluster state's Services and plain and per-zone endpoint sets, and their
-//! sums per bucket (protocol rules 7 and 11), computed once per state and shared by every
+//! The digests of one cluster state's Services and endpoint sets in cluster, plain and per-zone
+//! form, and their sums per bucket (protocol rules 7 and 11), computed once per state and shared by every
 //! resuming node's delta.
 //!
 //! After a controller restart every agent resumes at once, so the work that does not depend on
@@ -7,8 +7,8 @@
 //! bucket. A state's digests are seeded from the state before's, so under churn only the entries
 //! that changed are hashed again.
 
-use crate::resources::{Endpoints, Services};
-use splitproxy_proto::{Key, MAX_SUMMARY_BUCKETS, bucket_of};
+use crate::resources::{Endpoints, ServiceBackends, Services};
+use splitproxy_proto::{Key, MAX_SUMMARY_BUCKETS, bucket_of, v1alpha1 as pb};
 use std::{
     borrow::Cow,
     collections::HashMap,
@@ -111,7 +111,11 @@ impl Digests {
         let services_digests = services.values().map(|s| by_address(s, seed));
         let endpoints_digests = endpoints
             .values()
-            .flat_map(|e| std::iter::once(&e.plain).chain(e.zoned.iter().map(|(_, z)| z)))
+            .flat_map(|e| {
+                [&e.cluster, &e.plain]
+                    .into_iter()
+                    .chain(e.zoned.iter().map(|(_, z)| z))
+            })
             .map(|e| by_address(e, seed));
         let same_keys = seed.is_some_and(|seed| {
             seed.services.keys().eq(services.keys()) && seed.endpoints.keys().eq(endpoints.keys())
@@ -155,6 +159,9 @@ impl Digests {
 #[derive(Debug, Clone)]
 pub struct PlainSummary {
     sums: Vec<u64>,
+    /// The sums with every endpoint set in cluster form (protocol rule 15), which every node
+    /// that takes that form starts and ends with.
+    cluster: Vec<u64>,
     /// The sums with each zone's endpoint sets in place of the plain ones, for the zones that
     /// have any.
     zones: HashMap<String, Vec<u64>>,
@@ -169,18 +176,23 @@ impl PlainSummary {
     /// The sums of `digests` in `buckets` buckets, with `inherited` as the keys per bucket
     /// when the state before had the same keys.
     fn of(digests: &Digests, buckets: usize, inherited: Option<BucketKeys>) -> Self {
-        let mut sums = vec![0u64; buckets];
-        let services = digests
-            .services
-            .iter()
-            .map(|(key, s)| (key, digests.digest_of(s)));
-        let endpoints =
-            (digests.endpoints.iter()).map(|(key, e)| (key, digests.digest_of(&e.plain)));
-        for (key, digest) in services.chain(endpoints) {
-            if let Some(sum) = sums.get_mut(bucket_of(&key.0, &key.1, buckets)) {
-                *sum = sum.wrapping_add(digest);
+        let sum_up = |endpoints: &dyn Fn(&ServiceBackends) -> &Arc<pb::ServiceEndpoints>| {
+            let mut sums = vec![0u64; buckets];
+            let services = digests
+                .services
+                .iter()
+                .map(|(key, s)| (key, digests.digest_of(s)));
+            let endpoints =
+                (digests.endpoints.iter()).map(|(key, e)| (key, digests.digest_of(endpoints(e))));
+            for (key, digest) in services.chain(endpoints) {
+                if let Some(sum) = sums.get_mut(bucket_of(&key.0, &key.1, buckets)) {
+                    *sum = sum.wrapping_add(digest);
+                }
             }
-        }
+            sums
+        };
+        let sums = sum_up(&|e| &e.plain);
+        let cluster = sum_up(&|e| &e.cluster);
         let mut zones = HashMap::new();
         for (key, e) in digests.endpoints.iter() {
             let plain = digests.digest_of(&e.plain);
@@ -194,12 +206,22 @@ impl PlainSummary {
             }
         }
         let keys = inherited.unwrap_or_else(|| Arc::new(bucket_keys(digests, buckets)));
-        Self { sums, zones, keys }
+        Self {
+            sums,
+            cluster,
+            zones,
+            keys,
+        }
     }
 
-    /// The sums every node of `zone` starts from.
+    /// The sums every node of `zone` that takes filtered sets starts from.
     pub fn sums_in(&self, zone: &str) -> &[u64] {
         self.zones.get(zone).unwrap_or(&self.sums)
+    }
+
+    /// The sums of every node that takes sets in cluster form.
+    pub fn cluster_sums(&self) -> &[u64] {
+        &self.cluster
     }
 }
 

@@ -6,7 +6,7 @@
 //! [`crate::digests`]); per node there remains only its own endpoint sets and the buckets that
 //! differ.
 
-use super::{Delta, EndpointsOf, NodeView, Resources, diff_all};
+use super::{Delta, EndpointForm, EndpointsOf, NodeView, Resources, diff_all};
 use crate::digests::{Digests, PlainSummary, SharedDigests, buckets_allowed};
 use splitproxy_proto::{Key, bucket_of, v1alpha1 as pb};
 use std::sync::Arc;
@@ -162,6 +162,9 @@ impl NodeView {
     /// This view's digests summed per bucket (protocol rule 11), to compare with an agent's
     /// summary: the sums its zone's nodes share, corrected for the node's own endpoints.
     fn summary(&self, digests: &Digests, plain: &PlainSummary) -> Vec<u64> {
+        if self.form == EndpointForm::Cluster {
+            return plain.cluster_sums().to_vec();
+        }
         let mut sums = plain.sums_in(&self.zone).to_vec();
         let buckets = sums.len();
         for (key, own) in self.own.iter() {

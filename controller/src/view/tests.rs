@@ -646,11 +646,16 @@ fn a_summary_without_a_power_of_two_of_buckets_up_to_65536_is_ignored() {
 fn deltas_from_digests_use_the_digests_shared_by_every_node_of_a_state() {
     let before = cluster(&[("10.244.1.2", "node-1"), ("10.244.2.2", "node-2")]);
     let after = cluster(&[("10.244.1.2", "node-1"), ("10.244.2.3", "node-2")]);
-    for node in ["node-1", "node-3"] {
-        let old = NodeView::for_node(&before, node, EndpointForm::Filtered);
-        let new = NodeView::for_node(&after, node, EndpointForm::Filtered);
+    let forms = [EndpointForm::Filtered, EndpointForm::Cluster];
+    for (node, form) in ["node-1", "node-3"]
+        .into_iter()
+        .flat_map(|node| forms.map(|form| (node, form)))
+    {
+        let old = NodeView::for_node(&before, node, form);
+        let new = NodeView::for_node(&after, node, form);
 
-        // The digests of `after`'s entries; node-1 sees its own endpoints (not shared).
+        // The digests of `after`'s entries; filtered, node-1 sees its own endpoints (not
+        // shared).
         let delta = Delta::from_digests(&held(&old), &new, &after.digests);
         assert!(delta.upserted_services.is_empty(), "{node}: {delta:?}");
         assert_eq!(
@@ -672,9 +677,9 @@ fn deltas_from_digests_use_the_digests_shared_by_every_node_of_a_state() {
             "{node}"
         );
     }
-    // Computed once for the state, for the Service and its plain endpoints.
+    // Computed once for the state: the Service, its endpoints in cluster form and plain.
     let shared = after.digests.computed.get().expect("computed");
-    assert_eq!(shared.by_address.len(), 2);
+    assert_eq!(shared.by_address.len(), 3);
 }
 
 /// A cluster of 300 Services with endpoints spread pseudo-randomly (from `seed`) over node-0 to
@@ -885,13 +890,17 @@ fn a_delta_from_a_summary_brings_any_held_view_to_the_node_view() {
         // Two unrelated states of the same 300 Services, seen by nodes with endpoints of their
         // own, hinted ones, and none (node-8 runs nothing).
         let (before, after) = (scattered(seed), scattered(seed + 100));
-        for node in (0..9).map(|n| format!("node-{n}")) {
+        let forms = [EndpointForm::Filtered, EndpointForm::Cluster];
+        for (node, form) in (0..9)
+            .map(|n| format!("node-{n}"))
+            .flat_map(|node| forms.map(|form| (node.clone(), form)))
+        {
             let (old, new) = (
-                NodeView::for_node(&before, &node, EndpointForm::Filtered),
-                NodeView::for_node(&after, &node, EndpointForm::Filtered),
+                NodeView::for_node(&before, &node, form),
+                NodeView::for_node(&after, &node, form),
             );
             for buckets in [16, splitproxy_proto::SUMMARY_BUCKETS] {
-                let context = format!("seed {seed}, {node}, {buckets} buckets");
+                let context = format!("seed {seed}, {node}, {form:?}, {buckets} buckets");
                 let up_to_date = summary_of(&holdings(&new), buckets);
                 let none = Delta::from_summary(&up_to_date, &new, &after.digests);
                 assert_eq!(none.replaced_buckets, None, "{context}");
