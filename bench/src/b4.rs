@@ -64,6 +64,9 @@ pub struct Params {
     /// The Services beside the churned ones that cost per node (`--daemon-sets`,
     /// `--local-services`, `--hostile-slices`).
     pub shapes: shapes::Shapes,
+    /// Whether the thin clients take endpoint sets filtered for their node, as agents before
+    /// protocol rule 15, rather than in cluster form.
+    pub filtered_endpoints: bool,
     /// Whether to SIGKILL and restart the controller under churn.
     pub restart: bool,
     /// Whether to add a second controller replica under churn, after the steady churn.
@@ -301,6 +304,7 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
         urls,
         periods,
         sync_time: Duration::from_millis(params.sync_ms),
+        derives_locality: !params.filtered_endpoints,
     });
     let canary_changes = probe::Changes::default();
     let canaries = params.canaries.min(params.nodes);

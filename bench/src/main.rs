@@ -136,6 +136,10 @@ struct B4Args {
     /// node and carry eight node hints.
     #[arg(long, default_value_t = 0)]
     hostile_slices: usize,
+    /// Thin clients take endpoint sets filtered for their node, as agents before protocol rule
+    /// 15 (the canaries, real agents, still derive locality).
+    #[arg(long)]
+    filtered_endpoints: bool,
     /// SIGKILL the controller after the steady churn and start it again under more churn.
     #[arg(long)]
     restart: bool,
@@ -189,6 +193,7 @@ impl B4Args {
                 local_services: self.local_services,
                 hostile_slices: self.hostile_slices,
             },
+            filtered_endpoints: self.filtered_endpoints,
             restart: self.restart,
             add_replica: self.add_replica,
             canaries: self.canaries,

@@ -264,6 +264,9 @@ pub struct Shared {
     pub periods: SyncPeriods,
     /// How long applying one revision takes.
     pub sync_time: Duration,
+    /// Whether the clients take endpoint sets in cluster form, as the agent does (protocol rule
+    /// 15); without, they take them filtered for their node, as agents before the rule.
+    pub derives_locality: bool,
 }
 
 /// One thin client's record, shared with the run.
@@ -377,8 +380,7 @@ async fn stream(
             pipelining: true,
             // Digests are taken of the encodings as received, so sets come whole (rule 14).
             appended_endpoints: false,
-            // As the agent: endpoint sets in cluster form, shared by every node (rule 15).
-            derives_locality: true,
+            derives_locality: shared.derives_locality,
         }),
         resume: held.resume.clone(),
         held: listed,

@@ -92,6 +92,7 @@ async fn a_thin_client_is_served_as_an_agent_and_resumes_on_another_controller_w
         urls: vec![url],
         periods: SyncPeriods::default(),
         sync_time: Duration::from_millis(10),
+        derives_locality: true,
     });
     let record = Recorder::default();
     let client = tokio::spawn(run("node-0".into(), shared.clone(), record.clone()));
