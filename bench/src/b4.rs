@@ -224,6 +224,18 @@ impl Fleet {
     }
 }
 
+/// The loopback address thin node `index` connects from: one per node, in 127.10.0.1 and up
+/// (the whole 127/8 is the loopback's), none ending in 0 or 255.
+fn loopback_of(index: usize) -> IpAddr {
+    let octet = |n: usize| u8::try_from(n).unwrap_or(u8::MAX);
+    IpAddr::V4(Ipv4Addr::new(
+        127,
+        octet(10 + index / 250 / 250),
+        octet(index / 250 % 250),
+        octet(index % 250 + 1),
+    ))
+}
+
 /// Writes one EndpointSlice of the controllers' Service per replica listening on `listen`
 /// (all on loopback), ready as `ready` says. No Service object: only the replicas read the
 /// slices.
@@ -325,7 +337,12 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
         thin: (canaries..params.nodes)
             .map(|index| {
                 let record = Recorder::default();
-                let run = thin::run(Shape::node_name(index), shared.clone(), record.clone());
+                let run = thin::run(
+                    Shape::node_name(index),
+                    loopback_of(index),
+                    shared.clone(),
+                    record.clone(),
+                );
                 tasks.spawn(async move {
                     run.await;
                     Ok(())

@@ -18,6 +18,7 @@ use splitproxy_agent::{
 use splitproxy_proto::v1alpha1 as pb;
 use std::{
     collections::HashMap,
+    net::IpAddr,
     sync::{Arc, Mutex, PoisonError, RwLock},
     time::Duration,
 };
@@ -301,9 +302,11 @@ impl Held {
     }
 }
 
-/// Runs the thin client of `node` until the task is dropped, reconnecting as B1's hollow agents
-/// do: doubling from [`MIN_BACKOFF`] to [`MAX_BACKOFF`] while failing, or the retry-after asked.
-pub async fn run(node: String, shared: Arc<Shared>, record: Recorder) {
+/// Runs the thin client of `node` until the task is dropped, connecting from `source` (each node
+/// has an address of its own, as agents on their nodes' IPs do, so the controller's limits per
+/// address meet one node each), and reconnecting as B1's hollow agents do: doubling from
+/// [`MIN_BACKOFF`] to [`MAX_BACKOFF`] while failing, or the retry-after asked.
+pub async fn run(node: String, source: IpAddr, shared: Arc<Shared>, record: Recorder) {
     let mut held = Held::default();
     let mut timer = SyncTimer::new(shared.periods);
     let mut backoff = MIN_BACKOFF;
@@ -313,6 +316,7 @@ pub async fn run(node: String, shared: Arc<Shared>, record: Recorder) {
         let wait = match stream(
             url,
             &node,
+            source,
             &shared,
             &record,
             &mut held,
@@ -355,6 +359,7 @@ impl From<tonic::Status> for StreamError {
 async fn stream(
     url: &str,
     node: &str,
+    source: IpAddr,
     shared: &Shared,
     record: &Recorder,
     held: &mut Held,
@@ -364,6 +369,7 @@ async fn stream(
     let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
         .map_err(|_| StreamError::Other)?
         .connect_timeout(Duration::from_secs(5))
+        .local_address(Some(source))
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true)
