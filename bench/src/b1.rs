@@ -216,6 +216,7 @@ pub async fn serve_manifests(
         auth: splitproxy_controller::auth::AgentAuth::Open,
         tls: None,
         controller_service: None,
+        fall_behind_limit: splitproxy_controller::fanout::FALL_BEHIND_LIMIT,
     };
     wiring::serve(listener, None, ManifestsDir::new(dir), serving)
         .await

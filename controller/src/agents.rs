@@ -225,6 +225,9 @@ pub struct StreamCounters {
     /// `splitproxy_controller_superseded_streams_total`: streams ended because a newer one of
     /// the same node opened.
     pub superseded_streams: Counter,
+    /// `splitproxy_controller_fallen_behind_streams_total`: streams ended because their agent
+    /// left a revision unanswered (or unread) past the fall-behind limit.
+    pub fallen_behind_streams: Counter,
 }
 
 /// One stream's handle on its record: the fan-out reports what happens on the stream, and the
@@ -372,6 +375,11 @@ impl Connection {
         self.update(|record| {
             record.last_nack = Some((SystemTime::now(), reason.to_owned()));
         });
+    }
+
+    /// The stream ends: its agent left a revision unanswered past the fall-behind limit.
+    pub fn fell_behind(&self) {
+        self.counters.fallen_behind_streams.inc();
     }
 }
 

@@ -111,6 +111,15 @@ pub struct Cli {
         default_value = "splitproxy"
     )]
     pub agent_token_audience: String,
+    /// Seconds an agent may leave a revision unanswered (or unread) before its stream is ended;
+    /// it comes back and resumes from what it holds (Calico Typha's `MaxFallBehindSecs`).
+    #[arg(
+        long,
+        env = "SPLITPROXY_MAX_FALL_BEHIND_SECONDS",
+        default_value_t = crate::fanout::FALL_BEHIND_LIMIT.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub max_fall_behind_seconds: u64,
 }
 
 /// Parses `NAMESPACE/NAME`.

@@ -60,6 +60,11 @@ const FIRST_REVISION_SLOT: Duration = Duration::from_secs(10);
 /// wait at most one period, as under kube-proxy; beyond that rate they are compacted as under
 /// rule 6. Each revision in flight holds a view that shares nearly everything with the next.
 const PIPELINED_REVISIONS: usize = 8;
+/// How long a revision may go unanswered, or unread, before its stream is ended (Calico Typha's
+/// `MaxFallBehindSecs` default): a stream whose agent stopped reading or acknowledging would
+/// otherwise hold its views, its task and its place among the replica's nodes forever. The agent
+/// comes back and resumes from what it holds.
+pub const FALL_BEHIND_LIMIT: Duration = Duration::from_secs(300);
 /// How long a view an agent rejected waits before it is sent again as it is, the first time;
 /// each rejection in a row doubles it, up to [`LONGEST_RESEND_OF_REJECTED`]. A changed view goes
 /// at once. Not sooner: the agent keeps its last good rules, and a refusal that stays (a kernel
@@ -124,6 +129,8 @@ pub struct FanOut {
     auth: AgentAuth,
     /// Slots for first revisions, [`CONCURRENT_FIRST_REVISIONS`] of them.
     first_revisions: Arc<Semaphore>,
+    /// How long a revision may go unanswered before its stream is ended.
+    fall_behind_limit: Duration,
 }
 
 impl FanOut {
@@ -137,7 +144,15 @@ impl FanOut {
             metrics: Metrics::default(),
             auth: AgentAuth::Open,
             first_revisions: Arc::new(Semaphore::new(CONCURRENT_FIRST_REVISIONS)),
+            fall_behind_limit: FALL_BEHIND_LIMIT,
         }
+    }
+
+    /// The same server, ending a stream whose agent leaves a revision unanswered for `limit`.
+    #[must_use]
+    pub fn with_fall_behind_limit(mut self, limit: Duration) -> Self {
+        self.fall_behind_limit = limit;
+        self
     }
 
     /// The same server, letting in only agents `auth` identifies, each for its own node.
@@ -334,6 +349,8 @@ struct AgentStream {
     connection: Connection,
     /// The changes seen since the last revision was sent, for the next one's trace.
     changes: cause::Pending,
+    /// How long a revision may go unanswered before the stream is ended.
+    fall_behind_limit: Duration,
     /// When the agent's credential expires: the stream ends then, and the agent comes back
     /// with its rotated credential (and resumes).
     credential_expires: Option<std::time::SystemTime>,
@@ -420,6 +437,7 @@ impl AgentStream {
             rejected: None,
             connection,
             changes: cause::Pending::default(),
+            fall_behind_limit: server.fall_behind_limit,
             credential_expires: None,
         }
     }
@@ -453,6 +471,7 @@ impl AgentStream {
                     break;
                 }
             }
+            let unanswered_until = self.unanswered_until();
             tokio::select! {
                 changed = self.cluster.changed() => {
                     if changed.is_err() {
@@ -501,6 +520,10 @@ impl AgentStream {
                         }
                     };
                     let _ = self.tx.send(Err(status)).await;
+                    break;
+                }
+                () = sleep_until(unanswered_until) => {
+                    self.fall_behind();
                     break;
                 }
                 () = sleep_until(credential_expires) => {
@@ -640,17 +663,45 @@ impl AgentStream {
             first.trace_context = splitproxy_telemetry::trace::context_of(&span);
         }
         self.connection.sent(self.revision, &messages);
-        let slot_until = tokio::time::Instant::now() + FIRST_REVISION_SLOT;
+        let sent_at = tokio::time::Instant::now();
+        let slot_until = sent_at + FIRST_REVISION_SLOT;
         for message in messages {
-            let room = self.room(&mut slot, slot_until).await?;
-            room.send(Ok(message));
+            let room = self.room(&mut slot, slot_until);
+            let Ok(room) = tokio::time::timeout_at(sent_at + self.fall_behind_limit, room).await
+            else {
+                self.fall_behind();
+                return Err(mpsc::error::SendError(()));
+            };
+            room?.send(Ok(message));
         }
         self.in_flight.push_back(InFlight {
             revision: self.revision,
             view,
             span,
+            sent_at,
         });
         Ok(())
+    }
+
+    /// When the oldest revision in flight has gone unanswered too long; `None` with none.
+    fn unanswered_until(&self) -> Option<tokio::time::Instant> {
+        let oldest = self.in_flight.front()?;
+        Some(oldest.sent_at + self.fall_behind_limit)
+    }
+
+    /// Ends the stream of an agent that fell behind: tells it so if its stream has room (it may
+    /// have stopped reading), and counts it.
+    fn fall_behind(&self) {
+        tracing::warn!(
+            limit_s = self.fall_behind_limit.as_secs(),
+            "ending the stream: the agent left a revision unanswered past the fall-behind limit"
+        );
+        self.connection.fell_behind();
+        let status = unavailable(
+            "the agent fell behind; subscribe again to resume",
+            Duration::ZERO,
+        );
+        let _ = self.tx.try_send(Err(status));
     }
 
     /// Whether the next view is the one the agent rejected last, not to be sent again before
@@ -749,6 +800,8 @@ struct InFlight {
     view: Arc<NodeView>,
     /// Its span, open from sending until the agent's answer.
     span: tracing::Span,
+    /// When its sending started.
+    sent_at: tokio::time::Instant,
 }
 
 impl InFlight {

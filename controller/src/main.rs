@@ -120,6 +120,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             auth: AgentAuth::Open,
             tls,
             controller_service: cli.controller_service.clone(),
+            fall_behind_limit: std::time::Duration::from_secs(cli.max_fall_behind_seconds),
         };
         let (listen, inspection) = (cli.listen, cli.inspection_bind_address);
         match input {

@@ -103,6 +103,11 @@ impl Metrics {
             "Agent streams ended because a newer stream of the same node opened",
             metrics.streams.superseded_streams.clone(),
         );
+        registry.register(
+            "splitproxy_controller_fallen_behind_streams",
+            "Agent streams ended because their agent left a revision unanswered past the fall-behind limit",
+            metrics.streams.fallen_behind_streams.clone(),
+        );
         registry.register_collector(Box::new(AgentGauges(metrics.agents.clone())));
         metrics
     }

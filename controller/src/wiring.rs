@@ -106,6 +106,8 @@ pub struct Serving {
     /// The controllers' own Service: its ready endpoints are the replicas this one shares the
     /// nodes with. Without it, this replica keeps every agent that connects.
     pub controller_service: Option<Key>,
+    /// How long an agent may leave a revision unanswered before its stream is ended.
+    pub fall_behind_limit: Duration,
 }
 
 /// Binds `listen` (node views for agents) and `inspection` (the controller's inspection, for
@@ -150,11 +152,13 @@ pub async fn serve(
         auth,
         tls,
         controller_service,
+        fall_behind_limit,
     } = serving;
     let (tx, rx) = watch::channel(None);
     let fanout = FanOut::new(rx.clone())
         .with_metrics(metrics.clone())
-        .with_auth(auth);
+        .with_auth(auth)
+        .with_fall_behind_limit(fall_behind_limit);
     let inspector = Inspection::new(fanout.epoch().to_owned(), metrics.agents.clone(), rx);
     let mut builder = Builder::default();
     let (replicas_tx, replicas) = watch::channel(0);

@@ -139,6 +139,7 @@ fn controller(tasks: &mut Tasks, listener: TcpListener, dir: &Path) -> usize {
             auth: splitproxy_controller::auth::AgentAuth::Open,
             tls: None,
             controller_service: None,
+            fall_behind_limit: splitproxy_controller::fanout::FALL_BEHIND_LIMIT,
         };
         if let Err(err) = wiring::serve(listener, None, ManifestsDir::new(dir), serving).await {
             panic!("controller stopped: {err:?}");

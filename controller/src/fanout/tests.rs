@@ -254,6 +254,14 @@ async fn harness(initial: Option<ClusterState>) -> Harness {
 }
 
 async fn harness_recording(initial: Option<ClusterState>, metrics: Metrics) -> Harness {
+    harness_of(initial, |fanout| fanout.with_metrics(metrics)).await
+}
+
+/// A server of `initial` (and what is published after), as `configure` makes it.
+async fn harness_of(
+    initial: Option<ClusterState>,
+    configure: impl FnOnce(FanOut) -> FanOut,
+) -> Harness {
     let (tx, rx) = watch::channel(initial.map(Arc::new));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -261,7 +269,7 @@ async fn harness_recording(initial: Option<ClusterState>, metrics: Metrics) -> H
     let url = format!("http://{}", listener.local_addr().expect("bound"));
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(FanOut::new(rx).with_metrics(metrics).into_service())
+            .add_service(configure(FanOut::new(rx)).into_service())
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     Harness { tx, url }
@@ -1023,4 +1031,59 @@ async fn a_subscribe_listing_more_than_the_cluster_could_have_left_gets_a_reset(
         !first.reset,
         "a few digests are read, and answered with a delta"
     );
+}
+
+/// Polls `done` every 100 ms for up to 30 s; whether it came true.
+async fn eventually(mut done: impl FnMut() -> bool) -> bool {
+    for _ in 0..300 {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    done()
+}
+
+#[tokio::test]
+async fn a_stream_whose_agent_leaves_a_revision_unanswered_past_the_limit_is_ended() {
+    let metrics = Metrics::default();
+    let limit = Duration::from_secs(1);
+    let h = harness_of(Some(cluster(2, 2)), |fanout| {
+        fanout
+            .with_metrics(metrics.clone())
+            .with_fall_behind_limit(limit)
+    })
+    .await;
+    // An agent that reads its reset and never answers it.
+    let mut agent = Agent::subscribe(&h.url, None).await;
+    let reset = agent.next().await;
+    assert!(reset.reset && reset.complete);
+    let ended = tokio::time::timeout(Duration::from_secs(30), agent.rx.message())
+        .await
+        .expect("the stream ends within 30 s");
+    let status = ended.expect_err("the stream ends with a status");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert_eq!(
+        splitproxy_proto::retry_after(&status),
+        Some(Duration::ZERO),
+        "come back at once, and resume"
+    );
+    assert_eq!(metrics.streams.fallen_behind_streams.get(), 1);
+
+    // One that stops reading in the middle of its first revision: ended as well, and its
+    // record gone.
+    let stalled = harness_of(Some(cluster(30_000, 2)), |fanout| {
+        fanout
+            .with_metrics(metrics.clone())
+            .with_fall_behind_limit(limit)
+    })
+    .await;
+    let tx = stalled_agent(&stalled.url, "node-2", 1).await;
+    let counted = eventually(|| metrics.streams.fallen_behind_streams.get() == 2).await;
+    assert!(counted, "the stalled stream is ended");
+    assert!(
+        eventually(|| metrics.agents.streams().is_empty()).await,
+        "no stream is left"
+    );
+    drop(tx);
 }
