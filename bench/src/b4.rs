@@ -337,12 +337,11 @@ pub async fn run(params: Params, dir: &Path, output: &Path) -> anyhow::Result<Re
         thin: (canaries..params.nodes)
             .map(|index| {
                 let record = Recorder::default();
-                let run = thin::run(
-                    Shape::node_name(index),
-                    loopback_of(index),
-                    shared.clone(),
-                    record.clone(),
-                );
+                let node = thin::Node {
+                    name: Shape::node_name(index),
+                    source: loopback_of(index),
+                };
+                let run = thin::run(node, shared.clone(), record.clone());
                 tasks.spawn(async move {
                     run.await;
                     Ok(())

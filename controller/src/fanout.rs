@@ -88,17 +88,42 @@ const RETRY_BEFORE_FIRST_READ: Duration = Duration::from_secs(2);
 /// What each node last acknowledged, kept across streams so a reconnecting agent gets a delta.
 #[derive(Debug, Default)]
 struct Acknowledged {
-    by_node: Mutex<HashMap<String, (u64, Arc<NodeView>)>>,
+    by_node: Mutex<HashMap<String, Remembered>>,
+}
+
+/// A node's acknowledged revision and view, and since when no stream of it has been open.
+#[derive(Debug)]
+struct Remembered {
+    revision: u64,
+    view: Arc<NodeView>,
+    /// When the node's last stream here ended; `None` while one is open.
+    streamless_since: Option<tokio::time::Instant>,
 }
 
 impl Acknowledged {
     fn get(&self, node: &str) -> Option<(u64, Arc<NodeView>)> {
-        self.by_node.lock().ok()?.get(node).cloned()
+        let by_node = self.by_node.lock().ok()?;
+        let remembered = by_node.get(node)?;
+        Some((remembered.revision, Arc::clone(&remembered.view)))
     }
 
     fn set(&self, node: &str, revision: u64, view: Arc<NodeView>) {
         if let Ok(mut by_node) = self.by_node.lock() {
-            by_node.insert(node.to_owned(), (revision, view));
+            let remembered = Remembered {
+                revision,
+                view,
+                streamless_since: None,
+            };
+            by_node.insert(node.to_owned(), remembered);
+        }
+    }
+
+    /// Notes that `node`'s stream ended.
+    fn left(&self, node: &str) {
+        if let Ok(mut by_node) = self.by_node.lock()
+            && let Some(remembered) = by_node.get_mut(node)
+        {
+            remembered.streamless_since = Some(tokio::time::Instant::now());
         }
     }
 
@@ -106,6 +131,19 @@ impl Acknowledged {
     fn forget_departed(&self, cluster: &ClusterState) {
         if let Ok(mut by_node) = self.by_node.lock() {
             by_node.retain(|node, _| cluster.nodes.contains_key(node));
+        }
+    }
+
+    /// Forgets the nodes without a stream here for `limit`: their views pin the cluster states
+    /// they were computed from, and an agent that comes back after that long resumes from its
+    /// summary at little cost.
+    fn forget_streamless(&self, limit: Duration) {
+        if let Ok(mut by_node) = self.by_node.lock() {
+            by_node.retain(|_, remembered| {
+                remembered
+                    .streamless_since
+                    .is_none_or(|since| since.elapsed() < limit)
+            });
         }
     }
 
@@ -175,12 +213,22 @@ impl FanOut {
         NodeViewServiceServer::new(self).max_decoding_message_size(MAX_SUBSCRIBE_BYTES)
     }
 
-    /// Forgets what the nodes that leave the cluster acknowledged, as each state is published:
-    /// a node that comes back resumes from its digests. Runs until the source stops.
+    /// Forgets what the nodes that leave the cluster acknowledged, as each state is published,
+    /// and what those without a stream here for the fall-behind limit did, checked as often: a
+    /// node that comes back resumes from its digests or summary. Runs until the source stops.
     pub async fn forget_departed_nodes(&self) {
         let mut cluster = self.cluster.clone();
         let mut nodes_seen = None;
-        while cluster.changed().await.is_ok() {
+        let mut sweep = tokio::time::interval(self.fall_behind_limit);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                changed = cluster.changed() => if changed.is_err() { return },
+                _ = sweep.tick() => {
+                    self.acknowledged.forget_streamless(self.fall_behind_limit);
+                    continue;
+                }
+            }
             let published = cluster.borrow_and_update().clone();
             let Some(published) = published else {
                 continue;
@@ -534,6 +582,7 @@ impl AgentStream {
                 }
             }
         }
+        self.acknowledged.left(&self.node);
     }
 
     /// Handles an ACK or NACK; returns whether the revision was rejected. An ACK answers every

@@ -302,11 +302,20 @@ impl Held {
     }
 }
 
-/// Runs the thin client of `node` until the task is dropped, connecting from `source` (each node
-/// has an address of its own, as agents on their nodes' IPs do, so the controller's limits per
-/// address meet one node each), and reconnecting as B1's hollow agents do: doubling from
-/// [`MIN_BACKOFF`] to [`MAX_BACKOFF`] while failing, or the retry-after asked.
-pub async fn run(node: String, source: IpAddr, shared: Arc<Shared>, record: Recorder) {
+/// Who a thin client is: its node's name, and the address it connects from (each node has one
+/// of its own, as agents on their nodes' IPs do, so the controller's limits per address meet
+/// one node each).
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// The node's name, as it subscribes.
+    pub name: String,
+    /// The address it connects from.
+    pub source: IpAddr,
+}
+
+/// Runs the thin client of `node` until the task is dropped, reconnecting as B1's hollow agents
+/// do: doubling from [`MIN_BACKOFF`] to [`MAX_BACKOFF`] while failing, or the retry-after asked.
+pub async fn run(node: Node, shared: Arc<Shared>, record: Recorder) {
     let mut held = Held::default();
     let mut timer = SyncTimer::new(shared.periods);
     let mut backoff = MIN_BACKOFF;
@@ -316,7 +325,6 @@ pub async fn run(node: String, source: IpAddr, shared: Arc<Shared>, record: Reco
         let wait = match stream(
             url,
             &node,
-            source,
             &shared,
             &record,
             &mut held,
@@ -358,8 +366,7 @@ impl From<tonic::Status> for StreamError {
 /// One stream: subscribe, then receive, "apply" and acknowledge revisions until it ends.
 async fn stream(
     url: &str,
-    node: &str,
-    source: IpAddr,
+    node: &Node,
     shared: &Shared,
     record: &Recorder,
     held: &mut Held,
@@ -369,7 +376,7 @@ async fn stream(
     let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
         .map_err(|_| StreamError::Other)?
         .connect_timeout(Duration::from_secs(5))
-        .local_address(Some(source))
+        .local_address(Some(node.source))
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true)
@@ -379,7 +386,7 @@ async fn stream(
     let (tx, rx) = mpsc::channel(4);
     let (listed, summary) = held.presented(&shared.keys);
     let subscribe = pb::Subscribe {
-        node_name: node.to_owned(),
+        node_name: node.name.clone(),
         capabilities: Some(pb::Capabilities {
             proxy_mode: pb::ProxyMode::Nftables as i32,
             ip_families: vec![pb::IpFamily::Ipv4 as i32],

@@ -1087,3 +1087,37 @@ async fn a_stream_whose_agent_leaves_a_revision_unanswered_past_the_limit_is_end
     );
     drop(tx);
 }
+
+#[tokio::test(start_paused = true)]
+async fn what_nodes_without_a_stream_for_the_fall_behind_limit_acknowledged_is_forgotten() {
+    let (tx, rx) = watch::channel(None);
+    let limit = Duration::from_secs(300);
+    let fanout = FanOut::new(rx).with_fall_behind_limit(limit);
+    for node in ["node-1", "node-2", "node-3"] {
+        fanout.acknowledged.set(node, 3, Arc::default());
+    }
+    // node-2's stream ended long ago, node-3's just now; node-1's is open.
+    fanout.acknowledged.left("node-2");
+    let forgetting = tokio::spawn({
+        let fanout = fanout.clone();
+        async move { fanout.forget_departed_nodes().await }
+    });
+    tokio::time::sleep(limit - Duration::from_secs(1)).await;
+    fanout.acknowledged.left("node-3");
+    // Past the sweep at the limit.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(fanout.acknowledged.get("node-2").is_none(), "forgotten");
+    assert!(
+        fanout.acknowledged.get("node-1").is_some(),
+        "its stream is open"
+    );
+    assert!(
+        fanout.acknowledged.get("node-3").is_some(),
+        "not yet {limit:?} without a stream when last looked"
+    );
+    // Past the next sweep.
+    tokio::time::sleep(limit).await;
+    assert_eq!(fanout.acknowledged.nodes(), 1);
+    drop(tx);
+    forgetting.await.expect("ends with the source");
+}

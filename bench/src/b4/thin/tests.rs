@@ -95,8 +95,11 @@ async fn a_thin_client_is_served_as_an_agent_and_resumes_on_another_controller_w
         derives_locality: true,
     });
     let record = Recorder::default();
-    let source = std::net::Ipv4Addr::LOCALHOST.into();
-    let client = tokio::spawn(run("node-0".into(), source, shared.clone(), record.clone()));
+    let node = Node {
+        name: "node-0".into(),
+        source: std::net::Ipv4Addr::LOCALHOST.into(),
+    };
+    let client = tokio::spawn(run(node, shared.clone(), record.clone()));
     let synced = until(&record, "first full sync", |r| r.full_sync.is_some()).await;
     assert_eq!(synced.resets, 1, "the first revision is a reset");
 
