@@ -79,10 +79,10 @@ impl Shapes {
                 .collect();
             let spec = "  type: ClusterIP\n  ports:\n  - name: http\n    port: 80\n    \
                         protocol: TCP\n    targetPort: 8080\n";
-            // Each endpoint hints its own node and the next seven it does not run on.
+            // Each endpoint hints its own node and seven more, spread past the slice's own.
             let hints = |node: usize| {
                 (0..NODE_HINTS)
-                    .map(|k| (node + k * stride.max(1) * 7 + k) % shape.nodes)
+                    .map(|k| (node + k * (7 * stride + 1)) % shape.nodes)
                     .collect()
             };
             let yaml = next.service(&name, spec, &HTTP_PORT, &nodes, shape, hints);
