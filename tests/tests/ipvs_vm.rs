@@ -43,9 +43,10 @@ echo "== with real server"
 ip netns exec client sp-testpod hit --url http://10.96.0.10:80/source --count 5 --timeout-ms 5000
 echo "== connections"
 ipvsadm -Lnc
-# The kernel folds its per-CPU counters into these totals every 2 s; wait for them to show up.
+# The kernel folds its per-CPU counters into these totals every 2 s, so a slow guest may show
+# some of the connections before the rest; wait for all five.
 tries=0
-until ipvsadm -Ln --stats | grep -q -- '-> 10.244.1.20:8080 *[1-9]'; do
+until ipvsadm -Ln --stats | grep -q -- '-> 10.244.1.20:8080 *5 '; do
     tries=$((tries + 1))
     [ "$tries" -lt 60 ] || break
     sleep 0.5
