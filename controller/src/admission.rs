@@ -167,6 +167,14 @@ pub struct Admitted {
     _slot: OwnedSemaphorePermit,
 }
 
+impl Admitted {
+    /// The peer's address.
+    #[must_use]
+    pub fn peer(&self) -> SocketAddr {
+        self.ticket.peer
+    }
+}
+
 /// What the `Sync` handler finds of a connection in the request's extensions.
 #[derive(Debug, Clone)]
 pub struct ConnectionInfo(pub Arc<Ticket>);

@@ -19,6 +19,7 @@ pub mod nodes;
 pub mod placement;
 pub mod resources;
 pub mod serving_ca;
+pub mod serving_tls;
 pub mod shares;
 pub mod source;
 pub mod topology;

@@ -9,7 +9,9 @@ use splitproxy_controller::{
     kubernetes::KubernetesSource,
     manifests::ManifestsDir,
     metrics::Metrics,
-    serving_ca, wiring,
+    serving_ca,
+    serving_tls::{CertificateFiles, ServingCertificate},
+    wiring,
 };
 use splitproxy_telemetry::trace;
 use std::{path::PathBuf, process::ExitCode, sync::Arc};
@@ -79,7 +81,7 @@ enum Input {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let mut tls = tls_identity(&cli)?;
+    let mut tls = serving_certificate(&cli).await?;
     let selector = ServiceSelector {
         service_proxy_name: cli.service_proxy_name,
     };
@@ -105,10 +107,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             issued.not_after,
             rand::random::<f64>(),
         ));
-        tls = Some(tonic::transport::Identity::from_pem(
-            issued.chain_pem,
-            issued.key_pem,
-        ));
+        tls = Some(ServingCertificate::from_pem(
+            issued.chain_pem.as_bytes(),
+            issued.key_pem.as_bytes(),
+        )?);
     }
     if tls.is_none() {
         tracing::warn!("serving node views without TLS: agents' tokens travel in clear text");
@@ -220,19 +222,19 @@ async fn renew_at(at: Option<time::OffsetDateTime>) {
     tokio::time::sleep(wait.try_into().unwrap_or_default()).await;
 }
 
-/// The TLS certificate and key of the node view port, if configured.
-fn tls_identity(cli: &Cli) -> anyhow::Result<Option<tonic::transport::Identity>> {
-    use anyhow::Context;
+/// The certificate of the node view port, if configured by files: read once they are there,
+/// and again whenever they change.
+async fn serving_certificate(cli: &Cli) -> anyhow::Result<Option<Arc<ServingCertificate>>> {
     let (Some(cert), Some(key)) = (&cli.tls_cert_file, &cli.tls_private_key_file) else {
         return Ok(None);
     };
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+    let files = CertificateFiles {
+        cert: cert.clone(),
+        key: key.clone(),
     };
-    Ok(Some(tonic::transport::Identity::from_pem(
-        read(cert)?,
-        read(key)?,
-    )))
+    let certificate = ServingCertificate::wait_for(&files).await?;
+    tokio::spawn(Arc::clone(&certificate).follow(files));
+    Ok(Some(certificate))
 }
 
 /// A client from `--kubeconfig`, or else from the environment (`KUBECONFIG`, in-cluster, default

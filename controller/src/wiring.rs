@@ -10,15 +10,16 @@ use crate::{
     history::ChangeSet,
     inspection::Inspection,
     metrics::Metrics,
+    serving_tls::{self, Connection, ServingCertificate},
     shares,
     source::Source,
     wire::server::node_view_service_server::NodeViewServiceServer,
 };
 use splitproxy_proto::Key;
 use splitproxy_proto::v1alpha1::controller_inspection_service_server::ControllerInspectionServiceServer;
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{io, net::SocketAddr, pin::Pin, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::{Stream, StreamExt, wrappers::TcpListenerStream};
 
 /// How often the server pings each agent's connection, and how long it waits for the answer
 /// before closing it. An agent's HTTP/2 layer answers pings even while the agent is busy or
@@ -27,9 +28,6 @@ use tokio_stream::wrappers::TcpListenerStream;
 /// listed and held forever.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
-/// How long a TLS handshake may take (Calico Typha's default): a peer that opens a connection and
-/// says nothing is closed then.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Streams one connection may open at once: an agent opens one `Sync`; a tool, a few calls.
 const MAX_STREAMS_PER_CONNECTION: u32 = 8;
 /// HTTP/2 streams a peer may reset before the server answers them, and streams the server may
@@ -46,6 +44,9 @@ pub enum Error {
     /// The gRPC listener could not be bound.
     #[error("binding {0}")]
     Bind(SocketAddr, #[source] std::io::Error),
+    /// TLS could not be configured.
+    #[error("configuring TLS")]
+    Tls(#[source] serving_tls::Error),
     /// The gRPC server failed.
     #[error("serving gRPC")]
     Serve(#[source] tonic::transport::Error),
@@ -101,8 +102,9 @@ pub struct Serving {
     pub metrics: Metrics,
     /// Who may receive which node's view.
     pub auth: AgentAuth,
-    /// The certificate and key of the node view port; plaintext when `None`.
-    pub tls: Option<tonic::transport::Identity>,
+    /// The certificate of the node view port, which may change while served; plaintext when
+    /// `None`.
+    pub tls: Option<Arc<ServingCertificate>>,
     /// The controllers' own Service: its ready endpoints are the replicas this one shares the
     /// nodes with. Without it, this replica keeps every agent that connects.
     pub controller_service: Option<Key>,
@@ -184,12 +186,14 @@ pub async fn serve(
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
         .http2_max_header_list_size(MAX_HEADER_LIST_BYTES);
-    if let Some(identity) = tls {
-        let config = tonic::transport::ServerTlsConfig::new()
-            .identity(identity)
-            .timeout(TLS_HANDSHAKE_TIMEOUT);
-        builder = builder.tls_config(config).map_err(Error::Serve)?;
-    }
+    let admitted = Admission::default().incoming(listener);
+    let connections: Pin<Box<dyn Stream<Item = io::Result<Connection>> + Send>> = match &tls {
+        Some(certificate) => {
+            let acceptor = certificate.acceptor().map_err(Error::Tls)?;
+            Box::pin(serving_tls::handshakes(admitted, acceptor))
+        }
+        None => Box::pin(admitted.map(|admitted| admitted.map(Connection::Plain))),
+    };
     // Reflection on both ports: it shows schemas only, and lets grpcurl check health here.
     let (reflection_v1, reflection_v1alpha) =
         splitproxy_proto::reflection_services().map_err(Error::Reflection)?;
@@ -207,7 +211,7 @@ pub async fn serve(
         .add_service(health_service.clone())
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .serve_with_incoming(Admission::default().incoming(listener));
+        .serve_with_incoming(connections);
     let inspection = async {
         let Some(listener) = inspection else {
             return std::future::pending().await;

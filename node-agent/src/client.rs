@@ -6,7 +6,6 @@
 use crate::{
     credentials::{CredentialError, Credentials},
     discovery::Discovery,
-    error_chain::error_chain,
     fold::{Fold, Folded},
     metrics::Metrics,
     node_state::{NodeState, Revision},
@@ -20,6 +19,7 @@ use splitproxy_dataplane::{Dataplane, IpFamily};
 use splitproxy_proto::v1alpha1::{
     self as pb, node_view_service_client::NodeViewServiceClient, sync_request,
 };
+use splitproxy_telemetry::error_chain;
 use splitproxy_telemetry::trace;
 use std::time::Duration;
 use tokio::{sync::mpsc, time::Instant};

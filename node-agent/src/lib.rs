@@ -8,7 +8,6 @@ pub mod config_watch;
 pub mod credentials;
 pub mod discovery;
 pub mod duration;
-pub mod error_chain;
 pub mod fold;
 pub mod health_check;
 pub mod host_setup;

@@ -3,7 +3,6 @@
 //! kernel sync, of a revision or a periodic resync, goes through the [`SyncTimer`].
 
 use crate::{
-    error_chain::error_chain,
     health_check::HealthChecks,
     metrics::{FamilyLabel, Metrics, TableLabel, TrafficPolicyLabel},
     node_port_addresses::{NodePortAddress, interface_addresses, select},
@@ -16,6 +15,7 @@ use splitproxy_dataplane::{
     endpoints::NoLocalEndpoints,
 };
 use splitproxy_proto::Key;
+use splitproxy_telemetry::error_chain;
 use std::{
     collections::BTreeSet,
     future::Future,

@@ -6,6 +6,18 @@
 pub mod process;
 pub mod trace;
 
+/// Formats an error with its sources, for one log line or a NACK reason.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 use axum::{
     http::{StatusCode, header},
     response::{IntoResponse, Response},
