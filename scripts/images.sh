@@ -7,8 +7,9 @@
 #                                        legacy) behind deploy/images/iptables-wrapper, which
 #                                        picks the node's at start; nft, ipset, conntrack and ip
 #                                        for the other modes and the cleanup
-#   localhost/splitproxy/controller:TAG  the controller, run as nonroot (65532); its binary and
-#                                        CA roots
+#   localhost/splitproxy/controller:TAG  the controller, run as nonroot (65532); its binary,
+#                                        splitproxy-ca (its CA's Jobs and certificate sidecar)
+#                                        and CA roots
 #
 # `localhost/` is how podman names images that come from no registry; containerd needs a full
 # name too, or the kubelet's lookups (which add `docker.io/`) would miss the imported image.
@@ -97,8 +98,11 @@ agent_id="$(oci_archive "$root" "$agent_ref" "$out/splitproxy-agent.tar" "$(jq -
 root="$work/splitproxy-controller"
 rootfs_skeleton "$root"
 mkdir -p "$root/usr/local/bin" "$root/etc/ssl/certs"
-strip --strip-debug -o "$root/usr/local/bin/splitproxy-controller" "$bin/splitproxy-controller"
-rootfs_copy_libraries "$root" "$bin/splitproxy-controller"
+# With splitproxy-ca: the CA Jobs and each controller Pod's certificate sidecar run it.
+for program in splitproxy-controller splitproxy-ca; do
+    strip --strip-debug -o "$root/usr/local/bin/$program" "$bin/$program"
+    rootfs_copy_libraries "$root" "$bin/$program"
+done
 cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/"
 controller_ref="localhost/splitproxy/controller:$tag"
 controller_id="$(oci_archive "$root" "$controller_ref" "$out/splitproxy-controller.tar" "$(jq -cn '{

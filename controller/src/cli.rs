@@ -1,7 +1,6 @@
 //! The controller's command line: its flags, their variables and defaults, and the checks clap
 //! runs on each value.
 
-use crate::serving_ca;
 use clap::Parser;
 use std::{net::SocketAddr, path::PathBuf};
 
@@ -54,7 +53,9 @@ pub struct Cli {
         default_value = "127.0.0.1:10663"
     )]
     pub inspection_bind_address: SocketAddr,
-    /// PEM certificate (chain) the node view port serves TLS with; plaintext without it.
+    /// PEM certificate (chain) the node view port serves TLS with; plaintext without it. Read
+    /// again whenever it changes (new connections get the new one); `deploy/`'s certificate
+    /// sidecar writes it.
     #[arg(
         long,
         env = "SPLITPROXY_TLS_CERT_FILE",
@@ -68,28 +69,6 @@ pub struct Cli {
         requires = "tls_cert_file"
     )]
     pub tls_private_key_file: Option<PathBuf>,
-    /// Serve TLS with a certificate issued at start from the CA in this Secret
-    /// (NAMESPACE/NAME, type kubernetes.io/tls), which the first replica creates; its
-    /// certificate is published as `ca.crt` in the ConfigMap of the same name for agents.
-    #[arg(
-        long,
-        env = "SPLITPROXY_TLS_CA_SECRET",
-        conflicts_with_all = ["tls_cert_file", "manifests"],
-        requires = "tls_san",
-        value_parser = parse_namespaced_name
-    )]
-    pub tls_ca_secret: Option<(String, String)>,
-    /// The DNS names and IP addresses the certificate issued with --tls-ca-secret is valid for
-    /// (comma-separated or repeated); agents finding controllers through their Service check
-    /// `NAME.NAMESPACE.svc`.
-    #[arg(
-        long,
-        env = "SPLITPROXY_TLS_SANS",
-        value_delimiter = ',',
-        requires = "tls_ca_secret",
-        value_parser = parse_san
-    )]
-    pub tls_san: Vec<String>,
     /// With --manifests: a file of `token,node` lines; an agent must present one of these
     /// tokens and receives only that node's view. Without it, the manifests source lets any
     /// agent subscribe as any node. (With the Kubernetes source, agents' ServiceAccount tokens
@@ -123,7 +102,11 @@ pub struct Cli {
 }
 
 /// Parses `NAMESPACE/NAME`.
-fn parse_namespaced_name(value: &str) -> Result<(String, String), String> {
+///
+/// # Errors
+///
+/// Says why it is not.
+pub fn parse_namespaced_name(value: &str) -> Result<(String, String), String> {
     match value.split_once('/') {
         Some((namespace, name))
             if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
@@ -134,13 +117,12 @@ fn parse_namespaced_name(value: &str) -> Result<(String, String), String> {
     }
 }
 
-/// Parses one of `--tls-san`: an IP address or a DNS name.
-fn parse_san(value: &str) -> Result<String, String> {
-    serving_ca::check_name(value).map(|()| value.to_owned())
-}
-
 /// Parses `--master`: an absolute `http(s)://HOST[:PORT]` URL.
-fn parse_master(value: &str) -> Result<http::Uri, String> {
+///
+/// # Errors
+///
+/// Says why it is not.
+pub fn parse_master(value: &str) -> Result<http::Uri, String> {
     let uri: http::Uri = value
         .parse()
         .map_err(|err| format!("{value:?} is not a URL: {err}"))?;

@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod agents;
+pub mod api_client;
 pub mod auth;
 pub mod cause;
 pub mod cli;

@@ -3,13 +3,13 @@
 use clap::Parser;
 use prometheus_client::registry::Registry;
 use splitproxy_controller::{
+    api_client,
     auth::{AgentAuth, StaticTokens, TokenReviewer},
     cli::Cli,
     cluster::ServiceSelector,
     kubernetes::KubernetesSource,
     manifests::ManifestsDir,
     metrics::Metrics,
-    serving_ca,
     serving_tls::{CertificateFiles, ServingCertificate},
     wiring,
 };
@@ -81,7 +81,7 @@ enum Input {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let mut tls = serving_certificate(&cli).await?;
+    let tls = serving_certificate(&cli).await?;
     let selector = ServiceSelector {
         service_proxy_name: cli.service_proxy_name,
     };
@@ -91,27 +91,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     splitproxy_telemetry::process::ProcessCollector::register(&mut registry);
     let input = match cli.manifests {
         Some(dir) => Input::Manifests(dir),
-        None => Input::Cluster(kube_client(cli.kubeconfig.as_deref(), cli.master).await?),
+        None => Input::Cluster(api_client::connect(cli.kubeconfig.as_deref(), cli.master).await?),
     };
-    let mut renewal = None;
-    if let (Some((namespace, name)), Input::Cluster(client)) = (&cli.tls_ca_secret, &input) {
-        let issued = serving_ca::load_or_create(client, namespace, name)
-            .await?
-            .issue(&cli.tls_san, time::OffsetDateTime::now_utc())?;
-        tracing::info!(
-            names = ?cli.tls_san,
-            not_after = %issued.not_after,
-            "issued the serving certificate from the CA in Secret {namespace}/{name}"
-        );
-        renewal = Some(serving_ca::renewal_time(
-            issued.not_after,
-            rand::random::<f64>(),
-        ));
-        tls = Some(ServingCertificate::from_pem(
-            issued.chain_pem.as_bytes(),
-            issued.key_pem.as_bytes(),
-        )?);
-    }
     if tls.is_none() {
         tracing::warn!("serving node views without TLS: agents' tokens travel in clear text");
     }
@@ -166,9 +147,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         result = metrics_server => result.map_err(|err| {
             anyhow::Error::from(err).context(format!("metrics server on {}", cli.metrics_bind_address))
         }),
-        () = renew_at(renewal) => Err(anyhow::anyhow!(
-            "the serving certificate is due for renewal; exiting so the restart issues a new one"
-        )),
         () = shutdown(agents) => Ok(()),
     }
 }
@@ -213,15 +191,6 @@ async fn shutdown(agents: splitproxy_controller::agents::Agents) {
     }
 }
 
-/// Returns at `at`, never without it.
-async fn renew_at(at: Option<time::OffsetDateTime>) {
-    let Some(at) = at else {
-        return std::future::pending().await;
-    };
-    let wait = at - time::OffsetDateTime::now_utc();
-    tokio::time::sleep(wait.try_into().unwrap_or_default()).await;
-}
-
 /// The certificate of the node view port, if configured by files: read once they are there,
 /// and again whenever they change.
 async fn serving_certificate(cli: &Cli) -> anyhow::Result<Option<Arc<ServingCertificate>>> {
@@ -235,30 +204,4 @@ async fn serving_certificate(cli: &Cli) -> anyhow::Result<Option<Arc<ServingCert
     let certificate = ServingCertificate::wait_for(&files).await?;
     tokio::spawn(Arc::clone(&certificate).follow(files));
     Ok(Some(certificate))
-}
-
-/// A client from `--kubeconfig`, or else from the environment (`KUBECONFIG`, in-cluster, default
-/// kubeconfig), sent to `master` when set.
-async fn kube_client(
-    kubeconfig: Option<&std::path::Path>,
-    master: Option<http::Uri>,
-) -> anyhow::Result<kube::Client> {
-    use anyhow::Context;
-    let mut config = match kubeconfig {
-        Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-                .await
-                .context("loading kubeconfig")?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("finding API server credentials (in-cluster or kubeconfig)")?,
-    };
-    if let Some(master) = master {
-        config.cluster_url = master;
-    }
-    tracing::info!(api_server = %config.cluster_url, "reading the cluster from the API server");
-    kube::Client::try_from(config).context("creating the API client")
 }

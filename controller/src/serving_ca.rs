@@ -1,44 +1,37 @@
-//! The controller's own CA, kept in a Secret, from which each replica issues its serving
-//! certificate at start: TLS between agents and controllers without a script a person runs or a
-//! certificate manager the cluster may not have.
+//! The controllers' own CA: TLS between agents and controllers without a script a person runs or
+//! a certificate manager the cluster may not have, and with the CA's key out of the controller.
 //!
-//! The first replica to start makes the CA and writes it, as `tls.crt` and `tls.key` (the layout
-//! cert-manager's CA issuer also reads), into the empty Secret `deploy/` ships, or into a new
-//! `kubernetes.io/tls` Secret where there is none; replicas racing it take the one that won. The CA
-//! certificate, public, is published as `ca.crt` in a ConfigMap of the same name, which agents
-//! mount. Each replica's serving certificate lives only in its memory and lasts a year; the
-//! replica exits well before it lapses so its restart issues a fresh one.
+//! The key lives in the Secret `deploy/` ships empty, which a one-shot Job fills ([`store::keep`])
+//! and which nothing else may read: no ServiceAccount but the Job's has a right to it, and only
+//! each controller Pod's certificate sidecar mounts it ([`issuer`]), a process with no API access
+//! and no open port that issues its replica a short-lived serving certificate into a memory
+//! volume, and a new one when the CA changes or the certificate nears its end. The controller
+//! serves those files and reads them again when they change (`serving_tls`). The CA certificates
+//! agents trust are published as `ca.crt` in a ConfigMap of the same name, which agents mount.
+//! A rollover ([`store::advance`], [`Kept::next_step`]) goes through a trust bundle holding both
+//! CAs, so that no agent ever meets a certificate it does not trust.
 
-use k8s_openapi::{
-    ByteString,
-    api::core::v1::{ConfigMap, Secret},
-};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+pub mod issuer;
+mod kept;
+pub mod store;
+
+pub use kept::{Kept, Step};
+
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
 };
-use std::collections::BTreeMap;
 use time::{Duration, OffsetDateTime};
 
-/// How long the CA is valid. Agents trust it for as long; replacing it means deleting the Secret
-/// and restarting the controllers.
+/// How long the CA is valid. Agents trust it for as long; a rollover replaces it sooner.
 const CA_VALIDITY: Duration = Duration::days(10 * 365);
-/// How long a serving certificate is valid.
-const SERVING_VALIDITY: Duration = Duration::days(365);
-/// How long before its certificate lapses a replica exits to renew it, at the latest; a random
-/// part of [`RENEWAL_SPREAD`] earlier still, so replicas started together do not restart
-/// together.
-const RENEWAL_MARGIN: Duration = Duration::days(30);
-const RENEWAL_SPREAD: Duration = Duration::days(7);
+/// How long a serving certificate is valid: short, as a leaked serving key is good until then,
+/// and renewal costs nothing (the sidecar writes a new one; the controller reads it).
+const SERVING_VALIDITY: Duration = Duration::days(30);
+/// How long before its end a serving certificate is replaced.
+const RENEW_BEFORE: Duration = Duration::days(10);
 /// Clock skew tolerated between the controller and agents.
 const BACKDATE: Duration = Duration::hours(1);
-/// The CA certificate's key in the Secret and the ConfigMap, and the key's in the Secret.
-const CERT_KEY: &str = "tls.crt";
-const PRIVATE_KEY_KEY: &str = "tls.key";
-const PUBLISHED_KEY: &str = "ca.crt";
-/// The field manager of the published ConfigMap.
-const FIELD_MANAGER: &str = "splitproxy-controller";
 
 /// Why the CA or a certificate could not be had.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +42,10 @@ pub enum Error {
     /// The Secret (`NAMESPACE/NAME`) exists but does not hold a usable CA.
     #[error("Secret {0} does not hold a CA certificate and key: {1}")]
     Unusable(String, String),
+    /// A CA certificate or key is not usable PEM, or the key is not the certificate's (`what`
+    /// says where they were read).
+    #[error("{0} is not a usable CA: {1}")]
+    Pem(String, String),
     /// A certificate could not be made.
     #[error("issuing a certificate")]
     Issue(#[from] rcgen::Error),
@@ -75,6 +72,14 @@ pub struct Issued {
     pub key_pem: String,
     /// When the certificate lapses.
     pub not_after: OffsetDateTime,
+}
+
+impl Issued {
+    /// When the certificate is to be replaced: well before it lapses.
+    #[must_use]
+    pub fn renew_at(&self) -> OffsetDateTime {
+        self.not_after - RENEW_BEFORE
+    }
 }
 
 impl Ca {
@@ -104,10 +109,32 @@ impl Ca {
         })
     }
 
+    /// The CA of `cert_pem` and `key_pem`, checked to sign with that key (`what` names them in
+    /// the error).
+    ///
+    /// # Errors
+    ///
+    /// If either is not usable PEM, or the key is not the certificate's.
+    pub fn from_pem(cert_pem: String, key_pem: String, what: &str) -> Result<Self, Error> {
+        let unusable = |reason: String| Error::Pem(what.to_owned(), reason);
+        KeyPair::from_pem(&key_pem)
+            .and_then(|key| Issuer::from_ca_cert_pem(&cert_pem, key).map(drop))
+            .map_err(|err| unusable(err.to_string()))?;
+        crate::serving_tls::check_pair(cert_pem.as_bytes(), key_pem.as_bytes())
+            .map_err(|err| unusable(splitproxy_telemetry::error_chain(&err)))?;
+        Ok(Self { cert_pem, key_pem })
+    }
+
     /// The CA certificate, PEM: what agents trust.
     #[must_use]
     pub fn cert_pem(&self) -> &str {
         &self.cert_pem
+    }
+
+    /// The CA's private key, PEM.
+    #[must_use]
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
     }
 
     /// A serving certificate for `names` (DNS names and IP addresses) valid from `now`.
@@ -135,53 +162,6 @@ impl Ca {
             not_after: params.not_after,
         })
     }
-
-    fn from_secret(secret: &Secret, namespace: &str, name: &str) -> Result<Self, Error> {
-        let unusable = |reason: String| Error::Unusable(format!("{namespace}/{name}"), reason);
-        let text = |key: &str| {
-            let bytes = secret
-                .data
-                .as_ref()
-                .and_then(|data| data.get(key))
-                .ok_or_else(|| unusable(format!("no {key}")))?;
-            String::from_utf8(bytes.0.clone()).map_err(|_| unusable(format!("{key} is not PEM")))
-        };
-        let ca = Self {
-            cert_pem: text(CERT_KEY)?,
-            key_pem: text(PRIVATE_KEY_KEY)?,
-        };
-        // Fail here, naming the Secret, rather than at the first certificate.
-        KeyPair::from_pem(&ca.key_pem)
-            .and_then(|key| Issuer::from_ca_cert_pem(&ca.cert_pem, key).map(drop))
-            .map_err(|err| unusable(err.to_string()))?;
-        Ok(ca)
-    }
-
-    fn to_secret(&self, name: &str) -> Secret {
-        Secret {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                ..ObjectMeta::default()
-            },
-            type_: Some("kubernetes.io/tls".to_owned()),
-            data: Some(self.secret_data()),
-            ..Secret::default()
-        }
-    }
-
-    /// The certificate and key, as a Secret holds them.
-    fn secret_data(&self) -> BTreeMap<String, ByteString> {
-        BTreeMap::from([
-            (
-                CERT_KEY.to_owned(),
-                ByteString(self.cert_pem.clone().into_bytes()),
-            ),
-            (
-                PRIVATE_KEY_KEY.to_owned(),
-                ByteString(self.key_pem.clone().into_bytes()),
-            ),
-        ])
-    }
 }
 
 /// Checks that `name` may be in a serving certificate: an IP address or a DNS name.
@@ -208,99 +188,18 @@ pub fn check_name(name: &str) -> Result<(), String> {
     }
 }
 
-/// When a replica holding a certificate that lapses at `not_after` exits to renew it: between
-/// [`RENEWAL_MARGIN`] and [`RENEWAL_MARGIN`] + [`RENEWAL_SPREAD`] before, by `spread` (0 to 1).
-#[must_use]
-pub fn renewal_time(not_after: OffsetDateTime, spread: f64) -> OffsetDateTime {
-    not_after - RENEWAL_MARGIN - RENEWAL_SPREAD * spread.clamp(0.0, 1.0)
-}
-
-/// The CA in Secret `namespace/name`: the one there, or a new one written into it when it is
-/// empty (`deploy/` ships it so, and the controllers need no right to create Secrets) or created
-/// when there is none; then its certificate published as `ca.crt` in ConfigMap
-/// `namespace/name`. Replicas racing to write it take the one that was written first.
-///
-/// # Errors
-///
-/// If the API server refuses, or the Secret holds no usable CA.
-pub async fn load_or_create(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-) -> Result<Ca, Error> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let api_error = |action: &str, kind: &str, source| {
-        Error::Api(format!("{action} {kind} {namespace}/{name}"), source)
-    };
-    let written_first = || async {
-        let secret = secrets
-            .get(name)
-            .await
-            .map_err(|err| api_error("reading", "Secret", err))?;
-        Ca::from_secret(&secret, namespace, name)
-    };
-    let existing = secrets
-        .get_opt(name)
-        .await
-        .map_err(|err| api_error("reading", "Secret", err))?;
-    let (ca, written) = match existing {
-        Some(secret) if !secret.data.as_ref().is_none_or(BTreeMap::is_empty) => {
-            (Ca::from_secret(&secret, namespace, name)?, None)
-        }
-        // The empty Secret deploy/ ships: written with the resourceVersion read, so a replica
-        // that wrote it meanwhile makes this write fail.
-        Some(mut empty) => {
-            let ca = Ca::generate(OffsetDateTime::now_utc())?;
-            empty.data = Some(ca.secret_data());
-            let replaced = secrets.replace(name, &PostParams::default(), &empty).await;
-            (ca, Some(replaced.map(drop).map_err(|err| ("writing", err))))
-        }
-        None => {
-            let ca = Ca::generate(OffsetDateTime::now_utc())?;
-            let created = secrets
-                .create(&PostParams::default(), &ca.to_secret(name))
-                .await;
-            (ca, Some(created.map(drop).map_err(|err| ("creating", err))))
-        }
-    };
-    let ca = match written {
-        None => ca,
-        Some(Ok(())) => {
-            tracing::info!(secret = %format!("{namespace}/{name}"), "wrote the controllers' CA");
-            ca
-        }
-        Some(Err((_, kube::Error::Api(status)))) if status.code == 409 => written_first().await?,
-        Some(Err((action, err))) => return Err(api_error(action, "Secret", err)),
-    };
-    let config_map = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": { "name": name },
-        "data": { PUBLISHED_KEY: ca.cert_pem },
-    });
-    Api::<ConfigMap>::namespaced(client.clone(), namespace)
-        .patch(
-            name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&config_map),
-        )
-        .await
-        .map_err(|err| api_error("publishing", "ConfigMap", err))?;
-    Ok(ca)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn now() -> OffsetDateTime {
+    pub(super) fn now() -> OffsetDateTime {
         OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap_or(OffsetDateTime::UNIX_EPOCH)
     }
 
     #[test]
-    fn a_ca_read_back_from_its_secret_issues_certificates() {
+    fn a_ca_read_back_from_its_pem_issues_certificates_renewed_well_before_their_end() {
         let ca = Ca::generate(now()).expect("a CA");
-        let read = Ca::from_secret(&ca.to_secret("ca"), "ns", "ca").expect("read back");
+        let read = Ca::from_pem(ca.cert_pem.clone(), ca.key_pem.clone(), "the CA").expect("read");
         let issued = read
             .issue(
                 &["controller.ns.svc".to_owned(), "10.0.0.1".to_owned()],
@@ -309,23 +208,19 @@ mod tests {
             .expect("issued");
         assert!(issued.chain_pem.ends_with(ca.cert_pem()));
         assert_eq!(issued.not_after, now() + SERVING_VALIDITY);
+        assert!(issued.renew_at() > now() && issued.renew_at() < issued.not_after);
     }
 
     #[test]
-    fn a_secret_without_a_usable_ca_is_refused_by_name() {
-        let mut secret = Ca::generate(now()).expect("a CA").to_secret("ca");
-        if let Some(data) = secret.data.as_mut() {
-            data.insert(PRIVATE_KEY_KEY.to_owned(), ByteString(b"junk".to_vec()));
+    fn a_key_that_is_not_the_cas_is_refused_by_name() {
+        let (ca, other) = (
+            Ca::generate(now()).expect("a CA"),
+            Ca::generate(now()).expect("a CA"),
+        );
+        for key in ["junk".to_owned(), other.key_pem] {
+            let err = Ca::from_pem(ca.cert_pem.clone(), key, "Secret ns/ca").expect_err("unusable");
+            assert!(err.to_string().starts_with("Secret ns/ca is not"), "{err}");
         }
-        let err = Ca::from_secret(&secret, "ns", "ca")
-            .expect_err("unusable")
-            .to_string();
-        assert!(err.starts_with("Secret ns/ca does not hold"), "{err}");
-        secret.data = None;
-        let err = Ca::from_secret(&secret, "ns", "ca")
-            .expect_err("unusable")
-            .to_string();
-        assert!(err.ends_with("no tls.crt"), "{err}");
     }
 
     #[test]
@@ -341,16 +236,5 @@ mod tests {
         for bad in ["not a name", "", "a..b", "-a.b", "a_b.c", "https://a"] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn renewal_comes_a_month_or_more_before_the_end() {
-        let end = now() + SERVING_VALIDITY;
-        assert_eq!(renewal_time(end, 0.0), end - RENEWAL_MARGIN);
-        assert_eq!(
-            renewal_time(end, 1.0),
-            end - RENEWAL_MARGIN - RENEWAL_SPREAD
-        );
-        assert_eq!(renewal_time(end, 7.0), renewal_time(end, 1.0));
     }
 }

@@ -199,6 +199,15 @@ impl ServingCertificate {
     }
 }
 
+/// Checks that `key_pem` is the private key of the first certificate of `chain_pem`.
+///
+/// # Errors
+///
+/// Says why not.
+pub fn check_pair(chain_pem: &[u8], key_pem: &[u8]) -> Result<(), Error> {
+    certified(chain_pem, key_pem).map(drop)
+}
+
 /// `chain_pem` and `key_pem` as rustls serves them, checked to belong together.
 fn certified(chain_pem: &[u8], key_pem: &[u8]) -> Result<Arc<CertifiedKey>, Error> {
     let chain = CertificateDer::pem_slice_iter(chain_pem)

@@ -130,10 +130,10 @@ fn services_from_a_real_api_server_reach_ready_pods_and_survive_its_restart() ->
             &repo_path("deploy/base/rbac.yaml"),
         ],
     )?;
-    // Reading the cluster, and asking the API server whose agent token is whose; in its own
-    // namespace, keeping its CA in the two objects deploy/ ships, creating nothing (no Secret
-    // of the namespace, which may be kube-system, is within its reach). The agent only finds
-    // the controllers.
+    // The controller reads the cluster and asks the API server whose agent token is whose:
+    // nothing more, in its own namespace too (which may be kube-system): not its CA. Only the
+    // CA's own account keeps the CA, in the two objects deploy/ ships, creating nothing. The
+    // agent only finds the controllers.
     let cluster_wide = [
         ("services", "", "list watch"),
         ("nodes", "", "list watch"),
@@ -141,24 +141,25 @@ fn services_from_a_real_api_server_reach_ready_pods_and_survive_its_restart() ->
         ("servicecidrs.networking.k8s.io", "", "list watch"),
         ("tokenreviews.authentication.k8s.io", "", "create"),
     ];
-    let mut own_namespace = cluster_wide.to_vec();
-    own_namespace.extend([
-        ("secrets", "splitproxy-controller-ca", "get update"),
-        ("configmaps", "splitproxy-controller-ca", "get patch"),
-    ]);
+    for namespace in ["default", "splitproxy-system"] {
+        check_least_privilege(
+            &control_plane,
+            &lab,
+            "splitproxy-controller",
+            namespace,
+            &cluster_wide,
+        )?;
+    }
+    check_least_privilege(&control_plane, &lab, "splitproxy-ca", "default", &[])?;
     check_least_privilege(
         &control_plane,
         &lab,
-        "splitproxy-controller",
-        "default",
-        &cluster_wide,
-    )?;
-    check_least_privilege(
-        &control_plane,
-        &lab,
-        "splitproxy-controller",
+        "splitproxy-ca",
         "splitproxy-system",
-        &own_namespace,
+        &[
+            ("secrets", "splitproxy-controller-ca", "get update"),
+            ("configmaps", "splitproxy-controller-ca", "get patch"),
+        ],
     )?;
     check_least_privilege(&control_plane, &lab, "splitproxy-agent", "default", &[])?;
     check_least_privilege(
