@@ -165,7 +165,7 @@ impl NodeView {
         if self.form == EndpointForm::Cluster {
             return plain.cluster_sums().to_vec();
         }
-        let mut sums = plain.sums_in(&self.zone).to_vec();
+        let mut sums = plain.sums_in(&self.zone, digests).to_vec();
         let buckets = sums.len();
         for (key, own) in self.own.iter() {
             let replaced = self

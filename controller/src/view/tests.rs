@@ -677,9 +677,25 @@ fn deltas_from_digests_use_the_digests_shared_by_every_node_of_a_state() {
             "{node}"
         );
     }
-    // Computed once for the state: the Service, its endpoints in cluster form and plain.
+    // Computed once for the state: the Service and its endpoints in cluster form, and, as
+    // filtered nodes resumed, the plain set.
     let shared = after.digests.computed.get().expect("computed");
-    assert_eq!(shared.by_address.len(), 3);
+    assert_eq!(shared.by_address.len(), 2);
+    assert_eq!(
+        shared.filtered.get().map(std::collections::HashMap::len),
+        Some(1)
+    );
+}
+
+#[test]
+fn a_state_only_agents_deriving_locality_resume_from_hashes_no_filtered_set() {
+    let state = cluster(&[("10.244.1.2", "node-1"), ("10.244.2.2", "node-2")]);
+    let view = NodeView::for_node(&state, "node-1", EndpointForm::Cluster);
+    let delta = Delta::from_summary(&[0; 4], &view, &state.digests);
+    assert_eq!(delta.upserted_endpoints.len(), 1);
+    let _ = Delta::from_digests(&held(&view), &view, &state.digests);
+    let shared = state.digests.computed.get().expect("computed");
+    assert!(shared.filtered.get().is_none());
 }
 
 /// A cluster of 300 Services with endpoints spread pseudo-randomly (from `seed`) over node-0 to
