@@ -3,6 +3,7 @@
 //! CA without dropping an agent; `issue` (each controller Pod's sidecar) keeps the replica's
 //! serving certificate. See `splitproxy_controller::serving_ca`.
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use splitproxy_controller::{
     api_client,
@@ -158,7 +159,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 names: san,
             }
             .run()
-            .await?;
+            .await
+            .context("exiting for the kubelet to restart this container with the mounted Secret as it is now")?;
         }
     }
     Ok(())

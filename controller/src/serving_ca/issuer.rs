@@ -15,6 +15,11 @@ use time::OffsetDateTime;
 /// How often the CA files are read for a change: a kubelet updates a Secret volume within about
 /// a minute of the Secret.
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(5);
+/// How long the sidecar waits for a first CA before it exits. On a new cluster the Pod may start
+/// before the Job fills the Secret; the kubelet then updates the volume only at its next sync
+/// of the Pod, up to a minute or more later, while a container that exits makes it sync the Pod
+/// (and refresh the volume) when it restarts it, 10 s later.
+pub const FIRST_CA_PATIENCE: Duration = Duration::from_secs(15);
 
 /// Where the sidecar reads the CA and writes the certificate, and the names it is for.
 #[derive(Debug, Clone)]
@@ -38,17 +43,22 @@ pub enum WriteError {
 }
 
 impl Issuer {
-    /// Keeps the certificate current; returns only if one cannot be issued from a usable CA (the
-    /// names are wrong), as the container's restart is the only remedy.
+    /// Keeps the certificate current; returns only when the container's restart is the remedy:
+    /// no usable CA within [`FIRST_CA_PATIENCE`] of the start, or a certificate that cannot be
+    /// issued from a usable CA (the names are wrong).
     ///
     /// # Errors
     ///
-    /// The issuing error.
+    /// Why it returned.
     pub async fn run(self) -> Result<(), Error> {
         let mut current: Option<(String, OffsetDateTime)> = None;
         let mut waiting = false;
+        let started = tokio::time::Instant::now();
         loop {
             match self.read_ca() {
+                Err(err) if current.is_none() && started.elapsed() >= FIRST_CA_PATIENCE => {
+                    return Err(err);
+                }
                 Err(err) => {
                     if !std::mem::replace(&mut waiting, true) {
                         tracing::info!(
@@ -128,6 +138,21 @@ mod tests {
         for (key, value) in Kept::new(ca.clone()).to_data() {
             std::fs::write(dir.join(key), value.0).expect("write");
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_ca_the_sidecar_exits_for_its_restart_to_refresh_the_volume() {
+        let ca_dir = tempfile::tempdir().expect("temp dir");
+        let issuer = Issuer {
+            ca_dir: ca_dir.path().to_owned(),
+            cert_file: ca_dir.path().join("out.crt"),
+            key_file: ca_dir.path().join("out.key"),
+            names: vec!["a".to_owned()],
+        };
+        let started = tokio::time::Instant::now();
+        let err = issuer.run().await.expect_err("no CA");
+        assert!(started.elapsed() >= FIRST_CA_PATIENCE);
+        assert!(err.to_string().contains("tls.crt"), "{err}");
     }
 
     #[tokio::test(start_paused = true)]
