@@ -513,7 +513,7 @@ impl AgentStream {
         });
         let mut dirty = true;
         loop {
-            if dirty && self.in_flight.len() < self.max_in_flight {
+            if dirty && self.in_flight.len() < self.in_flight_limit() {
                 dirty = false;
                 if self.send_next().await.is_err() {
                     break;
@@ -730,6 +730,18 @@ impl AgentStream {
             sent_at,
         });
         Ok(())
+    }
+
+    /// How many revisions may be in flight now: while every first-revision slot is taken (a
+    /// restarted controller's agents all resuming at once), one, so the changes meanwhile go to
+    /// the agents already served as one delta per sync of theirs instead of one per change, and
+    /// the controller's time goes to the agents still waiting; [`Self::max_in_flight`] otherwise.
+    fn in_flight_limit(&self) -> usize {
+        if self.first_revisions.available_permits() == 0 {
+            1
+        } else {
+            self.max_in_flight
+        }
     }
 
     /// When the oldest revision in flight has gone unanswered too long; `None` with none.

@@ -345,6 +345,16 @@ impl Agent {
             .expect("a message")
     }
 
+    /// The messages of one revision; its last.
+    async fn whole(&mut self) -> pb::SyncResponse {
+        loop {
+            let message = self.next().await;
+            if message.complete {
+                return message;
+            }
+        }
+    }
+
     async fn answer(&self, revision: u64, status: pb::AckStatus) {
         let ack = pb::Ack {
             revision,
@@ -860,6 +870,35 @@ async fn agents_that_stop_reading_their_first_revision_do_not_hold_up_the_others
 }
 
 #[tokio::test]
+async fn while_every_first_revision_slot_is_taken_an_agent_served_gets_one_revision_in_flight() {
+    // A restart's storm: the agents still waiting for a first revision go first, and one
+    // already served gets the changes meanwhile one delta per answer of its own.
+    let h = harness(Some(cluster(30_000, 2))).await;
+    let mut agent = pipelining_agent(&h.url).await;
+    let reset = agent.whole().await;
+    assert!(reset.reset);
+    agent.answer(reset.revision, pb::AckStatus::Applied).await;
+    let mut stalled = Vec::new();
+    for index in 0..CONCURRENT_FIRST_REVISIONS {
+        stalled.push(stalled_agent(&h.url, &format!("stalled-{index}"), 1).await);
+    }
+
+    h.publish(cluster(30_000, 3));
+    let delta = agent.whole().await;
+    assert!(!delta.reset);
+    h.publish(cluster(30_000, 4));
+    let waiting = tokio::time::timeout(Duration::from_millis(500), agent.rx.message()).await;
+    assert!(
+        waiting.is_err(),
+        "a second revision went out during the storm: {waiting:?}"
+    );
+    agent.answer(delta.revision, pb::AckStatus::Applied).await;
+    let after = agent.whole().await;
+    assert_eq!(after.base_revision, delta.revision);
+    drop(stalled);
+}
+
+#[tokio::test]
 async fn an_agent_that_leaves_while_waiting_for_a_first_revision_has_no_view_computed() {
     let metrics = Metrics::default();
     let h = harness_recording(Some(cluster(30_000, 2)), metrics.clone()).await;
@@ -872,7 +911,7 @@ async fn an_agent_that_leaves_while_waiting_for_a_first_revision_has_no_view_com
     drop(Agent::subscribe(&h.url, None).await);
     // The next one gets its reset once the stalled agents' slots time out.
     let mut agent = Agent::subscribe(&h.url, None).await;
-    while !agent.next().await.complete {}
+    agent.whole().await;
     assert_eq!(
         metrics.streams.view_computations.get(),
         computed + 1,
