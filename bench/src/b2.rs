@@ -3,34 +3,31 @@
 //! by one real API server (the agent through the splitproxy controller). Every number is read from
 //! each proxy's own `/metrics` and `/proc`, and each proxy's rules are counted in its namespace.
 
+pub use crate::proxied::ProxyMode;
 use crate::{
-    cluster::{NAMESPACE, Shape},
+    cluster::Shape,
     process::Memory,
     prometheus::{self, Histogram},
+    proxied::{OWN_SERVICES, Programmed, Proxy, SYNCS, Wanted, populate},
     svg,
 };
 use anyhow::{Context as _, Result, ensure};
 use serde::Serialize;
-use splitproxy_dataplane::iptables::save;
 use splitproxy_e2e::{
     addresses::CONTROL_PLANE,
     control_plane::{Binaries, ControlPlane},
     eventually,
-    lab::{Lab, Node, Process},
+    lab::Lab,
 };
 use std::{
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
-/// Every sync, full or partial (kube-proxy's name, which the agent exports too).
-const SYNCS: &str = "kubeproxy_sync_proxy_rules_duration_seconds";
 /// Endpoint changes received but not yet taken in by a sync.
 const PENDING: &str = "kubeproxy_sync_proxy_rules_endpoint_changes_pending";
-/// Parallel `kubectl create` runs that populate the cluster.
-const POPULATE_WORKERS: usize = 4;
-/// Besides the benchmark's, the API server's own `kubernetes` Service (one endpoint) is proxied.
-const OWN_SERVICES: usize = 1;
+/// The host's default iptables (B2 measures the backend the node has).
+const IPTABLES_SAVE: &str = "iptables-save";
 
 /// B2's flags.
 #[derive(Debug, clap::Args)]
@@ -57,34 +54,6 @@ pub struct Args {
     /// Where b2.json and b2.svg go.
     #[arg(long, env = "B2_OUTPUT", default_value = "bench/results")]
     output: PathBuf,
-}
-
-/// A dataplane backend both proxies offer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ProxyMode {
-    /// iptables, programmed with iptables-restore.
-    Iptables,
-    /// nftables, programmed with `nft -f -`.
-    Nftables,
-}
-
-impl ProxyMode {
-    /// The value of both proxies' `--proxy-mode`.
-    fn flag(self) -> &'static str {
-        match self {
-            Self::Iptables => "iptables",
-            Self::Nftables => "nftables",
-        }
-    }
-
-    /// The command listing a proxy's rules in this mode, in its node.
-    fn listing(self) -> (&'static str, &'static [&'static str]) {
-        match self {
-            Self::Iptables => ("iptables-save", &[]),
-            Self::Nftables => ("nft", &["list", "table", "ip", "kube-proxy"]),
-        }
-    }
 }
 
 /// One cluster size.
@@ -220,80 +189,6 @@ pub struct Ratios {
     pub peak_rss: Option<f64>,
 }
 
-/// What a proxy's nat table routes to, next to what the cluster asks for. Endpoints are counted
-/// as the jumps from Service chains to endpoint chains, not as endpoint chains: in large clusters
-/// kube-proxy leaves unused endpoint chains behind until a later full sync.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Programmed {
-    /// Service chains (`KUBE-SVC-…`) found.
-    pub service_chains: usize,
-    /// Service chains expected: every Service, all of which have ready endpoints.
-    pub expected_service_chains: usize,
-    /// Jumps from a Service chain to an endpoint chain (`KUBE-SEP-…`) found.
-    pub endpoint_jumps: usize,
-    /// Jumps expected: one per ready endpoint.
-    pub expected_endpoint_jumps: usize,
-}
-
-/// What a proxy's rules should hold: Service chains and jumps to endpoints.
-#[derive(Debug, Clone, Copy)]
-struct Wanted {
-    service_chains: usize,
-    endpoint_jumps: usize,
-}
-
-impl Programmed {
-    /// The Service chains and their endpoints in `listing` (what [`ProxyMode::listing`]
-    /// prints), next to `wanted`: in iptables mode the jumps from `KUBE-SVC-` to `KUBE-SEP-`
-    /// chains, in nftables mode the `service-` chains and the endpoints of their
-    /// `numgen random mod N` choices (kube-proxy's inline maps, splitproxy's ranges of its
-    /// endpoint maps).
-    fn count(listing: &str, wanted: Wanted, mode: ProxyMode) -> Self {
-        let (service_chains, endpoint_jumps) = match mode {
-            ProxyMode::Iptables => {
-                let service = |chain: &str| chain.starts_with("KUBE-SVC-");
-                let endpoint = |chain: &str| chain.starts_with("KUBE-SEP-");
-                (
-                    save::chains(listing, "nat")
-                        .iter()
-                        .filter(|c| service(c))
-                        .count(),
-                    save::jumps(listing, "nat", service, endpoint).len(),
-                )
-            }
-            ProxyMode::Nftables => (
-                // A Service port's chain names it (`service-HASH-ns/name/proto/port`); the fixed
-                // `service-endpoints-check` does not.
-                listing
-                    .lines()
-                    .map(str::trim_start)
-                    .filter(|line| line.starts_with("chain service-") && line.contains('/'))
-                    .count(),
-                // In rules only: splitproxy's endpoint maps are typed `typeof numgen random mod 1`.
-                listing
-                    .lines()
-                    .filter(|line| !line.trim_start().starts_with("typeof "))
-                    .flat_map(|line| line.split("numgen random mod ").skip(1))
-                    .filter_map(|rest| rest.split_whitespace().next()?.parse::<usize>().ok())
-                    .sum(),
-            ),
-        };
-        Self {
-            service_chains,
-            expected_service_chains: wanted.service_chains,
-            endpoint_jumps,
-            expected_endpoint_jumps: wanted.endpoint_jumps,
-        }
-    }
-
-    /// Whether the counts match.
-    #[must_use]
-    pub fn matches(&self) -> bool {
-        self.service_chains == self.expected_service_chains
-            && self.endpoint_jumps == self.expected_endpoint_jumps
-    }
-}
-
 /// Runs B2 with `args` and writes `b2.json` and `b2.svg` to its output directory.
 ///
 /// # Errors
@@ -321,57 +216,6 @@ pub fn run(args: &Args, params: Params) -> Result<()> {
     Ok(())
 }
 
-/// One proxy under measurement: which, where, its process and its mode.
-struct Proxy {
-    name: &'static str,
-    node: Node,
-    process: Process,
-    mode: ProxyMode,
-}
-
-impl Proxy {
-    fn metrics(&self, lab: &Lab) -> Result<String> {
-        lab.exec_ok(
-            &self.node,
-            "curl",
-            &["-sf", "-m", "10", "http://127.0.0.1:10249/metrics"],
-        )
-        .with_context(|| format!("scraping {}", self.name))
-    }
-
-    fn syncs(&self, lab: &Lab) -> Result<Histogram> {
-        Ok(Histogram::parse(&self.metrics(lab)?, SYNCS))
-    }
-
-    /// Waits until the proxy, just started, has synced and its rules hold `wanted`; returns
-    /// its sync histogram then (every sync since it started).
-    fn await_full_sync(&self, lab: &Lab, wanted: Wanted, timeout: Duration) -> Result<Histogram> {
-        let what = format!("{} programs the populated cluster", self.name);
-        eventually(&what, timeout, || {
-            let full = self.syncs(lab)?;
-            ensure!(full.count > 0.0, "no sync yet");
-            let found = Programmed::count(&self.save(lab)?, wanted, self.mode);
-            ensure!(found.matches(), "found {found:?}");
-            Ok(full)
-        })
-        .with_context(|| self.process.log_tail(20))
-    }
-
-    /// The proxy's rules, as its mode lists them.
-    fn save(&self, lab: &Lab) -> Result<String> {
-        let (program, args) = self.mode.listing();
-        lab.exec_ok(&self.node, program, args)
-    }
-
-    /// How many rules `listing` holds.
-    fn rules(&self, listing: &str) -> usize {
-        match self.mode {
-            ProxyMode::Iptables => listing.lines().filter(|l| l.starts_with("-A ")).count(),
-            ProxyMode::Nftables => nft_rules(listing),
-        }
-    }
-}
-
 /// Starts a lab with a fresh control plane, populates it, starts the controller, the agent and
 /// kube-proxy, measures both proxies and tears it all down.
 fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -> Result<Row> {
@@ -396,7 +240,9 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
         mode.flag()
     );
     let started = Instant::now();
-    populate(&lab, &control_plane, &shape)?;
+    populate(&lab, &control_plane, shape.services, |index| {
+        shape.service_yaml(index, true)
+    })?;
     let populate_s = started.elapsed().as_secs_f64();
     eprintln!("b2: populated in {populate_s:.1} s");
 
@@ -414,6 +260,7 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
         node: nodes[0].clone(),
         process: agent,
         mode,
+        iptables_save: IPTABLES_SAVE,
     };
     let splitproxy_full = splitproxy.await_full_sync(&lab, wanted, timeout)?;
     let kube_proxy_process = control_plane.start_kube_proxy(&mut lab, &nodes[1], mode.flag())?;
@@ -422,6 +269,7 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
         node: nodes[1].clone(),
         process: kube_proxy_process,
         mode,
+        iptables_save: IPTABLES_SAVE,
     };
     let kube_proxy_full = kube_proxy.await_full_sync(&lab, wanted, timeout)?;
     eprintln!(
@@ -482,64 +330,6 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
         proxies: proxied,
         ratios,
     })
-}
-
-/// The rules in the chains of an `nft list table` listing: every line inside a `chain … {`
-/// block but the chain's own `type …`, `policy …` and `comment …` lines.
-fn nft_rules(listing: &str) -> usize {
-    let mut in_chain = false;
-    let mut rules = 0;
-    for line in listing.lines().map(str::trim) {
-        if line.starts_with("chain ") && line.ends_with('{') {
-            in_chain = true;
-        } else if line == "}" {
-            in_chain = false;
-        } else if in_chain
-            && !line.is_empty()
-            && !["type ", "policy ", "comment "]
-                .iter()
-                .any(|start| line.starts_with(start))
-        {
-            rules += 1;
-        }
-    }
-    rules
-}
-
-/// Creates namespace `bench`, then every Service and EndpointSlice with a few `kubectl create`
-/// runs in parallel, each from one multi-document file.
-fn populate(lab: &Lab, control_plane: &ControlPlane, shape: &Shape) -> Result<()> {
-    control_plane.kubectl(lab, &["create", "namespace", NAMESPACE])?;
-    let dir = tempfile::tempdir().context("creating the populate directory")?;
-    let chunk = shape.services.div_ceil(POPULATE_WORKERS);
-    let mut files = Vec::new();
-    for (worker, start) in (0..shape.services).step_by(chunk).enumerate() {
-        let yaml: Vec<String> = (start..(start + chunk).min(shape.services))
-            .map(|index| shape.service_yaml(index, true))
-            .collect();
-        let file = dir.path().join(format!("services-{worker}.yaml"));
-        std::fs::write(&file, yaml.join("---\n")).context("writing the objects to create")?;
-        files.push(file);
-    }
-    std::thread::scope(|scope| {
-        let runs: Vec<_> = files
-            .iter()
-            .map(|file| scope.spawn(move || create(lab, control_plane, file)))
-            .collect();
-        runs.into_iter().try_for_each(|run| {
-            run.join()
-                .map_err(|_| anyhow::anyhow!("a kubectl run panicked"))?
-        })
-    })
-}
-
-fn create(lab: &Lab, control_plane: &ControlPlane, file: &Path) -> Result<()> {
-    let file = file.to_string_lossy();
-    control_plane.kubectl(
-        lab,
-        &["create", "--validate=false", "-o", "name", "-f", &file],
-    )?;
-    Ok(())
 }
 
 /// The sync times of one proxy over the changes.
@@ -616,7 +406,7 @@ fn ratios(splitproxy: &Proxied, kube_proxy: &Proxied) -> Ratios {
 }
 
 /// The 1, 5 and 15 minute load averages.
-fn load_average() -> Result<Vec<f64>> {
+pub(crate) fn load_average() -> Result<Vec<f64>> {
     let text = std::fs::read_to_string("/proc/loadavg").context("reading /proc/loadavg")?;
     text.split_whitespace()
         .take(3)
@@ -665,97 +455,5 @@ fn thousands(n: usize) -> String {
         format!("{}k", n / 1000)
     } else {
         n.to_string()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A trimmed `iptables-save` of one Service with two endpoints and a leftover endpoint
-    /// chain nothing jumps to, as kube-proxy keeps in large clusters.
-    const SAVED: &str = "\
-*nat
-:KUBE-SERVICES - [0:0]
-:KUBE-SVC-AAAAAAAAAAAAAAAA - [0:0]
-:KUBE-SEP-1111111111111111 - [0:0]
-:KUBE-SEP-2222222222222222 - [0:0]
-:KUBE-SEP-3333333333333333 - [0:0]
--A KUBE-SERVICES -d 10.96.1.0/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-AAAAAAAAAAAAAAAA
--A KUBE-SVC-AAAAAAAAAAAAAAAA -m statistic --mode random --probability 0.5 -j KUBE-SEP-1111111111111111
--A KUBE-SVC-AAAAAAAAAAAAAAAA -j KUBE-SEP-2222222222222222
-COMMIT
-";
-
-    #[test]
-    fn endpoints_count_as_jumps_from_service_chains_not_as_chains() {
-        let wanted = Wanted {
-            service_chains: 1,
-            endpoint_jumps: 2,
-        };
-        let found = Programmed::count(SAVED, wanted, ProxyMode::Iptables);
-        assert_eq!((found.service_chains, found.endpoint_jumps), (1, 2));
-        assert!(found.matches());
-        let more = Wanted {
-            endpoint_jumps: 3,
-            ..wanted
-        };
-        assert!(!Programmed::count(SAVED, more, ProxyMode::Iptables).matches());
-    }
-
-    /// A trimmed `nft list table ip kube-proxy` of one Service with two endpoints.
-    const LISTED: &str = "\
-table ip kube-proxy {
-\tcomment \"rules for kube-proxy\"
-\tmap service-ips {
-\t\ttype ipv4_addr . inet_proto . inet_service : verdict
-\t\telements = { 10.96.1.0 . tcp . 80 : goto service-AAAAAAAA-bench/s0/tcp/http }
-\t}
-\tchain nat-prerouting {
-\t\ttype nat hook prerouting priority dstnat; policy accept;
-\t\tjump services
-\t}
-\tchain services {
-\t\tip daddr . meta l4proto . th dport vmap @service-ips
-\t}
-\tchain service-endpoints-check {
-\t\tip daddr . meta l4proto . th dport vmap @no-endpoint-services
-\t}
-\tchain service-AAAAAAAA-bench/s0/tcp/http {
-\t\tip daddr 10.96.1.0 tcp dport 80 ip saddr != 10.244.0.0/16 mark set mark or 0x4000
-\t\tmeta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.244.1.2 . 8080, 1 : 10.244.2.2 . 8080 }
-\t}
-}
-";
-
-    /// The same Service as splitproxy lists it, its endpoints in an endpoint map.
-    const LISTED_WITH_ENDPOINT_MAP: &str = "\
-table ip kube-proxy {
-\tmap endpoints-tcp-AA {
-\t\ttypeof numgen random mod 1 : ip daddr . tcp dport
-\t\telements = { 4 : 10.244.1.2 . 8080, 5 : 10.244.2.2 . 8080 }
-\t}
-\tchain service-AAAAAAAA-bench/s0/tcp/http {
-\t\tmeta l4proto tcp dnat ip to numgen random mod 2 offset 4 map @endpoints-tcp-AA
-\t}
-}
-";
-
-    #[test]
-    fn in_nftables_mode_endpoints_are_the_numgen_choices_of_service_chains() {
-        let wanted = Wanted {
-            service_chains: 1,
-            endpoint_jumps: 2,
-        };
-        let found = Programmed::count(LISTED, wanted, ProxyMode::Nftables);
-        assert_eq!((found.service_chains, found.endpoint_jumps), (1, 2));
-        assert!(found.matches());
-        let found = Programmed::count(LISTED_WITH_ENDPOINT_MAP, wanted, ProxyMode::Nftables);
-        assert_eq!((found.service_chains, found.endpoint_jumps), (1, 2));
-        assert_eq!(
-            nft_rules(LISTED),
-            5,
-            "the chains' rules, not their type lines"
-        );
     }
 }

@@ -116,6 +116,12 @@ impl Shape {
         start..start + len
     }
 
+    /// The cluster IP of Service `index`.
+    #[must_use]
+    pub fn cluster_ip(index: usize) -> Ipv4Addr {
+        Ipv4Addr::from(CLUSTER_IP_BASE + u32::try_from(index).unwrap_or(u32::MAX))
+    }
+
     /// The address of endpoint `number`.
     #[must_use]
     pub fn endpoint_ip(number: usize) -> Ipv4Addr {
@@ -128,7 +134,7 @@ impl Shape {
     pub fn service_yaml(&self, index: usize, first_ready: bool) -> String {
         let name = Self::service_name(index);
         let slice = Self::slice_name(index);
-        let ip = Ipv4Addr::from(CLUSTER_IP_BASE + u32::try_from(index).unwrap_or(u32::MAX));
+        let ip = Self::cluster_ip(index);
         let mut yaml = format!(
             "apiVersion: v1
 kind: Service

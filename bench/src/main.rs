@@ -1,14 +1,16 @@
-//! `splitproxy-bench`: runs one benchmark (`b1` fan-out, `b2` dataplane, `b3` API-server load)
-//! and writes its results as JSON and an SVG plot.
+//! `splitproxy-bench`: runs one benchmark (`b1` fan-out, `b2` dataplane, `b3` API-server load,
+//! `b4` scale, `b5` datapath) and writes its results as JSON and an SVG plot.
 
 mod b1;
 mod b2;
 mod b3;
 mod b4;
+mod b5;
 mod cluster;
 mod probe;
 mod process;
 mod prometheus;
+mod proxied;
 mod stats;
 mod svg;
 
@@ -47,6 +49,16 @@ enum Benchmark {
         #[arg(long)]
         output: PathBuf,
     },
+    /// B5 datapath: connect time, latency and connections per second through a Service, per
+    /// mode and number of Services, kube-proxy next to splitproxy and the no-proxy limits, on a
+    /// real control plane (needs root).
+    B5(b5::Args),
+    /// B5's echo server (run by B5 in its server pod).
+    #[command(hide = true)]
+    B5Serve(b5::load::ServeArgs),
+    /// B5's client: one trial, printed as JSON (run by B5 in a client's namespace).
+    #[command(hide = true)]
+    B5Load(b5::load::LoadArgs),
 }
 
 /// B1's flags.
@@ -215,6 +227,12 @@ async fn main() -> anyhow::Result<()> {
         Benchmark::B3(args) => run_b3(&args),
         Benchmark::B4(args) => run_b4(args).await,
         Benchmark::B4Plot { runs, output } => plot_b4(&runs, &output),
+        Benchmark::B5(args) => {
+            let params = args.params().unwrap_or_else(|err| bad_flags(&err));
+            tokio::task::spawn_blocking(move || b5::run(&args, params)).await?
+        }
+        Benchmark::B5Serve(args) => b5::load::serve(&args),
+        Benchmark::B5Load(args) => b5::load::load(&args),
     }
 }
 

@@ -410,9 +410,24 @@ impl ControlPlane {
     ///
     /// If the token cannot be issued, or the binary is missing or cannot start.
     pub fn start_agent_with(&self, lab: &mut Lab, node: &Node, extra: &[&str]) -> Result<Process> {
+        self.start_agent_with_env(lab, node, extra, &[])
+    }
+
+    /// [`start_agent_with`](Self::start_agent_with) with `env` added to the agent's environment.
+    ///
+    /// # Errors
+    ///
+    /// If the token cannot be issued, or the binary is missing or cannot start.
+    pub fn start_agent_with_env(
+        &self,
+        lab: &mut Lab,
+        node: &Node,
+        extra: &[&str],
+        env: &[(String, String)],
+    ) -> Result<Process> {
         let token = self.agent_token(lab, node.name())?;
         let controllers = [self.controller_url(CONTROLLER_PORT)];
-        self.spawn_agent(lab, node, &controllers, &token, extra)
+        self.spawn_agent(lab, node, &controllers, &token, extra, env)
     }
 
     /// Starts splitproxy-agent on `node`, listing `controllers` (URLs, tried in turn) as
@@ -445,7 +460,7 @@ impl ControlPlane {
         controllers: &[String],
         token: &Path,
     ) -> Result<Process> {
-        self.spawn_agent(lab, node, controllers, token, &[])
+        self.spawn_agent(lab, node, controllers, token, &[], &[])
     }
 
     fn spawn_agent(
@@ -455,6 +470,7 @@ impl ControlPlane {
         controllers: &[String],
         token: &Path,
         extra: &[&str],
+        env: &[(String, String)],
     ) -> Result<Process> {
         let token = path(token);
         let tls = self.tls.agent_flags();
@@ -465,7 +481,12 @@ impl ControlPlane {
         args.extend(["--hostname-override", node.name(), "--token-file", &token]);
         args.extend(tls.iter().map(String::as_str));
         args.extend_from_slice(extra);
-        lab.spawn(node, crate::workspace_binary("splitproxy-agent")?, &args)
+        lab.spawn_with_env(
+            node,
+            crate::workspace_binary("splitproxy-agent")?,
+            &args,
+            env,
+        )
     }
 
     /// Issues the token an agent on node `node_name` presents, as the kubelet does for the
@@ -753,23 +774,44 @@ spec:
     ///
     /// If the kubeconfig cannot be written or kube-proxy cannot start.
     pub fn start_kube_proxy(&self, lab: &mut Lab, node: &Node, mode: &str) -> Result<Process> {
+        self.start_kube_proxy_with(lab, node, mode, &[], &[])
+    }
+
+    /// [`start_kube_proxy`](Self::start_kube_proxy) with `extra` flags appended and `env` added to
+    /// its environment (a `PATH` choosing the iptables backend, say).
+    ///
+    /// # Errors
+    ///
+    /// If the kubeconfig cannot be written or kube-proxy cannot start.
+    pub fn start_kube_proxy_with(
+        &self,
+        lab: &mut Lab,
+        node: &Node,
+        mode: &str,
+        extra: &[&str],
+        env: &[(String, String)],
+    ) -> Result<Process> {
         let kubeconfig = path(&self.lan_admin_kubeconfig()?);
-        lab.spawn(
+        let mode = format!("--proxy-mode={mode}");
+        let mut args = vec![
+            "--kubeconfig",
+            &kubeconfig,
+            "--hostname-override",
+            node.name(),
+            &mode,
+            "--metrics-bind-address=127.0.0.1:10249",
+            "--healthz-bind-address=127.0.0.1:10256",
+            "--conntrack-max-per-core=0",
+            "--conntrack-tcp-timeout-established=0",
+            "--conntrack-tcp-timeout-close-wait=0",
+            "--v=1",
+        ];
+        args.extend_from_slice(extra);
+        lab.spawn_with_env(
             node,
             self.binaries.kubernetes.join("kube-proxy"),
-            &[
-                "--kubeconfig",
-                &kubeconfig,
-                "--hostname-override",
-                node.name(),
-                &format!("--proxy-mode={mode}"),
-                "--metrics-bind-address=127.0.0.1:10249",
-                "--healthz-bind-address=127.0.0.1:10256",
-                "--conntrack-max-per-core=0",
-                "--conntrack-tcp-timeout-established=0",
-                "--conntrack-tcp-timeout-close-wait=0",
-                "--v=1",
-            ],
+            &args,
+            env,
         )
     }
 

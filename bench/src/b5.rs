@@ -1,0 +1,1293 @@
+//! B5 datapath: what an application feels through a Service. Connect time, whole-exchange
+//! latency and connections per second through upstream kube-proxy and splitproxy in each mode,
+//! next to two limits (the direct path without proxy rules, without and with conntrack), at
+//! several numbers of Services, every implementation in its own node namespace and all fed the
+//! same Services by one real API server.
+//!
+//! ```text
+//!  node-1 kube-proxy iptables   node-2 splitproxy iptables   node-3 kube-proxy nftables
+//!  node-4 splitproxy nftables   node-5 no rules, no conntrack node-6 no rules, conntrack
+//!     each with a client pod (10.244.n.10)          node-7: the server pod (10.244.7.10)
+//!  host "outside" (198.18.0.3): the client of node ports
+//! ```
+//!
+//! The measured Services (dozens, spread evenly through the set) all send to the server pod;
+//! every other Service has one endpoint of its own, so it sits where a Service with endpoints
+//! sits in the rules. The proxies are frozen while measuring (an hour between periodic syncs, no
+//! API changes); the client runs on CPU 0 and the server on CPU 1; conntrack is flushed in the
+//! subject's node before each trial; a trial whose conntrack drop, listen-queue or retransmit
+//! counters moved, or that saw an error, is invalid. Implementations take turns within each
+//! round, starting one later each round, and ratios are medians of per-round ratios.
+
+mod counters;
+pub mod load;
+
+use crate::{
+    cluster::{NAMESPACE, Shape},
+    process::Memory,
+    proxied::{OWN_SERVICES, Proxy, ProxyMode, Wanted, populate},
+    stats::{Interval, quantile},
+    svg,
+};
+use anyhow::{Context as _, Result, ensure};
+use counters::Counters;
+use load::{Exchange, Measure, Trial};
+use serde::Serialize;
+use splitproxy_e2e::{
+    addresses::{CLUSTER_POD_CIDR, CONTROL_PLANE, EXTERNAL_CLIENT, pod_ip},
+    control_plane::{Binaries, ControlPlane},
+    eventually,
+    lab::{HasNamespace, Lab, Node, Pod},
+};
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    net::{Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+/// The server pod's ports (the measured Services' target ports).
+const SERVER_TCP_PORT: u16 = 8080;
+const SERVER_UDP_PORT: u16 = 8053;
+/// The measured Services' ports.
+const SERVICE_TCP_PORT: u16 = 80;
+const SERVICE_UDP_PORT: u16 = 53;
+/// The measured Service `k`'s node ports: TCP `30000 + k`, UDP `31000 + k`.
+const NODE_PORT_BASE: u16 = 30_000;
+const UDP_NODE_PORT_BASE: u16 = 31_000;
+/// The client's and the server's CPUs.
+const CLIENT_CPU: &str = "0";
+const SERVER_CPU: &str = "1";
+/// The lab's node of the server pod, after the six subjects' nodes.
+const SERVER_NODE: usize = 6;
+
+/// B5's flags.
+#[derive(Debug, clap::Args)]
+#[command(args_override_self = true)]
+pub struct Args {
+    /// `quick`: 1, 1,000 and 10,000 Services, pod → ClusterIP and pod → pod IP, 3 rounds;
+    /// `full`: 1, 1,000, 10,000 and 50,000 Services, every scenario, 5 rounds.
+    #[arg(long, value_enum, default_value = "full")]
+    profile: Profile,
+    /// The numbers of Services instead of the profile's (a list).
+    #[arg(long, value_delimiter = ',')]
+    services: Vec<usize>,
+    /// The scenarios instead of the profile's (a list).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    scenarios: Vec<Scenario>,
+    /// Rounds instead of the profile's (each implementation once per round and scenario).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Exchanges timed per latency trial instead of the profile's.
+    #[arg(long)]
+    latency_count: Option<usize>,
+    /// Seconds per rate trial instead of the profile's.
+    #[arg(long)]
+    rate_seconds: Option<f64>,
+    /// Exchanges in flight in a rate trial.
+    #[arg(long, default_value_t = 4)]
+    concurrency: usize,
+    /// How many Services are measured (spread evenly through the set; all of them when fewer).
+    #[arg(long, default_value_t = 32)]
+    measured: usize,
+    /// The iptables backend both proxies use in iptables mode. `legacy` by default: the
+    /// nf_tables backend's first restore at 10,000 Services runs past 15 minutes here (B2).
+    #[arg(long, value_enum, default_value = "legacy")]
+    iptables_backend: IptablesBackend,
+    /// Seconds to wait for populating or for one proxy's first sync.
+    #[arg(long, default_value_t = 3_600)]
+    timeout_s: u64,
+    /// Where b5.json, b5.md and b5.svg go.
+    #[arg(long, default_value = "bench/results")]
+    output: PathBuf,
+}
+
+/// A set of defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Profile {
+    /// A few minutes per size: 1 / 1k / 10k Services, ClusterIP and pod IP.
+    Quick,
+    /// Every scenario, 1 / 1k / 10k / 50k Services.
+    Full,
+}
+
+/// Which iptables the iptables-mode proxies run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IptablesBackend {
+    /// `iptables-legacy` (x_tables).
+    Legacy,
+    /// The host's default `iptables` (nf_tables here).
+    Default,
+}
+
+/// What a client does, from where, to what.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// A pod opens a new TCP connection to a ClusterIP per request.
+    ClusterIp,
+    /// A host outside the cluster opens a new TCP connection to a node port per request.
+    NodePort,
+    /// A pod opens a new TCP connection to another pod's IP per request, on a node carrying
+    /// every Service: the cost Services put on traffic that is not theirs.
+    PodIp,
+    /// A pod sends requests over kept-alive connections to a ClusterIP: only the first packet
+    /// of a connection meets the rules, so every implementation must come out the same.
+    KeptAlive,
+    /// A pod sends each UDP request from a new socket (a new source port) to a ClusterIP, as a
+    /// DNS client does.
+    Udp,
+}
+
+impl Scenario {
+    fn exchange(self) -> Exchange {
+        match self {
+            Self::ClusterIp | Self::NodePort | Self::PodIp => Exchange::Connect,
+            Self::KeptAlive => Exchange::KeptAlive,
+            Self::Udp => Exchange::Udp,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::ClusterIp => "pod → ClusterIP",
+            Self::NodePort => "outside → NodePort",
+            Self::PodIp => "pod → pod IP",
+            Self::KeptAlive => "pod → ClusterIP, kept alive",
+            Self::Udp => "pod → ClusterIP, UDP",
+        }
+    }
+}
+
+/// What is measured: a proxy in a mode, or a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Subject {
+    /// Upstream kube-proxy.
+    KubeProxy(ProxyMode),
+    /// splitproxy's agent.
+    Splitproxy(ProxyMode),
+    /// No proxy rules and no conntrack in the node: the direct path.
+    NoProxy,
+    /// No proxy rules, conntrack on: the floor of any NAT proxy.
+    NoProxyConntrack,
+}
+
+/// The measured subjects, in their nodes' order (node-1 first).
+const SUBJECTS: [Subject; 6] = [
+    Subject::KubeProxy(ProxyMode::Iptables),
+    Subject::Splitproxy(ProxyMode::Iptables),
+    Subject::KubeProxy(ProxyMode::Nftables),
+    Subject::Splitproxy(ProxyMode::Nftables),
+    Subject::NoProxy,
+    Subject::NoProxyConntrack,
+];
+
+impl Subject {
+    /// Its name in results and tables.
+    #[must_use]
+    pub fn name(self) -> String {
+        match self {
+            Self::KubeProxy(mode) => format!("kube-proxy {}", mode.flag()),
+            Self::Splitproxy(mode) => format!("splitproxy {}", mode.flag()),
+            Self::NoProxy => "limit: no proxy, no conntrack".to_owned(),
+            Self::NoProxyConntrack => "limit: no proxy, conntrack".to_owned(),
+        }
+    }
+
+    fn is_limit(self) -> bool {
+        matches!(self, Self::NoProxy | Self::NoProxyConntrack)
+    }
+}
+
+/// What one B5 run does.
+#[derive(Debug, Clone, Serialize)]
+pub struct Params {
+    /// The profile the defaults came from.
+    pub profile: Profile,
+    /// Numbers of Services, each on a fresh control plane.
+    pub services: Vec<usize>,
+    /// The scenarios.
+    pub scenarios: Vec<Scenario>,
+    /// Rounds per scenario.
+    pub rounds: usize,
+    /// Exchanges per latency trial.
+    pub latency_count: usize,
+    /// Seconds per rate trial.
+    pub rate_seconds: f64,
+    /// Exchanges in flight per rate trial.
+    pub concurrency: usize,
+    /// Measured Services at most.
+    pub measured: usize,
+    /// The iptables-mode proxies' backend.
+    pub iptables_backend: IptablesBackend,
+    /// The longest wait for populating or a first sync, in seconds.
+    pub timeout_s: u64,
+}
+
+impl Args {
+    /// The profile's defaults with the flags' overrides.
+    ///
+    /// # Errors
+    ///
+    /// If a count is zero.
+    pub fn params(&self) -> Result<Params> {
+        let (services, scenarios, rounds, latency_count, rate_seconds) = match self.profile {
+            Profile::Quick => (
+                vec![1, 1_000, 10_000],
+                vec![Scenario::ClusterIp, Scenario::PodIp],
+                3,
+                1_000,
+                1.0,
+            ),
+            Profile::Full => (
+                vec![1, 1_000, 10_000, 50_000],
+                vec![
+                    Scenario::ClusterIp,
+                    Scenario::NodePort,
+                    Scenario::PodIp,
+                    Scenario::KeptAlive,
+                    Scenario::Udp,
+                ],
+                5,
+                2_000,
+                2.0,
+            ),
+        };
+        let pick = |given: &Vec<usize>, default: Vec<usize>| {
+            if given.is_empty() {
+                default
+            } else {
+                given.clone()
+            }
+        };
+        let params = Params {
+            profile: self.profile,
+            services: pick(&self.services, services),
+            scenarios: if self.scenarios.is_empty() {
+                scenarios
+            } else {
+                self.scenarios.clone()
+            },
+            rounds: self.rounds.unwrap_or(rounds),
+            latency_count: self.latency_count.unwrap_or(latency_count),
+            rate_seconds: self.rate_seconds.unwrap_or(rate_seconds),
+            concurrency: self.concurrency,
+            measured: self.measured,
+            iptables_backend: self.iptables_backend,
+            timeout_s: self.timeout_s,
+        };
+        ensure!(
+            params.services.iter().all(|&n| n > 0),
+            "--services: every size needs a Service to measure"
+        );
+        ensure!(
+            params.rounds > 0 && params.latency_count > 0 && params.concurrency > 0,
+            "--rounds, --latency-count and --concurrency must be at least 1"
+        );
+        ensure!(
+            params.measured > 0 && params.measured <= 1_000,
+            "--measured must be 1 to 1,000 (node ports {NODE_PORT_BASE}.. and {UDP_NODE_PORT_BASE}..)"
+        );
+        ensure!(params.rate_seconds > 0.0, "--rate-seconds must be above 0");
+        Ok(params)
+    }
+}
+
+/// What one B5 run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Results {
+    /// The parameters of the run.
+    pub params: Params,
+    /// The kernel the run measured.
+    pub kernel: String,
+    /// The machine's 1, 5 and 15 minute load averages when the run started.
+    pub load_average_at_start: Vec<f64>,
+    /// IPVS mode: measured or why not.
+    pub ipvs: String,
+    /// One per number of Services.
+    pub sizes: Vec<Size>,
+}
+
+/// One number of Services.
+#[derive(Debug, Clone, Serialize)]
+pub struct Size {
+    /// Services in the cluster (besides the API server's own).
+    pub services: usize,
+    /// Of them, the measured ones.
+    pub measured: usize,
+    /// Seconds taken to create the Services and EndpointSlices.
+    pub populate_s: f64,
+    /// Each proxy's first sync on the populated cluster.
+    pub programming: Vec<Programming>,
+    /// One per scenario and subject.
+    pub cells: Vec<Cell>,
+}
+
+/// How one proxy programmed the populated cluster.
+#[derive(Debug, Clone, Serialize)]
+pub struct Programming {
+    /// The proxy and its mode.
+    pub subject: String,
+    /// Sync time from its start until its rules held every Service, in seconds.
+    pub full_sync_s: f64,
+    /// Syncs that took.
+    pub syncs: f64,
+    /// Rules in its node at the end (as B2 counts them).
+    pub rules: usize,
+    /// Syncs while the trials ran (0 when it stayed frozen).
+    pub syncs_while_measured: f64,
+    /// Its memory after the trials.
+    pub memory: Option<Memory>,
+}
+
+/// Latency percentiles, in µs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Percentiles {
+    /// Samples.
+    pub count: usize,
+    /// The median.
+    pub p50: f64,
+    /// The 90th percentile.
+    pub p90: f64,
+    /// The 99th percentile.
+    pub p99: f64,
+    /// The 99.9th percentile.
+    pub p999: f64,
+}
+
+impl Percentiles {
+    fn of(samples_us: &[f64]) -> Option<Self> {
+        let mut sorted: Vec<Duration> = samples_us
+            .iter()
+            .map(|us| Duration::from_secs_f64(us.max(0.0) / 1e6))
+            .collect();
+        sorted.sort_unstable();
+        let at = |q| quantile(&sorted, q).map(|d| d.as_secs_f64() * 1e6);
+        Some(Self {
+            count: sorted.len(),
+            p50: at(0.5)?,
+            p90: at(0.9)?,
+            p99: at(0.99)?,
+            p999: at(0.999)?,
+        })
+    }
+}
+
+/// One scenario through one subject at one size.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// The subject's name.
+    pub subject: String,
+    /// Whether every trial was clean: no error, no counter moved.
+    pub valid: bool,
+    /// What made a trial invalid.
+    pub invalid_because: Vec<String>,
+    /// Connect time over every round's latency trial (new TCP connections only).
+    pub connect_us: Option<Percentiles>,
+    /// Whole exchange (connect, request, reply) over every round's latency trial.
+    pub exchange_us: Option<Percentiles>,
+    /// Exchanges per second in the rate trials: the median of the rounds, with its interval.
+    pub per_second: Option<Interval>,
+    /// The whole machine's CPU time per exchange in the rate trials (median of the rounds).
+    pub cpu_us_per_exchange: Option<f64>,
+    /// CPU stolen by the hypervisor during the rate trials, as a share of the time measured.
+    pub steal_share: f64,
+    /// Counters summed over the trials (conntrack drops, listen overflows, retransmits).
+    pub counters: BTreeMap<String, u64>,
+    /// Ratios of this cell's exchanges per second (medians of per-round ratios).
+    pub ratios: CellRatios,
+    /// Per-round exchanges per second, in round order (for the ratios).
+    #[serde(skip)]
+    rounds: Vec<f64>,
+}
+
+/// Ratios of a cell's rate to others', each the median of per-round ratios with its interval
+/// (`None` where the other has no such cell).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CellRatios {
+    /// To kube-proxy in the same mode (splitproxy's cells).
+    pub kube_proxy_same_mode: Option<Interval>,
+    /// To kube-proxy's best mode at this size and scenario (by median rate).
+    pub kube_proxy_best: Option<Interval>,
+    /// To the direct path without conntrack.
+    pub no_proxy: Option<Interval>,
+    /// To the direct path with conntrack.
+    pub no_proxy_conntrack: Option<Interval>,
+    /// To the same subject and scenario at the run's smallest size (a ratio of medians: the
+    /// sizes run on different control planes).
+    pub smallest_size: Option<f64>,
+    /// Connect p99 over kube-proxy's best mode's connect p99 (below 1: faster).
+    pub connect_p99_to_kube_proxy_best: Option<f64>,
+}
+
+/// Runs B5 and writes `b5.json`, `b5.md` and `b5.svg` after each size.
+///
+/// # Errors
+///
+/// If the lab or control plane cannot be set up, a proxy does not program the cluster in time,
+/// or the results cannot be written.
+pub fn run(args: &Args, params: Params) -> Result<()> {
+    std::fs::create_dir_all(&args.output)
+        .with_context(|| format!("creating {}", args.output.display()))?;
+    let binaries = Binaries::ensure()?;
+    let mut results = Results {
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default(),
+        load_average_at_start: crate::b2::load_average()?,
+        ipvs: ipvs_availability(),
+        params,
+        sizes: Vec::new(),
+    };
+    for &services in &results.params.services.clone() {
+        let size = run_size(&binaries, &results.params, services)?;
+        results.sizes.push(size);
+        compare_sizes(&mut results.sizes);
+        write(&results, &args.output)?;
+    }
+    println!("{}", table(&results));
+    Ok(())
+}
+
+/// Why IPVS mode is not measured.
+fn ipvs_availability() -> String {
+    if Path::new("/proc/net/ip_vs").exists() {
+        "the kernel has IPVS, but B5 does not measure IPVS mode yet".to_owned()
+    } else {
+        "unavailable: this kernel has no IPVS (/proc/net/ip_vs is missing)".to_owned()
+    }
+}
+
+/// The lab of one size: nodes, pods and what runs in them.
+struct Bench {
+    lab: Lab,
+    nodes: Vec<Node>,
+    clients: Vec<Pod>,
+    server: Pod,
+    outside: splitproxy_e2e::lab::Host,
+    proxies: Vec<(Subject, Proxy)>,
+    measured: Vec<usize>,
+}
+
+fn run_size(binaries: &Binaries, params: &Params, services: usize) -> Result<Size> {
+    let timeout = Duration::from_secs(params.timeout_s);
+    let mut lab = Lab::new("bfive")?;
+    let cp_host = lab.add_host("cp", CONTROL_PLANE)?;
+    let outside = lab.add_host("outside", EXTERNAL_CLIENT)?;
+    let node_count = u8::try_from(SERVER_NODE + 1).unwrap_or(u8::MAX);
+    let nodes = lab.add_nodes(node_count)?;
+    let mut clients = Vec::new();
+    for (i, node) in nodes.iter().take(SUBJECTS.len()).enumerate() {
+        let n = u8::try_from(i + 1).unwrap_or(u8::MAX);
+        let pod = lab.add_pod(node, &format!("client-{n}"), pod_ip(n, 10))?;
+        // Every port for the client: a rate trial opens thousands of connections a second.
+        lab.exec_ok(
+            &pod,
+            "sysctl",
+            &["-qw", "net.ipv4.ip_local_port_range=1024 65535"],
+        )?;
+        clients.push(pod);
+    }
+    let server = lab.add_pod(&nodes[SERVER_NODE], "server", pod_ip(node_count, 10))?;
+    let control_plane = ControlPlane::start(&mut lab, &cp_host, binaries.clone())?;
+    for node in &nodes {
+        control_plane.register_node(&lab, node)?;
+    }
+    let measured = measured_indices(services, params.measured);
+    eprintln!(
+        "b5: {services} Services ({} measured): populating",
+        measured.len()
+    );
+    let started = Instant::now();
+    let filler = Shape {
+        services,
+        endpoints: services,
+        nodes: 1,
+        zones: 0,
+    };
+    populate(&lab, &control_plane, services, |index| {
+        match measured.binary_search(&index) {
+            Ok(k) => measured_yaml(index, k, server.ip(), nodes[SERVER_NODE].name()),
+            Err(_) => filler.service_yaml(index, true),
+        }
+    })?;
+    let populate_s = started.elapsed().as_secs_f64();
+    eprintln!("b5: populated in {populate_s:.1} s");
+
+    let exe = std::env::current_exe().context("finding this benchmark's binary")?;
+    let exe = exe.to_string_lossy().into_owned();
+    lab.spawn(
+        &server,
+        "taskset",
+        &["-c", SERVER_CPU, &exe, "b5-serve", "--tcp-port", "8080"],
+    )?;
+    conntrack_floor(&lab, &nodes[5])?;
+
+    let backend = IptablesPath::new(params.iptables_backend)?;
+    let wanted = Wanted {
+        service_chains: services + measured.len() + OWN_SERVICES,
+        endpoint_jumps: services + measured.len() + OWN_SERVICES,
+    };
+    let _controller =
+        control_plane.start_controller(&mut lab, &control_plane.admin_kubeconfig())?;
+    let mut bench = Bench {
+        lab,
+        nodes,
+        clients,
+        server,
+        outside,
+        proxies: Vec::new(),
+        measured,
+    };
+    let mut programming = Vec::new();
+    // One at a time, so each first sync has the machine to itself.
+    for (i, &subject) in SUBJECTS.iter().enumerate() {
+        let (name, mode) = match subject {
+            Subject::KubeProxy(mode) => ("kube-proxy", mode),
+            Subject::Splitproxy(mode) => ("splitproxy", mode),
+            Subject::NoProxy | Subject::NoProxyConntrack => continue,
+        };
+        let node = bench.nodes[i].clone();
+        let env = if mode == ProxyMode::Iptables {
+            backend.env()
+        } else {
+            Vec::new()
+        };
+        // Frozen while measured: no periodic sync within the run.
+        let flags = [
+            "--iptables-sync-period=1h",
+            &format!("--cluster-cidr={CLUSTER_POD_CIDR}"),
+        ];
+        let process = if name == "kube-proxy" {
+            control_plane.start_kube_proxy_with(&mut bench.lab, &node, mode.flag(), &flags, &env)?
+        } else {
+            let mut extra = vec!["--proxy-mode", mode.flag()];
+            extra.extend_from_slice(&flags);
+            control_plane.start_agent_with_env(&mut bench.lab, &node, &extra, &env)?
+        };
+        let proxy = Proxy {
+            name,
+            node,
+            process,
+            mode,
+            iptables_save: backend.save(mode),
+        };
+        let full = proxy.await_full_sync(&bench.lab, wanted, timeout)?;
+        eprintln!(
+            "b5: {} programmed {services} Services in {:.2} s ({} syncs)",
+            subject.name(),
+            full.sum,
+            full.count
+        );
+        programming.push((subject, full));
+        bench.proxies.push((subject, proxy));
+    }
+    bench.await_reachable(timeout)?;
+    let syncs_before: Vec<f64> = bench
+        .proxies
+        .iter()
+        .map(|(_, proxy)| proxy.syncs(&bench.lab).map(|h| h.count))
+        .collect::<Result<_>>()?;
+
+    let mut cells = Vec::new();
+    for &scenario in &params.scenarios {
+        eprintln!("b5: {services} Services: {}", scenario.name());
+        cells.extend(bench.measure(scenario, params)?);
+    }
+    compare_subjects(&mut cells);
+
+    let mut programmed = Vec::new();
+    for (((subject, full), (_, proxy)), before) in
+        programming.iter().zip(&bench.proxies).zip(syncs_before)
+    {
+        let listing = proxy.save(&bench.lab)?;
+        programmed.push(Programming {
+            subject: subject.name(),
+            full_sync_s: full.sum,
+            syncs: full.count,
+            rules: proxy.rules(&listing),
+            syncs_while_measured: proxy.syncs(&bench.lab)?.count - before,
+            memory: Memory::of(proxy.process.pid()),
+        });
+    }
+    Ok(Size {
+        services,
+        measured: bench.measured.len(),
+        populate_s,
+        programming: programmed,
+        cells,
+    })
+}
+
+/// `count` Service indices spread evenly over `0..services` (all of them when fewer).
+fn measured_indices(services: usize, count: usize) -> Vec<usize> {
+    let count = count.min(services);
+    (0..count).map(|k| k * services / count).collect()
+}
+
+/// Measured Service `index` (the `k`th measured): a NodePort Service with a TCP and a UDP
+/// port, whose one endpoint is the server pod on `server_node`.
+fn measured_yaml(index: usize, k: usize, server: Ipv4Addr, server_node: &str) -> String {
+    let name = Shape::service_name(index);
+    let slice = Shape::slice_name(index);
+    let ip = Shape::cluster_ip(index);
+    let tcp_node_port = usize::from(NODE_PORT_BASE) + k;
+    let udp_node_port = usize::from(UDP_NODE_PORT_BASE) + k;
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata:
+  name: {name}
+  namespace: {NAMESPACE}
+spec:
+  type: NodePort
+  clusterIP: {ip}
+  clusterIPs: [{ip}]
+  ports:
+  - name: tcp
+    port: {SERVICE_TCP_PORT}
+    protocol: TCP
+    targetPort: {SERVER_TCP_PORT}
+    nodePort: {tcp_node_port}
+  - name: udp
+    port: {SERVICE_UDP_PORT}
+    protocol: UDP
+    targetPort: {SERVER_UDP_PORT}
+    nodePort: {udp_node_port}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {slice}
+  namespace: {NAMESPACE}
+  labels:
+    kubernetes.io/service-name: {name}
+    endpointslice.kubernetes.io/managed-by: {managed_by}
+addressType: IPv4
+ports:
+- name: tcp
+  protocol: TCP
+  port: {SERVER_TCP_PORT}
+- name: udp
+  protocol: UDP
+  port: {SERVER_UDP_PORT}
+endpoints:
+- addresses: [{server}]
+  conditions: {{ready: true}}
+  nodeName: {server_node}
+",
+        managed_by = crate::cluster::MANAGED_BY,
+    )
+}
+
+/// Turns conntrack on in `node` with one rule that needs it, and nothing else.
+fn conntrack_floor(lab: &Lab, node: &Node) -> Result<()> {
+    for command in [
+        "add table inet b5-floor",
+        "add chain inet b5-floor forward { type filter hook forward priority 0 ; policy accept ; }",
+        "add rule inet b5-floor forward ct state established,related accept",
+    ] {
+        let args: Vec<&str> = command.split(' ').collect();
+        lab.exec_ok(node, "nft", &args)?;
+    }
+    Ok(())
+}
+
+/// A `PATH` entry whose `iptables*` are the chosen backend's.
+struct IptablesPath {
+    backend: IptablesBackend,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl IptablesPath {
+    fn new(backend: IptablesBackend) -> Result<Self> {
+        let dir = match backend {
+            IptablesBackend::Default => None,
+            IptablesBackend::Legacy => {
+                let dir = tempfile::tempdir().context("creating the iptables-legacy folder")?;
+                for family in ["iptables", "ip6tables"] {
+                    for suffix in ["", "-save", "-restore"] {
+                        let legacy = format!("/usr/sbin/{family}-legacy{suffix}");
+                        ensure!(
+                            Path::new(&legacy).exists(),
+                            "{legacy} is missing (Debian's iptables package has it)"
+                        );
+                        std::os::unix::fs::symlink(
+                            &legacy,
+                            dir.path().join(format!("{family}{suffix}")),
+                        )
+                        .context("linking the legacy iptables")?;
+                    }
+                }
+                Some(dir)
+            }
+        };
+        Ok(Self { backend, dir })
+    }
+
+    /// The environment a proxy in iptables mode runs with.
+    fn env(&self) -> Vec<(String, String)> {
+        self.dir.as_ref().map_or_else(Vec::new, |dir| {
+            let path = std::env::var("PATH").unwrap_or_default();
+            vec![(
+                "PATH".to_owned(),
+                format!("{}:{path}", dir.path().display()),
+            )]
+        })
+    }
+
+    /// The `iptables-save` that lists a proxy's rules in `mode`.
+    fn save(&self, mode: ProxyMode) -> &'static str {
+        match (mode, self.backend) {
+            (ProxyMode::Iptables, IptablesBackend::Legacy) => "iptables-legacy-save",
+            _ => "iptables-save",
+        }
+    }
+}
+
+/// What one round of one scenario through one subject gave.
+struct Round {
+    latency: Trial,
+    rate: Trial,
+    counters: BTreeMap<String, u64>,
+    invalid_because: Vec<String>,
+}
+
+impl Bench {
+    /// Where `subject`'s client runs and what it sends to in `scenario`; `None` where the
+    /// scenario has no such path (a limit has no node port).
+    fn route(&self, subject_index: usize, scenario: Scenario) -> Option<(String, Vec<SocketAddr>)> {
+        let subject = SUBJECTS[subject_index];
+        let client = self.clients[subject_index].ns_name().to_owned();
+        let server_tcp = SocketAddr::from((self.server.ip(), SERVER_TCP_PORT));
+        let server_udp = SocketAddr::from((self.server.ip(), SERVER_UDP_PORT));
+        let vips = |port: u16| -> Vec<SocketAddr> {
+            self.measured
+                .iter()
+                .map(|&index| SocketAddr::from((Shape::cluster_ip(index), port)))
+                .collect()
+        };
+        Some(match (scenario, subject.is_limit()) {
+            (Scenario::ClusterIp | Scenario::KeptAlive, false) => (client, vips(SERVICE_TCP_PORT)),
+            (Scenario::Udp, false) => (client, vips(SERVICE_UDP_PORT)),
+            (Scenario::NodePort, false) => {
+                let node_ip = self.nodes[subject_index].ip();
+                let ports = (0..self.measured.len())
+                    .map(|k| {
+                        let port = NODE_PORT_BASE + u16::try_from(k).unwrap_or(0);
+                        SocketAddr::from((node_ip, port))
+                    })
+                    .collect();
+                (self.outside.ns_name().to_owned(), ports)
+            }
+            (Scenario::NodePort, true) => return None,
+            (Scenario::Udp, true) => (client, vec![server_udp]),
+            (Scenario::PodIp, _) | (Scenario::ClusterIp | Scenario::KeptAlive, true) => {
+                (client, vec![server_tcp])
+            }
+        })
+    }
+
+    /// Waits until every subject's client gets an answer through its path in every scenario.
+    fn await_reachable(&self, timeout: Duration) -> Result<()> {
+        for scenario in [Scenario::ClusterIp, Scenario::NodePort, Scenario::Udp] {
+            for (i, subject) in SUBJECTS.iter().enumerate() {
+                let Some((client, targets)) = self.route(i, scenario) else {
+                    continue;
+                };
+                let what = format!("{} answers {}", subject.name(), scenario.name());
+                eventually(&what, timeout, || {
+                    let args = ["--count", &targets.len().to_string()];
+                    let trial =
+                        self.client(&client, scenario, &targets, Measure::Latency, &args)?;
+                    ensure!(trial.errors.is_empty(), "errors {:?}", trial.errors);
+                    Ok(())
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the client in `ns` and reads its trial.
+    fn client(
+        &self,
+        ns: &str,
+        scenario: Scenario,
+        targets: &[SocketAddr],
+        measure: Measure,
+        extra: &[&str],
+    ) -> Result<Trial> {
+        let exe = std::env::current_exe().context("finding this benchmark's binary")?;
+        let exe = exe.to_string_lossy();
+        let targets: Vec<String> = targets.iter().map(ToString::to_string).collect();
+        let targets = targets.join(",");
+        let exchange = serde_plain(&scenario.exchange())?;
+        let measure = serde_plain(&measure)?;
+        let mut args = vec![
+            "-c",
+            CLIENT_CPU,
+            &exe,
+            "b5-load",
+            "--targets",
+            &targets,
+            "--exchange",
+            &exchange,
+            "--measure",
+            &measure,
+        ];
+        args.extend_from_slice(extra);
+        let out = self.lab.exec_ok(ns, "taskset", &args)?;
+        serde_json::from_str(out.trim()).with_context(|| format!("reading the client's {out:?}"))
+    }
+
+    /// Every round of `scenario` through every subject, subjects taking turns.
+    fn measure(&self, scenario: Scenario, params: &Params) -> Result<Vec<Cell>> {
+        let mut rounds: Vec<Vec<Round>> = SUBJECTS.iter().map(|_| Vec::new()).collect();
+        for round in 0..params.rounds {
+            for turn in 0..SUBJECTS.len() {
+                let i = (turn + round) % SUBJECTS.len();
+                if let Some((client, targets)) = self.route(i, scenario) {
+                    rounds[i].push(self.round(i, scenario, &client, &targets, params)?);
+                }
+            }
+        }
+        Ok(SUBJECTS
+            .iter()
+            .zip(rounds)
+            .filter(|(_, rounds)| !rounds.is_empty())
+            .map(|(subject, rounds)| cell(scenario, *subject, &rounds))
+            .collect())
+    }
+
+    fn round(
+        &self,
+        subject_index: usize,
+        scenario: Scenario,
+        client: &str,
+        targets: &[SocketAddr],
+        params: &Params,
+    ) -> Result<Round> {
+        let node = &self.nodes[subject_index];
+        let watched = [
+            (node.ns_name(), counters::Place::Node),
+            (self.server.ns_name(), counters::Place::Server),
+            (client, counters::Place::Client),
+        ];
+        let before = Counters::read(&self.lab, &watched)?;
+        flush_conntrack(&self.lab, node)?;
+        let count = params.latency_count.to_string();
+        let latency = self.client(
+            client,
+            scenario,
+            targets,
+            Measure::Latency,
+            &["--count", &count],
+        )?;
+        flush_conntrack(&self.lab, node)?;
+        let seconds = params.rate_seconds.to_string();
+        let concurrency = params.concurrency.to_string();
+        let rate = self.client(
+            client,
+            scenario,
+            targets,
+            Measure::Rate,
+            &["--seconds", &seconds, "--concurrency", &concurrency],
+        )?;
+        let after = Counters::read(&self.lab, &watched)?;
+        let counters = after.since(&before);
+        let mut invalid_because: Vec<String> = counters
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(name, n)| format!("{name} +{n}"))
+            .collect();
+        for (what, trial) in [("latency", &latency), ("rate", &rate)] {
+            for (cause, n) in &trial.errors {
+                invalid_because.push(format!("{what} trial: {n} × {cause}"));
+            }
+        }
+        Ok(Round {
+            latency,
+            rate,
+            counters,
+            invalid_because,
+        })
+    }
+}
+
+/// A value's name as serde writes it (the client's flag values).
+fn serde_plain<T: Serialize>(value: &T) -> Result<String> {
+    Ok(serde_json::to_string(value)?.trim_matches('"').to_owned())
+}
+
+/// Empties `node`'s conntrack table, so each trial starts from the same state.
+fn flush_conntrack(lab: &Lab, node: &Node) -> Result<()> {
+    let out = lab.exec(node, "conntrack", &["-F"])?;
+    // conntrack -F in a namespace that tracks nothing has nothing to flush and says so.
+    ensure!(
+        out.status.success() || String::from_utf8_lossy(&out.stderr).contains("0 flow entries"),
+        "conntrack -F in {}: {}",
+        node.name(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
+/// The cell of `subject`'s `rounds` of `scenario`.
+fn cell(scenario: Scenario, subject: Subject, rounds: &[Round]) -> Cell {
+    let pooled = |pick: fn(&Trial) -> &Vec<f64>| -> Vec<f64> {
+        rounds
+            .iter()
+            .flat_map(|r| pick(&r.latency).iter().copied())
+            .collect()
+    };
+    let per_second: Vec<f64> = rounds.iter().map(|r| per_second(&r.rate)).collect();
+    #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+    let cpu: Vec<f64> = rounds
+        .iter()
+        .filter(|r| r.rate.completed > 0)
+        .map(|r| r.rate.machine_busy_us / r.rate.completed as f64)
+        .collect();
+    let (steal, measured): (f64, f64) = rounds.iter().fold((0.0, 0.0), |(s, m), r| {
+        (s + r.rate.machine_steal_us, m + r.rate.elapsed_s * 1e6)
+    });
+    let mut counters = BTreeMap::new();
+    for round in rounds {
+        for (name, n) in &round.counters {
+            *counters.entry(name.clone()).or_default() += n;
+        }
+    }
+    let invalid_because: Vec<String> = rounds
+        .iter()
+        .flat_map(|r| r.invalid_because.iter().cloned())
+        .collect();
+    Cell {
+        scenario,
+        subject: subject.name(),
+        valid: invalid_because.is_empty(),
+        invalid_because,
+        connect_us: Percentiles::of(&pooled(|t| &t.connect_us)),
+        exchange_us: Percentiles::of(&pooled(|t| &t.exchange_us)),
+        per_second: Interval::of(&per_second),
+        cpu_us_per_exchange: Interval::of(&cpu).map(|i| i.median),
+        steal_share: if measured > 0.0 {
+            steal / measured
+        } else {
+            0.0
+        },
+        counters,
+        ratios: CellRatios::default(),
+        rounds: per_second,
+    }
+}
+
+/// A rate trial's exchanges per second.
+fn per_second(trial: &Trial) -> f64 {
+    #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+    let completed = trial.completed as f64;
+    if trial.elapsed_s > 0.0 {
+        completed / trial.elapsed_s
+    } else {
+        0.0
+    }
+}
+
+/// Fills in the ratios between the cells of one size.
+fn compare_subjects(cells: &mut [Cell]) {
+    let snapshot: Vec<Cell> = cells.to_vec();
+    let find = |scenario: Scenario, subject: Subject| {
+        snapshot
+            .iter()
+            .find(|c| c.scenario == scenario && c.subject == subject.name())
+    };
+    for cell in cells.iter_mut() {
+        let scenario = cell.scenario;
+        let best = [ProxyMode::Iptables, ProxyMode::Nftables]
+            .into_iter()
+            .filter_map(|mode| find(scenario, Subject::KubeProxy(mode)))
+            .max_by(|a, b| median(a).total_cmp(&median(b)));
+        let same_mode = SUBJECTS.iter().find_map(|&s| match s {
+            Subject::Splitproxy(mode) if s.name() == cell.subject => {
+                find(scenario, Subject::KubeProxy(mode))
+            }
+            _ => None,
+        });
+        let ratios = CellRatios {
+            kube_proxy_same_mode: same_mode.and_then(|other| round_ratios(cell, other)),
+            kube_proxy_best: best.and_then(|other| round_ratios(cell, other)),
+            no_proxy: find(scenario, Subject::NoProxy).and_then(|o| round_ratios(cell, o)),
+            no_proxy_conntrack: find(scenario, Subject::NoProxyConntrack)
+                .and_then(|o| round_ratios(cell, o)),
+            smallest_size: None,
+            connect_p99_to_kube_proxy_best: best.and_then(|other| {
+                Some(cell.connect_us?.p99 / other.connect_us?.p99).filter(|r| r.is_finite())
+            }),
+        };
+        cell.ratios = ratios;
+    }
+}
+
+fn median(cell: &Cell) -> f64 {
+    cell.per_second.map_or(0.0, |i| i.median)
+}
+
+/// The per-round ratios of `cell`'s rate to `other`'s, as a median with its interval.
+fn round_ratios(cell: &Cell, other: &Cell) -> Option<Interval> {
+    let ratios: Vec<f64> = cell
+        .rounds
+        .iter()
+        .zip(&other.rounds)
+        .filter(|(_, b)| **b > 0.0)
+        .map(|(a, b)| a / b)
+        .collect();
+    Interval::of(&ratios)
+}
+
+/// Fills in each cell's ratio to the same subject and scenario at the smallest size.
+fn compare_sizes(sizes: &mut [Size]) {
+    let Some(smallest) = sizes.iter().min_by_key(|s| s.services).cloned() else {
+        return;
+    };
+    for size in sizes.iter_mut() {
+        for cell in &mut size.cells {
+            cell.ratios.smallest_size = smallest
+                .cells
+                .iter()
+                .find(|c| c.scenario == cell.scenario && c.subject == cell.subject)
+                .and_then(|base| Some(cell.per_second?.median / base.per_second?.median))
+                .filter(|r| r.is_finite());
+        }
+    }
+}
+
+/// Writes `b5.json`, `b5.md` (the tables) and `b5.svg`.
+fn write(results: &Results, output: &Path) -> Result<()> {
+    let json = serde_json::to_string_pretty(results)?;
+    std::fs::write(output.join("b5.json"), format!("{json}\n"))?;
+    std::fs::write(output.join("b5.md"), table(results))?;
+    std::fs::write(output.join("b5.svg"), plot(results))?;
+    Ok(())
+}
+
+/// The results as Markdown: one table per scenario, a row per subject and size.
+fn table(results: &Results) -> String {
+    let mut md = String::new();
+    let scenarios = &results.params.scenarios;
+    for &scenario in scenarios {
+        let _ = writeln!(
+            md,
+            "\n#### {}\n\n| Services | implementation | valid | connect p50 / p99 / p999 µs | exchange p50 / p99 µs | exchanges/s (interval) | CPU µs each | × kube-proxy same mode | × kube-proxy best | × no proxy | × no proxy, conntrack | × own at smallest |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            scenario.name()
+        );
+        for size in &results.sizes {
+            for cell in size.cells.iter().filter(|c| c.scenario == scenario) {
+                let connect = cell.connect_us.map_or_else(
+                    || "–".to_owned(),
+                    |p| format!("{:.0} / {:.0} / {:.0}", p.p50, p.p99, p.p999),
+                );
+                let exchange = cell.exchange_us.map_or_else(
+                    || "–".to_owned(),
+                    |p| format!("{:.0} / {:.0}", p.p50, p.p99),
+                );
+                let rate = cell.per_second.map_or_else(
+                    || "–".to_owned(),
+                    |i| format!("{:.0} ({:.0}–{:.0})", i.median, i.low, i.high),
+                );
+                let ratio = |r: Option<Interval>| {
+                    r.map_or_else(|| "–".to_owned(), |i| format!("{:.2}", i.median))
+                };
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {connect} | {exchange} | {rate} | {} | {} | {} | {} | {} | {} |",
+                    size.services,
+                    cell.subject,
+                    if cell.valid { "yes" } else { "**no**" },
+                    cell.cpu_us_per_exchange
+                        .map_or_else(|| "–".to_owned(), |c| format!("{c:.0}")),
+                    ratio(cell.ratios.kube_proxy_same_mode),
+                    ratio(cell.ratios.kube_proxy_best),
+                    ratio(cell.ratios.no_proxy),
+                    ratio(cell.ratios.no_proxy_conntrack),
+                    cell.ratios
+                        .smallest_size
+                        .map_or_else(|| "–".to_owned(), |r| format!("{r:.2}")),
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n#### Programming (first sync on the populated cluster)\n\n| Services | proxy | full sync s | syncs | rules | syncs while measured | peak RSS MiB |\n| --- | --- | --- | --- | --- | --- | --- |"
+    );
+    for size in &results.sizes {
+        for p in &size.programming {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.2} | {} | {} | {} | {} |",
+                size.services,
+                p.subject,
+                p.full_sync_s,
+                p.syncs,
+                p.rules,
+                p.syncs_while_measured,
+                p.memory
+                    .map_or_else(|| "–".to_owned(), |m| format!("{:.1}", m.peak_rss_mib))
+            );
+        }
+    }
+    let _ = writeln!(md, "\nIPVS: {}", results.ipvs);
+    md
+}
+
+/// Exchanges per second and connect p99 against the number of Services (log scale), a line per
+/// subject, for the first scenario of the run.
+fn plot(results: &Results) -> String {
+    let Some(&scenario) = results.params.scenarios.first() else {
+        return String::new();
+    };
+    #[allow(clippy::cast_precision_loss)] // sizes far below 2^52
+    let x = |services: usize| (services as f64).log10();
+    let series = |value: fn(&Cell) -> Option<f64>| -> Vec<svg::Series> {
+        SUBJECTS
+            .iter()
+            .map(|subject| svg::Series {
+                name: subject.name(),
+                points: results
+                    .sizes
+                    .iter()
+                    .filter_map(|size| {
+                        let cell = size
+                            .cells
+                            .iter()
+                            .find(|c| c.scenario == scenario && c.subject == subject.name())?;
+                        Some((x(size.services), value(cell)?))
+                    })
+                    .collect(),
+            })
+            .filter(|s| !s.points.is_empty())
+            .collect()
+    };
+    let rate = svg::lines(
+        &format!("B5 {}: exchanges per second", scenario.name()),
+        "log10(Services)",
+        "new connections per second",
+        &series(|c| c.per_second.map(|i| i.median)),
+    );
+    let p99 = svg::lines(
+        &format!("B5 {}: connect p99", scenario.name()),
+        "log10(Services)",
+        "connect p99 (µs)",
+        &series(|c| c.connect_us.map(|p| p.p99)),
+    );
+    svg::side_by_side(&[rate, p99])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measured_services_are_spread_through_the_set() {
+        assert_eq!(measured_indices(1, 32), [0]);
+        assert_eq!(measured_indices(4, 32), [0, 1, 2, 3]);
+        let spread = measured_indices(10_000, 4);
+        assert_eq!(spread, [0, 2_500, 5_000, 7_500]);
+    }
+
+    #[test]
+    fn a_measured_service_parses_as_the_controller_reads_it() {
+        let yaml = measured_yaml(7, 2, Ipv4Addr::new(10, 244, 7, 10), "node-7");
+        let objects = splitproxy_controller::manifests::parse_documents(&yaml)
+            .expect("the generated manifest parses");
+        assert_eq!(objects.len(), 2);
+        assert!(yaml.contains("nodePort: 30002") && yaml.contains("nodePort: 31002"));
+        assert!(yaml.contains("clusterIP: 10.96.1.7"));
+    }
+
+    fn cell_with(subject: Subject, rounds: Vec<f64>) -> Cell {
+        Cell {
+            scenario: Scenario::ClusterIp,
+            subject: subject.name(),
+            valid: true,
+            invalid_because: Vec::new(),
+            connect_us: None,
+            exchange_us: None,
+            per_second: Interval::of(&rounds),
+            cpu_us_per_exchange: None,
+            steal_share: 0.0,
+            counters: BTreeMap::new(),
+            ratios: CellRatios::default(),
+            rounds,
+        }
+    }
+
+    #[test]
+    fn ratios_pair_rounds_and_pick_kube_proxys_faster_mode() {
+        let mut cells = vec![
+            cell_with(
+                Subject::KubeProxy(ProxyMode::Iptables),
+                vec![100.0, 200.0, 100.0],
+            ),
+            cell_with(
+                Subject::KubeProxy(ProxyMode::Nftables),
+                vec![150.0, 150.0, 150.0],
+            ),
+            cell_with(
+                Subject::Splitproxy(ProxyMode::Iptables),
+                vec![110.0, 220.0, 90.0],
+            ),
+            cell_with(Subject::NoProxy, vec![300.0, 300.0, 300.0]),
+        ];
+        compare_subjects(&mut cells);
+        let splitproxy = &cells[2].ratios;
+        // Round by round: 1.1, 1.1, 0.9 against kube-proxy iptables.
+        let same = splitproxy.kube_proxy_same_mode.expect("paired");
+        assert!((same.median - 1.1).abs() < 1e-9 && (same.low - 0.9).abs() < 1e-9);
+        // nftables (median 150) beats iptables (median 100) for kube-proxy here.
+        let best = splitproxy.kube_proxy_best.expect("paired");
+        assert!((best.median - 110.0 / 150.0).abs() < 1e-9);
+        assert!(splitproxy.no_proxy_conntrack.is_none());
+        let limit = splitproxy.no_proxy.expect("paired");
+        assert!((limit.median - 110.0 / 300.0).abs() < 1e-9);
+        assert!(cells[0].ratios.kube_proxy_same_mode.is_none());
+    }
+
+    #[test]
+    fn a_trial_with_errors_or_moved_counters_makes_its_cell_invalid() {
+        let trial = |errors: &[(&str, u64)]| Trial {
+            completed: 10,
+            errors: errors.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+            elapsed_s: 1.0,
+            connect_us: vec![50.0; 10],
+            exchange_us: vec![80.0; 10],
+            machine_busy_us: 1_000.0,
+            machine_steal_us: 0.0,
+        };
+        let clean = Round {
+            latency: trial(&[]),
+            rate: trial(&[]),
+            counters: BTreeMap::from([("server ListenOverflows".to_owned(), 0)]),
+            invalid_because: Vec::new(),
+        };
+        let good = cell(
+            Scenario::ClusterIp,
+            Subject::NoProxy,
+            std::slice::from_ref(&clean),
+        );
+        assert!(good.valid);
+        assert_eq!(good.per_second.map(|i| i.median), Some(10.0));
+        assert_eq!(good.cpu_us_per_exchange, Some(100.0));
+        assert_eq!(good.connect_us.map(|p| p.p99), Some(50.0));
+        let broken = Round {
+            invalid_because: vec!["rate trial: 1 × EADDRNOTAVAIL".to_owned()],
+            rate: trial(&[("EADDRNOTAVAIL", 1)]),
+            ..clean
+        };
+        assert!(!cell(Scenario::ClusterIp, Subject::NoProxy, &[broken]).valid);
+    }
+}

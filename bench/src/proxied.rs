@@ -1,0 +1,350 @@
+//! A proxy under measurement in a lab node (splitproxy's agent or upstream kube-proxy), what its
+//! rules hold, and the cluster it is fed: what B2 and B5 share.
+
+use crate::{cluster::NAMESPACE, prometheus::Histogram};
+use anyhow::{Context as _, Result, ensure};
+use serde::Serialize;
+use splitproxy_dataplane::iptables::save;
+use splitproxy_e2e::{
+    control_plane::ControlPlane,
+    eventually,
+    lab::{Lab, Node, Process},
+};
+use std::{path::Path, time::Duration};
+
+/// Every sync, full or partial (kube-proxy's name, which the agent exports too).
+pub const SYNCS: &str = "kubeproxy_sync_proxy_rules_duration_seconds";
+/// Parallel `kubectl create` runs that populate the cluster.
+const POPULATE_WORKERS: usize = 4;
+/// Besides the benchmark's, the API server's own `kubernetes` Service (one endpoint) is proxied.
+pub const OWN_SERVICES: usize = 1;
+
+/// A dataplane backend both proxies offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyMode {
+    /// iptables, programmed with iptables-restore.
+    Iptables,
+    /// nftables, programmed with `nft -f -`.
+    Nftables,
+}
+
+impl ProxyMode {
+    /// The value of both proxies' `--proxy-mode`.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
+        }
+    }
+
+    /// The command listing a proxy's rules in this mode, in its node, `iptables_save` being
+    /// the iptables backend's `iptables-save`.
+    fn listing(self, iptables_save: &'static str) -> (&'static str, &'static [&'static str]) {
+        match self {
+            Self::Iptables => (iptables_save, &[]),
+            Self::Nftables => ("nft", &["list", "table", "ip", "kube-proxy"]),
+        }
+    }
+}
+
+/// What a proxy's nat table routes to, next to what the cluster asks for. Endpoints are counted
+/// as the jumps from Service chains to endpoint chains, not as endpoint chains: in large clusters
+/// kube-proxy leaves unused endpoint chains behind until a later full sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Programmed {
+    /// Service chains (`KUBE-SVC-…`) found.
+    pub service_chains: usize,
+    /// Service chains expected: every Service, all of which have ready endpoints.
+    pub expected_service_chains: usize,
+    /// Jumps from a Service chain to an endpoint chain (`KUBE-SEP-…`) found.
+    pub endpoint_jumps: usize,
+    /// Jumps expected: one per ready endpoint.
+    pub expected_endpoint_jumps: usize,
+}
+
+/// What a proxy's rules should hold: Service chains and jumps to endpoints.
+#[derive(Debug, Clone, Copy)]
+pub struct Wanted {
+    /// Service chains: one per Service port with endpoints.
+    pub service_chains: usize,
+    /// Jumps to endpoints: one per ready endpoint of each Service port.
+    pub endpoint_jumps: usize,
+}
+
+impl Programmed {
+    /// The Service chains and their endpoints in `listing` (what [`ProxyMode::listing`]
+    /// prints), next to `wanted`: in iptables mode the jumps from `KUBE-SVC-` to `KUBE-SEP-`
+    /// chains, in nftables mode the `service-` chains and the endpoints of their
+    /// `numgen random mod N` choices (kube-proxy's inline maps, splitproxy's ranges of its
+    /// endpoint maps).
+    pub fn count(listing: &str, wanted: Wanted, mode: ProxyMode) -> Self {
+        let (service_chains, endpoint_jumps) = match mode {
+            ProxyMode::Iptables => {
+                let service = |chain: &str| chain.starts_with("KUBE-SVC-");
+                let endpoint = |chain: &str| chain.starts_with("KUBE-SEP-");
+                (
+                    save::chains(listing, "nat")
+                        .iter()
+                        .filter(|c| service(c))
+                        .count(),
+                    save::jumps(listing, "nat", service, endpoint).len(),
+                )
+            }
+            ProxyMode::Nftables => (
+                // A Service port's chain names it (`service-HASH-ns/name/proto/port`); the fixed
+                // `service-endpoints-check` does not.
+                listing
+                    .lines()
+                    .map(str::trim_start)
+                    .filter(|line| line.starts_with("chain service-") && line.contains('/'))
+                    .count(),
+                // In rules only: splitproxy's endpoint maps are typed `typeof numgen random mod 1`.
+                listing
+                    .lines()
+                    .filter(|line| !line.trim_start().starts_with("typeof "))
+                    .flat_map(|line| line.split("numgen random mod ").skip(1))
+                    .filter_map(|rest| rest.split_whitespace().next()?.parse::<usize>().ok())
+                    .sum(),
+            ),
+        };
+        Self {
+            service_chains,
+            expected_service_chains: wanted.service_chains,
+            endpoint_jumps,
+            expected_endpoint_jumps: wanted.endpoint_jumps,
+        }
+    }
+
+    /// Whether the counts match.
+    #[must_use]
+    pub fn matches(&self) -> bool {
+        self.service_chains == self.expected_service_chains
+            && self.endpoint_jumps == self.expected_endpoint_jumps
+    }
+}
+
+/// One proxy under measurement: which, where, its process and its mode.
+pub struct Proxy {
+    /// Its name in results (`splitproxy`, `kube-proxy`).
+    pub name: &'static str,
+    /// The node it programs.
+    pub node: Node,
+    /// Its process.
+    pub process: Process,
+    /// The mode it runs.
+    pub mode: ProxyMode,
+    /// The `iptables-save` of the iptables backend it uses (`iptables-save` is the host's
+    /// default, `iptables-legacy-save` the legacy one).
+    pub iptables_save: &'static str,
+}
+
+impl Proxy {
+    /// The proxy's `/metrics` (Prometheus text).
+    pub fn metrics(&self, lab: &Lab) -> Result<String> {
+        lab.exec_ok(
+            &self.node,
+            "curl",
+            &["-sf", "-m", "10", "http://127.0.0.1:10249/metrics"],
+        )
+        .with_context(|| format!("scraping {}", self.name))
+    }
+
+    /// Its sync histogram (every sync, full or partial, since it started).
+    pub fn syncs(&self, lab: &Lab) -> Result<Histogram> {
+        Ok(Histogram::parse(&self.metrics(lab)?, SYNCS))
+    }
+
+    /// Waits until the proxy, just started, has synced and its rules hold `wanted`; returns
+    /// its sync histogram then (every sync since it started).
+    pub fn await_full_sync(
+        &self,
+        lab: &Lab,
+        wanted: Wanted,
+        timeout: Duration,
+    ) -> Result<Histogram> {
+        let what = format!("{} programs the populated cluster", self.name);
+        eventually(&what, timeout, || {
+            let full = self.syncs(lab)?;
+            ensure!(full.count > 0.0, "no sync yet");
+            let found = Programmed::count(&self.save(lab)?, wanted, self.mode);
+            ensure!(found.matches(), "found {found:?}");
+            Ok(full)
+        })
+        .with_context(|| self.process.log_tail(20))
+    }
+
+    /// The proxy's rules, as its mode lists them.
+    pub fn save(&self, lab: &Lab) -> Result<String> {
+        let (program, args) = self.mode.listing(self.iptables_save);
+        lab.exec_ok(&self.node, program, args)
+    }
+
+    /// How many rules `listing` holds.
+    pub fn rules(&self, listing: &str) -> usize {
+        match self.mode {
+            ProxyMode::Iptables => listing.lines().filter(|l| l.starts_with("-A ")).count(),
+            ProxyMode::Nftables => nft_rules(listing),
+        }
+    }
+}
+
+/// The rules in the chains of an `nft list table` listing: every line inside a `chain … {`
+/// block but the chain's own `type …`, `policy …` and `comment …` lines.
+pub fn nft_rules(listing: &str) -> usize {
+    let mut in_chain = false;
+    let mut rules = 0;
+    for line in listing.lines().map(str::trim) {
+        if line.starts_with("chain ") && line.ends_with('{') {
+            in_chain = true;
+        } else if line == "}" {
+            in_chain = false;
+        } else if in_chain
+            && !line.is_empty()
+            && !["type ", "policy ", "comment "]
+                .iter()
+                .any(|start| line.starts_with(start))
+        {
+            rules += 1;
+        }
+    }
+    rules
+}
+
+/// Creates namespace `bench`, then Services `0..services` with their EndpointSlices (the YAML
+/// `objects` writes for each index) with a few `kubectl create` runs in parallel, each from one
+/// multi-document file.
+///
+/// # Errors
+///
+/// If a file cannot be written or kubectl fails.
+pub fn populate(
+    lab: &Lab,
+    control_plane: &ControlPlane,
+    services: usize,
+    objects: impl Fn(usize) -> String,
+) -> Result<()> {
+    control_plane.kubectl(lab, &["create", "namespace", NAMESPACE])?;
+    let dir = tempfile::tempdir().context("creating the populate directory")?;
+    let chunk = services.div_ceil(POPULATE_WORKERS).max(1);
+    let mut files = Vec::new();
+    for (worker, start) in (0..services).step_by(chunk).enumerate() {
+        let yaml: Vec<String> = (start..(start + chunk).min(services))
+            .map(&objects)
+            .collect();
+        let file = dir.path().join(format!("services-{worker}.yaml"));
+        std::fs::write(&file, yaml.join("---\n")).context("writing the objects to create")?;
+        files.push(file);
+    }
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = files
+            .iter()
+            .map(|file| scope.spawn(move || create(lab, control_plane, file)))
+            .collect();
+        runs.into_iter().try_for_each(|run| {
+            run.join()
+                .map_err(|_| anyhow::anyhow!("a kubectl run panicked"))?
+        })
+    })
+}
+
+fn create(lab: &Lab, control_plane: &ControlPlane, file: &Path) -> Result<()> {
+    let file = file.to_string_lossy();
+    control_plane.kubectl(
+        lab,
+        &["create", "--validate=false", "-o", "name", "-f", &file],
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trimmed `iptables-save` of one Service with two endpoints and a leftover endpoint
+    /// chain nothing jumps to, as kube-proxy keeps in large clusters.
+    const SAVED: &str = "\
+*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-AAAAAAAAAAAAAAAA - [0:0]
+:KUBE-SEP-1111111111111111 - [0:0]
+:KUBE-SEP-2222222222222222 - [0:0]
+:KUBE-SEP-3333333333333333 - [0:0]
+-A KUBE-SERVICES -d 10.96.1.0/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-AAAAAAAAAAAAAAAA
+-A KUBE-SVC-AAAAAAAAAAAAAAAA -m statistic --mode random --probability 0.5 -j KUBE-SEP-1111111111111111
+-A KUBE-SVC-AAAAAAAAAAAAAAAA -j KUBE-SEP-2222222222222222
+COMMIT
+";
+
+    #[test]
+    fn endpoints_count_as_jumps_from_service_chains_not_as_chains() {
+        let wanted = Wanted {
+            service_chains: 1,
+            endpoint_jumps: 2,
+        };
+        let found = Programmed::count(SAVED, wanted, ProxyMode::Iptables);
+        assert_eq!((found.service_chains, found.endpoint_jumps), (1, 2));
+        assert!(found.matches());
+        let more = Wanted {
+            endpoint_jumps: 3,
+            ..wanted
+        };
+        assert!(!Programmed::count(SAVED, more, ProxyMode::Iptables).matches());
+    }
+
+    /// A trimmed `nft list table ip kube-proxy` of one Service with two endpoints.
+    const LISTED: &str = "\
+table ip kube-proxy {
+\tcomment \"rules for kube-proxy\"
+\tmap service-ips {
+\t\ttype ipv4_addr . inet_proto . inet_service : verdict
+\t\telements = { 10.96.1.0 . tcp . 80 : goto service-AAAAAAAA-bench/s0/tcp/http }
+\t}
+\tchain nat-prerouting {
+\t\ttype nat hook prerouting priority dstnat; policy accept;
+\t\tjump services
+\t}
+\tchain services {
+\t\tip daddr . meta l4proto . th dport vmap @service-ips
+\t}
+\tchain service-endpoints-check {
+\t\tip daddr . meta l4proto . th dport vmap @no-endpoint-services
+\t}
+\tchain service-AAAAAAAA-bench/s0/tcp/http {
+\t\tip daddr 10.96.1.0 tcp dport 80 ip saddr != 10.244.0.0/16 mark set mark or 0x4000
+\t\tmeta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.244.1.2 . 8080, 1 : 10.244.2.2 . 8080 }
+\t}
+}
+";
+
+    /// The same Service as splitproxy lists it, its endpoints in an endpoint map.
+    const LISTED_WITH_ENDPOINT_MAP: &str = "\
+table ip kube-proxy {
+\tmap endpoints-tcp-AA {
+\t\ttypeof numgen random mod 1 : ip daddr . tcp dport
+\t\telements = { 4 : 10.244.1.2 . 8080, 5 : 10.244.2.2 . 8080 }
+\t}
+\tchain service-AAAAAAAA-bench/s0/tcp/http {
+\t\tmeta l4proto tcp dnat ip to numgen random mod 2 offset 4 map @endpoints-tcp-AA
+\t}
+}
+";
+
+    #[test]
+    fn in_nftables_mode_endpoints_are_the_numgen_choices_of_service_chains() {
+        let wanted = Wanted {
+            service_chains: 1,
+            endpoint_jumps: 2,
+        };
+        let found = Programmed::count(LISTED, wanted, ProxyMode::Nftables);
+        assert_eq!((found.service_chains, found.endpoint_jumps), (1, 2));
+        assert!(found.matches());
+        let found = Programmed::count(LISTED_WITH_ENDPOINT_MAP, wanted, ProxyMode::Nftables);
+        assert_eq!((found.service_chains, found.endpoint_jumps), (1, 2));
+        assert_eq!(
+            nft_rules(LISTED),
+            5,
+            "the chains' rules, not their type lines"
+        );
+    }
+}
