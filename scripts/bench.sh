@@ -11,6 +11,10 @@
 #   b4: scale, the controller in its own process pinned to CPU 0 and thousands of thin protocol
 #       clients in this one on CPU 1. Defaults to 1,000 nodes / 10,000 Services / 100,000
 #       endpoints; `--nodes 5000 --restart`, `--hints`, `--min-sync-period-ms 500` for the rest.
+#   b5: datapath, connections per second and latency through a Service: kube-proxy and
+#       splitproxy in iptables and nftables mode next to the no-proxy limits, at 1, 1,000, 10,000
+#       and 50,000 Services (root; about an hour and a half); `--profile quick` for 1 / 1k / 10k,
+#       ClusterIP and pod IP only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -46,8 +50,11 @@ case $benchmark in
     fi
     exec "${pin[@]}" "$bench" b4 "${output[@]}" "$@"
     ;;
+  b5)
+    exec "$bench" b5 "${output[@]}" "$@"
+    ;;
   *)
-    echo "scripts/bench.sh: unknown benchmark '$benchmark' (known: b1, b2, b3, b4)" >&2
+    echo "scripts/bench.sh: unknown benchmark '$benchmark' (known: b1, b2, b3, b4, b5)" >&2
     exit 64
     ;;
 esac

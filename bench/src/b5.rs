@@ -56,9 +56,8 @@ const SERVICE_UDP_PORT: u16 = 53;
 /// The measured Service `k`'s node ports: TCP `30000 + k`, UDP `31000 + k`.
 const NODE_PORT_BASE: u16 = 30_000;
 const UDP_NODE_PORT_BASE: u16 = 31_000;
-/// The client's and the server's CPUs.
+/// The client's CPU; the server's is the next one, where there is one.
 const CLIENT_CPU: &str = "0";
-const SERVER_CPU: &str = "1";
 /// The lab's node of the server pod, after the six subjects' nodes.
 const SERVER_NODE: usize = 6;
 
@@ -522,11 +521,12 @@ fn run_size(binaries: &Binaries, params: &Params, services: usize) -> Result<Siz
 
     let exe = std::env::current_exe().context("finding this benchmark's binary")?;
     let exe = exe.to_string_lossy().into_owned();
-    lab.spawn(
-        &server,
-        "taskset",
-        &["-c", SERVER_CPU, &exe, "b5-serve", "--tcp-port", "8080"],
-    )?;
+    let server_cpu = if std::thread::available_parallelism().map_or(1, usize::from) > 1 {
+        "1"
+    } else {
+        CLIENT_CPU
+    };
+    lab.spawn(&server, "taskset", &["-c", server_cpu, &exe, "b5-serve"])?;
     conntrack_floor(&lab, &nodes[5])?;
 
     let backend = IptablesPath::new(params.iptables_backend)?;
