@@ -309,6 +309,25 @@ pub struct Results {
     pub ipvs: String,
     /// One per number of Services.
     pub sizes: Vec<Size>,
+    /// How each scenario's cost grows with the number of Services, per subject (from two sizes
+    /// on).
+    pub slopes: Vec<Slope>,
+}
+
+/// The least-squares slope, over the run's sizes, of one subject's figures in one scenario
+/// against the number of Services: what each 1,000 more Services cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct Slope {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// The subject's name.
+    pub subject: String,
+    /// Connect p50, µs per 1,000 Services.
+    pub connect_p50_us: Option<f64>,
+    /// Whole-exchange p50, µs per 1,000 Services.
+    pub exchange_p50_us: Option<f64>,
+    /// The machine's CPU per exchange, µs per 1,000 Services.
+    pub cpu_us_per_exchange: Option<f64>,
 }
 
 /// One number of Services.
@@ -443,11 +462,13 @@ pub fn run(args: &Args, params: Params) -> Result<()> {
         ipvs: ipvs_availability(),
         params,
         sizes: Vec::new(),
+        slopes: Vec::new(),
     };
     for &services in &results.params.services.clone() {
         let size = run_size(&binaries, &results.params, services)?;
         results.sizes.push(size);
         compare_sizes(&mut results.sizes);
+        results.slopes = slopes(&results.sizes);
         write(&results, &args.output)?;
     }
     println!("{}", table(&results));
@@ -1065,6 +1086,54 @@ fn compare_sizes(sizes: &mut [Size]) {
     }
 }
 
+/// Each scenario's and subject's slopes over the sizes (none from a single size).
+fn slopes(sizes: &[Size]) -> Vec<Slope> {
+    let Some(first) = sizes.first() else {
+        return Vec::new();
+    };
+    if sizes.len() < 2 {
+        return Vec::new();
+    }
+    first
+        .cells
+        .iter()
+        .map(|cell| {
+            let points = |value: fn(&Cell) -> Option<f64>| -> Vec<(f64, f64)> {
+                sizes
+                    .iter()
+                    .filter_map(|size| {
+                        let same = size
+                            .cells
+                            .iter()
+                            .find(|c| c.scenario == cell.scenario && c.subject == cell.subject)?;
+                        #[allow(clippy::cast_precision_loss)] // sizes far below 2^52
+                        let thousands = size.services as f64 / 1000.0;
+                        Some((thousands, value(same)?))
+                    })
+                    .collect()
+            };
+            Slope {
+                scenario: cell.scenario,
+                subject: cell.subject.clone(),
+                connect_p50_us: least_squares(&points(|c| c.connect_us.map(|p| p.p50))),
+                exchange_p50_us: least_squares(&points(|c| c.exchange_us.map(|p| p.p50))),
+                cpu_us_per_exchange: least_squares(&points(|c| c.cpu_us_per_exchange)),
+            }
+        })
+        .collect()
+}
+
+/// The slope of the least-squares line through `points`; `None` for fewer than two distinct x.
+fn least_squares(points: &[(f64, f64)]) -> Option<f64> {
+    #[allow(clippy::cast_precision_loss)] // a handful of points
+    let n = points.len() as f64;
+    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
+    (points.len() >= 2 && sxx > 0.0).then(|| sxy / sxx)
+}
+
 /// Writes `b5.json`, `b5.md` (the tables) and `b5.svg`.
 fn write(results: &Results, output: &Path) -> Result<()> {
     let json = serde_json::to_string_pretty(results)?;
@@ -1137,6 +1206,24 @@ fn table(results: &Results) -> String {
                 p.syncs_while_measured,
                 p.memory
                     .map_or_else(|| "–".to_owned(), |m| format!("{:.1}", m.peak_rss_mib))
+            );
+        }
+    }
+    if !results.slopes.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n#### Cost of 1,000 more Services (least-squares slope over the sizes)\n\n| scenario | implementation | connect p50 µs | exchange p50 µs | CPU µs per exchange |\n| --- | --- | --- | --- | --- |"
+        );
+        let number = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:.2}"));
+        for slope in &results.slopes {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} |",
+                slope.scenario.name(),
+                slope.subject,
+                number(slope.connect_p50_us),
+                number(slope.exchange_p50_us),
+                number(slope.cpu_us_per_exchange),
             );
         }
     }
@@ -1289,5 +1376,15 @@ mod tests {
             ..clean
         };
         assert!(!cell(Scenario::ClusterIp, Subject::NoProxy, &[broken]).valid);
+    }
+
+    #[test]
+    fn a_slope_is_the_cost_of_each_thousand_services() {
+        // 25 µs more per 1,000 Services, exactly.
+        let points = [(0.001, 30.025), (1.0, 55.0), (10.0, 280.0)];
+        let slope = least_squares(&points).expect("three sizes");
+        assert!((slope - 25.0).abs() < 1e-9, "{slope}");
+        assert_eq!(least_squares(&[(1.0, 5.0)]), None);
+        assert_eq!(least_squares(&[(1.0, 5.0), (1.0, 7.0)]), None);
     }
 }
