@@ -6,7 +6,7 @@
 pub use crate::proxied::ProxyMode;
 use crate::{
     cluster::Shape,
-    process::Memory,
+    process::{self, Memory},
     prometheus::{self, Histogram},
     proxied::{OWN_SERVICES, Programmed, Proxy, SYNCS, Wanted, populate},
     svg,
@@ -199,7 +199,7 @@ pub fn run(args: &Args, params: Params) -> Result<()> {
         .with_context(|| format!("creating {}", args.output.display()))?;
     let binaries = Binaries::ensure()?;
     let mut results = Results {
-        load_average_at_start: load_average()?,
+        load_average_at_start: process::load_average()?,
         params,
         rows: Vec::new(),
     };
@@ -403,15 +403,6 @@ fn ratios(splitproxy: &Proxied, kube_proxy: &Proxied) -> Ratios {
             kube_proxy.memory.map(|m| m.peak_rss_mib),
         ),
     }
-}
-
-/// The 1, 5 and 15 minute load averages.
-pub(crate) fn load_average() -> Result<Vec<f64>> {
-    let text = std::fs::read_to_string("/proc/loadavg").context("reading /proc/loadavg")?;
-    text.split_whitespace()
-        .take(3)
-        .map(|v| v.parse().with_context(|| format!("load average {v:?}")))
-        .collect()
 }
 
 /// Writes `b2.json` and `b2.svg` (full and partial sync times, splitproxy next to kube-proxy).

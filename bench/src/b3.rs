@@ -308,7 +308,10 @@ impl Bench {
     fn phase(&mut self, phase: Phase, count: usize, baseline: &Baseline) -> Result<PhaseRun> {
         let nodes = self.nodes[..count].to_vec();
         let (endpoints, changes) = (self.shape.endpoints, self.params.changes);
-        let load_average_1m = load_average()?;
+        let load_average_1m = crate::process::load_average()?
+            .first()
+            .copied()
+            .context("/proc/loadavg has no load average")?;
         println!("b3: {count} nodes, {phase:?}: starting (load average {load_average_1m})");
 
         let before_sync = self.snapshot()?;
@@ -490,15 +493,6 @@ fn per_change(total: f64, changes: usize) -> f64 {
     #[allow(clippy::cast_precision_loss)] // far below 2^52
     let changes = changes as f64;
     total / changes
-}
-
-/// The 1-minute load average.
-fn load_average() -> Result<f64> {
-    let text = std::fs::read_to_string("/proc/loadavg").context("reading /proc/loadavg")?;
-    text.split_whitespace()
-        .next()
-        .and_then(|v| v.parse().ok())
-        .context("/proc/loadavg has no load average")
 }
 
 /// Watches (over the baseline) and watch-event bytes per change (over the baseline) against the

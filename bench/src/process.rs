@@ -1,6 +1,7 @@
 //! CPU time and memory from /proc: of this process (in B1 the controller and every hollow agent
 //! together, since they share it), or of another one by pid (B2's and B3's proxies).
 
+use anyhow::{Context as _, Result};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -85,6 +86,19 @@ fn status_bytes(status: &str, field: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// The 1, 5 and 15 minute load averages.
+///
+/// # Errors
+///
+/// If /proc/loadavg cannot be read or parsed.
+pub fn load_average() -> Result<Vec<f64>> {
+    let text = std::fs::read_to_string("/proc/loadavg").context("reading /proc/loadavg")?;
+    text.split_whitespace()
+        .take(3)
+        .map(|v| v.parse().with_context(|| format!("load average {v:?}")))
+        .collect()
 }
 
 #[cfg(test)]
