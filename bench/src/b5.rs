@@ -508,7 +508,6 @@ fn measured_indices(services: usize, count: usize) -> Vec<usize> {
 /// port, whose one endpoint is the server pod on `server_node`.
 fn measured_yaml(index: usize, k: usize, server: Ipv4Addr, server_node: &str) -> String {
     let name = Shape::service_name(index);
-    let slice = Shape::slice_name(index);
     let ip = Shape::cluster_ip(index);
     let tcp_node_port = usize::from(NODE_PORT_BASE) + k;
     let udp_node_port = usize::from(UDP_NODE_PORT_BASE) + k;
@@ -534,16 +533,7 @@ spec:
     targetPort: {SERVER_UDP_PORT}
     nodePort: {udp_node_port}
 ---
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: {slice}
-  namespace: {NAMESPACE}
-  labels:
-    kubernetes.io/service-name: {name}
-    endpointslice.kubernetes.io/managed-by: {managed_by}
-addressType: IPv4
-ports:
+{slice}ports:
 - name: tcp
   protocol: TCP
   port: {SERVER_TCP_PORT}
@@ -555,7 +545,7 @@ endpoints:
   conditions: {{ready: true}}
   nodeName: {server_node}
 ",
-        managed_by = crate::cluster::MANAGED_BY,
+        slice = Shape::slice_head(index),
     )
 }
 

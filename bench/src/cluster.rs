@@ -133,7 +133,6 @@ impl Shape {
     #[must_use]
     pub fn service_yaml(&self, index: usize, first_ready: bool) -> String {
         let name = Self::service_name(index);
-        let slice = Self::slice_name(index);
         let ip = Self::cluster_ip(index);
         let mut yaml = format!(
             "apiVersion: v1
@@ -151,21 +150,13 @@ spec:
     protocol: TCP
     targetPort: {ENDPOINT_PORT}
 ---
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: {slice}
-  namespace: {NAMESPACE}
-  labels:
-    kubernetes.io/service-name: {name}
-    endpointslice.kubernetes.io/managed-by: {MANAGED_BY}
-addressType: IPv4
-ports:
+{}ports:
 - name: http
   protocol: TCP
   port: {ENDPOINT_PORT}
 endpoints:
-"
+",
+            Self::slice_head(index)
         );
         let range = self.endpoint_range(index);
         let first = range.start;
@@ -184,6 +175,25 @@ endpoints:
             }
         }
         yaml
+    }
+
+    /// The head of Service `index`'s EndpointSlice, up to its ports: its name and labels (the
+    /// Service's, and managed by this bench) and its address type.
+    #[must_use]
+    pub fn slice_head(index: usize) -> String {
+        let (service, slice) = (Self::service_name(index), Self::slice_name(index));
+        format!(
+            "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {slice}
+  namespace: {NAMESPACE}
+  labels:
+    kubernetes.io/service-name: {service}
+    endpointslice.kubernetes.io/managed-by: {MANAGED_BY}
+addressType: IPv4
+"
+        )
     }
 
     /// The zone of node `index`; `None` without zones.
