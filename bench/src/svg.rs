@@ -8,7 +8,14 @@ const HEIGHT: f64 = 400.0;
 const MARGIN: f64 = 60.0;
 const TICKS: u32 = 5;
 /// Line colours, one per series, in order.
-const COLOURS: [&str; 4] = ["steelblue", "darkorange", "seagreen", "firebrick"];
+const COLOURS: [&str; 6] = [
+    "steelblue",
+    "darkorange",
+    "seagreen",
+    "firebrick",
+    "dimgray",
+    "mediumpurple",
+];
 
 /// The start of a plot: background, title, both axes and their labels.
 fn frame(title: &str, x_label: &str, y_label: &str) -> String {
@@ -78,10 +85,10 @@ impl Frame<'_> {
     }
 }
 
-/// A tick's text: one decimal on axes up to 1 (fractions), else whole numbers, in thousands
-/// (k) or millions (M) when large.
+/// A tick's text: one decimal on axes up to 10 (fractions, logarithms), else whole numbers, in
+/// thousands (k) or millions (M) when large.
 fn tick_label(value: f64, max: f64) -> String {
-    if max <= 1.0 {
+    if max <= 10.0 {
         format!("{value:.1}")
     } else if max >= 1e7 {
         format!("{:.0}M", value / 1e6)
