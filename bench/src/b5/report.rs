@@ -17,9 +17,10 @@ pub(super) fn write(results: &Results, output: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The results as Markdown: one table per scenario, a row per subject and size.
+/// The results as Markdown: a summary (a row per subject, a column per size), then one table
+/// per scenario with a row per subject and size.
 pub(super) fn table(results: &Results) -> String {
-    let mut md = String::new();
+    let mut md = summary(results);
     let scenarios = &results.params.scenarios;
     for &scenario in scenarios {
         let _ = writeln!(
@@ -102,6 +103,54 @@ pub(super) fn table(results: &Results) -> String {
         }
     }
     let _ = writeln!(md, "\nIPVS: {}", results.ipvs);
+    md
+}
+
+/// Per scenario, a row per subject and a column per size: exchanges per second and connect p99
+/// (the whole exchange's p99 where there is no connect), `*` marking an invalid cell.
+fn summary(results: &Results) -> String {
+    let mut md = String::new();
+    let sizes: Vec<String> = results
+        .sizes
+        .iter()
+        .map(|s| format!("{} Services", s.services))
+        .collect();
+    for &scenario in &results.params.scenarios {
+        let _ = writeln!(
+            md,
+            "\n#### {}: exchanges per second · p99 µs\n\n| implementation | {} |\n| --- |{}",
+            scenario.name(),
+            sizes.join(" | "),
+            " --- |".repeat(sizes.len())
+        );
+        for subject in SUBJECTS {
+            let name = subject.name();
+            let row: Vec<String> = results
+                .sizes
+                .iter()
+                .map(|size| {
+                    size.cells
+                        .iter()
+                        .find(|c| c.scenario == scenario && c.subject == name)
+                        .map_or_else(
+                            || "–".to_owned(),
+                            |cell| {
+                                let p99 = cell.connect_us.or(cell.exchange_us).map(|p| p.p99);
+                                format!(
+                                    "{:.0} · {:.0}{}",
+                                    cell.per_second.map_or(0.0, |i| i.median),
+                                    p99.unwrap_or(0.0),
+                                    if cell.valid { "" } else { " *" }
+                                )
+                            },
+                        )
+                })
+                .collect();
+            if row.iter().any(|v| v != "–") {
+                let _ = writeln!(md, "| {name} | {} |", row.join(" | "));
+            }
+        }
+    }
     md
 }
 
