@@ -58,8 +58,8 @@ const NODE_PORT_BASE: u16 = 30_000;
 const UDP_NODE_PORT_BASE: u16 = 31_000;
 /// The client's CPU; the server's is the next one, where there is one.
 const CLIENT_CPU: &str = "0";
-/// The lab's node of the server pod, after the six subjects' nodes.
-const SERVER_NODE: usize = 6;
+/// The lab's node of the server pod, after the subjects' nodes.
+const SERVER_NODE: usize = SUBJECTS.len();
 
 /// B5's flags.
 #[derive(Debug, clap::Args)]
@@ -400,7 +400,11 @@ fn run_size(binaries: &Binaries, params: &Params, services: usize) -> Result<Siz
         CLIENT_CPU
     };
     lab.spawn(&server, "taskset", &["-c", server_cpu, &exe, "b5-serve"])?;
-    conntrack_floor(&lab, &nodes[5])?;
+    for (node, subject) in nodes.iter().zip(SUBJECTS) {
+        if subject == Subject::NoProxyConntrack {
+            conntrack_floor(&lab, node)?;
+        }
+    }
 
     let backend = IptablesPath::new(params.iptables_backend)?;
     let wanted = Wanted {
