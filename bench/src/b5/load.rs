@@ -50,7 +50,7 @@ pub enum Exchange {
     /// One TCP connection per worker (to the first target it is given), kept open for every
     /// request and reply.
     KeptAlive,
-    /// A new UDP socket (so a new source port) for each request and reply, as a DNS client.
+    /// A new UDP socket, on the next source port, for each request and reply, as a DNS client.
     Udp,
 }
 
@@ -167,10 +167,13 @@ pub fn load(args: &LoadArgs) -> Result<()> {
 
 fn latency(args: &LoadArgs) -> Trial {
     let mut trial = Trial::default();
-    let mut worker = Worker::new(args.exchange);
+    let mut worker = Worker::new(args.exchange, 0, 1);
     let window = MachineCpu::start();
     let started = Instant::now();
     for i in 0..args.count {
+        if worker.done() {
+            break;
+        }
         let target = args.targets[i % args.targets.len()];
         match worker.exchange(target) {
             Ok(timing) => {
@@ -196,10 +199,10 @@ fn rate(args: &LoadArgs) -> Trial {
         let handles: Vec<_> = (0..args.concurrency.max(1))
             .map(|w| {
                 scope.spawn(move || {
-                    let mut worker = Worker::new(args.exchange);
+                    let mut worker = Worker::new(args.exchange, w, args.concurrency.max(1));
                     let (mut completed, mut errors) = (0u64, BTreeMap::<String, u64>::new());
                     let mut i = w;
-                    while started.elapsed() < deadline {
+                    while started.elapsed() < deadline && !worker.done() {
                         match worker.exchange(args.targets[i % args.targets.len()]) {
                             Ok(_) => completed += 1,
                             Err(cause) => *errors.entry(cause).or_default() += 1,
@@ -241,18 +244,38 @@ struct Timing {
     exchange: Duration,
 }
 
-/// One client: what it keeps between exchanges (its kept-alive connection).
+/// The source ports a UDP client takes, one after the other: a port the kernel picked at random
+/// would come back within a trial while conntrack still holds its last flow, so that request
+/// would skip the rules, or clash with a flow to another Service on the same endpoint (and be
+/// dropped). Each worker has its own share; a trial ends when its share is used up.
+const UDP_SOURCE_PORTS: std::ops::Range<u16> = 1024..u16::MAX;
+
+/// One client: what it keeps between exchanges (its kept-alive connection, its next source
+/// port).
 struct Worker {
     exchange: Exchange,
     kept: Option<TcpStream>,
+    ports: std::ops::Range<u16>,
 }
 
 impl Worker {
-    fn new(exchange: Exchange) -> Self {
+    /// Worker `index` of `workers`.
+    fn new(exchange: Exchange, index: usize, workers: usize) -> Self {
+        let all = usize::from(UDP_SOURCE_PORTS.end - UDP_SOURCE_PORTS.start);
+        let share = all / workers.max(1);
+        let port = |i: usize| {
+            UDP_SOURCE_PORTS.start + u16::try_from(i * share).unwrap_or(UDP_SOURCE_PORTS.end)
+        };
         Self {
             exchange,
             kept: None,
+            ports: port(index)..port(index + 1),
         }
+    }
+
+    /// Whether it can make no more exchanges: a UDP worker whose source ports are used up.
+    fn done(&self) -> bool {
+        self.exchange == Exchange::Udp && self.ports.is_empty()
     }
 
     /// One request and reply with `target`; the error is its cause's name.
@@ -296,7 +319,18 @@ impl Worker {
                 })
             }
             Exchange::Udp => {
-                let socket = UdpSocket::bind(("0.0.0.0", 0)).map_err(cause)?;
+                let socket = loop {
+                    let port = self
+                        .ports
+                        .next()
+                        .ok_or_else(|| "source ports used up".to_owned())?;
+                    match UdpSocket::bind(("0.0.0.0", port)) {
+                        Ok(socket) => break socket,
+                        // Another socket holds it: take the next.
+                        Err(err) if err.kind() == std::io::ErrorKind::AddrInUse => {}
+                        Err(err) => return Err(cause(err)),
+                    }
+                };
                 socket.connect(target).map_err(cause)?;
                 socket
                     .set_read_timeout(Some(EXCHANGE_TIMEOUT))
@@ -459,5 +493,18 @@ mod tests {
         });
         assert_eq!(timed.completed, 0);
         assert_eq!(timed.errors.get("ECONNREFUSED"), Some(&3));
+    }
+
+    #[test]
+    fn udp_workers_take_source_ports_in_turn_from_shares_of_their_own() {
+        let first = Worker::new(Exchange::Udp, 0, 4);
+        let last = Worker::new(Exchange::Udp, 3, 4);
+        assert_eq!(first.ports.start, UDP_SOURCE_PORTS.start);
+        assert!(first.ports.end <= last.ports.start && !last.ports.is_empty());
+        assert!(first.ports.len() > 16_000);
+        let mut spent = Worker::new(Exchange::Udp, 0, 1);
+        spent.ports = 2000..2000;
+        assert!(spent.done());
+        assert!(!Worker::new(Exchange::Connect, 0, 1).done());
     }
 }

@@ -196,3 +196,83 @@ fn plot(results: &Results) -> String {
     );
     svg::side_by_side(&[rate, p99])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::b5::{
+        IptablesBackend, Params, Profile, Scenario, Subject,
+        load::Trial,
+        results::{Round, Size, cell},
+    };
+    use crate::proxied::ProxyMode;
+    use std::collections::BTreeMap;
+
+    fn round(completed: u64, invalid_because: &[&str]) -> Round {
+        let trial = Trial {
+            completed,
+            elapsed_s: 1.0,
+            connect_us: vec![40.0; 10],
+            exchange_us: vec![90.0; 10],
+            machine_busy_us: 1e6,
+            ..Trial::default()
+        };
+        Round {
+            latency: trial.clone(),
+            rate: trial,
+            counters: BTreeMap::new(),
+            invalid_because: invalid_because.iter().map(|&s| s.to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_summary_has_a_row_per_subject_measured_and_marks_invalid_cells() {
+        let scenario = Scenario::ClusterIp;
+        let results = Results {
+            params: Params {
+                profile: Profile::Quick,
+                services: vec![1],
+                scenarios: vec![scenario],
+                rounds: 1,
+                latency_count: 10,
+                rate_seconds: 1.0,
+                concurrency: 1,
+                measured: 1,
+                iptables_backend: IptablesBackend::Legacy,
+                timeout_s: 1,
+            },
+            kernel: "6.1".to_owned(),
+            load_average_at_start: vec![0.0; 3],
+            ipvs: "unavailable".to_owned(),
+            sizes: vec![Size {
+                services: 1,
+                measured: 1,
+                populate_s: 0.1,
+                programming: Vec::new(),
+                cells: vec![
+                    cell(scenario, Subject::NoProxy, &[round(20_000, &[])]),
+                    cell(
+                        scenario,
+                        Subject::Splitproxy(ProxyMode::Nftables),
+                        &[round(19_000, &["client Tcp.RetransSegs +1"])],
+                    ),
+                ],
+            }],
+            slopes: Vec::new(),
+        };
+        let md = table(&results);
+        assert!(
+            md.contains("| limit: no proxy, no conntrack | 20000 · 40 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| splitproxy nftables | 19000 · 40 * |"),
+            "{md}"
+        );
+        assert!(
+            !md.contains("| kube-proxy iptables |"),
+            "no row without cells: {md}"
+        );
+        assert!(md.contains("| 1 | splitproxy nftables | **no** |"), "{md}");
+    }
+}
