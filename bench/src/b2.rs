@@ -8,7 +8,7 @@ use crate::{
     cluster::Shape,
     process::{self, Memory},
     prometheus::{self, Histogram},
-    proxied::{OWN_SERVICES, Programmed, Proxy, SYNCS, Wanted, populate},
+    proxied::{OWN_SERVICES, Programmed, Proxy, SPLITPROXY, SYNCS, Wanted, populate},
     svg,
 };
 use anyhow::{Context as _, Result, ensure};
@@ -256,7 +256,7 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
     let agent =
         control_plane.start_agent_with(&mut lab, &nodes[0], &["--proxy-mode", mode.flag()])?;
     let splitproxy = Proxy {
-        name: "splitproxy",
+        name: SPLITPROXY,
         node: nodes[0].clone(),
         process: agent,
         mode,

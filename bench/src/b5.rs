@@ -27,7 +27,7 @@ mod results;
 use crate::{
     cluster::{NAMESPACE, Shape},
     process::Memory,
-    proxied::{OWN_SERVICES, Proxy, ProxyMode, Wanted, populate},
+    proxied::{OWN_SERVICES, Proxy, ProxyMode, SPLITPROXY, Wanted, populate},
 };
 use anyhow::{Context as _, Result, ensure};
 use counters::Counters;
@@ -427,7 +427,7 @@ fn run_size(binaries: &Binaries, params: &Params, services: usize) -> Result<Siz
     for (i, &subject) in SUBJECTS.iter().enumerate() {
         let (name, mode) = match subject {
             Subject::KubeProxy(mode) => ("kube-proxy", mode),
-            Subject::Splitproxy(mode) => ("splitproxy", mode),
+            Subject::Splitproxy(mode) => (SPLITPROXY, mode),
             Subject::NoProxy | Subject::NoProxyConntrack => continue,
         };
         let node = bench.nodes[i].clone();

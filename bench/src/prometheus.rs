@@ -87,9 +87,15 @@ impl Histogram {
     /// first observation may be left out).
     #[must_use]
     pub fn parse(text: &str, name: &str) -> Self {
+        Self::parse_series(text, name, &[])
+    }
+
+    /// [`Histogram::parse`] over the series with every `wanted` label alone.
+    #[must_use]
+    pub fn parse_series(text: &str, name: &str, wanted: &[(&str, &str)]) -> Self {
         Self {
-            sum: sum(text, &format!("{name}_sum"), &[]),
-            count: sum(text, &format!("{name}_count"), &[]),
+            sum: sum(text, &format!("{name}_sum"), wanted),
+            count: sum(text, &format!("{name}_count"), wanted),
         }
     }
 
@@ -139,6 +145,22 @@ process_cpu_seconds_total 12.5
         let bytes = sum_by(TEXT, "apiserver_watch_events_sizes_sum", &[], "resource");
         assert_eq!(bytes.get("endpointslices"), Some(&1.5e6));
         assert_eq!(bytes.get("services"), Some(&250.0));
+    }
+
+    #[test]
+    fn a_histogram_is_read_over_all_its_series_or_one_familys() {
+        // One sync of the agent, observed under both families' labels.
+        let text = "\
+kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv4\"} 1.5
+kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1
+kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv6\"} 1.5
+kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"} 1
+";
+        let name = "kubeproxy_sync_proxy_rules_duration_seconds";
+        let all = Histogram::parse(text, name);
+        assert_eq!((all.sum, all.count), (3.0, 2.0));
+        let one = Histogram::parse_series(text, name, &[("ip_family", "IPv4")]);
+        assert_eq!((one.sum, one.count), (1.5, 1.0));
     }
 
     #[test]

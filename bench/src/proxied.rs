@@ -18,6 +18,8 @@ pub const SYNCS: &str = "kubeproxy_sync_proxy_rules_duration_seconds";
 const POPULATE_WORKERS: usize = 4;
 /// Besides the benchmark's, the API server's own `kubernetes` Service (one endpoint) is proxied.
 pub const OWN_SERVICES: usize = 1;
+/// The agent's name in results.
+pub const SPLITPROXY: &str = "splitproxy";
 
 /// A dataplane backend both proxies offer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -150,9 +152,17 @@ impl Proxy {
         .with_context(|| format!("scraping {}", self.name))
     }
 
-    /// Its sync histogram (every sync, full or partial, since it started).
+    /// Its sync histogram (every sync, full or partial, since it started). kube-proxy runs a
+    /// proxier per IP family, each observing its own syncs, so its series add up; the agent's
+    /// sync writes every family and is observed once under each family's label
+    /// (docs/kube-proxy-compatibility.md), so one family's series holds every sync, whole.
     pub fn syncs(&self, lab: &Lab) -> Result<Histogram> {
-        Ok(Histogram::parse(&self.metrics(lab)?, SYNCS))
+        let text = self.metrics(lab)?;
+        Ok(if self.name == SPLITPROXY {
+            Histogram::parse_series(&text, SYNCS, &[("ip_family", "IPv4")])
+        } else {
+            Histogram::parse(&text, SYNCS)
+        })
     }
 
     /// Waits until the proxy, just started, has synced and its rules hold `wanted`; returns
