@@ -25,7 +25,7 @@ mod report;
 mod results;
 
 use crate::{
-    cluster::{NAMESPACE, Shape},
+    cluster::Shape,
     process::Memory,
     proxied::{OWN_SERVICES, Proxy, ProxyMode, SPLITPROXY, Wanted, populate},
 };
@@ -345,6 +345,8 @@ struct Bench {
     outside: splitproxy_e2e::lab::Host,
     proxies: Vec<(Subject, Proxy)>,
     measured: Vec<usize>,
+    /// This binary's path: the client each trial runs.
+    exe: String,
 }
 
 fn run_size(binaries: &Binaries, params: &Params, services: usize) -> Result<Size> {
@@ -352,11 +354,12 @@ fn run_size(binaries: &Binaries, params: &Params, services: usize) -> Result<Siz
     let mut lab = Lab::new("bfive")?;
     let cp_host = lab.add_host("cp", CONTROL_PLANE)?;
     let outside = lab.add_host("outside", EXTERNAL_CLIENT)?;
+    // Seven nodes: far below u8::MAX.
     let node_count = u8::try_from(SERVER_NODE + 1).unwrap_or(u8::MAX);
     let nodes = lab.add_nodes(node_count)?;
     let mut clients = Vec::new();
     for (i, node) in nodes.iter().take(SUBJECTS.len()).enumerate() {
-        let n = u8::try_from(i + 1).unwrap_or(u8::MAX);
+        let n = u8::try_from(i + 1).unwrap_or(u8::MAX); // at most seven
         let pod = lab.add_pod(node, &format!("client-{n}"), pod_ip(n, 10))?;
         // Every port for the client: a rate trial opens thousands of connections a second.
         lab.exec_ok(
@@ -392,6 +395,7 @@ fn run_size(binaries: &Binaries, params: &Params, services: usize) -> Result<Siz
     let populate_s = started.elapsed().as_secs_f64();
     eprintln!("b5: populated in {populate_s:.1} s");
 
+    // This binary is also the client and the server (`b5-load`, `b5-serve`).
     let exe = std::env::current_exe().context("finding this benchmark's binary")?;
     let exe = exe.to_string_lossy().into_owned();
     let server_cpu = if std::thread::available_parallelism().map_or(1, usize::from) > 1 {
@@ -421,6 +425,7 @@ fn run_size(binaries: &Binaries, params: &Params, services: usize) -> Result<Siz
         outside,
         proxies: Vec::new(),
         measured,
+        exe,
     };
     let mut programming = Vec::new();
     // One at a time, so each first sync has the machine to itself.
@@ -511,18 +516,11 @@ fn measured_indices(services: usize, count: usize) -> Vec<usize> {
 /// Measured Service `index` (the `k`th measured): a NodePort Service with a TCP and a UDP
 /// port, whose one endpoint is the server pod on `server_node`.
 fn measured_yaml(index: usize, k: usize, server: Ipv4Addr, server_node: &str) -> String {
-    let name = Shape::service_name(index);
     let ip = Shape::cluster_ip(index);
     let tcp_node_port = usize::from(NODE_PORT_BASE) + k;
     let udp_node_port = usize::from(UDP_NODE_PORT_BASE) + k;
     format!(
-        "apiVersion: v1
-kind: Service
-metadata:
-  name: {name}
-  namespace: {NAMESPACE}
-spec:
-  type: NodePort
+        "{service}  type: NodePort
   clusterIP: {ip}
   clusterIPs: [{ip}]
   ports:
@@ -549,6 +547,7 @@ endpoints:
   conditions: {{ready: true}}
   nodeName: {server_node}
 ",
+        service = Shape::service_head(index),
         slice = Shape::slice_head(index),
     )
 }
@@ -639,6 +638,7 @@ impl Bench {
                 let node_ip = self.nodes[subject_index].ip();
                 let ports = (0..self.measured.len())
                     .map(|k| {
+                        // k < --measured ≤ 1,000 (Args::params): the port fits.
                         let port = NODE_PORT_BASE + u16::try_from(k).unwrap_or(0);
                         SocketAddr::from((node_ip, port))
                     })
@@ -682,8 +682,6 @@ impl Bench {
         measure: Measure,
         extra: &[&str],
     ) -> Result<Trial> {
-        let exe = std::env::current_exe().context("finding this benchmark's binary")?;
-        let exe = exe.to_string_lossy();
         let targets: Vec<String> = targets.iter().map(ToString::to_string).collect();
         let targets = targets.join(",");
         let exchange = serde_plain(&scenario.exchange())?;
@@ -691,7 +689,7 @@ impl Bench {
         let mut args = vec![
             "-c",
             CLIENT_CPU,
-            &exe,
+            &self.exe,
             "b5-load",
             "--targets",
             &targets,

@@ -132,16 +132,9 @@ impl Shape {
     /// first of them ready unless `first_ready` is false.
     #[must_use]
     pub fn service_yaml(&self, index: usize, first_ready: bool) -> String {
-        let name = Self::service_name(index);
         let ip = Self::cluster_ip(index);
         let mut yaml = format!(
-            "apiVersion: v1
-kind: Service
-metadata:
-  name: {name}
-  namespace: {NAMESPACE}
-spec:
-  type: ClusterIP
+            "{}  type: ClusterIP
   clusterIP: {ip}
   clusterIPs: [{ip}]
   ports:
@@ -156,6 +149,7 @@ spec:
   port: {ENDPOINT_PORT}
 endpoints:
 ",
+            Self::service_head(index),
             Self::slice_head(index)
         );
         let range = self.endpoint_range(index);
@@ -175,6 +169,15 @@ endpoints:
             }
         }
         yaml
+    }
+
+    /// The head of Service `index`, up to its spec's fields: kind, name and namespace.
+    #[must_use]
+    pub fn service_head(index: usize) -> String {
+        let name = Self::service_name(index);
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {NAMESPACE}\nspec:\n"
+        )
     }
 
     /// The head of Service `index`'s EndpointSlice, up to its ports: its name and labels (the

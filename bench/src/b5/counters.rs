@@ -59,6 +59,7 @@ impl Counters {
                         .with_context(|| format!("reading the {label}'s counters"))?;
                     let all = snmp(&text);
                     for name in watched {
+                        // A counter this kernel does not keep cannot move.
                         let value = all.get(*name).copied().unwrap_or(0);
                         counters.insert(format!("{label} {name}"), value);
                     }

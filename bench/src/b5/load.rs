@@ -215,7 +215,12 @@ fn rate(args: &LoadArgs) -> Trial {
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_default())
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    // A worker that panicked made this trial worthless: say so in its errors.
+                    (0, BTreeMap::from([("worker panicked".to_owned(), 1)]))
+                })
+            })
             .collect()
     });
     let mut trial = Trial {
@@ -264,6 +269,7 @@ impl Worker {
         let all = usize::from(UDP_SOURCE_PORTS.end - UDP_SOURCE_PORTS.start);
         let share = all / workers.max(1);
         let port = |i: usize| {
+            // i ≤ workers, so i × share ≤ the range's length: it fits in a port.
             UDP_SOURCE_PORTS.start + u16::try_from(i * share).unwrap_or(UDP_SOURCE_PORTS.end)
         };
         Self {

@@ -227,36 +227,36 @@ fn per_second(trial: &Trial) -> f64 {
 
 /// Fills in the ratios between the cells of one size.
 pub(super) fn compare_subjects(cells: &mut [Cell]) {
-    let snapshot: Vec<Cell> = cells.to_vec();
-    let find = |scenario: Scenario, subject: Subject| {
-        snapshot
-            .iter()
-            .find(|c| c.scenario == scenario && c.subject == subject.name())
-    };
-    for cell in cells.iter_mut() {
-        let scenario = cell.scenario;
-        let best = [ProxyMode::Iptables, ProxyMode::Nftables]
-            .into_iter()
-            .filter_map(|mode| find(scenario, Subject::KubeProxy(mode)))
-            .max_by(|a, b| median(a).total_cmp(&median(b)));
-        let same_mode = SUBJECTS.iter().find_map(|&s| match s {
-            Subject::Splitproxy(mode) if s.name() == cell.subject => {
-                find(scenario, Subject::KubeProxy(mode))
-            }
-            _ => None,
-        });
-        let ratios = CellRatios {
-            kube_proxy_same_mode: same_mode.and_then(|other| round_ratios(cell, other)),
-            kube_proxy_best: best.and_then(|other| round_ratios(cell, other)),
-            no_proxy: find(scenario, Subject::NoProxy).and_then(|o| round_ratios(cell, o)),
-            no_proxy_conntrack: find(scenario, Subject::NoProxyConntrack)
-                .and_then(|o| round_ratios(cell, o)),
-            smallest_size: None,
-            connect_p99_to_kube_proxy_best: best.and_then(|other| {
-                Some(cell.connect_us?.p99 / other.connect_us?.p99).filter(|r| r.is_finite())
-            }),
-        };
+    let ratios: Vec<CellRatios> = cells.iter().map(|cell| ratios_of(cell, cells)).collect();
+    for (cell, ratios) in cells.iter_mut().zip(ratios) {
         cell.ratios = ratios;
+    }
+}
+
+/// `cell`'s ratios to the other cells of its size (`cells`), but the one to the smallest size.
+fn ratios_of(cell: &Cell, cells: &[Cell]) -> CellRatios {
+    let find = |subject: Subject| {
+        cells
+            .iter()
+            .find(|c| c.scenario == cell.scenario && c.subject == subject.name())
+    };
+    let best = [ProxyMode::Iptables, ProxyMode::Nftables]
+        .into_iter()
+        .filter_map(|mode| find(Subject::KubeProxy(mode)))
+        .max_by(|a, b| median(a).total_cmp(&median(b)));
+    let same_mode = SUBJECTS.iter().find_map(|&s| match s {
+        Subject::Splitproxy(mode) if s.name() == cell.subject => find(Subject::KubeProxy(mode)),
+        _ => None,
+    });
+    CellRatios {
+        kube_proxy_same_mode: same_mode.and_then(|other| round_ratios(cell, other)),
+        kube_proxy_best: best.and_then(|other| round_ratios(cell, other)),
+        no_proxy: find(Subject::NoProxy).and_then(|o| round_ratios(cell, o)),
+        no_proxy_conntrack: find(Subject::NoProxyConntrack).and_then(|o| round_ratios(cell, o)),
+        smallest_size: None,
+        connect_p99_to_kube_proxy_best: best.and_then(|other| {
+            Some(cell.connect_us?.p99 / other.connect_us?.p99).filter(|r| r.is_finite())
+        }),
     }
 }
 
