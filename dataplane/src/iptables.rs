@@ -3,7 +3,8 @@
 //! The work is split as everywhere in this crate: [`render`] turns a [`ProxyState`] into the
 //! `iptables-restore` payload (pure, unit-tested), and [`FamilyExecutor`] is the thin executor
 //! that reads the kernel's chains with `iptables-save`, pipes the payload to `iptables-restore
-//! --noflush`, and makes sure the built-in chains jump to ours; then it deletes the UDP and SCTP
+//! --noflush`, in a full sync with the jumps from the built-in chains the kernel lacks (module
+//! `hooks`); then it deletes the UDP and SCTP
 //! conntrack entries the change left stale ([`crate::conntrack`]).
 //!
 //! One [`FamilyExecutor`] programs one IP family (`iptables` or `ip6tables`,
@@ -19,6 +20,7 @@
 mod backend;
 pub mod chain_names;
 mod cleanup;
+mod hooks;
 pub(crate) mod partial;
 pub mod render;
 pub mod save;
@@ -31,7 +33,7 @@ pub use cleanup::Cleaned;
 pub use render::{
     FilterRules, NatRules, render_filter, render_filter_for, render_nat, render_nat_for,
 };
-pub(crate) use tools::{Jump, Tools, canaries};
+pub(crate) use tools::{Jump, Tools};
 
 use crate::IpFamily;
 use crate::NodeOptions;
@@ -45,7 +47,7 @@ use render::{
     FILTER_KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_POSTROUTING,
     KUBE_PROXY_FIREWALL, KUBE_SERVICES,
 };
-use std::{collections::BTreeSet, io, process::ExitStatus, time::Duration};
+use std::{io, process::ExitStatus, time::Duration};
 use tracing::Instrument;
 
 /// What can go wrong while syncing the iptables backend.
@@ -75,18 +77,6 @@ pub enum Error {
     /// `iptables-restore` accepted the payload but could not be sent all of it.
     #[error("could not write the rules to iptables-restore")]
     WriteInput(#[source] io::Error),
-    /// Checking or inserting a jump from a built-in chain to ours failed.
-    #[error("could not install the jump from {table} {chain} ({status}): {stderr}")]
-    Jump {
-        /// The table (`nat`, `filter`).
-        table: &'static str,
-        /// The built-in chain (`PREROUTING`, `OUTPUT`, `POSTROUTING`, `INPUT`, `FORWARD`).
-        chain: &'static str,
-        /// The exit status of the failing `iptables` call.
-        status: ExitStatus,
-        /// What it printed on stderr.
-        stderr: String,
-    },
 }
 
 /// The result type of this module.
@@ -97,9 +87,7 @@ impl crate::SyncError for Error {
         match self {
             Self::Restore { partial, .. } => FailedStep::Restore { partial: *partial },
             // The tool exited 0, so the kernel did not refuse the rules.
-            Self::Run(_) | Self::Save { .. } | Self::WriteInput(_) | Self::Jump { .. } => {
-                FailedStep::Other
-            }
+            Self::Run(_) | Self::Save { .. } | Self::WriteInput(_) => FailedStep::Other,
         }
     }
 }
@@ -110,7 +98,7 @@ pub struct Config {
     /// The IP family programmed: which addresses are rendered, and which conntrack entries are
     /// deleted. The binaries below must be that family's (see [`Config::with_family`]).
     pub family: IpFamily,
-    /// The `iptables` binary, used to check and insert the jumps from built-in chains.
+    /// The `iptables` binary, used to probe the canary chains.
     pub iptables: String,
     /// The `iptables-save` binary, used to list the existing chains.
     pub iptables_save: String,
@@ -308,17 +296,7 @@ impl FamilyExecutor {
     /// Whether this family's tools run and can read the nat table (kube-proxy runs single-stack
     /// when the secondary family's cannot).
     pub async fn available(&self) -> bool {
-        self.existing_chains().await.is_ok()
-    }
-
-    /// The nat chains now in the kernel.
-    async fn existing_chains(&self) -> Result<BTreeSet<String>> {
-        self.chains_of("nat").await
-    }
-
-    /// The chains `table` holds now.
-    async fn chains_of(&self, table: &str) -> Result<BTreeSet<String>> {
-        Ok(save::chains(&self.tools.saved(table).await?, table))
+        self.tools.saved("nat").await.is_ok()
     }
 
     /// Deletes the conntrack entries the change from `previous` to `current` left stale.
@@ -409,37 +387,43 @@ impl FamilyExecutor {
         let restore = full_reason.is_some()
             || changed.is_empty()
             || !rendered.same_rules_as(&self.rendered, &changed);
-        // Only a full sync reads the kernel's chains: `iptables-save` takes seconds at tens of
+        // Only a full sync reads the kernel's tables: `iptables-save` takes seconds at tens of
         // thousands of rules, so a partial sync, as kube-proxy's, trusts the chains it wrote
         // (the canaries tell when they may be gone, and every full sync looks again).
-        let payload = match full_reason {
-            Some(_) => partial::full(&rendered, &self.existing_chains().await?, &options),
+        let saved = match full_reason {
+            Some(_) => Some(self.tools.saved_for_full_sync().await?),
+            None => None,
+        };
+        let payload = match &saved {
+            Some(saved) => partial::full(&rendered, &save::chains(saved, "nat"), &options),
             None => partial::partial(&self.rendered, &rendered, &changed, &options),
         };
         self.rendered = rendered;
-        // Both tables in one transaction, and the canaries with them in a full sync only: a
-        // partial one must not recreate a canary someone flushed before it is probed.
-        let [filter, nat] = payload.tables();
-        let canaries = full_reason.map(|_| canaries()).unwrap_or_default();
-        if restore {
-            self.tools
-                .restore(&[filter, nat, &canaries], full_reason.is_none())
-                .await?;
+        // Both tables in one transaction; a full one also writes the canaries and the jumps
+        // from the built-in chains, with kubelet's firewall chain that kube-proxy hooks in too
+        // (and never removes). A partial one must not recreate a canary someone flushed before
+        // it is probed, and trusts the jumps as kube-proxy's does.
+        let tables = payload.tables();
+        match &saved {
+            Some(saved) => {
+                // The filter table declares kubelet's chain itself when it holds the localnet
+                // rule; otherwise it is created only when missing, which leaves kubelet's rules.
+                let firewall = [("filter", render::KUBE_FIREWALL)];
+                let chains: &[_] = if options.localhost_node_ports {
+                    &[]
+                } else {
+                    &firewall
+                };
+                let jumps = JUMPS.iter().chain(&KUBELET_JUMPS);
+                self.tools
+                    .restore_full(&tables, saved, chains, jumps)
+                    .await?;
+            }
+            None if restore => self.tools.restore(&tables, true).await?,
+            None => {}
         }
         if let Some(reason) = full_reason {
             self.tools.canaries_written();
-            // After the restore, so the target chains exist when the jumps are checked. Partial
-            // syncs trust them, as kube-proxy's: the canary tells when they may be gone.
-            for jump in &JUMPS {
-                self.tools.ensure_jump(jump).await?;
-            }
-            // kubelet's firewall chain, which kube-proxy hooks in too (and never removes).
-            self.tools
-                .ensure_chain("filter", render::KUBE_FIREWALL)
-                .await?;
-            for jump in &KUBELET_JUMPS {
-                self.tools.ensure_jump(jump).await?;
-            }
             self.full_syncs.record();
             tracing::debug!(reason, "full sync");
         }

@@ -62,12 +62,14 @@ impl Netns {
     }
 
     fn iptables_with(&self, options: NodeOptions) -> FamilyExecutor {
-        FamilyExecutor::with_config(
-            Config::default()
-                .with_command_prefix(["ip", "netns", "exec", &self.name])
-                .with_node_options(options)
-                .with_canary_interval(CANARY_INTERVAL),
-        )
+        FamilyExecutor::with_config(self.config().with_node_options(options))
+    }
+
+    /// The executor's tools, run inside the namespace.
+    fn config(&self) -> Config {
+        Config::default()
+            .with_command_prefix(["ip", "netns", "exec", &self.name])
+            .with_canary_interval(CANARY_INTERVAL)
     }
 }
 
@@ -299,6 +301,54 @@ async fn sync_programs_the_nat_table_idempotently_and_removes_stale_chains() {
     );
     assert!(!emptied.contains("172.30.0.41"), "{emptied}");
     assert_jumps_once(&emptied);
+}
+
+/// A restarted agent's first sync is full, on tables that already hold what it writes: under
+/// either backend the tables come out exactly as they were, every jump once and in kube-proxy's
+/// order (the full sync finds the jumps in `iptables-save` output instead of `iptables -C`).
+#[tokio::test]
+async fn a_restarted_agents_full_sync_leaves_every_jump_once_under_either_backend() {
+    for backend in ["nft", "legacy"] {
+        let netns = Netns::create(&format!("restart-{backend}"));
+        let tool = |name: &str| format!("iptables-{backend}{name}");
+        let config = Config {
+            iptables: tool(""),
+            iptables_save: tool("-save"),
+            iptables_restore: tool("-restore"),
+            ..netns.config()
+        };
+        let tables = || {
+            ["nat", "filter", "mangle"]
+                .map(|table| netns.saved_by(&tool("-save"), table))
+                .concat()
+        };
+        FamilyExecutor::with_config(config.clone())
+            .sync(&every_feature())
+            .await
+            .unwrap();
+        let first = tables();
+
+        let mut restarted = FamilyExecutor::with_config(config);
+        assert!(restarted.sync(&every_feature()).await.unwrap().full);
+
+        assert_eq!(tables(), first, "{backend}");
+        assert_jumps_in(&first, &JUMPS);
+        let input: Vec<&str> = first
+            .lines()
+            .filter(|line| line.starts_with("-A INPUT "))
+            .collect();
+        assert_eq!(
+            input,
+            [
+                "-A INPUT -j KUBE-FIREWALL",
+                r#"-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL"#,
+                r#"-A INPUT -m comment --comment "kubernetes health check service ports" -j KUBE-NODEPORTS"#,
+                r#"-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES"#,
+            ],
+            "{backend}"
+        );
+        assert_eq!(first.matches(":KUBE-PROXY-CANARY - [0:0]").count(), 3);
+    }
 }
 
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! Parsing `iptables-save` output: which chains a table holds.
+//! Parsing `iptables-save` output: which chains and rules a table holds.
 
 use std::collections::BTreeSet;
 
@@ -30,6 +30,57 @@ fn lines_of<'a>(save_output: &'a str, table: &str) -> impl Iterator<Item = &'a s
     })
 }
 
+/// Whether `table` in `save_output` holds the rule `-A <chain> <rule>`, compared word by word
+/// with the quotes taken off, as `iptables -C` would find it.
+#[must_use]
+pub fn has_rule(save_output: &str, table: &str, chain: &str, rule: &[String]) -> bool {
+    lines_of(save_output, table).any(|line| {
+        words(line).is_some_and(|words| {
+            words.len() == rule.len() + 2
+                && words[0] == "-A"
+                && words[1] == chain
+                && words[2..] == *rule
+        })
+    })
+}
+
+/// Splits a saved line into words, keeping `"quoted text"` as one word; `None` when a quote is
+/// open.
+#[must_use]
+pub fn words(line: &str) -> Option<Vec<String>> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut quoted = false;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                quoted = !quoted;
+                in_word = true;
+            }
+            '\\' if quoted => word.push(chars.next()?),
+            c if c.is_whitespace() && !quoted => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            c => {
+                word.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if quoted {
+        return None;
+    }
+    if in_word {
+        words.push(word);
+    }
+    Some(words)
+}
+
 /// The rules of `table` in `save_output` that jump (`-j`/`-g`) from a chain `keep` accepts to a
 /// chain `target` accepts, as `(chain, rest of the rule)` exactly as saved, so each can be
 /// deleted by restoring `-D <chain> <rest>`.
@@ -57,6 +108,7 @@ fn jump_target(rule: &str) -> Option<&str> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -125,6 +177,43 @@ COMMIT
     fn chains_of_other_tables_are_ignored() {
         assert!(!chains(SAVED, "nat").contains("KUBE-SVC-FILTERONLY00000"));
         assert!(chains(SAVED, "mangle").is_empty());
+    }
+
+    #[test]
+    fn a_rule_is_found_in_its_table_and_chain_whatever_its_quoting() {
+        let rule = |text: &str| words(text).unwrap();
+        let portals = rule("-m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES");
+        assert!(has_rule(SAVED, "nat", "PREROUTING", &portals));
+        assert!(!has_rule(SAVED, "nat", "OUTPUT", &portals));
+        assert!(!has_rule(SAVED, "filter", "PREROUTING", &portals));
+        // A word more or less is another rule, as for `iptables -C`.
+        assert!(!has_rule(
+            SAVED,
+            "nat",
+            "PREROUTING",
+            &rule("-j KUBE-SERVICES")
+        ));
+        let unquoted = rule("-m comment --comment portals -j KUBE-SERVICES");
+        let saved = "*nat\n-A OUTPUT -m comment --comment \"portals\" -j KUBE-SERVICES\nCOMMIT\n";
+        assert!(has_rule(saved, "nat", "OUTPUT", &unquoted));
+    }
+
+    #[test]
+    fn quoted_words_keep_their_spaces() {
+        assert_eq!(
+            words(r#"-A X -m comment --comment "a b \"c\"" -j Y"#).unwrap(),
+            [
+                "-A",
+                "X",
+                "-m",
+                "comment",
+                "--comment",
+                "a b \"c\"",
+                "-j",
+                "Y"
+            ]
+        );
+        assert_eq!(words(r#"--comment "open"#), None);
     }
 
     #[test]

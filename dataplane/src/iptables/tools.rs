@@ -1,8 +1,9 @@
 //! The iptables tools of one IP family, run as processes without a shell: `iptables-save` to
-//! read a table, one `iptables-restore --noflush` per transaction, and `iptables` for the jumps
-//! from built-in chains and the canary probes. The iptables mode and the IPVS mode's masquerade
+//! read a table, one `iptables-restore --noflush` per transaction (a full sync's with the jumps
+//! from the built-in chains, [`Hooks`]), and `iptables` for the canary probes. The iptables mode and the IPVS mode's masquerade
 //! and filter rules both write through it.
 
+use super::hooks::Hooks;
 use super::{CANARY_TABLES, Config, Error, KUBE_PROXY_CANARY, Result};
 use crate::full_sync::FullSyncClock;
 use crate::tool::{self, stderr_text};
@@ -57,18 +58,7 @@ impl Jump {
 }
 
 impl Jump {
-    /// The `iptables` arguments that check (`-C`) this jump.
-    pub(crate) fn check_args(&self, wait_seconds: u32) -> Vec<String> {
-        self.args(wait_seconds, &["-C", self.chain])
-    }
-
-    /// The `iptables` arguments that insert this jump as the chain's first rule.
-    pub(crate) fn insert_args(&self, wait_seconds: u32) -> Vec<String> {
-        self.args(wait_seconds, &["-I", self.chain, "1"])
-    }
-
-    /// The rule as `iptables-save` writes it after `-A <chain>`, for the tracer.
-    #[cfg(any(test, feature = "testing"))]
+    /// The rule as `iptables-save` writes it after `-A <chain>`.
     pub(crate) fn rule_text(&self) -> String {
         let new_only = if self.new_only {
             "-m conntrack --ctstate NEW "
@@ -78,31 +68,12 @@ impl Jump {
         let comment = if self.comment.is_empty() {
             String::new()
         } else {
-            format!("-m comment --comment \"{}\" ", self.comment)
+            format!(
+                "-m comment --comment {} ",
+                super::render::comment(self.comment)
+            )
         };
         format!("{new_only}{comment}-j {}", self.target)
-    }
-
-    fn args(&self, wait_seconds: u32, operation: &[&str]) -> Vec<String> {
-        let wait = wait_seconds.to_string();
-        let new_only: &[&str] = if self.new_only {
-            &["-m", "conntrack", "--ctstate", "NEW"]
-        } else {
-            &[]
-        };
-        ["-w", &wait, "-t", self.table]
-            .into_iter()
-            .chain(operation.iter().copied())
-            .chain(new_only.iter().copied())
-            .chain(
-                (!self.comment.is_empty())
-                    .then_some(["-m", "comment", "--comment", self.comment])
-                    .into_iter()
-                    .flatten(),
-            )
-            .chain(["-j", self.target])
-            .map(str::to_owned)
-            .collect()
     }
 }
 
@@ -168,81 +139,36 @@ impl Tools {
         Ok(())
     }
 
-    /// Inserts `jump` as the first rule of its chain unless it is already there.
-    /// Creates `chain` in `table` unless it exists (`iptables -N`).
-    pub(crate) async fn ensure_chain(
+    /// `iptables-save` of the tables a full sync reads: nat, whose chains it deletes when no
+    /// longer rendered, and filter, which with nat holds the jumps from the built-in chains.
+    pub(crate) async fn saved_for_full_sync(&self) -> Result<String> {
+        Ok(format!(
+            "{}{}",
+            self.saved("nat").await?,
+            self.saved("filter").await?
+        ))
+    }
+
+    /// A full sync's transaction: `sections` restored with the canaries, and the chains and
+    /// jumps missing from `saved` (see [`Hooks::missing_from`]).
+    pub(crate) async fn restore_full<'j>(
         &self,
-        table: &'static str,
-        chain: &'static str,
+        sections: &[&str],
+        saved: &str,
+        chains: &[(&str, &str)],
+        jumps: impl IntoIterator<Item = &'j Jump>,
     ) -> Result<()> {
-        if self
-            .chain_command(table, "-S", chain)
-            .await?
-            .status
-            .success()
-        {
-            return Ok(());
+        let hooks = Hooks::missing_from(saved, chains, jumps);
+        self.restore(&hooks.restore_input(sections), false).await?;
+        for jump in hooks.inserted() {
+            tracing::info!(
+                ip_family = self.config.family.name(),
+                table = jump.table,
+                chain = jump.chain,
+                target = jump.target,
+                "installed jump"
+            );
         }
-        let created = self.chain_command(table, "-N", chain).await?;
-        if created.status.success() {
-            return Ok(());
-        }
-        Err(Error::Jump {
-            table,
-            chain,
-            status: created.status,
-            stderr: stderr_text(&created.stderr),
-        })
-    }
-
-    /// Runs `iptables -t table operation chain`.
-    async fn chain_command(
-        &self,
-        table: &str,
-        operation: &str,
-        chain: &str,
-    ) -> Result<std::process::Output> {
-        let wait = self.config.lock_wait_seconds.to_string();
-        let args = ["-w", &wait, "-t", table, operation, chain].map(str::to_owned);
-        self.run(&self.config.iptables, &args, None).await
-    }
-
-    pub(crate) async fn ensure_jump(&self, jump: &Jump) -> Result<()> {
-        let wait = self.config.lock_wait_seconds;
-        let check = self
-            .run(&self.config.iptables, &jump.check_args(wait), None)
-            .await?;
-        match check.status.code() {
-            Some(0) => return Ok(()),
-            // `-C` exits 1 when the rule is missing; anything else is a real failure.
-            Some(1) => {}
-            _ => {
-                return Err(Error::Jump {
-                    table: jump.table,
-                    chain: jump.chain,
-                    status: check.status,
-                    stderr: stderr_text(&check.stderr),
-                });
-            }
-        }
-        let insert = self
-            .run(&self.config.iptables, &jump.insert_args(wait), None)
-            .await?;
-        if !insert.status.success() {
-            return Err(Error::Jump {
-                table: jump.table,
-                chain: jump.chain,
-                status: insert.status,
-                stderr: stderr_text(&insert.stderr),
-            });
-        }
-        tracing::info!(
-            ip_family = self.config.family.name(),
-            table = jump.table,
-            chain = jump.chain,
-            target = jump.target,
-            "installed jump"
-        );
         Ok(())
     }
 
@@ -323,12 +249,4 @@ impl Tools {
     pub(crate) fn canaries_written(&mut self) {
         self.canaries_seen = Some(Instant::now());
     }
-}
-
-/// The restore input that (re)creates the empty canary chains.
-pub(crate) fn canaries() -> String {
-    CANARY_TABLES
-        .iter()
-        .map(|table| format!("*{table}\n:{KUBE_PROXY_CANARY} - [0:0]\nCOMMIT\n"))
-        .collect()
 }

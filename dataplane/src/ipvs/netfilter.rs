@@ -1,6 +1,6 @@
 //! The netfilter half of an IPVS sync: the ipsets ([`super::sets`]) written with one
 //! `ipset restore`, then each family's masquerade and filter rules ([`super::rules`]) with one
-//! `iptables-restore --noflush` and the jumps from the built-in chains.
+//! `iptables-restore --noflush`, a full one with the jumps from the built-in chains.
 //!
 //! Both are written only when they change, as far as the kernel is known to hold what was
 //! written last. The sets are rewritten whole after a failed run; each family's rules, and its
@@ -10,7 +10,7 @@
 use super::rules::{IpvsRules, JUMPS};
 use super::sets::{IpSets, restore_script};
 use crate::full_sync::FullSyncClock;
-use crate::iptables::{self, Tools, canaries};
+use crate::iptables::{self, Tools};
 use crate::tool::{self, RunError, stderr_text};
 use crate::{Families, IpFamily};
 use std::process::ExitStatus;
@@ -175,20 +175,19 @@ impl FamilyRules {
             .full_sync_reason(&self.full_syncs, written.is_some())
             .await?
             .is_some();
+        let tables = [rules.filter.payload.as_str(), rules.nat.payload.as_str()];
         let write = full || written.as_deref() != Some(payload.as_str());
-        if write {
-            // The canaries in a full sync only: a partial one must not recreate a canary
-            // someone flushed before it is probed.
-            let canaries = if full { canaries() } else { String::new() };
-            self.tools.restore(&[&payload, &canaries], false).await?;
-        }
         if full {
+            // With the canaries and the missing jumps; a partial sync must not recreate a
+            // canary someone flushed before it is probed.
+            let saved = self.tools.saved_for_full_sync().await?;
+            self.tools
+                .restore_full(&tables, &saved, &[], &JUMPS)
+                .await?;
             self.tools.canaries_written();
-            // After the restore, so the chains exist when the jumps are checked.
-            for jump in &JUMPS {
-                self.tools.ensure_jump(jump).await?;
-            }
             self.full_syncs.record();
+        } else if write {
+            self.tools.restore(&tables, false).await?;
         }
         self.written = Some(payload);
         Ok(Written {

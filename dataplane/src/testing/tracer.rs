@@ -62,6 +62,7 @@ mod tests;
 
 use super::flow_table::{Expected, Flow, Origin};
 use crate::Protocol;
+use crate::iptables::save::words;
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
@@ -544,41 +545,6 @@ impl Table {
         }
         Ok(self)
     }
-}
-
-/// Splits a line into words, keeping `"quoted text"` as one word; `None` when a quote is open.
-fn words(line: &str) -> Option<Vec<String>> {
-    let mut words = Vec::new();
-    let mut word = String::new();
-    let mut in_word = false;
-    let mut quoted = false;
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => {
-                quoted = !quoted;
-                in_word = true;
-            }
-            '\\' if quoted => word.push(chars.next()?),
-            c if c.is_whitespace() && !quoted => {
-                if in_word {
-                    words.push(std::mem::take(&mut word));
-                    in_word = false;
-                }
-            }
-            c => {
-                word.push(c);
-                in_word = true;
-            }
-        }
-    }
-    if quoted {
-        return None;
-    }
-    if in_word {
-        words.push(word);
-    }
-    Some(words)
 }
 
 /// The match modules the tracer understands.

@@ -21,51 +21,17 @@ fn command_prefix_goes_before_every_command() {
 }
 
 #[test]
-fn jumps_are_kube_proxys_and_inserted_first() {
-    let commands: Vec<String> = JUMPS
-        .iter()
-        .flat_map(|jump| [jump.check_args(5).join(" "), jump.insert_args(5).join(" ")])
-        .collect();
-    assert_eq!(
-        commands,
-        [
-            "-w 5 -t nat -C PREROUTING -m comment --comment kubernetes service portals -j KUBE-SERVICES",
-            "-w 5 -t nat -I PREROUTING 1 -m comment --comment kubernetes service portals -j KUBE-SERVICES",
-            "-w 5 -t nat -C OUTPUT -m comment --comment kubernetes service portals -j KUBE-SERVICES",
-            "-w 5 -t nat -I OUTPUT 1 -m comment --comment kubernetes service portals -j KUBE-SERVICES",
-            "-w 5 -t nat -C POSTROUTING -m comment --comment kubernetes postrouting rules -j KUBE-POSTROUTING",
-            "-w 5 -t nat -I POSTROUTING 1 -m comment --comment kubernetes postrouting rules -j KUBE-POSTROUTING",
-            "-w 5 -t filter -C INPUT -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES",
-            "-w 5 -t filter -I INPUT 1 -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES",
-            "-w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES",
-            "-w 5 -t filter -I FORWARD 1 -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES",
-            "-w 5 -t filter -C INPUT -m comment --comment kubernetes health check service ports -j KUBE-NODEPORTS",
-            "-w 5 -t filter -I INPUT 1 -m comment --comment kubernetes health check service ports -j KUBE-NODEPORTS",
-            "-w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES",
-            "-w 5 -t filter -I FORWARD 1 -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES",
-            "-w 5 -t filter -C OUTPUT -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES",
-            "-w 5 -t filter -I OUTPUT 1 -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES",
-            "-w 5 -t filter -C FORWARD -m comment --comment kubernetes forwarding rules -j KUBE-FORWARD",
-            "-w 5 -t filter -I FORWARD 1 -m comment --comment kubernetes forwarding rules -j KUBE-FORWARD",
-            "-w 5 -t filter -C INPUT -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
-            "-w 5 -t filter -I INPUT 1 -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
-            "-w 5 -t filter -C OUTPUT -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
-            "-w 5 -t filter -I OUTPUT 1 -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
-            "-w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
-            "-w 5 -t filter -I FORWARD 1 -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL",
-        ]
-    );
-}
-
-#[test]
 fn mode_is_iptables() {
     assert_eq!(FamilyExecutor::new().mode(), "iptables");
 }
 
 #[tokio::test]
-async fn sync_restores_the_render_and_inserts_only_missing_jumps() {
+async fn a_full_sync_reads_both_tables_then_restores_the_render_with_the_missing_jumps() {
     let scratch = Scratch::new("sync");
-    let mut iptables = fake_tools(&scratch, SAVED, 0, 1);
+    let saved = format!(
+        "{SAVED}*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS\nCOMMIT\n"
+    );
+    let mut iptables = fake_tools(&scratch, &saved, 0);
     let (state, _) = everything();
 
     let report = iptables.sync(&state).await.unwrap();
@@ -83,40 +49,27 @@ async fn sync_restores_the_render_and_inserts_only_missing_jumps() {
             ("nat".to_owned(), expected.rule_count)
         ]
     );
-    assert_rules_eq(
-        &scratch.read("payload"),
-        &format!("{}{}{}", filter.payload, expected.payload, canaries()),
-    );
     assert!(expected.payload.contains("-X KUBE-SVC-GNZBNJ2PO5MGZ6GT"));
+    let payload = scratch.read("payload");
+    let (rendered, jumps) = split_hooks(&payload);
+    assert_rules_eq(
+        &rendered,
+        &format!("{}{}*mangle\nCOMMIT\n", filter.payload, expected.payload),
+    );
+    // Every jump but the one already there, and kubelet's two.
+    assert_eq!(jumps.len(), JUMPS.len() - 1 + 2, "{payload}");
+    assert!(!payload.contains("-I INPUT 1 -m comment --comment \"kubernetes health check"));
+    // Nothing but the two saves and one restore: no process per jump.
     assert_rules_eq(
         &scratch.read("calls"),
-        r#"iptables-save -t nat
-iptables-restore -w 5 --noflush
-iptables -w 5 -t nat -C PREROUTING -m comment --comment kubernetes service portals -j KUBE-SERVICES
-iptables -w 5 -t nat -I PREROUTING 1 -m comment --comment kubernetes service portals -j KUBE-SERVICES
-iptables -w 5 -t nat -C OUTPUT -m comment --comment kubernetes service portals -j KUBE-SERVICES
-iptables -w 5 -t nat -C POSTROUTING -m comment --comment kubernetes postrouting rules -j KUBE-POSTROUTING
-iptables -w 5 -t filter -C INPUT -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES
-iptables -w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes externally-visible service portals -j KUBE-EXTERNAL-SERVICES
-iptables -w 5 -t filter -C INPUT -m comment --comment kubernetes health check service ports -j KUBE-NODEPORTS
-iptables -w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES
-iptables -w 5 -t filter -C OUTPUT -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES
-iptables -w 5 -t filter -C FORWARD -m comment --comment kubernetes forwarding rules -j KUBE-FORWARD
-iptables -w 5 -t filter -C INPUT -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL
-iptables -w 5 -t filter -C OUTPUT -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL
-iptables -w 5 -t filter -C FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL
-iptables -w 5 -t filter -S KUBE-FIREWALL
-iptables -w 5 -t filter -N KUBE-FIREWALL
-iptables -w 5 -t filter -C INPUT -j KUBE-FIREWALL
-iptables -w 5 -t filter -C OUTPUT -j KUBE-FIREWALL
-"#,
+        "iptables-save -t nat\niptables-save -t filter\niptables-restore -w 5 --noflush\n",
     );
 }
 
 #[tokio::test]
-async fn rejected_restore_reports_its_stderr_and_installs_no_jumps() {
+async fn rejected_restore_reports_its_stderr() {
     let scratch = Scratch::new("restore");
-    let mut iptables = fake_tools(&scratch, SAVED, 2, 1);
+    let mut iptables = fake_tools(&scratch, SAVED, 2);
 
     let err = iptables.sync(&ProxyState::default()).await.unwrap_err();
 
@@ -130,14 +83,13 @@ async fn rejected_restore_reports_its_stderr_and_installs_no_jumps() {
         crate::SyncError::failed_step(&err),
         crate::FailedStep::Restore { partial: false }
     );
-    assert!(!scratch.read("calls").contains("iptables -w"));
 }
 
 #[tokio::test]
 async fn a_refused_partial_sync_says_it_was_partial_and_the_next_sync_is_full() {
     let scratch = Scratch::new("partial-restore");
     let saved = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n";
-    let mut iptables = fake_tools(&scratch, saved, 0, 0);
+    let mut iptables = fake_tools(&scratch, saved, 0);
     let (state, _) = everything();
     assert!(iptables.sync(&state).await.unwrap().full);
 
@@ -151,21 +103,6 @@ async fn a_refused_partial_sync_says_it_was_partial_and_the_next_sync_is_full() 
 
     std::fs::remove_file(scratch.0.join("restore-fails")).unwrap();
     assert!(iptables.sync(&state).await.unwrap().full);
-}
-
-#[tokio::test]
-async fn failing_jump_check_is_an_error_not_an_insert() {
-    let scratch = Scratch::new("check");
-    // Exit status 4 is iptables' "resource problem" (e.g. the lock), not "rule missing".
-    let mut iptables = fake_tools(&scratch, SAVED, 0, 4);
-
-    let err = iptables.sync(&ProxyState::default()).await.unwrap_err();
-
-    assert!(
-        matches!(&err, Error::Jump { chain: "PREROUTING", stderr, .. } if stderr == "Bad rule"),
-        "{err:?}"
-    );
-    assert!(!scratch.read("calls").contains("-I PREROUTING"));
 }
 
 #[tokio::test]

@@ -33,7 +33,7 @@ fn conntrack_calls(scratch: &Scratch) -> Vec<String> {
 #[tokio::test]
 async fn sync_deletes_the_flows_of_a_removed_udp_endpoint_after_the_rules() {
     let scratch = Scratch::new("conntrack");
-    let mut iptables = fake_tools(&scratch, SAVED, 0, 0);
+    let mut iptables = fake_tools(&scratch, SAVED, 0);
 
     iptables
         .sync(&udp_dns(&["10.180.0.1", "10.180.2.1"]))
@@ -64,7 +64,7 @@ async fn sync_deletes_the_flows_of_a_removed_udp_endpoint_after_the_rules() {
 async fn failed_conntrack_cleanup_does_not_fail_the_sync() {
     let scratch = Scratch::new("conntrack-fails");
     std::fs::write(scratch.0.join("conntrack-fails"), "").unwrap();
-    let mut iptables = fake_tools(&scratch, SAVED, 0, 0);
+    let mut iptables = fake_tools(&scratch, SAVED, 0);
 
     iptables.sync(&ProxyState::default()).await.unwrap();
     let report = iptables.sync(&udp_dns(&["10.180.0.1"])).await.unwrap();
@@ -82,15 +82,15 @@ async fn failed_conntrack_cleanup_does_not_fail_the_sync() {
 #[tokio::test]
 async fn failed_sync_keeps_the_last_applied_state_for_the_cleanup() {
     let scratch = Scratch::new("conntrack-after-failure");
-    let mut iptables = fake_tools(&scratch, SAVED, 0, 0);
+    let mut iptables = fake_tools(&scratch, SAVED, 0);
     iptables
         .sync(&udp_dns(&["10.180.0.1", "10.180.2.1"]))
         .await
         .unwrap();
 
-    // A sync whose jump check fails applied nothing as far as the cleanup is concerned.
+    // A sync whose restore fails applied nothing as far as the cleanup is concerned.
     let mut failing = FamilyExecutor {
-        tools: fake_tools(&scratch, SAVED, 0, 4).tools,
+        tools: fake_tools(&scratch, SAVED, 2).tools,
         applied: iptables.applied.clone(),
         ..FamilyExecutor::default()
     };
@@ -122,7 +122,7 @@ fn calls_after(scratch: &Scratch, skip: usize) -> Vec<String> {
 #[tokio::test]
 async fn unchanged_services_are_not_rewritten_until_a_canary_goes() {
     let scratch = Scratch::new("partial");
-    let mut iptables = fake_tools(&scratch, SAVED, 0, 0);
+    let mut iptables = fake_tools(&scratch, SAVED, 0);
     let (state, _) = everything();
     let first = iptables.sync(&state).await.unwrap();
     assert!(first.full);
@@ -173,7 +173,7 @@ async fn unchanged_services_are_not_rewritten_until_a_canary_goes() {
 #[tokio::test]
 async fn a_change_no_rule_of_the_family_shows_restores_nothing() {
     let scratch = Scratch::new("other-family");
-    let mut ip6tables = fake_tools(&scratch, SAVED, 0, 0);
+    let mut ip6tables = fake_tools(&scratch, SAVED, 0);
     ip6tables.tools.config_mut().family = crate::IpFamily::V6;
     let with_endpoint = |ip| {
         state(vec![service(
@@ -219,16 +219,16 @@ async fn a_change_no_rule_of_the_family_shows_restores_nothing() {
 async fn a_failed_sync_makes_the_next_one_full() {
     let scratch = Scratch::new("partial-after-failure");
     let (state, _) = everything();
-    let mut iptables = fake_tools(&scratch, SAVED, 0, 0);
+    let mut iptables = fake_tools(&scratch, SAVED, 0);
     iptables.sync(&state).await.unwrap();
     std::fs::write(scratch.0.join("saved"), scratch.read("payload")).unwrap();
 
-    // The jump check fails after the restore: the sync fails.
-    iptables.tools = fake_tools(&scratch, &scratch.read("saved"), 0, 4).tools;
+    // The restore fails: the sync fails.
+    iptables.tools = fake_tools(&scratch, &scratch.read("saved"), 2).tools;
     iptables.full_syncs = crate::full_sync::FullSyncClock::default();
     iptables.sync(&state).await.unwrap_err();
 
-    iptables.tools = fake_tools(&scratch, &scratch.read("saved"), 0, 0).tools;
+    iptables.tools = fake_tools(&scratch, &scratch.read("saved"), 0).tools;
     let next = iptables.sync(&state).await.unwrap();
     assert!(next.full);
     assert!(scratch.read("payload").contains("-A KUBE-SEP-"));
@@ -239,13 +239,13 @@ async fn a_family_without_services_still_syncs_partially_after_its_first_sync() 
     // A dual-stack node's IPv6 family often has no Service at all: nothing per-Service was
     // written, yet the kernel holds what the first sync wrote.
     let scratch = Scratch::new("partial-empty");
-    let mut iptables = fake_tools(&scratch, SAVED, 0, 0);
+    let mut iptables = fake_tools(&scratch, SAVED, 0);
     assert!(iptables.sync(&ProxyState::default()).await.unwrap().full);
     std::fs::write(scratch.0.join("saved"), scratch.read("payload")).unwrap();
 
     let next = iptables.sync(&ProxyState::default()).await.unwrap();
 
     assert!(!next.full);
-    // Only the first sync read the kernel's chains.
-    assert_eq!(scratch.read("calls").matches("iptables-save").count(), 1);
+    // Only the first sync read the kernel's tables (nat and filter).
+    assert_eq!(scratch.read("calls").matches("iptables-save").count(), 2);
 }

@@ -572,24 +572,6 @@ fn cidrs_contain_their_own_family_only() {
     assert_eq!(Cidr::parse("10.0.0.0/33"), None);
 }
 
-#[test]
-fn quoted_words_keep_their_spaces() {
-    assert_eq!(
-        words(r#"-A X -m comment --comment "a b \"c\"" -j Y"#).unwrap(),
-        [
-            "-A",
-            "X",
-            "-m",
-            "comment",
-            "--comment",
-            "a b \"c\"",
-            "-j",
-            "Y"
-        ]
-    );
-    assert_eq!(words(r#"--comment "open"#), None);
-}
-
 // ---------------------------------------------------------------------------------------------
 // filter
 
