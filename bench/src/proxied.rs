@@ -10,12 +10,18 @@ use splitproxy_e2e::{
     eventually,
     lab::{Lab, Node, Process},
 };
-use std::{path::Path, time::Duration};
+use std::{
+    path::Path,
+    sync::atomic::{AtomicUsize, Ordering},
+    time::{Duration, Instant},
+};
 
 /// Every sync, full or partial (kube-proxy's name, which the agent exports too).
 pub const SYNCS: &str = "kubeproxy_sync_proxy_rules_duration_seconds";
 /// Parallel `kubectl create` runs that populate the cluster.
 const POPULATE_WORKERS: usize = 4;
+/// Services per `kubectl create` run.
+const POPULATE_CHUNK: usize = 1_000;
 /// Besides the benchmark's, the API server's own `kubernetes` Service (one endpoint) is proxied.
 pub const OWN_SERVICES: usize = 1;
 /// The agent's name in results.
@@ -222,8 +228,9 @@ pub fn nft_rules(listing: &str) -> usize {
 }
 
 /// Creates namespace `bench`, then Services `0..services` with their EndpointSlices (the YAML
-/// `objects` writes for each index) with a few `kubectl create` runs in parallel, each from one
-/// multi-document file.
+/// `objects` writes for each index) with a few `kubectl create` runs in parallel, each from a
+/// multi-document file of [`POPULATE_CHUNK`] Services. Says how far it got at every tenth, with
+/// the rate since the last report: the API server's create rate falls as the cluster grows.
 ///
 /// # Errors
 ///
@@ -232,30 +239,78 @@ pub fn populate(
     lab: &Lab,
     control_plane: &ControlPlane,
     services: usize,
-    objects: impl Fn(usize) -> String,
+    objects: impl Fn(usize) -> String + Sync,
 ) -> Result<()> {
     control_plane.kubectl(lab, &["create", "namespace", NAMESPACE])?;
     let dir = tempfile::tempdir().context("creating the populate directory")?;
-    let chunk = services.div_ceil(POPULATE_WORKERS).max(1);
-    let mut files = Vec::new();
-    for (worker, start) in (0..services).step_by(chunk).enumerate() {
-        let yaml: Vec<String> = (start..(start + chunk).min(services))
-            .map(&objects)
-            .collect();
-        let file = dir.path().join(format!("services-{worker}.yaml"));
-        std::fs::write(&file, yaml.join("---\n")).context("writing the objects to create")?;
-        files.push(file);
-    }
+    let chunks: Vec<std::ops::Range<usize>> = (0..services)
+        .step_by(POPULATE_CHUNK)
+        .map(|start| start..(start + POPULATE_CHUNK).min(services))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let progress = std::sync::Mutex::new(Progress::new(services));
+    let worker = || -> Result<()> {
+        loop {
+            let index = next.fetch_add(1, Ordering::Relaxed);
+            let Some(chunk) = chunks.get(index) else {
+                return Ok(());
+            };
+            let yaml: Vec<String> = chunk.clone().map(&objects).collect();
+            let file = dir.path().join(format!("services-{index}.yaml"));
+            std::fs::write(&file, yaml.join("---\n")).context("writing the objects to create")?;
+            create(lab, control_plane, &file)?;
+            std::fs::remove_file(&file).context("removing a created file")?;
+            progress
+                .lock()
+                .map_err(|_| anyhow::anyhow!("a populate worker panicked"))?
+                .add(chunk.len());
+        }
+    };
     std::thread::scope(|scope| {
-        let runs: Vec<_> = files
-            .iter()
-            .map(|file| scope.spawn(move || create(lab, control_plane, file)))
-            .collect();
+        let runs: Vec<_> = (0..POPULATE_WORKERS).map(|_| scope.spawn(worker)).collect();
         runs.into_iter().try_for_each(|run| {
             run.join()
                 .map_err(|_| anyhow::anyhow!("a kubectl run panicked"))?
         })
     })
+}
+
+/// How far populating got, reported at every tenth.
+struct Progress {
+    total: usize,
+    done: usize,
+    started: Instant,
+    /// Services created and the time at the last report.
+    reported: (usize, Instant),
+}
+
+impl Progress {
+    fn new(total: usize) -> Self {
+        let now = Instant::now();
+        Self {
+            total,
+            done: 0,
+            started: now,
+            reported: (0, now),
+        }
+    }
+
+    fn add(&mut self, created: usize) {
+        self.done += created;
+        let tenth = self.total.div_ceil(10).max(1);
+        if self.done / tenth == self.reported.0 / tenth && self.done < self.total {
+            return;
+        }
+        let (before, at) = self.reported;
+        let rate = (self.done - before) as f64 / at.elapsed().as_secs_f64().max(1e-3);
+        eprintln!(
+            "populate: {} of {} Services in {:.0} s ({rate:.0} Services/s since {before})",
+            self.done,
+            self.total,
+            self.started.elapsed().as_secs_f64()
+        );
+        self.reported = (self.done, Instant::now());
+    }
 }
 
 fn create(lab: &Lab, control_plane: &ControlPlane, file: &Path) -> Result<()> {
