@@ -47,6 +47,13 @@ phase "build: Kubernetes" tests/controlplane/build-kubernetes.sh >/dev/null
 phase "build: etcd" tests/controlplane/build-etcd.sh >/dev/null
 # The VM for the IPVS tests: qemu and a pinned Debian kernel with its IPVS modules.
 phase "build: VM kernel" tests/vm/build-vm.sh >/dev/null
+# Beside everything after the control plane's build, on the CPU the image builds and the tests
+# leave idle (they wait on downloads, kubelets, rollouts and timeouts): the trace receiver for
+# the tracing test (Jaeger v2 from its Go module), which that test, run last, waits for if it
+# has to; and the fuzz targets' instrumented build. On a cold cache each takes about half an
+# hour; started only with the tests, they held the tests up to as long.
+phase_beside "build: Jaeger" tests/tracing/build-jaeger.sh
+phase_beside "build: fuzz targets" scripts/fuzz.sh --build-only
 # The real cluster (tests/cluster): kubelet, containerd, the CNI plugins, CoreDNS, upstream's
 # network e2e tests and the lab's images.
 phase "set-up: cluster packages" tests/cluster/setup.sh
@@ -61,11 +68,6 @@ phase "build: workspace" cargo build --workspace --all-targets
 # starts rather than inside it.
 phase "build: images" scripts/images.sh >/dev/null
 
-# Beside the tests, on what CPU they leave idle (they mostly wait on kubelets, rollouts and
-# timeouts): the trace receiver for the tracing test (Jaeger v2 from its Go module), which that
-# test, run last, waits for if it has to; and the fuzz targets' instrumented build.
-phase_beside "build: Jaeger" tests/tracing/build-jaeger.sh
-phase_beside "build: fuzz targets" scripts/fuzz.sh --build-only
 status=0
 phase "tests" cargo nextest run --workspace --all-targets || status=$?
 phase_join || status=1
