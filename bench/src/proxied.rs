@@ -229,8 +229,9 @@ pub fn nft_rules(listing: &str) -> usize {
 
 /// Creates namespace `bench`, then Services `0..services` with their EndpointSlices (the YAML
 /// `objects` writes for each index) with a few `kubectl create` runs in parallel, each from a
-/// multi-document file of [`POPULATE_CHUNK`] Services. Says how far it got at every tenth, with
-/// the rate since the last report: the API server's create rate falls as the cluster grows.
+/// multi-document file of [`POPULATE_CHUNK`] Services. Says how far it got at every tenth (or
+/// every chunk per worker), with the rate since the last report: the API server's create rate
+/// falls as the cluster grows.
 ///
 /// # Errors
 ///
@@ -275,7 +276,7 @@ pub fn populate(
     })
 }
 
-/// How far populating got, reported at every tenth.
+/// How far populating got, reported at every tenth or chunk per worker, whichever is more.
 struct Progress {
     total: usize,
     done: usize,
@@ -297,8 +298,12 @@ impl Progress {
 
     fn add(&mut self, created: usize) {
         self.done += created;
-        let tenth = self.total.div_ceil(10).max(1);
-        if self.done / tenth == self.reported.0 / tenth && self.done < self.total {
+        // A tenth, but at least a chunk per worker: chunks taken together end together.
+        let step = self
+            .total
+            .div_ceil(10)
+            .max(POPULATE_WORKERS * POPULATE_CHUNK);
+        if self.done / step == self.reported.0 / step && self.done < self.total {
             return;
         }
         let (before, at) = self.reported;
