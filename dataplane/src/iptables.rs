@@ -3,9 +3,9 @@
 //! The work is split as everywhere in this crate: [`render`] turns a [`ProxyState`] into the
 //! `iptables-restore` payload (pure, unit-tested), and [`FamilyExecutor`] is the thin executor
 //! that reads the kernel's chains with `iptables-save`, pipes the payload to `iptables-restore
-//! --noflush`, in a full sync with the jumps from the built-in chains the kernel lacks (module
-//! `hooks`); then it deletes the UDP and SCTP
-//! conntrack entries the change left stale ([`crate::conntrack`]).
+//! --noflush` (in a full sync with the jumps from the built-in chains the kernel lacks, module
+//! `hooks`), then deletes the UDP and SCTP conntrack entries the change left stale
+//! ([`crate::conntrack`]).
 //!
 //! One [`FamilyExecutor`] programs one IP family (`iptables` or `ip6tables`,
 //! [`Config::family`]), as each of upstream's per-family proxiers does; [`IptablesBackend`], the
