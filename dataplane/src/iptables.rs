@@ -30,10 +30,11 @@ mod tools;
 
 pub use backend::{FamilyError, IptablesBackend};
 pub use cleanup::Cleaned;
+pub(crate) use hooks::Jump;
 pub use render::{
     FilterRules, NatRules, render_filter, render_filter_for, render_nat, render_nat_for,
 };
-pub(crate) use tools::{Jump, Tools};
+pub(crate) use tools::Tools;
 
 use crate::IpFamily;
 use crate::NodeOptions;

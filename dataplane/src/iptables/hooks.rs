@@ -9,7 +9,75 @@
 //! restoring the rules themselves. What is missing is read instead from the `iptables-save` a
 //! full sync makes anyway, and written in the same restore, with the same result.
 
-use super::{CANARY_TABLES, KUBE_PROXY_CANARY, save, tools::Jump};
+use super::{CANARY_TABLES, KUBE_PROXY_CANARY, save};
+
+/// A jump from a built-in chain to one of ours, kept as the first rule of that chain.
+#[derive(Debug)]
+pub(crate) struct Jump {
+    /// The table (`nat`, `filter`).
+    pub(crate) table: &'static str,
+    /// The built-in chain jumped from.
+    pub(crate) chain: &'static str,
+    /// Only for the first packet of a connection (`-m conntrack --ctstate NEW`).
+    pub(crate) new_only: bool,
+    /// The rule's comment, which tools and operators match on; empty for none.
+    pub(crate) comment: &'static str,
+    /// Our chain.
+    pub(crate) target: &'static str,
+}
+
+impl Jump {
+    /// A jump in the nat table, for every packet.
+    pub(crate) const fn nat(
+        chain: &'static str,
+        comment: &'static str,
+        target: &'static str,
+    ) -> Self {
+        Self {
+            table: "nat",
+            chain,
+            new_only: false,
+            comment,
+            target,
+        }
+    }
+
+    /// A jump in the filter table, for new connections only when `new_only`.
+    pub(crate) const fn filter(
+        chain: &'static str,
+        new_only: bool,
+        comment: &'static str,
+        target: &'static str,
+    ) -> Self {
+        Self {
+            table: "filter",
+            chain,
+            new_only,
+            comment,
+            target,
+        }
+    }
+}
+
+impl Jump {
+    /// The rule as `iptables-save` writes it after `-A <chain>`.
+    pub(crate) fn rule_text(&self) -> String {
+        let new_only = if self.new_only {
+            "-m conntrack --ctstate NEW "
+        } else {
+            ""
+        };
+        let comment = if self.comment.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "-m comment --comment {} ",
+                super::render::comment(self.comment)
+            )
+        };
+        format!("{new_only}{comment}-j {}", self.target)
+    }
+}
 
 /// The lines a full sync adds to each table, found missing from the tables' saved state.
 #[derive(Debug, Default)]

@@ -3,79 +3,11 @@
 //! from the built-in chains, [`Hooks`]), and `iptables` for the canary probes. The iptables mode and the IPVS mode's masquerade
 //! and filter rules both write through it.
 
-use super::hooks::Hooks;
+use super::hooks::{Hooks, Jump};
 use super::{CANARY_TABLES, Config, Error, KUBE_PROXY_CANARY, Result};
 use crate::full_sync::FullSyncClock;
 use crate::tool::{self, stderr_text};
 use std::time::Instant;
-
-/// A jump from a built-in chain to one of ours, kept as the first rule of that chain.
-#[derive(Debug)]
-pub(crate) struct Jump {
-    /// The table (`nat`, `filter`).
-    pub(crate) table: &'static str,
-    /// The built-in chain jumped from.
-    pub(crate) chain: &'static str,
-    /// Only for the first packet of a connection (`-m conntrack --ctstate NEW`).
-    pub(crate) new_only: bool,
-    /// The rule's comment, which tools and operators match on; empty for none.
-    pub(crate) comment: &'static str,
-    /// Our chain.
-    pub(crate) target: &'static str,
-}
-
-impl Jump {
-    /// A jump in the nat table, for every packet.
-    pub(crate) const fn nat(
-        chain: &'static str,
-        comment: &'static str,
-        target: &'static str,
-    ) -> Self {
-        Self {
-            table: "nat",
-            chain,
-            new_only: false,
-            comment,
-            target,
-        }
-    }
-
-    /// A jump in the filter table, for new connections only when `new_only`.
-    pub(crate) const fn filter(
-        chain: &'static str,
-        new_only: bool,
-        comment: &'static str,
-        target: &'static str,
-    ) -> Self {
-        Self {
-            table: "filter",
-            chain,
-            new_only,
-            comment,
-            target,
-        }
-    }
-}
-
-impl Jump {
-    /// The rule as `iptables-save` writes it after `-A <chain>`.
-    pub(crate) fn rule_text(&self) -> String {
-        let new_only = if self.new_only {
-            "-m conntrack --ctstate NEW "
-        } else {
-            ""
-        };
-        let comment = if self.comment.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "-m comment --comment {} ",
-                super::render::comment(self.comment)
-            )
-        };
-        format!("{new_only}{comment}-j {}", self.target)
-    }
-}
 
 /// Runs one family's iptables tools as [`Config`] says.
 #[derive(Debug, Clone, Default)]
