@@ -102,6 +102,8 @@ impl<'j> Hooks<'j> {
         let inserted: Vec<&Jump> = jumps
             .into_iter()
             .filter(|jump| {
+                // The rule is our own text with balanced quotes (`render::comment`), so it
+                // always splits.
                 let rule = save::words(&jump.rule_text()).unwrap_or_default();
                 !save::has_rule(saved, jump.table, jump.chain, &rule)
             })
