@@ -2,7 +2,8 @@
 # Idempotent installation of what the project's tests and lints need, on Debian 12, as root.
 # Re-running it when everything is in place does no network access and takes well under a second.
 #
-#   - Debian packages (apt-get update only when one is missing)
+#   - Debian packages (apt-get update only when one is missing), clang-19 and libbpf-dev among
+#     them for the eBPF programs
 #   - buf, from the npm package @bufbuild/buf, pinned
 #   - grpcurl, built with `go install` from its Go module, pinned
 #   - cargo-fuzz, built with `cargo install` from crates.io, pinned (scripts/fuzz.sh runs it on
@@ -19,7 +20,8 @@ BUF_VERSION=1.75.0       # npm: @bufbuild/buf
 GRPCURL_VERSION=v1.9.4   # go: github.com/fullstorydev/grpcurl
 CARGO_FUZZ_VERSION=0.13.1 # crates.io: cargo-fuzz
 NEXTEST_VERSION=0.9.151   # crates.io: cargo-nextest
-APT_PACKAGES=(iptables iproute2 conntrack curl ca-certificates openssl nftables ipset)
+# clang-19 and libbpf-dev compile the eBPF mode's programs (dataplane/build.rs).
+APT_PACKAGES=(iptables iproute2 conntrack curl ca-certificates openssl nftables ipset clang-19 libbpf-dev)
 
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"

@@ -5,6 +5,7 @@
 
 pub mod changes;
 pub mod conntrack;
+pub mod ebpf;
 pub mod endpoints;
 mod family;
 pub mod full_sync;

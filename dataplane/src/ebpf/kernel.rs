@@ -1,0 +1,357 @@
+//! The eBPF mode's kernel side: the embedded programs loaded with aya and attached to a cgroup,
+//! their maps and links pinned in a BPF filesystem so that traffic keeps its Services while no
+//! agent runs, and the services map's reads and writes.
+//!
+//! Pins live under `<bpf root>/splitproxy/<layout version>/`: the maps by name, each link as
+//! `links/<program>-<stamp>` (bpffs refuses dots in names). An agent that starts loads the programs again, reuses the pinned
+//! maps (their entries stay, the sync reconciles them in place), attaches its programs beside
+//! the old ones and only then unpins the old links, so no connection meets a cgroup without a
+//! program. The old and new programs may both run for a moment: a socket the first sends to an
+//! endpoint no longer matches a Service for the second.
+
+use super::entries::{Entries, Write};
+use super::layout::{self, KEY_LEN, SERVICES_MAP, SlotKey, SlotValue, VALUE_LEN};
+use aya::maps::{HashMap, MapData, MapError};
+use aya::programs::links::FdLink;
+use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError};
+use aya::{EbpfError, EbpfLoader};
+use nix::sys::statfs::{BPF_FS_MAGIC, CGROUP2_SUPER_MAGIC, statfs};
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// `bpf/sock.c`, compiled by the build script.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock.o"));
+
+/// The programs of `bpf/sock.c`, each attached to the cgroup.
+const PROGRAMS: [&str; 4] = [
+    "sp_connect4",
+    "sp_sendmsg4",
+    "sp_recvmsg4",
+    "sp_getpeername4",
+];
+
+/// The folder of splitproxy's pins under a BPF filesystem.
+const PIN_FOLDER: &str = "splitproxy";
+
+/// Why the programs could not be put in place or their map written.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The BPF filesystem is missing and could not be mounted.
+    #[error("no BPF filesystem at {path} and none could be mounted there: {reason}")]
+    BpfFs {
+        /// The folder.
+        path: PathBuf,
+        /// What failed.
+        reason: String,
+    },
+    /// The cgroup to attach to is not part of a cgroup v2 hierarchy.
+    #[error(
+        "{path} is not a cgroup v2 hierarchy ({reason}): the ebpf mode attaches its programs to \
+         one; set --cgroup-root"
+    )]
+    NotCgroup2 {
+        /// The folder.
+        path: PathBuf,
+        /// What was found.
+        reason: String,
+    },
+    /// The embedded object could not be loaded: its maps could not be created or opened.
+    #[error("could not create or open the eBPF maps: {0}")]
+    Maps(#[source] EbpfError),
+    /// The kernel refused a program.
+    #[error("the kernel refused the eBPF program {program}: {reason}")]
+    Refused {
+        /// The program.
+        program: &'static str,
+        /// The kernel's error and the verifier's last line.
+        reason: String,
+    },
+    /// A program could not be attached or its link pinned.
+    #[error("could not attach the eBPF program {program}: {reason}")]
+    Attach {
+        /// The program.
+        program: &'static str,
+        /// What failed.
+        reason: String,
+    },
+    /// A file of the pins could not be read, written or removed.
+    #[error("{path}: {source}")]
+    Pins {
+        /// The file or folder.
+        path: PathBuf,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The services map refused a read or a write.
+    #[error("the services map: {0}")]
+    Map(#[source] MapError),
+    /// More entries than the services map holds.
+    #[error(
+        "the Services need {needed} entries of the services map, which holds {capacity}: their \
+         last good entries stay"
+    )]
+    Full {
+        /// Entries the state needs.
+        needed: usize,
+        /// Entries the map holds at most.
+        capacity: usize,
+    },
+}
+
+/// The programs attached, and the services map they read.
+pub struct Attached {
+    services: HashMap<MapData, [u8; KEY_LEN], [u8; VALUE_LEN]>,
+    capacity: usize,
+}
+
+impl std::fmt::Debug for Attached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attached")
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Attached {
+    /// Loads the programs, opens (or creates) the pinned maps under `bpf_root` and attaches the
+    /// programs to the cgroup v2 folder `cgroup`, replacing an earlier agent's links there.
+    ///
+    /// # Errors
+    ///
+    /// Returns an error naming what the kernel or the node lacks: a BPF filesystem, a cgroup v2
+    /// hierarchy, a program the kernel refuses.
+    pub fn new(bpf_root: &Path, cgroup: &Path) -> Result<Self, Error> {
+        ensure_bpffs(bpf_root)?;
+        check_cgroup2(cgroup)?;
+        let pins = bpf_root.join(PIN_FOLDER);
+        let current = pins.join(layout::VERSION);
+        let links = current.join("links");
+        fs::create_dir_all(&links).map_err(|source| pins_error(&links, source))?;
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(&current)
+            .load(OBJECT)
+            .map_err(Error::Maps)?;
+        let cgroup_folder = File::open(cgroup).map_err(|source| pins_error(cgroup, source))?;
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos());
+        for program in PROGRAMS {
+            let attach = |reason: String| Error::Attach { program, reason };
+            let loaded: &mut CgroupSockAddr = ebpf
+                .program_mut(program)
+                .ok_or_else(|| attach("missing from the embedded object".to_owned()))?
+                .try_into()
+                .map_err(|err: ProgramError| attach(err.to_string()))?;
+            loaded.load().map_err(|err| Error::Refused {
+                program,
+                reason: refusal(&err),
+            })?;
+            // A link is never exclusive: attached with no flags, it runs beside other links
+            // (an earlier agent's) and programs attached without one.
+            let id = loaded
+                .attach(&cgroup_folder, CgroupAttachMode::Single)
+                .map_err(|err| attach(chain(&err)))?;
+            let link: FdLink = loaded
+                .take_link(id)
+                .map_err(|err| attach(chain(&err)))?
+                .try_into()
+                .map_err(|err: aya::programs::links::LinkError| attach(chain(&err)))?;
+            let name = format!("{program}-{stamp}");
+            link.pin(links.join(&name))
+                .map_err(|err| attach(chain(&err)))?;
+            unpin_other_links(&links, program, &name)?;
+        }
+        remove_other_versions(&pins)?;
+        let map = ebpf.take_map(SERVICES_MAP).ok_or_else(|| {
+            Error::Maps(EbpfError::MapError(MapError::InvalidName {
+                name: SERVICES_MAP.to_owned(),
+            }))
+        })?;
+        let services: HashMap<MapData, [u8; KEY_LEN], [u8; VALUE_LEN]> =
+            HashMap::try_from(map).map_err(Error::Map)?;
+        let capacity = aya::maps::IterableMap::map(&services)
+            .info()
+            .map_err(Error::Map)?
+            .max_entries() as usize;
+        Ok(Self { services, capacity })
+    }
+
+    /// The services map's entries, and the keys no agent of this layout writes (to delete).
+    ///
+    /// # Errors
+    ///
+    /// Returns an error when the map cannot be read.
+    pub fn entries(&self) -> Result<(Entries, Vec<[u8; KEY_LEN]>), Error> {
+        let mut entries = Entries::new();
+        let mut foreign = Vec::new();
+        for entry in self.services.iter() {
+            let (key, value) = entry.map_err(Error::Map)?;
+            match SlotKey::from_bytes(key) {
+                Some(slot) => {
+                    entries.insert(slot, SlotValue::from_bytes(slot, value));
+                }
+                None => foreign.push(key),
+            }
+        }
+        Ok((entries, foreign))
+    }
+
+    /// Deletes keys no agent of this layout writes.
+    ///
+    /// # Errors
+    ///
+    /// Returns an error when the map refuses a deletion.
+    pub fn delete_foreign(&mut self, keys: &[[u8; KEY_LEN]]) -> Result<(), Error> {
+        keys.iter()
+            .try_for_each(|key| remove(&mut self.services, key))
+    }
+
+    /// Writes `writes` in order, after checking that `desired`, their outcome, fits the map.
+    ///
+    /// # Errors
+    ///
+    /// Returns an error when the entries would not fit (nothing is written then) or the map
+    /// refuses a write (the earlier ones stay: each leaves a consistent map).
+    pub fn write(&mut self, desired: &Entries, writes: &[Write]) -> Result<(), Error> {
+        if desired.len() > self.capacity {
+            return Err(Error::Full {
+                needed: desired.len(),
+                capacity: self.capacity,
+            });
+        }
+        for write in writes {
+            match *write {
+                Write::Put(key, value) => self
+                    .services
+                    .insert(key.to_bytes(), value.to_bytes(), 0)
+                    .map_err(Error::Map)?,
+                Write::Delete(key) => remove(&mut self.services, &key.to_bytes())?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Removes `key`; one already gone is fine.
+fn remove(
+    services: &mut HashMap<MapData, [u8; KEY_LEN], [u8; VALUE_LEN]>,
+    key: &[u8; KEY_LEN],
+) -> Result<(), Error> {
+    match services.remove(key) {
+        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+        Err(err) => Err(Error::Map(err)),
+    }
+}
+
+/// Removes everything the eBPF mode pinned under `bpf_root`: its links (the programs detach)
+/// and its maps. Returns whether there was anything.
+///
+/// # Errors
+///
+/// Returns an error when a pin cannot be removed.
+pub fn remove_pins(bpf_root: &Path) -> Result<bool, Error> {
+    let pins = bpf_root.join(PIN_FOLDER);
+    match fs::remove_dir_all(&pins) {
+        Ok(()) => Ok(true),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(pins_error(&pins, source)),
+    }
+}
+
+/// The kernel's reason for refusing a program: its error and the verifier's last line, which
+/// names what the kernel lacks (a helper, a program type), rather than the whole log.
+fn refusal(err: &ProgramError) -> String {
+    match err {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            match log.lines().rev().find(|line| !line.trim().is_empty()) {
+                Some(last) => format!("{io_error}; the verifier said: {}", last.trim()),
+                None => io_error.to_string(),
+            }
+        }
+        other => chain(other),
+    }
+}
+
+/// `err` and its sources, as one line: aya's errors name the system call, their sources the
+/// kernel's answer.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Unpins `program`'s links other than `keep` (an earlier agent's): each detaches once unpinned.
+fn unpin_other_links(links: &Path, program: &str, keep: &str) -> Result<(), Error> {
+    let prefix = format!("{program}-");
+    for entry in fs::read_dir(links).map_err(|source| pins_error(links, source))? {
+        let entry = entry.map_err(|source| pins_error(links, source))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(&prefix) && name != keep {
+            fs::remove_file(entry.path()).map_err(|source| pins_error(&entry.path(), source))?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes the pins of other layout versions, once this version's programs are attached.
+fn remove_other_versions(pins: &Path) -> Result<(), Error> {
+    for entry in fs::read_dir(pins).map_err(|source| pins_error(pins, source))? {
+        let entry = entry.map_err(|source| pins_error(pins, source))?;
+        if entry.file_name() != layout::VERSION {
+            fs::remove_dir_all(entry.path()).map_err(|source| pins_error(&entry.path(), source))?;
+        }
+    }
+    Ok(())
+}
+
+/// Mounts a BPF filesystem at `path` unless one is there.
+fn ensure_bpffs(path: &Path) -> Result<(), Error> {
+    let fail = |reason: String| Error::BpfFs {
+        path: path.to_owned(),
+        reason,
+    };
+    fs::create_dir_all(path).map_err(|err| fail(err.to_string()))?;
+    if statfs(path).is_ok_and(|fs| fs.filesystem_type() == BPF_FS_MAGIC) {
+        return Ok(());
+    }
+    nix::mount::mount(
+        Some("bpffs"),
+        path,
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|errno| fail(errno.desc().to_owned()))
+}
+
+/// Checks that `path` is a cgroup v2 folder.
+fn check_cgroup2(path: &Path) -> Result<(), Error> {
+    let reason = match statfs(path) {
+        Ok(fs) if fs.filesystem_type() == CGROUP2_SUPER_MAGIC => return Ok(()),
+        Ok(fs) => format!("filesystem type {:#x}", fs.filesystem_type().0),
+        Err(errno) => errno.desc().to_owned(),
+    };
+    Err(Error::NotCgroup2 {
+        path: path.to_owned(),
+        reason,
+    })
+}
+
+fn pins_error(path: &Path, source: std::io::Error) -> Error {
+    Error::Pins {
+        path: path.to_owned(),
+        source,
+    }
+}

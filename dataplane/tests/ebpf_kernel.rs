@@ -1,0 +1,341 @@
+//! Real-kernel checks of the eBPF mode's socket programs, with real sockets: `BPF_PROG_TEST_RUN`
+//! cannot run cgroup socket-address programs, so each test puts its own process in a fresh
+//! cgroup, attaches the programs there (never at the machine's cgroup root) and connects.
+//!
+//! The test thread also moves to a fresh network namespace with only `lo` up: the endpoints
+//! listen on 127.0.0.1 and the Service addresses are routed nowhere, so a connection reaches an
+//! endpoint only through the programs, and nothing leaves the namespace. Needs root, `ip`, a
+//! cgroup v2 hierarchy and a kernel with `CONFIG_CGROUP_BPF`.
+#![allow(clippy::unwrap_used)]
+
+use splitproxy_dataplane::ebpf::{Config, EbpfBackend, kernel};
+use splitproxy_dataplane::{Dataplane, Endpoint, Protocol, ProxyState, Service, ServiceKey};
+use splitproxy_dataplane::{ServicePort, TrafficPolicy};
+use std::collections::BTreeSet;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Moving the process to a cgroup moves every thread: one lab at a time per test process.
+static ONE_LAB: Mutex<()> = Mutex::new(());
+
+/// A cgroup holding this process, a BPF filesystem for the pins and a network namespace for
+/// the test thread; the process goes back to its cgroup and both are removed when dropped.
+struct Lab {
+    cgroup: PathBuf,
+    home_cgroup: PathBuf,
+    bpf_root: PathBuf,
+    _one: MutexGuard<'static, ()>,
+}
+
+impl Lab {
+    fn new(test: &str) -> Self {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "the eBPF kernel tests need root"
+        );
+        let one = ONE_LAB
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        run("ip", &["link", "set", "lo", "up"]);
+        let (mount, home) = cgroup2_home();
+        let cgroup = mount.join(format!("sp-ebpf-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&cgroup).unwrap();
+        std::fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string()).unwrap();
+        let bpf_root = std::env::temp_dir().join(format!("sp-bpffs-{test}-{}", std::process::id()));
+        Self {
+            cgroup,
+            home_cgroup: mount.join(home.trim_start_matches('/')),
+            bpf_root,
+            _one: one,
+        }
+    }
+
+    fn config(&self) -> Config {
+        Config {
+            bpf_root: self.bpf_root.clone(),
+            cgroup: self.cgroup.clone(),
+        }
+    }
+
+    /// The pinned links of the current layout, by file name.
+    fn links(&self) -> BTreeSet<String> {
+        let links = self.bpf_root.join("splitproxy/v1/links");
+        std::fs::read_dir(links)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let pid = std::process::id().to_string();
+        let _ = std::fs::write(self.home_cgroup.join("cgroup.procs"), &pid);
+        let _ = kernel::remove_pins(&self.bpf_root);
+        let _ = Command::new("umount").arg(&self.bpf_root).status();
+        let _ = std::fs::remove_dir(&self.bpf_root);
+        let _ = std::fs::remove_dir(&self.cgroup);
+    }
+}
+
+/// The cgroup v2 mount point and this process's cgroup under it.
+fn cgroup2_home() -> (PathBuf, String) {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mount = mountinfo
+        .lines()
+        .find_map(|line| {
+            let (before, after) = line.split_once(" - ")?;
+            (after.split(' ').next() == Some("cgroup2")).then(|| before.split(' ').nth(4))?
+        })
+        .expect("a cgroup v2 hierarchy is mounted");
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let home = cgroups
+        .lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .expect("this process has a cgroup v2 path")
+        .to_owned();
+    (PathBuf::from(mount), home)
+}
+
+fn run(program: &str, args: &[&str]) {
+    let status = Command::new(program).args(args).status().unwrap();
+    assert!(status.success(), "{program} {args:?}: {status}");
+}
+
+/// A TCP endpoint on 127.0.0.1 that answers each connection with `name` and closes it.
+fn tcp_endpoint(name: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let _ = stream.unwrap().write_all(name.as_bytes());
+        }
+    });
+    address
+}
+
+/// A UDP endpoint on 127.0.0.1 that answers each datagram with `name`.
+fn udp_endpoint(name: &'static str) -> SocketAddr {
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let address = socket.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut buffer = [0; 64];
+        while let Ok((_, from)) = socket.recv_from(&mut buffer) {
+            let _ = socket.send_to(name.as_bytes(), from);
+        }
+    });
+    address
+}
+
+fn service(name: &str, cluster_ip: &str, protocol: Protocol, endpoints: &[SocketAddr]) -> Service {
+    let endpoints = endpoints
+        .iter()
+        .map(|address| Endpoint::ready(*address))
+        .collect();
+    Service::new(
+        ServiceKey::new("ns", name),
+        vec![cluster_ip.parse().unwrap()],
+        vec![ServicePort::new("p", protocol, 80, None, endpoints)],
+    )
+}
+
+fn state(services: Vec<Service>) -> ProxyState {
+    services.into_iter().collect()
+}
+
+/// What the endpoint a TCP connection to `address` reached answered, and the peer the socket
+/// reports.
+fn tcp_answer(address: &str) -> std::io::Result<(String, SocketAddr)> {
+    let mut stream = TcpStream::connect(address)?;
+    let peer = stream.peer_addr()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok((answer, peer))
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_connection_to_a_cluster_ip_reaches_its_endpoints_and_reads_as_the_service() {
+    let lab = Lab::new("tcp");
+    let (a, b) = (tcp_endpoint("a"), tcp_endpoint("b"));
+    assert_eq!(
+        TcpStream::connect("10.96.0.10:80").unwrap_err().kind(),
+        ErrorKind::NetworkUnreachable,
+        "without the programs the Service address is routed nowhere"
+    );
+    let mut backend = EbpfBackend::new(lab.config());
+    assert_eq!(backend.mode(), "ebpf");
+    let report = backend
+        .sync(&state(vec![service(
+            "web",
+            "10.96.0.10",
+            Protocol::Tcp,
+            &[a, b],
+        )]))
+        .await
+        .unwrap();
+    assert_eq!(report.rules_total(), vec![("services".to_owned(), 3)]);
+
+    let mut answers = BTreeSet::new();
+    for _ in 0..64 {
+        let (answer, peer) = tcp_answer("10.96.0.10:80").unwrap();
+        assert_eq!(
+            peer,
+            "10.96.0.10:80".parse().unwrap(),
+            "getpeername reads as the Service"
+        );
+        answers.insert(answer);
+    }
+    assert_eq!(
+        answers,
+        BTreeSet::from(["a".to_owned(), "b".to_owned()]),
+        "both endpoints serve"
+    );
+    assert_eq!(
+        TcpStream::connect("10.96.0.10:81").unwrap_err().kind(),
+        ErrorKind::NetworkUnreachable,
+        "another port of the address is no Service"
+    );
+
+    // One endpoint goes: new connections reach only the other.
+    backend
+        .sync(&state(vec![service(
+            "web",
+            "10.96.0.10",
+            Protocol::Tcp,
+            &[b],
+        )]))
+        .await
+        .unwrap();
+    for _ in 0..16 {
+        assert_eq!(tcp_answer("10.96.0.10:80").unwrap().0, "b");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn udp_datagrams_to_a_cluster_ip_are_answered_from_the_service_address() {
+    let lab = Lab::new("udp");
+    let endpoint = udp_endpoint("dns");
+    let mut backend = EbpfBackend::new(lab.config());
+    backend
+        .sync(&state(vec![service(
+            "dns",
+            "10.96.0.53",
+            Protocol::Udp,
+            &[endpoint],
+        )]))
+        .await
+        .unwrap();
+    let vip: SocketAddr = "10.96.0.53:80".parse().unwrap();
+    let timeout = Some(Duration::from_secs(10));
+
+    // Unconnected: sendto() per datagram, recvfrom() names the Service.
+    let client = UdpSocket::bind("0.0.0.0:0").unwrap();
+    client.set_read_timeout(timeout).unwrap();
+    client.send_to(b"q", vip).unwrap();
+    let mut buffer = [0; 64];
+    let (length, from) = client.recv_from(&mut buffer).unwrap();
+    assert_eq!((&buffer[..length], from), (&b"dns"[..], vip));
+
+    // Connected: connect() picks the endpoint once, and the peer reads as the Service.
+    let connected = UdpSocket::bind("0.0.0.0:0").unwrap();
+    connected.set_read_timeout(timeout).unwrap();
+    connected.connect(vip).unwrap();
+    assert_eq!(connected.peer_addr().unwrap(), vip);
+    connected.send(b"q").unwrap();
+    let length = connected.recv(&mut buffer).unwrap();
+    assert_eq!(&buffer[..length], b"dns");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_port_without_endpoints_refuses_and_one_without_local_endpoints_drops() {
+    let lab = Lab::new("empty");
+    let elsewhere = tcp_endpoint("elsewhere");
+    let mut local_only = service("local", "10.96.0.21", Protocol::Tcp, &[elsewhere]);
+    local_only.internal_traffic_policy = TrafficPolicy::Local;
+    let mut backend = EbpfBackend::new(lab.config());
+    backend
+        .sync(&state(vec![
+            service("empty", "10.96.0.20", Protocol::Tcp, &[]),
+            service("empty-udp", "10.96.0.22", Protocol::Udp, &[]),
+            local_only,
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(
+        TcpStream::connect("10.96.0.20:80").unwrap_err().kind(),
+        ErrorKind::ConnectionRefused,
+        "as kube-proxy's REJECT"
+    );
+    let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
+    assert_eq!(
+        udp.connect("10.96.0.22:80").unwrap_err().kind(),
+        ErrorKind::ConnectionRefused
+    );
+    assert_eq!(
+        TcpStream::connect("10.96.0.21:80").unwrap_err().kind(),
+        ErrorKind::PermissionDenied,
+        "the endpoint on another node is not used under internalTrafficPolicy Local"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_services_outlive_the_agent_and_a_new_agent_takes_over_its_maps() {
+    let lab = Lab::new("restart");
+    let (a, b) = (tcp_endpoint("a"), tcp_endpoint("b"));
+    let web = |endpoints: &[SocketAddr]| {
+        state(vec![service("web", "10.96.0.30", Protocol::Tcp, endpoints)])
+    };
+    let mut first = EbpfBackend::new(lab.config());
+    first.sync(&web(&[a])).await.unwrap();
+    let first_links = lab.links();
+    assert_eq!(first_links.len(), 4, "{first_links:?}");
+    drop(first);
+    assert_eq!(
+        tcp_answer("10.96.0.30:80").unwrap().0,
+        "a",
+        "no agent: the pins still serve"
+    );
+
+    let mut second = EbpfBackend::new(lab.config());
+    let report = second.sync(&web(&[a])).await.unwrap();
+    assert!(report.full, "a new agent reads the map first");
+    assert_eq!(
+        report.rules_written(),
+        vec![("services".to_owned(), 0)],
+        "its entries were right"
+    );
+    let second_links = lab.links();
+    assert_eq!(second_links.len(), 4, "{second_links:?}");
+    assert!(
+        first_links.is_disjoint(&second_links),
+        "the old links are unpinned"
+    );
+    assert_eq!(tcp_answer("10.96.0.30:80").unwrap().0, "a");
+
+    second.sync(&web(&[b])).await.unwrap();
+    assert_eq!(tcp_answer("10.96.0.30:80").unwrap().0, "b");
+
+    assert!(kernel::remove_pins(&lab.bpf_root).unwrap());
+    assert_eq!(
+        TcpStream::connect("10.96.0.30:80").unwrap_err().kind(),
+        ErrorKind::NetworkUnreachable,
+        "with the pins removed the programs are detached"
+    );
+}
+
+#[test]
+fn a_folder_outside_cgroup_v2_is_refused_by_name() {
+    let lab = Lab::new("refused");
+    let not_cgroup = Path::new("/proc");
+    let err = kernel::Attached::new(&lab.bpf_root, not_cgroup).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("/proc is not a cgroup v2 hierarchy"),
+        "{err}"
+    );
+}
