@@ -85,13 +85,8 @@ impl Drop for Lab {
 
 /// The cgroup v2 mount point and this process's cgroup under it.
 fn cgroup2_home() -> (PathBuf, String) {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let mount = mountinfo
-        .lines()
-        .find_map(|line| {
-            let (before, after) = line.split_once(" - ")?;
-            (after.split(' ').next() == Some("cgroup2")).then(|| before.split(' ').nth(4))?
-        })
+    let mount = kernel::cgroup2_mount()
+        .unwrap()
         .expect("a cgroup v2 hierarchy is mounted");
     let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let home = cgroups
@@ -99,7 +94,7 @@ fn cgroup2_home() -> (PathBuf, String) {
         .find_map(|line| line.strip_prefix("0::"))
         .expect("this process has a cgroup v2 path")
         .to_owned();
-    (PathBuf::from(mount), home)
+    (mount, home)
 }
 
 fn run(program: &str, args: &[&str]) {

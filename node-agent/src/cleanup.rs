@@ -1,16 +1,18 @@
 //! Removing what proxies leave on a node: once a mode's first rules are in, the other modes'
-//! rules, tables, interface and ipsets, which would take Service traffic beside its own (as
+//! rules, tables, interface, ipsets and eBPF pins, which would take Service traffic beside its own (as
 //! kube-proxy on a switch of mode, which removes them at start); and everything, for `--cleanup`. The dataplane finds and removes each kind
 //! (`IptablesBackend::cleanup`, `ipvs::cleanup`, `Leftovers`); this module decides which go when, and
 //! logs what went.
 
 use crate::cli::ProxyMode;
+use splitproxy_dataplane::ebpf::kernel as ebpf;
 use splitproxy_dataplane::{
     Cidr,
     iptables::{self, IptablesBackend},
     ipvs::cleanup as ipvs_cleanup,
     leftovers::{Leftovers, Removed},
 };
+use std::path::Path;
 use std::process::ExitCode;
 
 /// Removes the other proxy modes' leftovers, once `mode` programs the node. A failure is logged,
@@ -19,19 +21,25 @@ pub async fn prepare_for(
     mode: ProxyMode,
     iptables_backend: &IptablesBackend,
     ipvs_exclude: &[Cidr],
+    bpf_root: &Path,
 ) {
+    if mode != ProxyMode::Ebpf {
+        remove_ebpf_pins(bpf_root);
+    }
     let leftovers = match mode {
         ProxyMode::Iptables => Leftovers::default().remove_for_iptables_mode().await,
         ProxyMode::Ipvs => Leftovers::default().remove_for_ipvs_mode().await,
         ProxyMode::Nftables => {
             remove_iptables_rules(iptables_backend).await;
-            if let Err(err) = remove_ipvs_virtual_servers(ipvs_exclude.to_vec()).await {
-                tracing::warn!(
-                    error = format!("{err:#}"),
-                    "could not remove the IPVS mode's virtual servers"
-                );
-            }
+            remove_ipvs_virtual_servers_or_warn(ipvs_exclude).await;
             Leftovers::default().remove_for_nftables_mode().await
+        }
+        // Every other mode's rules would translate packets the socket layer already sent to an
+        // endpoint, or take traffic it does not serve yet.
+        ProxyMode::Ebpf => {
+            remove_iptables_rules(iptables_backend).await;
+            remove_ipvs_virtual_servers_or_warn(ipvs_exclude).await;
+            Leftovers::default().remove_all().await
         }
     };
     match leftovers {
@@ -46,9 +54,9 @@ pub async fn prepare_for(
 
 /// `--cleanup`: removes kube-proxy's iptables layout (splitproxy's, or kube-proxy's own leftovers)
 /// in every IP family whose tools work, then the IPVS virtual servers outside `ipvs_exclude`,
-/// then the other proxy modes' leftovers (after the rules, which may use their ipsets), then
-/// exits; failure if anything could not be cleaned.
-pub async fn cleanup_all(ipvs_exclude: Vec<Cidr>) -> ExitCode {
+/// then the other proxy modes' leftovers (after the rules, which may use their ipsets) and the
+/// ebpf mode's pins under `bpf_root`, then exits; failure if anything could not be cleaned.
+pub async fn cleanup_all(ipvs_exclude: Vec<Cidr>, bpf_root: &Path) -> ExitCode {
     let dataplane = IptablesBackend::detect(&iptables::Config::default()).await;
     let mut code = ExitCode::SUCCESS;
     for (family, outcome) in dataplane.cleanup().await {
@@ -86,7 +94,36 @@ pub async fn cleanup_all(ipvs_exclude: Vec<Cidr>) -> ExitCode {
             code = ExitCode::FAILURE;
         }
     }
+    if !remove_ebpf_pins(bpf_root) {
+        code = ExitCode::FAILURE;
+    }
     code
+}
+
+/// Unpins the ebpf mode's programs and maps, which detaches the programs; whether nothing
+/// failed (a failure is logged).
+fn remove_ebpf_pins(bpf_root: &Path) -> bool {
+    match ebpf::remove_pins(bpf_root) {
+        Ok(true) => {
+            tracing::info!(bpf_root = %bpf_root.display(), "removed the ebpf mode's programs and maps");
+            true
+        }
+        Ok(false) => true,
+        Err(err) => {
+            tracing::warn!(error = %err, "could not remove the ebpf mode's programs and maps");
+            false
+        }
+    }
+}
+
+/// Deletes the IPVS virtual servers outside `exclude`; a failure is logged, not fatal.
+async fn remove_ipvs_virtual_servers_or_warn(exclude: &[Cidr]) {
+    if let Err(err) = remove_ipvs_virtual_servers(exclude.to_vec()).await {
+        tracing::warn!(
+            error = format!("{err:#}"),
+            "could not remove the IPVS mode's virtual servers"
+        );
+    }
 }
 
 /// Removes the iptables-based modes' rules in every family whose tools work, as kube-proxy's

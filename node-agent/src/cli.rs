@@ -80,6 +80,14 @@ pub struct Cli {
     /// Which dataplane programs the kernel (default iptables).
     #[arg(long, env = "SPLITPROXY_PROXY_MODE", value_enum)]
     pub proxy_mode: Option<ProxyMode>,
+    /// The ebpf mode's BPF filesystem, mounted there if it is not: its maps and links are
+    /// pinned under `splitproxy/`, so Services keep working while the agent restarts.
+    #[arg(long, env = "SPLITPROXY_BPF_ROOT", default_value = "/sys/fs/bpf")]
+    pub bpf_root: PathBuf,
+    /// The cgroup v2 folder the ebpf mode attaches its programs to (default: the root of the
+    /// cgroup v2 hierarchy mounted on the node, which every process of the node is under).
+    #[arg(long, env = "SPLITPROXY_CGROUP_ROOT")]
+    pub cgroup_root: Option<PathBuf>,
     /// This node's primary IP, as kube-proxy's flag of the same name overrides it (no socket is
     /// bound to it): `--nodeport-addresses primary` selects it, and when a Service's
     /// loadBalancerSourceRanges hold it the node may reach the load-balancer IPs it holds as
@@ -383,6 +391,8 @@ pub enum ProxyMode {
     Ipvs,
     /// nftables, one `kube-proxy` table per IP family, one `nft -f -` transaction per sync.
     Nftables,
+    /// eBPF: cluster IPs balanced in the socket layer by programs on the node's cgroup v2 root.
+    Ebpf,
 }
 
 impl ProxyMode {
@@ -393,6 +403,7 @@ impl ProxyMode {
             Self::Iptables => "iptables",
             Self::Ipvs => "ipvs",
             Self::Nftables => "nftables",
+            Self::Ebpf => "ebpf",
         }
     }
 }

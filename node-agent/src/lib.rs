@@ -220,5 +220,6 @@ pub fn wire_mode(mode: cli::ProxyMode) -> pb::ProxyMode {
         cli::ProxyMode::Iptables => pb::ProxyMode::Iptables,
         cli::ProxyMode::Ipvs => pb::ProxyMode::Ipvs,
         cli::ProxyMode::Nftables => pb::ProxyMode::Nftables,
+        cli::ProxyMode::Ebpf => pb::ProxyMode::Ebpf,
     }
 }

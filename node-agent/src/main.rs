@@ -106,7 +106,7 @@ async fn start(cli: Cli, settings: Settings, node_name: String) -> ExitCode {
         tracing::info!("{}", kube_proxy_config::MOOT_FIELDS);
     }
     if cli.cleanup() {
-        return cleanup::cleanup_all(settings.ipvs.exclude_cidrs).await;
+        return cleanup::cleanup_all(settings.ipvs.exclude_cidrs, &cli.bpf_root).await;
     }
     if let Err(err) = host_setup::set_oom_score_adj(settings.oom_score_adj) {
         tracing::debug!(error = %err, "could not set the OOM score adjustment");

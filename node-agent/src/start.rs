@@ -17,6 +17,7 @@ use crate::{
 };
 use splitproxy_dataplane::{
     Dataplane, Families, NodeOptions,
+    ebpf::{self, EbpfBackend},
     iptables::{self, IptablesBackend},
     ipvs::backend::{self as ipvs, IpvsBackend},
     local_traffic::PodInterfaces,
@@ -187,8 +188,17 @@ pub async fn run_agent(cli: Cli, settings: Settings, node_name: String) -> anyho
         node_port_selection,
         bind_address: settings.bind_address,
     };
+    let ebpf = ebpf::Config {
+        bpf_root: cli.bpf_root,
+        cgroup: match cli.cgroup_root {
+            Some(folder) => folder,
+            None => ebpf::kernel::cgroup2_mount()?.ok_or_else(|| {
+                anyhow::anyhow!("no cgroup v2 hierarchy is mounted: set --cgroup-root")
+            })?,
+        },
+    };
     let span = tracing::info_span!("agent", node = %config.client.node_name);
-    let agent = run(config, settings.mode, iptables, ipvs).instrument(span);
+    let agent = run(config, settings.mode, iptables, ipvs, ebpf).instrument(span);
     match config_file {
         // As kube-proxy: a changed file ends the agent, and its restart reads it.
         Some(path) => tokio::select! {
@@ -204,13 +214,15 @@ async fn run(
     mode: ProxyMode,
     iptables: iptables::Config,
     ipvs: ipvs::Config,
+    ebpf: ebpf::Config,
 ) -> anyhow::Result<()> {
     let iptables_backend = IptablesBackend::detect(&iptables).await;
     // The other modes' rules go once this mode's are in: a node switching modes whose
     // controllers cannot be reached keeps serving with the old ones meanwhile.
     let old_modes = {
         let (backend, exclude) = (iptables_backend.clone(), ipvs.exclude_cidrs.clone());
-        async move { cleanup::prepare_for(mode, &backend, &exclude).await }
+        let bpf_root = ebpf.bpf_root.clone();
+        async move { cleanup::prepare_for(mode, &backend, &exclude, &bpf_root).await }
     };
     // One proxier per IP family whose tools work here, as kube-proxy's dual-stack mode; the
     // IPVS mode needs the same tools for its masquerade and filter rules. nft serves both
@@ -230,6 +242,7 @@ async fn run(
             };
             run_until_interrupted(config, NftablesBackend::new(config_nft), old_modes).await
         }
+        ProxyMode::Ebpf => run_until_interrupted(config, EbpfBackend::new(ebpf), old_modes).await,
     }
 }
 

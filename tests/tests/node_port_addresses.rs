@@ -63,11 +63,16 @@ fn node_ports_answer_only_on_the_selected_node_addresses() -> Result<()> {
     cluster.restart_agent(0, &["--nodeport-addresses", "primary"])?;
     expect_node_port(&cluster, false, "node ports only on the primary IP")?;
     // As upstream, per family: the node has no IPv6 primary IP, so IPv6 takes every address.
-    let log = cluster.agents[0].log();
-    ensure!(
-        log.contains(&format!("[{lan}, ::]")),
-        "the agent does not name {lan} (and every IPv6 address) as its node-port addresses:\n{log}"
-    );
+    // The check above holds already under the previous selection: wait for the restarted
+    // agent's start-up line rather than read its log at once.
+    eventually("the agent names its node-port addresses", CONVERGE, || {
+        let log = cluster.agents[0].log();
+        ensure!(
+            log.contains(&format!("[{lan}, ::]")),
+            "the agent does not name {lan} (and every IPv6 address) as its node-port addresses:\n{log}"
+        );
+        Ok(())
+    })?;
 
     cluster.restart_agent(0, &["--nodeport-addresses", "198.51.100.0/24"])?;
     eventually("node ports only on the second address", CONVERGE, || {

@@ -245,6 +245,22 @@ fn remove(
     }
 }
 
+/// Where the cgroup v2 hierarchy is mounted, as this process's mount table says (`None`: it is
+/// not).
+///
+/// # Errors
+///
+/// Returns an error when the mount table cannot be read.
+pub fn cgroup2_mount() -> std::io::Result<Option<PathBuf>> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(mountinfo.lines().find_map(|line| {
+        // `id parent major:minor root mount-point options… - type source super-options`
+        let (mount, filesystem) = line.split_once(" - ")?;
+        (filesystem.split(' ').next() == Some("cgroup2"))
+            .then(|| mount.split(' ').nth(4).map(PathBuf::from))?
+    }))
+}
+
 /// Removes everything the eBPF mode pinned under `bpf_root`: its links (the programs detach)
 /// and its maps. Returns whether there was anything.
 ///

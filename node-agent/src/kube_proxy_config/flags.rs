@@ -43,7 +43,7 @@ pub fn configuration(cli: &Cli) -> Result<KubeProxyConfiguration, InvalidConfigu
     min_sync = min_sync_flag.map_or(min_sync, GoDuration);
     let masquerade_all = cli.masquerade_all.unwrap_or(false);
     match mode {
-        ProxyMode::Iptables => {
+        ProxyMode::Iptables | ProxyMode::Ebpf => {
             (config.iptables.sync_period, config.iptables.min_sync_period) = (sync, min_sync);
             config.iptables.masquerade_all = masquerade_all;
         }

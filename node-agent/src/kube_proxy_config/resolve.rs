@@ -187,11 +187,13 @@ pub fn resolve(config: &KubeProxyConfiguration) -> Result<Settings, InvalidConfi
         "iptables" => ProxyMode::Iptables,
         "ipvs" => ProxyMode::Ipvs,
         "nftables" => ProxyMode::Nftables,
+        // Not a kube-proxy mode: splitproxy's own, taken from the file as from the flag.
+        "ebpf" => ProxyMode::Ebpf,
         other => {
             problems.add(
                 "mode",
                 Some("--proxy-mode"),
-                format!("{other:?} is not one of iptables, ipvs, nftables"),
+                format!("{other:?} is not one of iptables, ipvs, nftables, ebpf"),
             );
             ProxyMode::Iptables
         }
@@ -235,10 +237,10 @@ pub fn resolve(config: &KubeProxyConfiguration) -> Result<Settings, InvalidConfi
             problems.add(field, flag, format!("{bit} is not within [0, 31]"));
         }
     }
-    // The nftables mode has its own bit; the iptables and IPVS modes use iptables'.
+    // The nftables mode has its own bit; the other modes use iptables'.
     let masquerade_bit = match mode {
         ProxyMode::Nftables => config.nftables.masquerade_bit,
-        ProxyMode::Iptables | ProxyMode::Ipvs => config.iptables.masquerade_bit,
+        ProxyMode::Iptables | ProxyMode::Ipvs | ProxyMode::Ebpf => config.iptables.masquerade_bit,
     }
     .and_then(|bit| u8::try_from(bit).ok())
     .filter(|bit| *bit <= 31)
@@ -325,7 +327,7 @@ fn sync_periods(
     let (section, flag) = match mode {
         ProxyMode::Ipvs => ("ipvs", "--ipvs"),
         ProxyMode::Nftables => ("nftables", "--iptables"),
-        ProxyMode::Iptables => ("iptables", "--iptables"),
+        ProxyMode::Iptables | ProxyMode::Ebpf => ("iptables", "--iptables"),
     };
     let flag = |suffix: &str| -> &'static str {
         match (flag, suffix) {

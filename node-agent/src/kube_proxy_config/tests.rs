@@ -360,3 +360,25 @@ fn the_masquerade_bit_is_the_modes() {
     .expect("valid");
     assert_eq!(file.masquerade_bit, 20);
 }
+
+#[test]
+fn the_ebpf_mode_is_taken_from_the_flag_and_the_file_with_iptables_sync_periods() {
+    let flags = settings(&["--proxy-mode", "ebpf", "--iptables-min-sync-period", "2s"])
+        .expect("valid");
+    assert_eq!(flags.mode, ProxyMode::Ebpf);
+    assert_eq!(flags.sync_periods.min_sync_period(), Duration::from_secs(2));
+    let file = with_file(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: ebpf\n",
+        &[],
+    )
+    .expect("valid");
+    assert_eq!(file.mode, ProxyMode::Ebpf);
+    let unknown = with_file(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: xdp\n",
+        &[],
+    );
+    assert!(
+        message(unknown).contains("\"xdp\" is not one of iptables, ipvs, nftables, ebpf"),
+        "the modes are named"
+    );
+}
