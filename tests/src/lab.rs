@@ -26,7 +26,7 @@
 //! whose process is gone, and dropping the lab (also while a test panics) kills every process it
 //! started and deletes every namespace it made.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::Write;
@@ -266,6 +266,10 @@ pub struct Lab {
     spawned: usize,
     /// Holds the process logs; `None` once kept.
     logs: Option<tempfile::TempDir>,
+    /// The node each pod namespace is on.
+    pod_nodes: BTreeMap<String, String>,
+    /// The nodes given a cgroup ([`Lab::node_cgroup`]), and the folder of each.
+    node_cgroups: BTreeMap<String, PathBuf>,
 }
 
 impl Lab {
@@ -284,6 +288,7 @@ impl Lab {
         );
         require_root()?;
         remove_stale_namespaces()?;
+        remove_stale_cgroups();
         let logs = tempfile::Builder::new()
             .prefix("splitproxy-lab-")
             .tempdir()
@@ -300,6 +305,8 @@ impl Lab {
             processes: Vec::new(),
             spawned: 0,
             logs: Some(logs),
+            pod_nodes: BTreeMap::new(),
+            node_cgroups: BTreeMap::new(),
         };
         // From here on, dropping `lab` on an error removes whatever was made.
         let lan = lab.add_namespace("lan")?;
@@ -535,6 +542,7 @@ impl Lab {
         // Static, like the IPv4 gateway's entry: nothing to resolve before the first packet.
         pin_gateway(&ns, "-6", &gateway6)?;
         add_route(&ns, "default", &["via", &gateway6, "dev", "eth0"])?;
+        self.pod_nodes.insert(ns.clone(), node.name.clone());
         Ok(Pod {
             name: name.to_owned(),
             ns,
@@ -584,7 +592,7 @@ impl Lab {
         let log_path = log_dir.join(format!("{id:02}-{short}-{base}.log"));
         let mut log = File::create(&log_path)
             .with_context(|| format!("cannot create log file {}", log_path.display()))?;
-        let mut command = netns_exec(&ns, program, args);
+        let mut command = self.command_in(&ns, program, args);
         command.envs(env.iter().map(|(k, v)| (k, v)));
         let env_text: String = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
         writeln!(log, "$ {env_text}{}", describe(&command)).context("cannot write log header")?;
@@ -660,7 +668,7 @@ impl Lab {
         args: &[&str],
     ) -> Result<Output> {
         let ns = self.owned_ns(ns)?;
-        let mut command = netns_exec(ns, program.as_ref(), args);
+        let mut command = self.command_in(ns, program.as_ref(), args);
         command
             .stdin(Stdio::null())
             .output()
@@ -690,6 +698,56 @@ impl Lab {
             String::from_utf8_lossy(&output.stderr).trim()
         );
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// A cgroup v2 folder for `node`, made on the first call: from then on every process the lab
+    /// starts in the node or in its pods runs inside it, as a kubelet puts a node's pods under
+    /// its own cgroup root. The ebpf mode's programs attach there, never at the machine's root,
+    /// which every lab and the machine itself are under.
+    ///
+    /// # Errors
+    ///
+    /// If `node` is not in this lab, no cgroup v2 hierarchy is mounted, or the folder cannot be
+    /// made.
+    pub fn node_cgroup(&mut self, node: &Node) -> Result<PathBuf> {
+        ensure!(
+            self.nodes.iter().any(|n| n.ns == node.ns),
+            "node {} is not part of this lab",
+            node.name
+        );
+        if let Some(folder) = self.node_cgroups.get(&node.name) {
+            return Ok(folder.clone());
+        }
+        let mount = cgroup2_mount()?;
+        let folder = mount.join(&node.ns);
+        std::fs::create_dir_all(&folder)
+            .with_context(|| format!("cannot create cgroup {}", folder.display()))?;
+        self.node_cgroups.insert(node.name.clone(), folder.clone());
+        Ok(folder)
+    }
+
+    /// `program args…` in `ns`, inside its node's cgroup when the node has one.
+    fn command_in(&self, ns: &str, program: &OsStr, args: &[&str]) -> Command {
+        let node = self
+            .nodes
+            .iter()
+            .find(|node| node.ns == ns)
+            .map(|node| &node.name)
+            .or_else(|| self.pod_nodes.get(ns));
+        match node.and_then(|node| self.node_cgroups.get(node)) {
+            // The process joins the cgroup before `ip netns exec`, which hides /sys/fs/cgroup.
+            Some(cgroup) => {
+                let mut command = Command::new("sh");
+                command
+                    .args(["-c", r#"echo $$ > "$0/cgroup.procs" && exec "$@""#])
+                    .arg(cgroup)
+                    .args(["ip", "netns", "exec", ns])
+                    .arg(program)
+                    .args(args);
+                command
+            }
+            None => netns_exec(ns, program, args),
+        }
     }
 
     /// The namespace's name if this lab made it.
@@ -792,6 +850,11 @@ impl Drop for Lab {
                 eprintln!("lab: {e:#}");
             }
         }
+        for folder in self.node_cgroups.values() {
+            if let Err(e) = remove_cgroup(folder) {
+                eprintln!("lab: {e:#}");
+            }
+        }
         if std::thread::panicking()
             && let Some(logs) = self.logs.take()
         {
@@ -834,6 +897,77 @@ fn remove_stale_namespaces() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Removes cgroups `sp<pid>…-…` whose process no longer exists (a lab's node cgroups).
+fn remove_stale_cgroups() {
+    if !lab_cgroup2_mounted().unwrap_or(false) {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(LAB_CGROUP2) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = lab_owner(&name.to_string_lossy()) else {
+            continue;
+        };
+        if pid != std::process::id()
+            && !Path::new(&format!("/proc/{pid}")).exists()
+            && let Err(e) = remove_cgroup(&entry.path())
+        {
+            eprintln!("lab: cannot remove stale cgroup: {e:#}");
+        }
+    }
+}
+
+/// Removes an empty cgroup folder, waiting a little for killed processes to leave it.
+fn remove_cgroup(folder: &Path) -> Result<()> {
+    let mut attempts = 0;
+    loop {
+        match std::fs::remove_dir(folder) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(_) if attempts < 50 => {
+                attempts += 1;
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("cannot remove cgroup {}", folder.display()));
+            }
+        }
+    }
+}
+
+/// Where the labs mount the cgroup v2 hierarchy: outside `/sys`, which `ip netns exec` hides, so
+/// that a process in a lab namespace (an agent given `--cgroup-root`) sees the node cgroups.
+const LAB_CGROUP2: &str = "/run/splitproxy-lab/cgroup2";
+
+/// Whether the labs' cgroup v2 mount is there.
+fn lab_cgroup2_mounted() -> Result<bool> {
+    let mounts =
+        std::fs::read_to_string("/proc/self/mountinfo").context("cannot read the mount table")?;
+    Ok(mounts
+        .lines()
+        .any(|line| line.split(' ').nth(4) == Some(LAB_CGROUP2) && line.contains(" - cgroup2 ")))
+}
+
+/// The labs' cgroup v2 mount, mounted on first use.
+fn cgroup2_mount() -> Result<PathBuf> {
+    if !lab_cgroup2_mounted()? {
+        std::fs::create_dir_all(LAB_CGROUP2)
+            .with_context(|| format!("cannot create {LAB_CGROUP2}"))?;
+        let status = Command::new("mount")
+            .args(["-t", "cgroup2", "none", LAB_CGROUP2])
+            .status()
+            .context("cannot run mount")?;
+        ensure!(
+            status.success(),
+            "cannot mount the cgroup v2 hierarchy at {LAB_CGROUP2}"
+        );
+    }
+    Ok(PathBuf::from(LAB_CGROUP2))
 }
 
 /// The pid in a lab namespace name `sp<pid><tag>-<name>`, or `None` if `ns` is not one.

@@ -333,6 +333,9 @@ fn remove_other_versions(pins: &Path) -> Result<(), Error> {
 }
 
 /// Mounts a BPF filesystem at `path` unless one is there.
+///
+/// A mount made here lives in the agent's mount namespace: in a container or under
+/// `ip netns exec`, it (and every pin in it) goes when the agent does, so the warning says so.
 fn ensure_bpffs(path: &Path) -> Result<(), Error> {
     let fail = |reason: String| Error::BpfFs {
         path: path.to_owned(),
@@ -349,7 +352,13 @@ fn ensure_bpffs(path: &Path) -> Result<(), Error> {
         nix::mount::MsFlags::empty(),
         None::<&str>,
     )
-    .map_err(|errno| fail(errno.desc().to_owned()))
+    .map_err(|errno| fail(errno.desc().to_owned()))?;
+    tracing::warn!(
+        bpf_root = %path.display(),
+        "mounted a BPF filesystem: the pins outlive the agent only if this mount is the node's \
+         (in a container, a hostPath mounted with Bidirectional propagation)"
+    );
+    Ok(())
 }
 
 /// Checks that `path` is a cgroup v2 folder.

@@ -363,8 +363,8 @@ fn the_masquerade_bit_is_the_modes() {
 
 #[test]
 fn the_ebpf_mode_is_taken_from_the_flag_and_the_file_with_iptables_sync_periods() {
-    let flags = settings(&["--proxy-mode", "ebpf", "--iptables-min-sync-period", "2s"])
-        .expect("valid");
+    let flags =
+        settings(&["--proxy-mode", "ebpf", "--iptables-min-sync-period", "2s"]).expect("valid");
     assert_eq!(flags.mode, ProxyMode::Ebpf);
     assert_eq!(flags.sync_periods.min_sync_period(), Duration::from_secs(2));
     let file = with_file(

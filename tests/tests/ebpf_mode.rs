@@ -1,0 +1,104 @@
+//! The agent in ebpf mode (`--proxy-mode ebpf`) on the demo cluster: controller → gRPC → agent →
+//! map writes → socket programs on node-1's cgroup → real connections from a pod and from the
+//! node. node-1 starts in iptables mode, as a node switching modes does; its agent then removes
+//! the iptables rules, so only the programs can send cluster-IP traffic anywhere. Needs root and
+//! a cgroup v2 hierarchy; `scripts/test.sh` builds the binaries first.
+//!
+//! Addresses: see `splitproxy_e2e::addresses`; the web Service is 10.96.0.10:80, web-a on node-1
+//! and web-c on node-2 ready, web-b on node-2 not.
+
+use anyhow::{Context, Result, ensure};
+use splitproxy_e2e::demo_cluster::{CONVERGE, DemoCluster};
+use splitproxy_e2e::{eventually, hit};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Requests per check: with two ready endpoints picked at random, the chance that one of them gets
+/// none of 60 requests is 2 × 2⁻⁶⁰.
+const REQUESTS: u32 = 60;
+
+/// A BPF filesystem for node-1's pins, mounted in the test's own mount namespace: one the agent
+/// mounted would live in the mount namespace `ip netns exec` gives it and go with the agent, as
+/// one mounted inside a container would. Unmounted (which drops every pin) when dropped.
+struct BpfRoot(tempfile::TempDir);
+
+impl BpfRoot {
+    fn new() -> Result<Self> {
+        let folder = tempfile::Builder::new()
+            .prefix("splitproxy-bpffs-")
+            .tempdir()
+            .context("creating the BPF filesystem's folder")?;
+        let status = Command::new("mount")
+            .args(["-t", "bpf", "bpffs"])
+            .arg(folder.path())
+            .status()
+            .context("running mount")?;
+        ensure!(status.success(), "cannot mount a BPF filesystem");
+        Ok(Self(folder))
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for BpfRoot {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn the_agent_in_ebpf_mode_serves_cluster_ips_from_pods_and_the_node_through_changes_and_restarts()
+-> Result<()> {
+    let bpf_root = BpfRoot::new()?;
+    let mut cluster = DemoCluster::start("ebpf")?;
+    let node = cluster.nodes[0].clone();
+    let client = cluster.clients[0].clone();
+    let cgroup: PathBuf = cluster.lab.node_cgroup(&node)?;
+    let (bpf, cgroup) = (
+        bpf_root.path().to_string_lossy().into_owned(),
+        cgroup.to_string_lossy().into_owned(),
+    );
+    let flags = [
+        "--proxy-mode",
+        "ebpf",
+        "--bpf-root",
+        &bpf,
+        "--cgroup-root",
+        &cgroup,
+    ];
+    cluster.restart_agent(0, &flags)?;
+    eventually("node-1's iptables rules are removed", CONVERGE, || {
+        let nat = cluster.run(&node, "iptables-save", &["-t", "nat"])?;
+        ensure!(!nat.contains("KUBE-SERVICES"), "nat still holds:\n{nat}");
+        Ok(())
+    })
+    .with_context(|| cluster.logs())?;
+    let url = DemoCluster::cluster_ip_url();
+    cluster.expect_answers(&client, &url, &["web-a", "web-c"], REQUESTS)?;
+    cluster.expect_answers(&node, &url, &["web-a", "web-c"], REQUESTS)?;
+
+    cluster.set_web(&[("web-a", true), ("web-b", true), ("web-c", true)])?;
+    cluster.expect_answers(&client, &url, &["web-a", "web-b", "web-c"], REQUESTS)?;
+
+    // No agent: the pinned programs and maps keep serving.
+    let agent = cluster.agents[0].clone();
+    cluster.lab.kill(&agent)?;
+    let report = hit(&cluster.lab, &client, &url, REQUESTS)?;
+    ensure!(
+        report.failures == 0 && report.answers.len() == 3,
+        "with the agent stopped: {report:?}"
+    );
+
+    // A new agent takes the maps over and applies the next change.
+    cluster.agents[0] = cluster.start_agent(0, &flags)?;
+    cluster.set_web(&[("web-a", false), ("web-b", true), ("web-c", true)])?;
+    cluster.expect_answers(&client, &url, &["web-b", "web-c"], REQUESTS)?;
+    let log = cluster.agents[0].log();
+    ensure!(
+        !log.contains("ERROR"),
+        "the new agent logged errors:\n{log}"
+    );
+    Ok(())
+}
