@@ -44,9 +44,30 @@ pub struct EbpfBackend {
     config: Config,
     /// The programs, attached at the first sync.
     attached: Option<Attached>,
-    /// What the map holds, as of the last sync; read from the map when unknown (at the first
-    /// sync, after a failed one).
-    held: Option<Entries>,
+    /// What the map holds, as of the last sync; unknown at the first sync and after a failed
+    /// one, when the map is read instead.
+    programmed: Option<Programmed>,
+}
+
+/// The state the map holds the entries of, and how many there are.
+#[derive(Debug)]
+struct Programmed {
+    state: ProxyState,
+    entries: usize,
+}
+
+/// What one sync changes in the map.
+enum Change {
+    /// Everything: the map is read and made to hold these entries.
+    Full(Entries),
+    /// Only changed Services: their entries before and after, and the map's size after.
+    /// Cluster IPs are each one Service's (the API server allocates them), so no two Services'
+    /// entries share a key.
+    Services {
+        before: Entries,
+        after: Entries,
+        total: usize,
+    },
 }
 
 impl EbpfBackend {
@@ -56,7 +77,29 @@ impl EbpfBackend {
         Self {
             config,
             attached: None,
-            held: None,
+            programmed: None,
+        }
+    }
+
+    /// The change from what the map holds to `state`'s entries.
+    fn change_to(&self, state: &ProxyState) -> Change {
+        let Some(programmed) = &self.programmed else {
+            return Change::Full(entries::desired(state));
+        };
+        let (mut before, mut after) = (Entries::new(), Entries::new());
+        for key in state.changed_services(&programmed.state) {
+            if let Some(service) = programmed.state.services.get(key) {
+                before.extend(entries::of_service(service));
+            }
+            if let Some(service) = state.services.get(key) {
+                after.extend(entries::of_service(service));
+            }
+        }
+        let total = programmed.entries.saturating_sub(before.len()) + after.len();
+        Change::Services {
+            before,
+            after,
+            total,
         }
     }
 }
@@ -72,9 +115,9 @@ impl Dataplane for EbpfBackend {
     }
 
     async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport, kernel::Error> {
-        let desired = entries::desired(state);
+        let change = self.change_to(state);
         let attached = self.attached.take();
-        let held = self.held.take();
+        self.programmed = None;
         let config = self.config.clone();
         // Map writes are system calls of a few microseconds each, tens of thousands on a big
         // cluster's first sync: off the runtime's threads.
@@ -86,41 +129,46 @@ impl Dataplane for EbpfBackend {
                     Err(err) => return (None, Err(err)),
                 },
             };
-            let outcome = write(&mut attached, held, &desired).map(|written| (desired, written));
+            let outcome = apply(&mut attached, &change).map(|written| (written, change));
             (Some(attached), outcome)
         })
         .await
         .unwrap_or_else(|join| std::panic::resume_unwind(join.into_panic()));
         self.attached = attached;
-        let (desired, (written, full)) = outcome?;
-        let total = u32::try_from(desired.len()).unwrap_or(u32::MAX);
-        self.held = Some(desired);
+        let (written, change) = outcome?;
+        let (full, total) = match change {
+            Change::Full(desired) => (true, desired.len()),
+            Change::Services { total, .. } => (false, total),
+        };
+        self.programmed = Some(Programmed {
+            state: state.clone(),
+            entries: total,
+        });
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Ok(SyncReport::for_family(
             IpFamily::V4,
-            vec![(TABLE.to_owned(), written)],
-            vec![(TABLE.to_owned(), total)],
+            vec![(TABLE.to_owned(), count(written))],
+            vec![(TABLE.to_owned(), count(total))],
             full,
         ))
     }
 }
 
-/// Takes the map from `held` (read from it when unknown) to `desired`; returns the entries
-/// written and whether the map was read first (a full sync).
-fn write(
-    attached: &mut Attached,
-    held: Option<Entries>,
-    desired: &Entries,
-) -> Result<(u32, bool), kernel::Error> {
-    let full = held.is_none();
-    let held = match held {
-        Some(held) => held,
-        None => {
+/// Makes the map's change; returns the entries written. A full change reads the map first,
+/// removing what no agent of this layout writes.
+fn apply(attached: &mut Attached, change: &Change) -> Result<usize, kernel::Error> {
+    let (writes, total) = match change {
+        Change::Full(desired) => {
             let (held, foreign) = attached.entries()?;
             attached.delete_foreign(&foreign)?;
-            held
+            (entries::writes(&held, desired), desired.len())
         }
+        Change::Services {
+            before,
+            after,
+            total,
+        } => (entries::writes(before, after), *total),
     };
-    let writes = entries::writes(&held, desired);
-    attached.write(desired, &writes)?;
-    Ok((u32::try_from(writes.len()).unwrap_or(u32::MAX), full))
+    attached.write(total, &writes)?;
+    Ok(writes.len())
 }

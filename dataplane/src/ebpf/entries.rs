@@ -3,7 +3,7 @@
 
 use super::layout::{SlotKey, SlotValue};
 use crate::port_plan::PortPlan;
-use crate::{IpFamily, ProxyState};
+use crate::{IpFamily, ProxyState, Service};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddrV4};
 
@@ -19,41 +19,49 @@ pub enum Write {
     Delete(SlotKey),
 }
 
-/// The entries of every IPv4 cluster IP's ports in `state`: a header with the endpoint count,
-/// then one slot per endpoint the port's traffic policy sends cluster-IP traffic to.
+/// The entries of every IPv4 cluster IP's ports in `state` ([`of_service`]).
 #[must_use]
 pub fn desired(state: &ProxyState) -> Entries {
+    state
+        .services
+        .values()
+        .flat_map(|service| of_service(service))
+        .collect()
+}
+
+/// The entries of `service`'s IPv4 cluster IPs: per port, a header with the endpoint count,
+/// then one slot per endpoint the port's traffic policy sends cluster-IP traffic to.
+#[must_use]
+pub fn of_service(service: &Service) -> Entries {
     let mut entries = Entries::new();
-    for service in state.services.values() {
-        for port in &service.ports {
-            let plan = PortPlan::new(service, port, IpFamily::V4);
-            let endpoints: Vec<SocketAddrV4> = if plan.internal_policy_local {
-                &plan.local_endpoints
-            } else {
-                &plan.cluster_endpoints
-            }
-            .iter()
-            .filter_map(|endpoint| match endpoint.ip {
-                IpAddr::V4(ip) => Some(SocketAddrV4::new(ip, endpoint.port)),
-                IpAddr::V6(_) => None,
-            })
-            .collect();
-            for address in &plan.cluster_ips {
-                let IpAddr::V4(address) = *address else {
-                    continue;
-                };
-                let header = SlotKey {
-                    address,
-                    port: port.port,
-                    protocol: port.protocol,
-                    slot: 0,
-                };
-                let count = u32::try_from(endpoints.len()).unwrap_or(u32::MAX);
-                let drop = count == 0 && plan.has_endpoints;
-                entries.insert(header, SlotValue::Header { count, drop });
-                for (slot, endpoint) in (1..=count).zip(&endpoints) {
-                    entries.insert(header.with_slot(slot), SlotValue::Endpoint(*endpoint));
-                }
+    for port in &service.ports {
+        let plan = PortPlan::new(service, port, IpFamily::V4);
+        let endpoints: Vec<SocketAddrV4> = if plan.internal_policy_local {
+            &plan.local_endpoints
+        } else {
+            &plan.cluster_endpoints
+        }
+        .iter()
+        .filter_map(|endpoint| match endpoint.ip {
+            IpAddr::V4(ip) => Some(SocketAddrV4::new(ip, endpoint.port)),
+            IpAddr::V6(_) => None,
+        })
+        .collect();
+        for address in &plan.cluster_ips {
+            let IpAddr::V4(address) = *address else {
+                continue;
+            };
+            let header = SlotKey {
+                address,
+                port: port.port,
+                protocol: port.protocol,
+                slot: 0,
+            };
+            let count = u32::try_from(endpoints.len()).unwrap_or(u32::MAX);
+            let drop = count == 0 && plan.has_endpoints;
+            entries.insert(header, SlotValue::Header { count, drop });
+            for (slot, endpoint) in (1..=count).zip(&endpoints) {
+                entries.insert(header.with_slot(slot), SlotValue::Endpoint(*endpoint));
             }
         }
     }

@@ -208,16 +208,17 @@ impl Attached {
             .try_for_each(|key| remove(&mut self.services, key))
     }
 
-    /// Writes `writes` in order, after checking that `desired`, their outcome, fits the map.
+    /// Writes `writes` in order, after checking that the `needed` entries they leave fit the
+    /// map.
     ///
     /// # Errors
     ///
     /// Returns an error when the entries would not fit (nothing is written then) or the map
     /// refuses a write (the earlier ones stay: each leaves a consistent map).
-    pub fn write(&mut self, desired: &Entries, writes: &[Write]) -> Result<(), Error> {
-        if desired.len() > self.capacity {
+    pub fn write(&mut self, needed: usize, writes: &[Write]) -> Result<(), Error> {
+        if needed > self.capacity {
             return Err(Error::Full {
-                needed: desired.len(),
+                needed,
                 capacity: self.capacity,
             });
         }
