@@ -188,14 +188,9 @@ pub async fn run_agent(cli: Cli, settings: Settings, node_name: String) -> anyho
         node_port_selection,
         bind_address: settings.bind_address,
     };
-    let ebpf = ebpf::Config {
+    let ebpf = EbpfFlags {
         bpf_root: cli.bpf_root,
-        cgroup: match cli.cgroup_root {
-            Some(folder) => folder,
-            None => ebpf::kernel::cgroup2_mount()?.ok_or_else(|| {
-                anyhow::anyhow!("no cgroup v2 hierarchy is mounted: set --cgroup-root")
-            })?,
-        },
+        cgroup_root: cli.cgroup_root,
     };
     let span = tracing::info_span!("agent", node = %config.client.node_name);
     let agent = run(config, settings.mode, iptables, ipvs, ebpf).instrument(span);
@@ -209,12 +204,34 @@ pub async fn run_agent(cli: Cli, settings: Settings, node_name: String) -> anyho
     }
 }
 
+/// The ebpf mode's flags; every mode removes that mode's pins under `bpf_root`.
+struct EbpfFlags {
+    bpf_root: std::path::PathBuf,
+    cgroup_root: Option<std::path::PathBuf>,
+}
+
+impl EbpfFlags {
+    /// The ebpf mode's configuration: the cgroup given, or the cgroup v2 hierarchy's mount point.
+    fn config(self) -> anyhow::Result<ebpf::Config> {
+        let cgroup = match self.cgroup_root {
+            Some(folder) => folder,
+            None => ebpf::kernel::cgroup2_mount()?.ok_or_else(|| {
+                anyhow::anyhow!("no cgroup v2 hierarchy is mounted: set --cgroup-root")
+            })?,
+        };
+        Ok(ebpf::Config {
+            bpf_root: self.bpf_root,
+            cgroup,
+        })
+    }
+}
+
 async fn run(
     config: Config,
     mode: ProxyMode,
     iptables: iptables::Config,
     ipvs: ipvs::Config,
-    ebpf: ebpf::Config,
+    ebpf: EbpfFlags,
 ) -> anyhow::Result<()> {
     let iptables_backend = IptablesBackend::detect(&iptables).await;
     // The other modes' rules go once this mode's are in: a node switching modes whose
@@ -242,7 +259,10 @@ async fn run(
             };
             run_until_interrupted(config, NftablesBackend::new(config_nft), old_modes).await
         }
-        ProxyMode::Ebpf => run_until_interrupted(config, EbpfBackend::new(ebpf), old_modes).await,
+        ProxyMode::Ebpf => {
+            let dataplane = EbpfBackend::new(ebpf.config()?);
+            run_until_interrupted(config, dataplane, old_modes).await
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 use crate::{
     HitReport,
     addresses::{self, CONTROL_PLANE, EXTERNAL_CLIENT},
+    bpffs::BpfFs,
     controller_metric, eventually, hit,
     lab::{HasNamespace, Host, Lab, Node, Pod, Process},
     pki::{self, ControllerTls},
@@ -245,6 +246,34 @@ impl DemoCluster {
         self.lab.kill(&old)?;
         self.agents[index] = self.start_agent(index, extra)?;
         Ok(())
+    }
+
+    /// Restarts the agent on the node at `index` in ebpf mode: the node gets a lab cgroup (its
+    /// processes and its pods' start there, [`Lab::node_cgroup`]) for the programs and a BPF
+    /// filesystem for the pins, which the returned guard unmounts. Returns the guard and the
+    /// agent flags, for later restarts.
+    ///
+    /// # Errors
+    ///
+    /// If the cgroup or the filesystem cannot be made, or the agent cannot be restarted.
+    pub fn switch_to_ebpf(&mut self, index: usize) -> Result<(BpfFs, Vec<String>)> {
+        let node = self.nodes.get(index).context("no such node")?.clone();
+        let cgroup = self.lab.node_cgroup(&node)?;
+        let bpffs = BpfFs::mount()?;
+        let flags: Vec<String> = [
+            "--proxy-mode",
+            "ebpf",
+            "--bpf-root",
+            &bpffs.path().to_string_lossy(),
+            "--cgroup-root",
+            &cgroup.to_string_lossy(),
+        ]
+        .iter()
+        .map(|flag| (*flag).to_owned())
+        .collect();
+        let words: Vec<&str> = flags.iter().map(String::as_str).collect();
+        self.restart_agent(index, &words)?;
+        Ok((bpffs, flags))
     }
 
     /// The controller's and agents' logs, for failure messages.

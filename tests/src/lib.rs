@@ -4,6 +4,7 @@
 //! The lab needs root (it creates network namespaces); everything it creates stays inside them.
 
 pub mod addresses;
+pub mod bpffs;
 pub mod control_plane;
 pub mod corpus;
 pub mod demo_cluster;

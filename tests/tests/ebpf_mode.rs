@@ -10,65 +10,20 @@
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::demo_cluster::{CONVERGE, DemoCluster};
 use splitproxy_e2e::{eventually, hit};
-use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// Requests per check: with two ready endpoints picked at random, the chance that one of them gets
 /// none of 60 requests is 2 × 2⁻⁶⁰.
 const REQUESTS: u32 = 60;
 
-/// A BPF filesystem for node-1's pins, mounted in the test's own mount namespace: one the agent
-/// mounted would live in the mount namespace `ip netns exec` gives it and go with the agent, as
-/// one mounted inside a container would. Unmounted (which drops every pin) when dropped.
-struct BpfRoot(tempfile::TempDir);
-
-impl BpfRoot {
-    fn new() -> Result<Self> {
-        let folder = tempfile::Builder::new()
-            .prefix("splitproxy-bpffs-")
-            .tempdir()
-            .context("creating the BPF filesystem's folder")?;
-        let status = Command::new("mount")
-            .args(["-t", "bpf", "bpffs"])
-            .arg(folder.path())
-            .status()
-            .context("running mount")?;
-        ensure!(status.success(), "cannot mount a BPF filesystem");
-        Ok(Self(folder))
-    }
-
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-impl Drop for BpfRoot {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.path()).status();
-    }
-}
-
 #[test]
 fn the_agent_in_ebpf_mode_serves_cluster_ips_from_pods_and_the_node_through_changes_and_restarts()
 -> Result<()> {
-    let bpf_root = BpfRoot::new()?;
     let mut cluster = DemoCluster::start("ebpf")?;
     let node = cluster.nodes[0].clone();
     let client = cluster.clients[0].clone();
-    let cgroup: PathBuf = cluster.lab.node_cgroup(&node)?;
-    let (bpf, cgroup) = (
-        bpf_root.path().to_string_lossy().into_owned(),
-        cgroup.to_string_lossy().into_owned(),
-    );
-    let flags = [
-        "--proxy-mode",
-        "ebpf",
-        "--bpf-root",
-        &bpf,
-        "--cgroup-root",
-        &cgroup,
-    ];
-    cluster.restart_agent(0, &flags)?;
+    // The BPF filesystem is unmounted when the test ends, and the pins with it.
+    let (_bpffs, flags) = cluster.switch_to_ebpf(0)?;
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     eventually("node-1's iptables rules are removed", CONVERGE, || {
         let nat = cluster.run(&node, "iptables-save", &["-t", "nat"])?;
         ensure!(!nat.contains("KUBE-SERVICES"), "nat still holds:\n{nat}");

@@ -1,7 +1,8 @@
 //! `splitproxy-demo`: the whole product on one machine. Builds the demo cluster in network
 //! namespaces (a controller on the manifests source, two nodes with agents in iptables mode, web
 //! pods), shows who answers the Service, the rule walk as operators know it, the node's state
-//! through grpcurl, an edit converging, and traffic surviving the controller. Needs root.
+//! through grpcurl, an edit converging, and traffic surviving the controller; with `--ebpf`, node-1
+//! switching to the ebpf mode. Needs root.
 
 use anyhow::{Context, Result};
 use splitproxy_dataplane::{Protocol, iptables::chain_names};
@@ -20,7 +21,16 @@ const REQUESTS: u32 = 40;
 const CONVERGE: Duration = Duration::from_secs(90);
 
 fn main() -> ExitCode {
-    match run() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let ebpf = match args.as_slice() {
+        [] => false,
+        [flag] if flag == "--ebpf" => true,
+        _ => {
+            eprintln!("usage: splitproxy-demo [--ebpf]");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(ebpf) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("demo failed: {err:#}");
@@ -29,7 +39,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run() -> Result<()> {
+fn run(ebpf: bool) -> Result<()> {
     heading("splitproxy demo: one controller, two node agents (iptables), real traffic");
     let started = Instant::now();
     let mut cluster = DemoCluster::start("demo")?;
@@ -107,7 +117,62 @@ fn run() -> Result<()> {
     cluster.kill_controller()?;
     let observations = cluster.check_traffic(REQUESTS)?;
     print_observations(&observations);
+    if ebpf {
+        show_ebpf(&mut cluster)?;
+    }
     println!("\nDone; removing the namespaces.");
+    Ok(())
+}
+
+/// The controller back, node-1 switched to the ebpf mode: its iptables rules gone, its pod and
+/// the node itself answered through the socket programs, the pins that outlive the agent.
+fn show_ebpf(cluster: &mut DemoCluster) -> Result<()> {
+    heading("The controller back; node-1 switches to the ebpf mode (--proxy-mode ebpf)");
+    cluster.start_controller()?;
+    let (bpffs, _) = cluster.switch_to_ebpf(0)?;
+    let node1 = cluster.nodes[0].clone();
+    eventually("node-1's iptables rules are removed", CONVERGE, || {
+        let nat = cluster.run(&node1, "iptables-save", &["-t", "nat"])?;
+        anyhow::ensure!(
+            !nat.contains("KUBE-SERVICES"),
+            "nat still holds KUBE-SERVICES"
+        );
+        Ok(())
+    })
+    .with_context(|| cluster.logs())?;
+    println!("$ curl http://127.0.0.1:10249/proxyMode");
+    println!(
+        "{}",
+        cluster.run(&node1, "curl", &["-s", "http://127.0.0.1:10249/proxyMode"])?
+    );
+    println!("$ iptables -t nat -S | grep -c KUBE-   (nothing left of the iptables mode)");
+    let nat = cluster.run(&node1, "iptables", &["-t", "nat", "-S"])?;
+    println!(
+        "{}",
+        nat.lines().filter(|line| line.contains("KUBE-")).count()
+    );
+    let ready: Vec<String> = cluster.ready_web();
+    let ready: Vec<&str> = ready.iter().map(String::as_str).collect();
+    let url = DemoCluster::cluster_ip_url();
+    let client = cluster.clients[0].clone();
+    cluster.expect_answers(&client, &url, &ready, REQUESTS)?;
+    cluster.expect_answers(&node1, &url, &ready, REQUESTS)?;
+    println!(
+        "{} on node-1 and node-1 itself: all {REQUESTS} requests to {url} answered by \
+         {ready:?}, each socket sent to its endpoint at connect() by the programs on node-1's \
+         cgroup",
+        client.name()
+    );
+    let links = bpffs.path().join("splitproxy/v1/links");
+    println!(
+        "$ ls {}   (pinned: they serve while no agent runs)",
+        links.display()
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&links)?
+        .map(|entry| entry.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<_>>()?;
+    names.sort();
+    println!("{}", names.join("\n"));
     Ok(())
 }
 
