@@ -17,6 +17,7 @@ pub mod entries;
 pub mod kernel;
 pub mod layout;
 
+use crate::full_sync::FullSyncClock;
 use crate::{Dataplane, FailedStep, IpFamily, ProxyState, SyncError, SyncReport};
 use entries::Entries;
 use kernel::Attached;
@@ -47,6 +48,9 @@ pub struct EbpfBackend {
     /// What the map holds, as of the last sync; unknown at the first sync and after a failed
     /// one, when the map is read instead.
     programmed: Option<Programmed>,
+    /// When the map was last read and reconciled whole: once an hour, as every mode's full sync,
+    /// so that entries changed behind the agent's back come back.
+    full_syncs: FullSyncClock,
 }
 
 /// The state the map holds the entries of, and how many there are.
@@ -78,12 +82,13 @@ impl EbpfBackend {
             config,
             attached: None,
             programmed: None,
+            full_syncs: FullSyncClock::default(),
         }
     }
 
     /// The change from what the map holds to `state`'s entries.
     fn change_to(&self, state: &ProxyState) -> Change {
-        let Some(programmed) = &self.programmed else {
+        let Some(programmed) = self.programmed.as_ref().filter(|_| !self.full_syncs.due()) else {
             return Change::Full(entries::desired(state));
         };
         let (mut before, mut after) = (Entries::new(), Entries::new());
@@ -137,7 +142,10 @@ impl Dataplane for EbpfBackend {
         self.attached = attached;
         let (written, change) = outcome?;
         let (full, total) = match change {
-            Change::Full(desired) => (true, desired.len()),
+            Change::Full(desired) => {
+                self.full_syncs.record();
+                (true, desired.len())
+            }
             Change::Services { total, .. } => (false, total),
         };
         self.programmed = Some(Programmed {

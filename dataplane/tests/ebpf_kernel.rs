@@ -319,6 +319,27 @@ async fn the_services_outlive_the_agent_and_a_new_agent_takes_over_its_maps() {
     second.sync(&web(&[b])).await.unwrap();
     assert_eq!(tcp_answer("10.96.0.30:80").unwrap().0, "b");
 
+    // Entries deleted behind the agent's back come back at the next full sync (the first of
+    // an agent, and hourly).
+    let pinned =
+        aya::maps::MapData::from_pin(lab.bpf_root.join("splitproxy/v1/sp_services")).unwrap();
+    let mut services: aya::maps::HashMap<_, [u8; 12], [u8; 12]> =
+        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(pinned)).unwrap();
+    let keys: Vec<[u8; 12]> = services.keys().map(Result::unwrap).collect();
+    assert_eq!(keys.len(), 2);
+    for key in &keys {
+        services.remove(key).unwrap();
+    }
+    assert_eq!(
+        TcpStream::connect("10.96.0.30:80").unwrap_err().kind(),
+        ErrorKind::NetworkUnreachable,
+        "an emptied map serves nothing"
+    );
+    let mut third = EbpfBackend::new(lab.config());
+    let report = third.sync(&web(&[b])).await.unwrap();
+    assert_eq!(report.rules_written(), vec![("services".to_owned(), 2)]);
+    assert_eq!(tcp_answer("10.96.0.30:80").unwrap().0, "b");
+
     // The kernel releases an unpinned link after a grace period: wait for the detach.
     assert!(kernel::remove_pins(&lab.bpf_root).unwrap());
     let detached = (0..100).any(|_| {
