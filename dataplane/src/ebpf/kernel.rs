@@ -67,13 +67,15 @@ pub enum Error {
         /// The kernel's error and the verifier's last line.
         reason: String,
     },
-    /// A program could not be attached or its link pinned.
-    #[error("could not attach the eBPF program {program}: {reason}")]
+    /// A program could not be loaded for a reason other than the kernel's refusal, attached
+    /// or its link pinned.
+    #[error("could not attach the eBPF program {program}")]
     Attach {
         /// The program.
         program: &'static str,
-        /// What failed.
-        reason: String,
+        /// What failed (aya's error names the system call, its source the kernel's answer).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A file of the pins could not be read, written or removed.
     #[error("{path}: {source}")]
@@ -138,29 +140,38 @@ impl Attached {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |since| since.as_nanos());
         for program in PROGRAMS {
-            let attach = |reason: String| Error::Attach { program, reason };
+            let attach = |source: Box<dyn std::error::Error + Send + Sync>| Error::Attach {
+                program,
+                source,
+            };
             let loaded: &mut CgroupSockAddr = ebpf
                 .program_mut(program)
-                .ok_or_else(|| attach("missing from the embedded object".to_owned()))?
+                .ok_or_else(|| attach("missing from the embedded object".into()))?
                 .try_into()
-                .map_err(|err: ProgramError| attach(err.to_string()))?;
-            loaded.load().map_err(|err| Error::Refused {
-                program,
-                reason: refusal(&err),
+                .map_err(|err: ProgramError| attach(err.into()))?;
+            loaded.load().map_err(|err| match err {
+                ProgramError::LoadError {
+                    io_error,
+                    verifier_log,
+                } => Error::Refused {
+                    program,
+                    reason: refusal(&io_error, &verifier_log.to_string()),
+                },
+                other => attach(other.into()),
             })?;
             // A link is never exclusive: attached with no flags, it runs beside other links
             // (an earlier agent's) and programs attached without one.
             let id = loaded
                 .attach(&cgroup_folder, CgroupAttachMode::Single)
-                .map_err(|err| attach(chain(&err)))?;
+                .map_err(|err| attach(err.into()))?;
             let link: FdLink = loaded
                 .take_link(id)
-                .map_err(|err| attach(chain(&err)))?
+                .map_err(|err| attach(err.into()))?
                 .try_into()
-                .map_err(|err: aya::programs::links::LinkError| attach(chain(&err)))?;
+                .map_err(|err: aya::programs::links::LinkError| attach(err.into()))?;
             let name = format!("{program}-{stamp}");
             link.pin(links.join(&name))
-                .map_err(|err| attach(chain(&err)))?;
+                .map_err(|err| attach(err.into()))?;
             unpin_other_links(&links, program, &name)?;
         }
         remove_other_versions(&pins)?;
@@ -279,33 +290,15 @@ pub fn remove_pins(bpf_root: &Path) -> Result<bool, Error> {
 
 /// The kernel's reason for refusing a program: its error and the verifier's last line, which
 /// names what the kernel lacks (a helper, a program type), rather than the whole log.
-fn refusal(err: &ProgramError) -> String {
-    match err {
-        ProgramError::LoadError {
-            io_error,
-            verifier_log,
-        } => {
-            let log = verifier_log.to_string();
-            match log.lines().rev().find(|line| !line.trim().is_empty()) {
-                Some(last) => format!("{io_error}; the verifier said: {}", last.trim()),
-                None => io_error.to_string(),
-            }
-        }
-        other => chain(other),
+fn refusal(io_error: &std::io::Error, verifier_log: &str) -> String {
+    match verifier_log
+        .lines()
+        .rev()
+        .find(|line| !line.trim().is_empty())
+    {
+        Some(last) => format!("{io_error}; the verifier said: {}", last.trim()),
+        None => io_error.to_string(),
     }
-}
-
-/// `err` and its sources, as one line: aya's errors name the system call, their sources the
-/// kernel's answer.
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Unpins `program`'s links other than `keep` (an earlier agent's): each detaches once unpinned.
