@@ -9,9 +9,10 @@
 //! * [`kernel`]: the programs and maps, pinned so they outlive the agent, and the map's
 //!   reads and writes.
 //!
-//! This first part serves cluster IPs over IPv4 to clients on the node (pods and host
-//! processes), with both traffic policies' endpoint choice; `docs/features.md` lists what the
-//! mode does not do yet.
+//! This first part serves IPv4 Services to clients on the node (pods and host processes): cluster
+//! IPs with both traffic policies' endpoint choice, and node ports, external IPs and
+//! load-balancer IPs as upstream serves the node's own traffic to them; `docs/features.md` lists
+//! what the mode does not do yet.
 
 pub mod entries;
 pub mod kernel;
@@ -19,8 +20,9 @@ pub mod layout;
 
 use crate::full_sync::FullSyncClock;
 use crate::{Dataplane, FailedStep, IpFamily, ProxyState, SyncError, SyncReport};
-use entries::Entries;
+use entries::{Claims, Entries, Frontend};
 use kernel::Attached;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
 /// How the eBPF mode is configured.
@@ -31,6 +33,10 @@ pub struct Config {
     /// The cgroup v2 folder the programs attach to: the hierarchy's root serves every process
     /// on the node.
     pub cgroup: PathBuf,
+    /// The addresses taking node ports
+    /// ([`NodeOptions::node_port_addresses`](crate::node_options::NodeOptions::node_port_addresses));
+    /// `None` for every address of the node's interfaces, listed at each sync.
+    pub node_port_addresses: Option<Vec<IpAddr>>,
 }
 
 impl SyncError for kernel::Error {
@@ -53,20 +59,22 @@ pub struct EbpfBackend {
     full_syncs: FullSyncClock,
 }
 
-/// The state the map holds the entries of, and how many there are.
+/// The state the map holds the entries of, how many there are, who claims each header, and the
+/// addresses node ports were written on.
 #[derive(Debug)]
 struct Programmed {
     state: ProxyState,
     entries: usize,
+    claims: Claims,
+    node_ports: Vec<Ipv4Addr>,
 }
 
 /// What one sync changes in the map.
 enum Change {
     /// Everything: the map is read and made to hold these entries.
     Full(Entries),
-    /// Only changed Services: their entries before and after, and the map's size after.
-    /// Cluster IPs are each one Service's (the API server allocates them), so no two Services'
-    /// entries share a key.
+    /// Only changed Services, none sharing a key with another Service: their entries before and
+    /// after, and the map's size after.
     Services {
         before: Entries,
         after: Entries,
@@ -86,26 +94,44 @@ impl EbpfBackend {
         }
     }
 
-    /// The change from what the map holds to `state`'s entries.
-    fn change_to(&self, state: &ProxyState) -> Change {
-        let Some(programmed) = self.programmed.as_ref().filter(|_| !self.full_syncs.due()) else {
-            return Change::Full(entries::desired(state));
+    /// The change from what the map holds to `state`'s entries with node ports on
+    /// `node_ports`, and who claims each header after it. A change of node addresses, a clash
+    /// between Services' keys and the hourly full sync change everything.
+    fn change_to(&mut self, state: &ProxyState, node_ports: &[Ipv4Addr]) -> (Change, Claims) {
+        let full = |state: &ProxyState| {
+            let desired = entries::desired(state, node_ports);
+            (Change::Full(desired.entries), desired.claims)
         };
-        let (mut before, mut after) = (Entries::new(), Entries::new());
+        let Some(mut programmed) = self
+            .programmed
+            .take()
+            .filter(|programmed| !self.full_syncs.due() && programmed.node_ports == node_ports)
+        else {
+            return full(state);
+        };
+        let (mut before, mut after) = (Vec::new(), Vec::new());
         for key in state.changed_services(&programmed.state) {
             if let Some(service) = programmed.state.services.get(key) {
-                before.extend(entries::of_service(service));
+                before.extend(entries::frontends(service, node_ports));
             }
             if let Some(service) = state.services.get(key) {
-                after.extend(entries::of_service(service));
+                after.extend(entries::frontends(service, node_ports));
             }
         }
+        if !entries::reclaim(&mut programmed.claims, &before, &after) {
+            return full(state);
+        }
+        let collect = |frontends: &[Frontend]| -> Entries {
+            frontends.iter().flat_map(Frontend::entries).collect()
+        };
+        let (before, after) = (collect(&before), collect(&after));
         let total = programmed.entries.saturating_sub(before.len()) + after.len();
-        Change::Services {
+        let change = Change::Services {
             before,
             after,
             total,
-        }
+        };
+        (change, programmed.claims)
     }
 }
 
@@ -119,10 +145,14 @@ impl Dataplane for EbpfBackend {
         "ebpf"
     }
 
+    fn set_node_port_addresses(&mut self, addresses: Option<Vec<IpAddr>>) {
+        self.config.node_port_addresses = addresses;
+    }
+
     async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport, kernel::Error> {
-        let change = self.change_to(state);
+        let node_ports = kernel::node_port_addresses(self.config.node_port_addresses.as_deref())?;
+        let (change, claims) = self.change_to(state, &node_ports);
         let attached = self.attached.take();
-        self.programmed = None;
         let config = self.config.clone();
         // Map writes are system calls of a few microseconds each, tens of thousands on a big
         // cluster's first sync: off the runtime's threads.
@@ -151,6 +181,8 @@ impl Dataplane for EbpfBackend {
         self.programmed = Some(Programmed {
             state: state.clone(),
             entries: total,
+            claims,
+            node_ports,
         });
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Ok(SyncReport::for_family(

@@ -16,6 +16,7 @@ pub mod local_traffic;
 pub mod model;
 pub mod nftables;
 pub mod node_options;
+mod node_port_addresses;
 pub(crate) mod port_plan;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

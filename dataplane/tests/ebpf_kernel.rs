@@ -59,6 +59,7 @@ impl Lab {
         Config {
             bpf_root: self.bpf_root.clone(),
             cgroup: self.cgroup.clone(),
+            node_port_addresses: None,
         }
     }
 
@@ -248,6 +249,56 @@ async fn udp_datagrams_to_a_cluster_ip_are_answered_from_the_service_address() {
     connected.send(b"q").unwrap();
     let length = connected.recv(&mut buffer).unwrap();
     assert_eq!(&buffer[..length], b"dns");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn node_ports_on_the_nodes_addresses_and_external_ips_reach_the_endpoints() {
+    let lab = Lab::new("nodeport");
+    // The node's address, on an interface of its own: node ports are taken on every address
+    // the interfaces have (no `--nodeport-addresses`), loopback aside.
+    run(
+        "ip",
+        &[
+            "link",
+            "add",
+            "node0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "node0-peer",
+        ],
+    );
+    run("ip", &["address", "add", "10.99.0.1/32", "dev", "node0"]);
+    run("ip", &["link", "set", "node0", "up"]);
+    let endpoint = tcp_endpoint("web");
+    let mut web = service("web", "10.96.0.40", Protocol::Tcp, &[endpoint]);
+    web.ports[0].node_port = Some(30080);
+    web.external_ips = vec!["192.168.99.1".parse().unwrap()];
+    assert_eq!(
+        TcpStream::connect("10.99.0.1:30080").unwrap_err().kind(),
+        ErrorKind::ConnectionRefused,
+        "without the programs nothing listens on the node port"
+    );
+    let mut backend = EbpfBackend::new(lab.config());
+    let report = backend.sync(&state(vec![web.clone()])).await.unwrap();
+    assert_eq!(report.rules_total(), vec![("services".to_owned(), 6)]);
+    for address in ["10.99.0.1:30080", "192.168.99.1:80", "10.96.0.40:80"] {
+        let (answer, peer) = tcp_answer(address).unwrap();
+        assert_eq!(answer, "web", "{address}");
+        assert_eq!(peer, address.parse().unwrap(), "{address} reads as itself");
+    }
+    assert_eq!(
+        TcpStream::connect("127.0.0.1:30080").unwrap_err().kind(),
+        ErrorKind::ConnectionRefused,
+        "loopback takes no node port: a pod's own loopback stays its own"
+    );
+
+    // The node gains an address: the next sync writes the node port there too.
+    run("ip", &["address", "add", "10.99.0.2/32", "dev", "node0"]);
+    let report = backend.sync(&state(vec![web])).await.unwrap();
+    assert!(report.full, "new node addresses rewrite every node port");
+    assert_eq!(tcp_answer("10.99.0.2:30080").unwrap().0, "web");
 }
 
 #[tokio::test(flavor = "current_thread")]

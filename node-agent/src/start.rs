@@ -191,6 +191,7 @@ pub async fn run_agent(cli: Cli, settings: Settings, node_name: String) -> anyho
     let ebpf = EbpfFlags {
         bpf_root: cli.bpf_root,
         cgroup_root: cli.cgroup_root,
+        node_port_addresses: config.node_port_addresses.clone(),
     };
     let span = tracing::info_span!("agent", node = %config.client.node_name);
     let agent = run(config, settings.mode, iptables, ipvs, ebpf).instrument(span);
@@ -208,6 +209,7 @@ pub async fn run_agent(cli: Cli, settings: Settings, node_name: String) -> anyho
 struct EbpfFlags {
     bpf_root: std::path::PathBuf,
     cgroup_root: Option<std::path::PathBuf>,
+    node_port_addresses: Option<Vec<IpAddr>>,
 }
 
 impl EbpfFlags {
@@ -222,6 +224,7 @@ impl EbpfFlags {
         Ok(ebpf::Config {
             bpf_root: self.bpf_root,
             cgroup,
+            node_port_addresses: self.node_port_addresses,
         })
     }
 }

@@ -1,7 +1,7 @@
 //! The agent in ebpf mode (`--proxy-mode ebpf`) on the demo cluster: controller → gRPC → agent →
 //! map writes → socket programs on node-1's cgroup → real connections from a pod and from the
 //! node. node-1 starts in iptables mode, as a node switching modes does; its agent then removes
-//! the iptables rules, so only the programs can send cluster-IP traffic anywhere. Needs root and
+//! the iptables rules, so only the programs can send cluster-IP and its node-port traffic anywhere. Needs root and
 //! a cgroup v2 hierarchy; `scripts/test.sh` builds the binaries first.
 //!
 //! Addresses: see `splitproxy_e2e::addresses`; the web Service is 10.96.0.10:80, web-a on node-1
@@ -16,7 +16,7 @@ use splitproxy_e2e::{eventually, hit};
 const REQUESTS: u32 = 60;
 
 #[test]
-fn the_agent_in_ebpf_mode_serves_cluster_ips_from_pods_and_the_node_through_changes_and_restarts()
+fn the_agent_in_ebpf_mode_serves_cluster_ips_and_node_ports_from_pods_and_the_node_through_changes_and_restarts()
 -> Result<()> {
     let mut cluster = DemoCluster::start("ebpf")?;
     let node = cluster.nodes[0].clone();
@@ -33,6 +33,14 @@ fn the_agent_in_ebpf_mode_serves_cluster_ips_from_pods_and_the_node_through_chan
     let url = DemoCluster::cluster_ip_url();
     cluster.expect_answers(&client, &url, &["web-a", "web-c"], REQUESTS)?;
     cluster.expect_answers(&node, &url, &["web-a", "web-c"], REQUESTS)?;
+    // The node port on node-1's own address (its primary IP, ebpf mode's default), from a pod
+    // and from the node; node-2's, which the programs leave alone, is node-2's iptables rules'.
+    for target in [&node, &cluster.nodes[1]] {
+        let node_port = DemoCluster::node_port_url(target);
+        cluster.expect_answers(&client, &node_port, &["web-a", "web-c"], REQUESTS)?;
+    }
+    let node_port = DemoCluster::node_port_url(&node);
+    cluster.expect_answers(&node, &node_port, &["web-a", "web-c"], REQUESTS)?;
 
     cluster.set_web(&[("web-a", true), ("web-b", true), ("web-c", true)])?;
     cluster.expect_answers(&client, &url, &["web-a", "web-b", "web-c"], REQUESTS)?;

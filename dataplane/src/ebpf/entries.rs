@@ -4,11 +4,14 @@
 use super::layout::{SlotKey, SlotValue};
 use crate::port_plan::PortPlan;
 use crate::{IpFamily, ProxyState, Service};
-use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddrV4};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 
 /// Map entries by key.
 pub type Entries = BTreeMap<SlotKey, SlotValue>;
+
+/// How many Services claim each header key ([`Frontend::header`]).
+pub type Claims = HashMap<SlotKey, u32>;
 
 /// One write to the services map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,53 +22,169 @@ pub enum Write {
     Delete(SlotKey),
 }
 
-/// The entries of every IPv4 cluster IP's ports in `state` ([`of_service`]).
-#[must_use]
-pub fn desired(state: &ProxyState) -> Entries {
-    state
-        .services
-        .values()
-        .flat_map(|service| of_service(service))
-        .collect()
+/// One Service port at one address connections are aimed at: its header, then one slot per
+/// endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frontend {
+    /// The header's key (slot 0).
+    pub header: SlotKey,
+    /// Whether the address is a cluster IP: those win a key two Services claim.
+    pub cluster_ip: bool,
+    /// The endpoints, in slot order.
+    endpoints: Vec<SocketAddrV4>,
+    /// With no endpoints: drop rather than refuse.
+    drop: bool,
 }
 
-/// The entries of `service`'s IPv4 cluster IPs: per port, a header with the endpoint count,
-/// then one slot per endpoint the port's traffic policy sends cluster-IP traffic to.
+impl Frontend {
+    /// The header and slot entries.
+    pub fn entries(&self) -> impl Iterator<Item = (SlotKey, SlotValue)> + '_ {
+        let count = u32::try_from(self.endpoints.len()).unwrap_or(u32::MAX);
+        let header = SlotValue::Header {
+            count,
+            drop: self.drop && count == 0,
+        };
+        std::iter::once((self.header, header)).chain(
+            (1..=count).zip(&self.endpoints).map(|(slot, endpoint)| {
+                (self.header.with_slot(slot), SlotValue::Endpoint(*endpoint))
+            }),
+        )
+    }
+}
+
+/// What the map should hold for a state, and who claims each header.
+#[derive(Debug, Default)]
+pub struct Desired {
+    /// The entries.
+    pub entries: Entries,
+    /// The Services claiming each header, clashes included.
+    pub claims: Claims,
+}
+
+/// The entries of every Service in `state` ([`frontends`]), with node ports on `node_ports`.
+/// Where two Services claim one key (an external or load-balancer IP naming another's cluster
+/// IP or external IP), the cluster IP's Service takes it, else the first in name order:
+/// upstream's rules for both sit in one chain in map order, so which one serves is chance there,
+/// and a cluster IP taken over by another tenant's external IP is CVE-2020-8554.
 #[must_use]
-pub fn of_service(service: &Service) -> Entries {
-    let mut entries = Entries::new();
-    for port in &service.ports {
-        let plan = PortPlan::new(service, port, IpFamily::V4);
-        let endpoints: Vec<SocketAddrV4> = if plan.internal_policy_local {
-            &plan.local_endpoints
-        } else {
-            &plan.cluster_endpoints
-        }
-        .iter()
-        .filter_map(|endpoint| match endpoint.ip {
-            IpAddr::V4(ip) => Some(SocketAddrV4::new(ip, endpoint.port)),
-            IpAddr::V6(_) => None,
-        })
+pub fn desired(state: &ProxyState, node_ports: &[Ipv4Addr]) -> Desired {
+    let mut frontends: Vec<Frontend> = state
+        .services
+        .values()
+        .flat_map(|service| frontends(service, node_ports))
         .collect();
-        for address in &plan.cluster_ips {
-            let IpAddr::V4(address) = *address else {
-                continue;
-            };
-            let header = SlotKey {
-                address,
-                port: port.port,
-                protocol: port.protocol,
-                slot: 0,
-            };
-            let count = u32::try_from(endpoints.len()).unwrap_or(u32::MAX);
-            let drop = count == 0 && plan.has_endpoints;
-            entries.insert(header, SlotValue::Header { count, drop });
-            for (slot, endpoint) in (1..=count).zip(&endpoints) {
-                entries.insert(header.with_slot(slot), SlotValue::Endpoint(*endpoint));
+    frontends.sort_by_key(|frontend| !frontend.cluster_ip);
+    let mut desired = Desired::default();
+    for frontend in &frontends {
+        let claims = desired.claims.entry(frontend.header).or_default();
+        *claims += 1;
+        if *claims == 1 {
+            desired.entries.extend(frontend.entries());
+        }
+    }
+    desired
+}
+
+/// Moves `claims` from the frontends of Services as they were (`before`) to the same Services'
+/// now (`after`). Returns whether every key either side names had at most one claim both before
+/// and after: only then are `before`'s entries exactly what the map holds for them, and
+/// writing `after`'s over them exact.
+pub fn reclaim(claims: &mut Claims, before: &[Frontend], after: &[Frontend]) -> bool {
+    let sole = |claims: &Claims, frontends: &[Frontend]| {
+        frontends
+            .iter()
+            .all(|frontend| claims.get(&frontend.header).is_none_or(|n| *n <= 1))
+    };
+    let sole_before = sole(claims, before);
+    for frontend in before {
+        if let Some(n) = claims.get_mut(&frontend.header) {
+            *n -= 1;
+            if *n == 0 {
+                claims.remove(&frontend.header);
             }
         }
     }
-    entries
+    for frontend in after {
+        *claims.entry(frontend.header).or_default() += 1;
+    }
+    sole_before && sole(claims, after)
+}
+
+/// The frontends of `service`'s IPv4 addresses, per port: each cluster IP with the endpoints its
+/// internal traffic policy sends traffic to; the node port on each of `node_ports`, each
+/// external IP and each load-balancer IP without source ranges with every endpoint, as
+/// upstream sends the node's own traffic to those (its short-circuit under
+/// `externalTrafficPolicy: Local`). A load-balancer IP with source ranges is left to the
+/// network: the socket layer does not know yet which source a connection will have. A key the
+/// Service names twice (an external IP that is also its load-balancer IP) is its first frontend's.
+#[must_use]
+pub fn frontends(service: &Service, node_ports: &[Ipv4Addr]) -> Vec<Frontend> {
+    let mut frontends: Vec<Frontend> = Vec::new();
+    let mut headers = HashSet::new();
+    for port in &service.ports {
+        let plan = PortPlan::new(service, port, IpFamily::V4);
+        let ipv4 = |endpoints: &[&crate::Endpoint]| -> Vec<SocketAddrV4> {
+            endpoints
+                .iter()
+                .filter_map(|endpoint| match endpoint.ip {
+                    IpAddr::V4(ip) => Some(SocketAddrV4::new(ip, endpoint.port)),
+                    IpAddr::V6(_) => None,
+                })
+                .collect()
+        };
+        let internal = ipv4(if plan.internal_policy_local {
+            &plan.local_endpoints
+        } else {
+            &plan.cluster_endpoints
+        });
+        let external = ipv4(&plan.cluster_endpoints);
+        let at = |address: &IpAddr, port_number: u16| match address {
+            IpAddr::V4(address) => Some(SlotKey {
+                address: *address,
+                port: port_number,
+                protocol: port.protocol,
+                slot: 0,
+            }),
+            IpAddr::V6(_) => None,
+        };
+        let cluster_ips = plan.cluster_ips.iter().filter_map(|ip| at(ip, port.port));
+        let node_ports = port
+            .node_port
+            .into_iter()
+            .flat_map(|node_port| {
+                node_ports
+                    .iter()
+                    .map(move |ip| (IpAddr::V4(*ip), node_port))
+            })
+            .filter_map(|(ip, node_port)| at(&ip, node_port));
+        let balancers = if plan.source_ranges.is_empty() {
+            plan.load_balancer_ips.as_slice()
+        } else {
+            &[]
+        };
+        let outside = plan
+            .external_ips
+            .iter()
+            .chain(balancers)
+            .filter_map(|ip| at(ip, port.port));
+        let keyed = cluster_ips.map(|header| (header, true, &internal)).chain(
+            node_ports
+                .chain(outside)
+                .map(|header| (header, false, &external)),
+        );
+        for (header, cluster_ip, endpoints) in keyed {
+            if !headers.insert(header) {
+                continue;
+            }
+            frontends.push(Frontend {
+                header,
+                cluster_ip,
+                endpoints: endpoints.clone(),
+                drop: plan.has_endpoints,
+            });
+        }
+    }
+    frontends
 }
 
 /// The writes that take the map from `current` to `desired`, ordered so that a program reading

@@ -17,6 +17,7 @@ use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError};
 use aya::{EbpfError, EbpfLoader};
 use nix::sys::statfs::{BPF_FS_MAGIC, CGROUP2_SUPER_MAGIC, statfs};
 use std::fs::{self, File};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -89,6 +90,9 @@ pub enum Error {
     /// The services map refused a read or a write.
     #[error("the services map: {0}")]
     Map(#[source] MapError),
+    /// The node's addresses could not be listed.
+    #[error("cannot list the node's addresses for its node ports: {0}")]
+    NodeAddresses(#[source] std::io::Error),
     /// More entries than the services map holds.
     #[error(
         "the Services need {needed} entries of the services map, which holds {capacity}: their \
@@ -255,6 +259,34 @@ fn remove(
         Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
         Err(err) => Err(Error::Map(err)),
     }
+}
+
+/// The IPv4 addresses taking node ports under `selection`
+/// ([`Config::node_port_addresses`](super::Config::node_port_addresses)), the node's interfaces
+/// listed only when the selection needs them. Never loopback ones: a pod's own loopback
+/// connections go through the same programs, and must stay its own (upstream's nftables mode
+/// has no localhost node ports either).
+///
+/// # Errors
+///
+/// Returns an error when the interfaces cannot be listed.
+pub fn node_port_addresses(selection: Option<&[IpAddr]>) -> Result<Vec<Ipv4Addr>, Error> {
+    let interfaces = if crate::node_port_addresses::needs_interfaces(selection) {
+        if_addrs::get_if_addrs().map_err(Error::NodeAddresses)?
+    } else {
+        Vec::new()
+    };
+    let mut addresses: Vec<Ipv4Addr> =
+        crate::node_port_addresses::select(selection, &interfaces, "")
+            .into_iter()
+            .filter_map(|ip| match ip {
+                IpAddr::V4(ip) if !ip.is_loopback() => Some(ip),
+                _ => None,
+            })
+            .collect();
+    addresses.sort_unstable();
+    addresses.dedup();
+    Ok(addresses)
 }
 
 /// Where the cgroup v2 hierarchy is mounted, as this process's mount table says (`None`: it is

@@ -143,29 +143,11 @@ impl IpvsBackend {
             .filter(|interface| interface.name != INTERFACE)
             .map(if_addrs::Interface::ip)
             .collect();
-        // Every local address (of one family: `Some(ipv4)`); a family's unspecified address in
-        // the selection stands for all of the family's.
-        let every = |ipv4: Option<bool>| -> Vec<IpAddr> {
-            interfaces
-                .iter()
-                .filter(|interface| interface.name != INTERFACE && !interface.is_loopback())
-                .map(if_addrs::Interface::ip)
-                .filter(|ip| !is_link_local_v6(ip) && ipv4.is_none_or(|v4| ip.is_ipv4() == v4))
-                .collect()
-        };
-        let node_ports = match &self.config.node_port_addresses {
-            Some(addresses) => addresses
-                .iter()
-                .flat_map(|ip| {
-                    if ip.is_unspecified() {
-                        every(Some(ip.is_ipv4()))
-                    } else {
-                        vec![*ip]
-                    }
-                })
-                .collect(),
-            None => every(None),
-        };
+        let node_ports = crate::node_port_addresses::select(
+            self.config.node_port_addresses.as_deref(),
+            &interfaces,
+            INTERFACE,
+        );
         Ok(NodeAddresses { local, node_ports })
     }
 
@@ -228,12 +210,6 @@ impl IpvsBackend {
             .await
             .map_err(Error::Netfilter)
     }
-}
-
-/// Whether `ip` is an IPv6 link-local address (`fe80::/10`): one per interface, never a
-/// node-port address.
-fn is_link_local_v6(ip: &IpAddr) -> bool {
-    matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
 }
 
 impl Dataplane for IpvsBackend {

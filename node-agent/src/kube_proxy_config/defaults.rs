@@ -81,12 +81,13 @@ pub fn apply(config: &mut KubeProxyConfiguration) {
 }
 
 /// The Linux platform's defaults, applied after the flags: the iptables mode, node ports on
-/// the primary IP in nftables mode, and the `ClusterCIDR` local-traffic detector.
+/// the primary IP in nftables mode (and in ebpf mode, which has no upstream default: the newer
+/// mode's), and the `ClusterCIDR` local-traffic detector.
 pub fn apply_platform(config: &mut KubeProxyConfiguration) {
     if config.mode.is_empty() {
         "iptables".clone_into(&mut config.mode);
     }
-    if config.mode == "nftables"
+    if (config.mode == "nftables" || config.mode == "ebpf")
         && config
             .node_port_addresses
             .as_ref()

@@ -373,6 +373,12 @@ fn the_ebpf_mode_is_taken_from_the_flag_and_the_file_with_iptables_sync_periods(
     )
     .expect("valid");
     assert_eq!(file.mode, ProxyMode::Ebpf);
+    // No upstream default to follow: the newer nftables mode's, node ports on the primary IP.
+    assert_eq!(file.node_port_addresses, [NodePortAddress::Primary]);
+    let chosen =
+        settings(&["--proxy-mode", "ebpf", "--nodeport-addresses", "10.0.0.0/8"]).expect("valid");
+    assert_eq!(chosen.node_port_addresses.len(), 1);
+    assert_ne!(chosen.node_port_addresses, [NodePortAddress::Primary]);
     let unknown = with_file(
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: xdp\n",
         &[],

@@ -72,6 +72,7 @@ async fn smoke(flags: Flags) -> Result<()> {
     let mut backend = EbpfBackend::new(Config {
         bpf_root: flags.bpf_root,
         cgroup: flags.cgroup,
+        node_port_addresses: None,
     });
     let report = backend.sync(&state).await.context("the first sync")?;
     println!("ok: programs attached, {:?} entries", report.rules_total());

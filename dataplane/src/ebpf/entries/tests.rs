@@ -6,7 +6,7 @@
 use super::*;
 use crate::testing::fixtures::{local, ready, service, state};
 use crate::testing::nftables::{draining, tcp};
-use crate::{Protocol, Service, ServicePort, TrafficPolicy};
+use crate::{Protocol, ProxyState, Service, ServicePort, TrafficPolicy};
 
 fn key(address: &str, port: u16, protocol: Protocol, slot: u32) -> SlotKey {
     SlotKey {
@@ -25,6 +25,11 @@ fn endpoint(address: &str) -> SlotValue {
     SlotValue::Endpoint(address.parse().unwrap())
 }
 
+/// The entries of `state` on a node without node-port addresses.
+fn entries_of(state: &ProxyState) -> Entries {
+    desired(state, &[]).entries
+}
+
 fn web(endpoints: Vec<crate::Endpoint>) -> Service {
     service(
         "ns",
@@ -36,7 +41,7 @@ fn web(endpoints: Vec<crate::Endpoint>) -> Service {
 
 #[test]
 fn a_port_gets_a_header_with_its_count_then_one_slot_per_endpoint() {
-    let entries = desired(&state(vec![web(vec![
+    let entries = entries_of(&state(vec![web(vec![
         ready("10.180.2.1", 8080),
         local("10.180.0.1", 8080),
         ready("fd00:10:180:2::1", 8080),
@@ -76,7 +81,7 @@ fn each_protocol_of_a_port_number_is_its_own_port() {
             ),
         ],
     );
-    let entries = desired(&state(vec![dns]));
+    let entries = entries_of(&state(vec![dns]));
     let udp = key("172.30.0.10", 53, Protocol::Udp, 1);
     let tcp = key("172.30.0.10", 53, Protocol::Tcp, 1);
     assert_eq!(entries.get(&udp), Some(&endpoint("10.180.2.1:53")));
@@ -85,13 +90,13 @@ fn each_protocol_of_a_port_number_is_its_own_port() {
 
 #[test]
 fn a_port_without_endpoints_refuses_and_one_whose_local_policy_finds_none_drops() {
-    let refused = desired(&state(vec![web(Vec::new())]));
+    let refused = entries_of(&state(vec![web(Vec::new())]));
     let http = key("172.30.0.41", 80, Protocol::Tcp, 0);
     assert_eq!(refused, Entries::from([(http, header(0))]));
 
     let mut local_only = web(vec![ready("10.180.2.1", 8080)]);
     local_only.internal_traffic_policy = TrafficPolicy::Local;
-    let dropped = desired(&state(vec![local_only]));
+    let dropped = entries_of(&state(vec![local_only]));
     assert_eq!(
         dropped,
         Entries::from([(
@@ -108,7 +113,7 @@ fn a_port_without_endpoints_refuses_and_one_whose_local_policy_finds_none_drops(
 fn local_internal_policy_uses_only_this_nodes_endpoints() {
     let mut local_only = web(vec![ready("10.180.2.1", 8080), local("10.180.0.1", 8080)]);
     local_only.internal_traffic_policy = TrafficPolicy::Local;
-    let entries = desired(&state(vec![local_only]));
+    let entries = entries_of(&state(vec![local_only]));
     let http = key("172.30.0.41", 80, Protocol::Tcp, 0);
     assert_eq!(entries.get(&http), Some(&header(1)));
     assert_eq!(
@@ -120,7 +125,7 @@ fn local_internal_policy_uses_only_this_nodes_endpoints() {
 #[test]
 fn terminating_endpoints_serve_only_when_none_is_ready() {
     let http = key("172.30.0.41", 80, Protocol::Tcp, 0);
-    let mixed = desired(&state(vec![web(vec![
+    let mixed = entries_of(&state(vec![web(vec![
         draining("10.180.2.1", 8080, false),
         ready("10.180.2.2", 8080),
     ])]));
@@ -130,7 +135,7 @@ fn terminating_endpoints_serve_only_when_none_is_ready() {
         Some(&endpoint("10.180.2.2:8080"))
     );
 
-    let draining_only = desired(&state(vec![web(vec![draining("10.180.2.1", 8080, false)])]));
+    let draining_only = entries_of(&state(vec![web(vec![draining("10.180.2.1", 8080, false)])]));
     assert_eq!(
         draining_only.get(&http.with_slot(1)),
         Some(&endpoint("10.180.2.1:8080"))
@@ -183,7 +188,7 @@ fn every_write_leaves_each_header_with_all_its_slots() {
     ];
     let mut current = Entries::new();
     for next in &states {
-        let target = desired(next);
+        let target = entries_of(next);
         let writes = writes(&current, &target);
         current = replay(current, &writes);
         assert_eq!(current, target);
@@ -192,6 +197,146 @@ fn every_write_leaves_each_header_with_all_its_slots() {
 
 #[test]
 fn nothing_is_written_when_nothing_changed() {
-    let entries = desired(&state(vec![web(vec![ready("10.180.2.1", 8080)])]));
+    let entries = entries_of(&state(vec![web(vec![ready("10.180.2.1", 8080)])]));
     assert_eq!(writes(&entries, &entries), Vec::new());
+}
+
+/// The node's address in the unit tests' plan.
+const NODE: &str = "192.168.0.2";
+
+fn node() -> Vec<Ipv4Addr> {
+    vec![NODE.parse().unwrap()]
+}
+
+/// `web` with node port 30080, external IP 192.168.99.1 and load-balancer IP 1.2.3.4, both
+/// traffic policies Local, one endpoint here and one elsewhere.
+fn exposed_web() -> Service {
+    let mut web = service(
+        "ns",
+        "web",
+        &["172.30.0.41"],
+        vec![tcp(
+            "p80",
+            80,
+            Some(30080),
+            vec![local("10.180.0.1", 8080), ready("10.180.2.1", 8080)],
+        )],
+    );
+    web.external_ips = vec!["192.168.99.1".parse().unwrap()];
+    web.load_balancer_ips = vec!["1.2.3.4".parse().unwrap()];
+    web.internal_traffic_policy = TrafficPolicy::Local;
+    web.external_traffic_policy = TrafficPolicy::Local;
+    web
+}
+
+#[test]
+fn node_ports_external_and_load_balancer_ips_send_the_nodes_own_traffic_to_every_endpoint() {
+    let entries = desired(&state(vec![exposed_web()]), &node()).entries;
+    let cluster_ip = key("172.30.0.41", 80, Protocol::Tcp, 0);
+    assert_eq!(
+        entries.get(&cluster_ip),
+        Some(&header(1)),
+        "iTP Local: here only"
+    );
+    for outside in [
+        key(NODE, 30080, Protocol::Tcp, 0),
+        key("192.168.99.1", 80, Protocol::Tcp, 0),
+        key("1.2.3.4", 80, Protocol::Tcp, 0),
+    ] {
+        assert_eq!(
+            entries.get(&outside),
+            Some(&header(2)),
+            "{outside:?}: the node's own traffic short-circuits eTP Local, as upstream"
+        );
+        assert_eq!(
+            entries.get(&outside.with_slot(2)),
+            Some(&endpoint("10.180.2.1:8080"))
+        );
+    }
+    assert_eq!(entries.len(), 2 + 3 * 3);
+}
+
+#[test]
+fn a_load_balancer_ip_with_source_ranges_is_left_to_the_network() {
+    let mut web = exposed_web();
+    web.load_balancer_source_ranges = vec!["203.0.113.0/25".parse().unwrap()];
+    let entries = desired(&state(vec![web]), &node()).entries;
+    assert!(!entries.contains_key(&key("1.2.3.4", 80, Protocol::Tcp, 0)));
+    assert!(entries.contains_key(&key("192.168.99.1", 80, Protocol::Tcp, 0)));
+}
+
+/// A Service `name` with one port 80 endpoint at `endpoint`, on `cluster_ip`, with `external`
+/// as its external IPs.
+fn claimant(name: &str, cluster_ip: &str, external: &[&str], endpoint: &str) -> Service {
+    let mut service = service(
+        "ns",
+        name,
+        &[cluster_ip],
+        vec![tcp("p80", 80, None, vec![ready(endpoint, 80)])],
+    );
+    service.external_ips = external.iter().map(|ip| ip.parse().unwrap()).collect();
+    service
+}
+
+#[test]
+fn a_cluster_ip_keeps_its_key_against_another_services_external_ip_and_else_the_first_name_wins() {
+    // "a" names "b"'s cluster IP as an external IP (CVE-2020-8554), and shares one with "c".
+    let a = claimant(
+        "a",
+        "172.30.0.1",
+        &["172.30.0.2", "192.168.99.1"],
+        "10.180.2.1",
+    );
+    let b = claimant("b", "172.30.0.2", &[], "10.180.2.2");
+    let c = claimant("c", "172.30.0.3", &["192.168.99.1"], "10.180.2.3");
+    let desired = desired(&state(vec![c, b, a]), &[]);
+    let slot = |address| desired.entries.get(&key(address, 80, Protocol::Tcp, 1));
+    assert_eq!(slot("172.30.0.2"), Some(&endpoint("10.180.2.2:80")));
+    assert_eq!(slot("192.168.99.1"), Some(&endpoint("10.180.2.1:80")));
+    assert_eq!(
+        desired.claims[&key("192.168.99.1", 80, Protocol::Tcp, 0)],
+        2
+    );
+    assert_eq!(desired.claims[&key("172.30.0.2", 80, Protocol::Tcp, 0)], 2);
+    assert_eq!(desired.claims[&key("172.30.0.1", 80, Protocol::Tcp, 0)], 1);
+}
+
+#[test]
+fn only_a_change_of_keys_no_other_service_claims_is_written_alone() {
+    let a = claimant("a", "172.30.0.1", &["192.168.99.1"], "10.180.2.1");
+    let b = claimant("b", "172.30.0.2", &[], "10.180.2.2");
+    let mut claims = desired(&state(vec![a.clone(), b.clone()]), &[]).claims;
+    let moved = claimant("a", "172.30.0.1", &["192.168.99.1"], "10.180.2.9");
+    assert!(reclaim(
+        &mut claims,
+        &frontends(&a, &[]),
+        &frontends(&moved, &[])
+    ));
+    // "b" now claims "a"'s external IP too: the whole map is reconciled, and so is every later
+    // change of either while they clash.
+    let clashing = claimant("b", "172.30.0.2", &["192.168.99.1"], "10.180.2.2");
+    assert!(!reclaim(
+        &mut claims,
+        &frontends(&b, &[]),
+        &frontends(&clashing, &[])
+    ));
+    assert!(!reclaim(
+        &mut claims,
+        &frontends(&moved, &[]),
+        &frontends(&a, &[])
+    ));
+    assert_eq!(claims, desired(&state(vec![a, clashing]), &[]).claims);
+}
+
+#[test]
+fn a_service_naming_one_key_twice_claims_it_once() {
+    let mut web = exposed_web();
+    web.load_balancer_ips = web.external_ips.clone();
+    let mut claims = desired(&state(vec![web.clone()]), &node()).claims;
+    assert!(claims.values().all(|n| *n == 1));
+    assert!(reclaim(
+        &mut claims,
+        &frontends(&web, &node()),
+        &frontends(&web, &node())
+    ));
 }
