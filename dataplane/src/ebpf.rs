@@ -10,7 +10,7 @@
 //!   reads and writes.
 //!
 //! This first part serves IPv4 Services to clients on the node (pods and host processes): cluster
-//! IPs with both traffic policies' endpoint choice, and node ports, external IPs and
+//! IPs with both traffic policies' endpoint choice and session affinity, and node ports, external IPs and
 //! load-balancer IPs as upstream serves the node's own traffic to them; `docs/features.md` lists
 //! what the mode does not do yet.
 

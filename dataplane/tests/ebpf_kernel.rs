@@ -8,7 +8,7 @@
 //! cgroup v2 hierarchy and a kernel with `CONFIG_CGROUP_BPF`.
 #![allow(clippy::unwrap_used)]
 
-use splitproxy_dataplane::ebpf::{Config, EbpfBackend, kernel};
+use splitproxy_dataplane::ebpf::{Config, EbpfBackend, kernel, layout};
 use splitproxy_dataplane::{Dataplane, Endpoint, Protocol, ProxyState, Service, ServiceKey};
 use splitproxy_dataplane::{ServicePort, TrafficPolicy};
 use std::collections::BTreeSet;
@@ -63,9 +63,14 @@ impl Lab {
         }
     }
 
+    /// The folder of the current layout's pins.
+    fn pins(&self) -> PathBuf {
+        self.bpf_root.join("splitproxy").join(layout::VERSION)
+    }
+
     /// The pinned links of the current layout, by file name.
     fn links(&self) -> BTreeSet<String> {
-        let links = self.bpf_root.join("splitproxy/v1/links");
+        let links = self.pins().join("links");
         std::fs::read_dir(links)
             .unwrap()
             .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
@@ -105,7 +110,12 @@ fn run(program: &str, args: &[&str]) {
 
 /// A TCP endpoint on 127.0.0.1 that answers each connection with `name` and closes it.
 fn tcp_endpoint(name: &'static str) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    tcp_endpoint_at("127.0.0.1:0", name)
+}
+
+/// A TCP endpoint on `address` that answers each connection with `name` and closes it.
+fn tcp_endpoint_at(address: &str, name: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind(address).unwrap();
     let address = listener.local_addr().unwrap();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
@@ -302,6 +312,51 @@ async fn node_ports_on_the_nodes_addresses_and_external_ips_reach_the_endpoints(
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn under_session_affinity_a_client_keeps_its_endpoint_while_it_serves() {
+    let lab = Lab::new("affinity");
+    let endpoints = [
+        tcp_endpoint_at("127.0.0.1:9001", "9001"),
+        tcp_endpoint_at("127.0.0.1:9002", "9002"),
+        tcp_endpoint_at("127.0.0.1:9003", "9003"),
+    ];
+    let web = |endpoints: &[SocketAddr]| {
+        let mut web = service("web", "10.96.0.50", Protocol::Tcp, endpoints);
+        web.session_affinity = Some(Duration::from_secs(10_800));
+        state(vec![web])
+    };
+    let answers = |count: usize| -> BTreeSet<String> {
+        (0..count)
+            .map(|_| tcp_answer("10.96.0.50:80").unwrap().0)
+            .collect()
+    };
+    let mut backend = EbpfBackend::new(lab.config());
+    backend.sync(&web(&endpoints[1..])).await.unwrap();
+    // Without affinity 32 connections would reach one endpoint of two with chance 2⁻³¹.
+    let kept = answers(32);
+    assert_eq!(kept.len(), 1, "one client, one endpoint: {kept:?}");
+
+    // An endpoint that comes and goes in slot 1 moves the others each time: the client's is
+    // found where it went (a new pick would keep it with chance ⅓ per move).
+    for _ in 0..5 {
+        backend.sync(&web(&endpoints)).await.unwrap();
+        assert_eq!(answers(4), kept);
+        backend.sync(&web(&endpoints[1..])).await.unwrap();
+        assert_eq!(answers(4), kept);
+    }
+
+    // Its endpoint goes: the client gets another one and keeps that.
+    let others: Vec<SocketAddr> = endpoints
+        .iter()
+        .copied()
+        .filter(|endpoint| !kept.contains(&endpoint.port().to_string()))
+        .collect();
+    backend.sync(&web(&others)).await.unwrap();
+    let moved = answers(32);
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert!(moved.is_disjoint(&kept));
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn a_port_without_endpoints_refuses_and_one_without_local_endpoints_drops() {
     let lab = Lab::new("empty");
     let elsewhere = tcp_endpoint("elsewhere");
@@ -372,8 +427,7 @@ async fn the_services_outlive_the_agent_and_a_new_agent_takes_over_its_maps() {
 
     // Entries deleted behind the agent's back come back at the next full sync (the first of
     // an agent, and hourly).
-    let pinned =
-        aya::maps::MapData::from_pin(lab.bpf_root.join("splitproxy/v1/sp_services")).unwrap();
+    let pinned = aya::maps::MapData::from_pin(lab.pins().join(layout::SERVICES_MAP)).unwrap();
     let mut services: aya::maps::HashMap<_, [u8; 12], [u8; 12]> =
         aya::maps::HashMap::try_from(aya::maps::Map::HashMap(pinned)).unwrap();
     let keys: Vec<[u8; 12]> = services.keys().map(Result::unwrap).collect();

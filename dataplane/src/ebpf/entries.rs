@@ -34,6 +34,8 @@ pub struct Frontend {
     endpoints: Vec<SocketAddrV4>,
     /// With no endpoints: drop rather than refuse.
     drop: bool,
+    /// `sessionAffinity: ClientIP`'s timeout in seconds; 0 without.
+    affinity_seconds: u32,
 }
 
 impl Frontend {
@@ -43,6 +45,7 @@ impl Frontend {
         let header = SlotValue::Header {
             count,
             drop: self.drop && count == 0,
+            affinity_seconds: self.affinity_seconds,
         };
         std::iter::once((self.header, header)).chain(
             (1..=count).zip(&self.endpoints).map(|(slot, endpoint)| {
@@ -138,6 +141,9 @@ pub fn frontends(service: &Service, node_ports: &[Ipv4Addr]) -> Vec<Frontend> {
             &plan.cluster_endpoints
         });
         let external = ipv4(&plan.cluster_endpoints);
+        let affinity_seconds = plan
+            .affinity_seconds
+            .map_or(0, |seconds| u32::try_from(seconds).unwrap_or(u32::MAX));
         let at = |address: &IpAddr, port_number: u16| match address {
             IpAddr::V4(address) => Some(SlotKey {
                 address: *address,
@@ -181,6 +187,7 @@ pub fn frontends(service: &Service, node_ports: &[Ipv4Addr]) -> Vec<Frontend> {
                 cluster_ip,
                 endpoints: endpoints.clone(),
                 drop: plan.has_endpoints,
+                affinity_seconds,
             });
         }
     }

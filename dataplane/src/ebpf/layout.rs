@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 /// The layout's version: the maps of each version are pinned apart, so an upgrade that changes
 /// the layout fills new maps while the old programs keep serving from the old ones.
-pub const VERSION: &str = "v1";
+pub const VERSION: &str = "v2";
 
 /// The map of Service ports and their endpoint slots.
 pub const SERVICES_MAP: &str = "sp_services";
@@ -40,12 +40,14 @@ pub struct SlotKey {
 pub enum SlotValue {
     /// Slot 0: how many endpoint slots follow; with none, whether connections are dropped
     /// (`internalTrafficPolicy: Local` and every endpoint elsewhere) or refused (no endpoint at
-    /// all).
+    /// all); and how long a client keeps its endpoint.
     Header {
         /// The endpoints in slots 1..=count.
         count: u32,
         /// With no endpoints: drop rather than refuse.
         drop: bool,
+        /// `sessionAffinity: ClientIP`'s timeout in seconds; 0 without affinity.
+        affinity_seconds: u32,
     },
     /// An endpoint slot.
     Endpoint(SocketAddrV4),
@@ -89,7 +91,12 @@ impl SlotValue {
     pub fn to_bytes(self) -> [u8; VALUE_LEN] {
         let mut bytes = [0; VALUE_LEN];
         match self {
-            Self::Header { count, drop } => {
+            Self::Header {
+                count,
+                drop,
+                affinity_seconds,
+            } => {
+                bytes[0..4].copy_from_slice(&affinity_seconds.to_ne_bytes());
                 bytes[6..8].copy_from_slice(&(if drop { DROP } else { 0 }).to_ne_bytes());
                 bytes[8..12].copy_from_slice(&count.to_ne_bytes());
             }
@@ -108,6 +115,7 @@ impl SlotValue {
             Self::Header {
                 count: u32::from_ne_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]),
                 drop: u16::from_ne_bytes([bytes[6], bytes[7]]) & DROP != 0,
+                affinity_seconds: u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
             }
         } else {
             Self::Endpoint(SocketAddrV4::new(
@@ -172,15 +180,17 @@ mod tests {
     }
 
     #[test]
-    fn a_header_holds_the_count_and_whether_an_empty_port_drops() {
+    fn a_header_holds_the_count_whether_an_empty_port_drops_and_the_affinity_timeout() {
         for value in [
             SlotValue::Header {
                 count: 70_000,
                 drop: false,
+                affinity_seconds: 86_400,
             },
             SlotValue::Header {
                 count: 0,
                 drop: true,
+                affinity_seconds: 0,
             },
         ] {
             assert_eq!(

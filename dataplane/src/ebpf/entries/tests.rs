@@ -18,7 +18,11 @@ fn key(address: &str, port: u16, protocol: Protocol, slot: u32) -> SlotKey {
 }
 
 fn header(count: u32) -> SlotValue {
-    SlotValue::Header { count, drop: false }
+    SlotValue::Header {
+        count,
+        drop: false,
+        affinity_seconds: 0,
+    }
 }
 
 fn endpoint(address: &str) -> SlotValue {
@@ -103,7 +107,8 @@ fn a_port_without_endpoints_refuses_and_one_whose_local_policy_finds_none_drops(
             http,
             SlotValue::Header {
                 count: 0,
-                drop: true
+                drop: true,
+                affinity_seconds: 0,
             }
         )])
     );
@@ -339,4 +344,29 @@ fn a_service_naming_one_key_twice_claims_it_once() {
         &frontends(&web, &node()),
         &frontends(&web, &node())
     ));
+}
+
+#[test]
+fn each_header_carries_its_services_affinity_timeout() {
+    let mut web = exposed_web();
+    web.session_affinity = Some(std::time::Duration::from_secs(10_800));
+    let entries = desired(&state(vec![web]), &node()).entries;
+    let headers: Vec<&SlotValue> = entries
+        .iter()
+        .filter(|(key, _)| key.slot == 0)
+        .map(|(_, value)| value)
+        .collect();
+    assert_eq!(headers.len(), 4);
+    for header in headers {
+        assert!(
+            matches!(
+                header,
+                SlotValue::Header {
+                    affinity_seconds: 10_800,
+                    ..
+                }
+            ),
+            "{header:?}"
+        );
+    }
 }
