@@ -2,30 +2,40 @@
 //
 // splitproxy's socket-layer load balancer: cgroup programs that send a socket aimed at a
 // Service's address to one of its endpoints before any packet leaves, so in-node traffic pays
-// no per-packet translation and no rule walk.
+// no per-packet translation and no rule walk. Each program comes in an IPv4 and an IPv6 form.
 //
-//   connect4      TCP and UDP connect(): picks an endpoint (the client's last one, under
-//                 session affinity), remembers the Service address for the socket, rewrites the
-//                 destination. A Service without endpoints is refused
-//                 with ECONNREFUSED, as kube-proxy's REJECT rule answers; one whose endpoints are
-//                 all elsewhere under internalTrafficPolicy Local with EPERM, where kube-proxy
-//                 drops the packets (a socket hook cannot leave connect() waiting).
-//   sendmsg4      unconnected UDP sendto() to a Service: the same, per message.
-//   recvmsg4      UDP recvfrom() of an endpoint's reply: the source reads as the Service.
-//   getpeername4  getpeername() of a redirected socket: the peer reads as the Service.
+//   connect4/6      TCP and UDP connect(): picks an endpoint (the client's last one, under
+//                   session affinity), remembers the Service address for the socket, rewrites
+//                   the destination. A Service without endpoints is refused with ECONNREFUSED,
+//                   as kube-proxy's REJECT rule answers; one whose endpoints are all elsewhere
+//                   under internalTrafficPolicy Local with EPERM, where kube-proxy drops the
+//                   packets (a socket hook cannot leave connect() waiting).
+//   sendmsg4/6      unconnected UDP sendto() to a Service: the same, per message.
+//   recvmsg4/6      UDP recvfrom() of an endpoint's reply: the source reads as the Service.
+//   getpeername4/6  getpeername() of a redirected socket: the peer reads as the Service.
+//
+// Addresses are held as IPv6 ones, IPv4 addresses mapped (::ffff:a.b.c.d), so one map serves
+// both families, and an IPv6 socket aimed at an IPv4 Service's mapped address (a dual-stack
+// client) finds it too.
 //
 // The maps' layout is the agent's (dataplane/src/ebpf/layout.rs): change both together, and the
 // layout version with them.
 
 #include <linux/bpf.h>
 #include <linux/in.h>
+#include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
 #define ECONNREFUSED 111
 
+// An address in network order, an IPv4 one mapped.
+struct address {
+	__be32 word[4];
+};
+
 // A Service port's entry: slot 0 holds the number of endpoints, slots 1..count the endpoints.
 struct service_key {
-	__be32 address;
+	struct address address;
 	__be16 port;
 	__u8 protocol;
 	__u8 pad;
@@ -36,25 +46,24 @@ struct service_key {
 #define SP_DROP 1
 
 struct service_value {
-	union {
-		__be32 address;    // slot > 0: the endpoint's address
-		__u32 affinity;    // slot 0: sessionAffinity ClientIP's timeout in seconds, or 0
-	};
-	__be16 port;     // slot > 0: the endpoint's port
-	__u16 flags;     // slot 0: SP_DROP
-	__u32 count;     // slot 0: the endpoints in slots 1..count
+	struct address address;  // slot > 0: the endpoint's address
+	__be16 port;             // slot > 0: the endpoint's port
+	__u16 flags;             // slot 0: SP_DROP
+	__u32 count;             // slot 0: the endpoints in slots 1..count
+	__u32 affinity;          // slot 0: sessionAffinity ClientIP's timeout in seconds, or 0
 };
 
 // What a redirected socket was aimed at, per socket (cookie) and endpoint.
 struct reverse_key {
 	__u64 cookie;
-	__be32 address;
+	struct address address;
 	__be16 port;
 	__u16 pad;
+	__u32 pad2;
 };
 
 struct reverse_value {
-	__be32 address;
+	struct address address;
 	__be16 port;
 	__u16 pad;
 };
@@ -64,19 +73,19 @@ struct reverse_value {
 // node's own processes share one.
 struct affinity_key {
 	__u64 netns;
-	__be32 address;
+	struct address address;
 	__be16 port;
 	__u8 protocol;
 	__u8 pad;
+	__u32 pad2;
 };
 
 struct affinity_value {
-	__u64 used_ns;   // when the client last connected
-	__be32 address;  // the endpoint
+	__u64 used_ns;           // when the client last connected
+	struct address address;  // the endpoint
 	__be16 port;
 	__u16 pad;
-	__u32 slot;      // where the endpoint was
-	__u32 pad2;
+	__u32 slot;              // where the endpoint was
 };
 
 // How many slots an affinity's endpoint is looked for in when it left its slot (the Service's
@@ -110,15 +119,55 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sp_affinity SEC(".maps");
 
+// The destination of the context: `ipv6` says which family's fields hold it.
+static __always_inline void destination(struct bpf_sock_addr *ctx, int ipv6, struct address *to)
+{
+	if (ipv6) {
+		to->word[0] = ctx->user_ip6[0];
+		to->word[1] = ctx->user_ip6[1];
+		to->word[2] = ctx->user_ip6[2];
+		to->word[3] = ctx->user_ip6[3];
+	} else {
+		to->word[0] = 0;
+		to->word[1] = 0;
+		to->word[2] = bpf_htonl(0xffff);
+		to->word[3] = ctx->user_ip4;
+	}
+}
+
+// Rewrites the destination of the context. An IPv4 socket takes only a mapped address (the
+// agent never gives an IPv4 frontend another); it keeps its destination otherwise.
+static __always_inline void redirect(struct bpf_sock_addr *ctx, int ipv6, struct address *to,
+				     __be16 port)
+{
+	if (ipv6) {
+		ctx->user_ip6[0] = to->word[0];
+		ctx->user_ip6[1] = to->word[1];
+		ctx->user_ip6[2] = to->word[2];
+		ctx->user_ip6[3] = to->word[3];
+	} else if (to->word[0] == 0 && to->word[1] == 0 && to->word[2] == bpf_htonl(0xffff)) {
+		ctx->user_ip4 = to->word[3];
+	} else {
+		return;
+	}
+	ctx->user_port = port;
+}
+
+static __always_inline int same_address(struct address *a, struct address *b)
+{
+	return a->word[0] == b->word[0] && a->word[1] == b->word[1] && a->word[2] == b->word[2] &&
+	       a->word[3] == b->word[3];
+}
+
 // The Service port the program's context is aimed at, or NULL.
-static __always_inline struct service_value *service_of(struct bpf_sock_addr *ctx,
+static __always_inline struct service_value *service_of(struct bpf_sock_addr *ctx, int ipv6,
 							 struct service_key *key)
 {
 	__u32 protocol = ctx->protocol;
 
 	if (protocol != IPPROTO_TCP && protocol != IPPROTO_UDP && protocol != IPPROTO_SCTP)
 		return NULL;
-	key->address = ctx->user_ip4;
+	destination(ctx, ipv6, &key->address);
 	key->port = (__be16)ctx->user_port;
 	key->protocol = (__u8)protocol;
 	key->slot = 0;
@@ -127,7 +176,8 @@ static __always_inline struct service_value *service_of(struct bpf_sock_addr *ct
 
 static __always_inline int is_endpoint(struct service_value *slot, struct affinity_value *affinity)
 {
-	return slot && slot->address == affinity->address && slot->port == affinity->port;
+	return slot && same_address(&slot->address, &affinity->address) &&
+	       slot->port == affinity->port;
 }
 
 // The slot of the Service port `key` names that holds the affinity's endpoint, or NULL when
@@ -154,10 +204,10 @@ static __always_inline struct service_value *affine(struct service_key *key, __u
 }
 
 // Sends the socket to one of the Service's endpoints; returns 0 (refused) when it has none.
-static __always_inline int balance(struct bpf_sock_addr *ctx)
+static __always_inline int balance(struct bpf_sock_addr *ctx, int ipv6)
 {
 	struct service_key key = {};
-	struct service_value *service = service_of(ctx, &key);
+	struct service_value *service = service_of(ctx, ipv6, &key);
 	struct service_value *endpoint = NULL;
 	struct affinity_key client = {};
 	struct affinity_value *affinity;
@@ -203,56 +253,77 @@ static __always_inline int balance(struct bpf_sock_addr *ctx)
 
 		bpf_map_update_elem(&sp_affinity, &client, &chosen, BPF_ANY);
 	}
-	original.address = ctx->user_ip4;
-	original.port = (__be16)ctx->user_port;
+	original.address = key.address;
+	original.port = key.port;
 	reverse.cookie = bpf_get_socket_cookie(ctx);
 	reverse.address = endpoint->address;
 	reverse.port = endpoint->port;
 	bpf_map_update_elem(&sp_reverse, &reverse, &original, BPF_ANY);
-	ctx->user_ip4 = endpoint->address;
-	ctx->user_port = endpoint->port;
+	redirect(ctx, ipv6, &endpoint->address, endpoint->port);
 	return 1;
 }
 
 // Makes an endpoint's address read as the Service it was reached through.
-static __always_inline int translate_back(struct bpf_sock_addr *ctx)
+static __always_inline int translate_back(struct bpf_sock_addr *ctx, int ipv6)
 {
 	struct reverse_key reverse = {};
 	struct reverse_value *original;
 
 	reverse.cookie = bpf_get_socket_cookie(ctx);
-	reverse.address = ctx->user_ip4;
+	destination(ctx, ipv6, &reverse.address);
 	reverse.port = (__be16)ctx->user_port;
 	original = bpf_map_lookup_elem(&sp_reverse, &reverse);
-	if (original) {
-		ctx->user_ip4 = original->address;
-		ctx->user_port = original->port;
-	}
+	if (original)
+		redirect(ctx, ipv6, &original->address, original->port);
 	return 1;
 }
 
 SEC("cgroup/connect4")
 int sp_connect4(struct bpf_sock_addr *ctx)
 {
-	return balance(ctx);
+	return balance(ctx, 0);
+}
+
+SEC("cgroup/connect6")
+int sp_connect6(struct bpf_sock_addr *ctx)
+{
+	return balance(ctx, 1);
 }
 
 SEC("cgroup/sendmsg4")
 int sp_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return balance(ctx);
+	return balance(ctx, 0);
+}
+
+SEC("cgroup/sendmsg6")
+int sp_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return balance(ctx, 1);
 }
 
 SEC("cgroup/recvmsg4")
 int sp_recvmsg4(struct bpf_sock_addr *ctx)
 {
-	return translate_back(ctx);
+	return translate_back(ctx, 0);
+}
+
+SEC("cgroup/recvmsg6")
+int sp_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	return translate_back(ctx, 1);
 }
 
 SEC("cgroup/getpeername4")
 int sp_getpeername4(struct bpf_sock_addr *ctx)
 {
-	return translate_back(ctx);
+	return translate_back(ctx, 0);
+}
+
+SEC("cgroup/getpeername6")
+int sp_getpeername6(struct bpf_sock_addr *ctx)
+{
+	return translate_back(ctx, 1);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

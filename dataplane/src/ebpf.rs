@@ -1,5 +1,5 @@
 //! The eBPF mode (`--proxy-mode ebpf`): Services balanced in the socket layer. Programs attached
-//! to the node's cgroup v2 root send a socket aimed at a cluster IP to one endpoint when it
+//! to the node's cgroup v2 root send a socket aimed at a Service to one endpoint when it
 //! connects (or, for unconnected UDP, per datagram), so no packet is translated and no rule is
 //! walked; replies and `getpeername()` read as the Service.
 //!
@@ -9,10 +9,10 @@
 //! * [`kernel`]: the programs and maps, pinned so they outlive the agent, and the map's
 //!   reads and writes.
 //!
-//! This first part serves IPv4 Services to clients on the node (pods and host processes): cluster
-//! IPs with both traffic policies' endpoint choice and session affinity, and node ports, external IPs and
-//! load-balancer IPs as upstream serves the node's own traffic to them; `docs/features.md` lists
-//! what the mode does not do yet.
+//! This first part serves Services of both families to clients on the node (pods and host
+//! processes): cluster IPs with both traffic policies' endpoint choice and session affinity, and
+//! node ports, external IPs and load-balancer IPs as upstream serves the node's own traffic to
+//! them; `docs/features.md` lists what the mode does not do yet.
 
 pub mod entries;
 pub mod kernel;
@@ -20,9 +20,10 @@ pub mod layout;
 
 use crate::full_sync::FullSyncClock;
 use crate::{Dataplane, FailedStep, IpFamily, ProxyState, SyncError, SyncReport};
-use entries::{Claims, Entries, Frontend};
+use entries::{Claims, Entries, Frontend, Write};
 use kernel::Attached;
-use std::net::{IpAddr, Ipv4Addr};
+use layout::SlotKey;
+use std::net::IpAddr;
 use std::path::PathBuf;
 
 /// How the eBPF mode is configured.
@@ -64,9 +65,21 @@ pub struct EbpfBackend {
 #[derive(Debug)]
 struct Programmed {
     state: ProxyState,
-    entries: usize,
+    entries: PerFamily,
     claims: Claims,
-    node_ports: Vec<Ipv4Addr>,
+    node_ports: Vec<IpAddr>,
+}
+
+/// Entries or writes per IP family, IPv4's first (as [`IpFamily::ALL`]).
+type PerFamily = [usize; 2];
+
+/// `keys` counted per family.
+fn per_family<'a>(keys: impl Iterator<Item = &'a SlotKey>) -> PerFamily {
+    let mut counts = [0, 0];
+    for key in keys {
+        counts[usize::from(key.address.is_ipv6())] += 1;
+    }
+    counts
 }
 
 /// What one sync changes in the map.
@@ -78,7 +91,7 @@ enum Change {
     Services {
         before: Entries,
         after: Entries,
-        total: usize,
+        total: PerFamily,
     },
 }
 
@@ -97,7 +110,7 @@ impl EbpfBackend {
     /// The change from what the map holds to `state`'s entries with node ports on
     /// `node_ports`, and who claims each header after it. A change of node addresses, a clash
     /// between Services' keys and the hourly full sync change everything.
-    fn change_to(&mut self, state: &ProxyState, node_ports: &[Ipv4Addr]) -> (Change, Claims) {
+    fn change_to(&mut self, state: &ProxyState, node_ports: &[IpAddr]) -> (Change, Claims) {
         let full = |state: &ProxyState| {
             let desired = entries::desired(state, node_ports);
             (Change::Full(desired.entries), desired.claims)
@@ -125,7 +138,8 @@ impl EbpfBackend {
             frontends.iter().flat_map(Frontend::entries).collect()
         };
         let (before, after) = (collect(&before), collect(&after));
-        let total = programmed.entries.saturating_sub(before.len()) + after.len();
+        let (gone, added) = (per_family(before.keys()), per_family(after.keys()));
+        let total = [0, 1].map(|f| programmed.entries[f].saturating_sub(gone[f]) + added[f]);
         let change = Change::Services {
             before,
             after,
@@ -174,7 +188,7 @@ impl Dataplane for EbpfBackend {
         let (full, total) = match change {
             Change::Full(desired) => {
                 self.full_syncs.record();
-                (true, desired.len())
+                (true, per_family(desired.keys()))
             }
             Change::Services { total, .. } => (false, total),
         };
@@ -184,19 +198,22 @@ impl Dataplane for EbpfBackend {
             claims,
             node_ports,
         });
-        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        Ok(SyncReport::for_family(
-            IpFamily::V4,
-            vec![(TABLE.to_owned(), count(written))],
-            vec![(TABLE.to_owned(), count(total))],
+        let count = |n: usize| vec![(TABLE.to_owned(), u32::try_from(n).unwrap_or(u32::MAX))];
+        let mut report =
+            SyncReport::for_family(IpFamily::V4, count(written[0]), count(total[0]), full);
+        report.merge(SyncReport::for_family(
+            IpFamily::V6,
+            count(written[1]),
+            count(total[1]),
             full,
-        ))
+        ));
+        Ok(report)
     }
 }
 
-/// Makes the map's change; returns the entries written. A full change reads the map first,
-/// removing what no agent of this layout writes.
-fn apply(attached: &mut Attached, change: &Change) -> Result<usize, kernel::Error> {
+/// Makes the map's change; returns the entries written per family. A full change reads the
+/// map first, removing what no agent of this layout writes.
+fn apply(attached: &mut Attached, change: &Change) -> Result<PerFamily, kernel::Error> {
     let (writes, total) = match change {
         Change::Full(desired) => {
             let (held, foreign) = attached.entries()?;
@@ -207,8 +224,10 @@ fn apply(attached: &mut Attached, change: &Change) -> Result<usize, kernel::Erro
             before,
             after,
             total,
-        } => (entries::writes(before, after), *total),
+        } => (entries::writes(before, after), total.iter().sum()),
     };
     attached.write(total, &writes)?;
-    Ok(writes.len())
+    Ok(per_family(writes.iter().map(|write| match write {
+        Write::Put(key, _) | Write::Delete(key) => key,
+    })))
 }

@@ -262,6 +262,55 @@ async fn udp_datagrams_to_a_cluster_ip_are_answered_from_the_service_address() {
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn ipv6_cluster_ips_and_an_ipv6_socket_aimed_at_an_ipv4_one_reach_their_endpoints() {
+    let lab = Lab::new("ipv6");
+    let v6_endpoint = tcp_endpoint_at("[::1]:0", "v6");
+    let v4_endpoint = tcp_endpoint("v4");
+    let udp = {
+        let socket = UdpSocket::bind("[::1]:0").unwrap();
+        let address = socket.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut buffer = [0; 64];
+            while let Ok((_, from)) = socket.recv_from(&mut buffer) {
+                let _ = socket.send_to(b"dns6", from);
+            }
+        });
+        address
+    };
+    assert_eq!(
+        TcpStream::connect("[fd00:96::10]:80").unwrap_err().kind(),
+        ErrorKind::NetworkUnreachable,
+        "without the programs the Service address is routed nowhere"
+    );
+    let mut backend = EbpfBackend::new(lab.config());
+    let report = backend
+        .sync(&state(vec![
+            service("web6", "fd00:96::10", Protocol::Tcp, &[v6_endpoint]),
+            service("web4", "10.96.0.60", Protocol::Tcp, &[v4_endpoint]),
+            service("dns6", "fd00:96::53", Protocol::Udp, &[udp]),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(report.rules_total(), vec![("services".to_owned(), 6)]);
+    let (answer, peer) = tcp_answer("[fd00:96::10]:80").unwrap();
+    assert_eq!(answer, "v6");
+    assert_eq!(peer, "[fd00:96::10]:80".parse().unwrap());
+    let (answer, peer) = tcp_answer("[::ffff:10.96.0.60]:80").unwrap();
+    assert_eq!(answer, "v4", "a dual-stack socket reaches the IPv4 Service");
+    assert_eq!(peer, "[::ffff:10.96.0.60]:80".parse().unwrap());
+
+    let vip: SocketAddr = "[fd00:96::53]:80".parse().unwrap();
+    let client = UdpSocket::bind("[::]:0").unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    client.send_to(b"q", vip).unwrap();
+    let mut buffer = [0; 64];
+    let (length, from) = client.recv_from(&mut buffer).unwrap();
+    assert_eq!((&buffer[..length], from), (&b"dns6"[..], vip));
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn node_ports_on_the_nodes_addresses_and_external_ips_reach_the_endpoints() {
     let lab = Lab::new("nodeport");
     // The node's address, on an interface of its own: node ports are taken on every address
@@ -398,7 +447,7 @@ async fn the_services_outlive_the_agent_and_a_new_agent_takes_over_its_maps() {
     let mut first = EbpfBackend::new(lab.config());
     first.sync(&web(&[a])).await.unwrap();
     let first_links = lab.links();
-    assert_eq!(first_links.len(), 4, "{first_links:?}");
+    assert_eq!(first_links.len(), 8, "{first_links:?}");
     drop(first);
     assert_eq!(
         tcp_answer("10.96.0.30:80").unwrap().0,
@@ -415,7 +464,7 @@ async fn the_services_outlive_the_agent_and_a_new_agent_takes_over_its_maps() {
         "its entries were right"
     );
     let second_links = lab.links();
-    assert_eq!(second_links.len(), 4, "{second_links:?}");
+    assert_eq!(second_links.len(), 8, "{second_links:?}");
     assert!(
         first_links.is_disjoint(&second_links),
         "the old links are unpinned"
@@ -428,9 +477,9 @@ async fn the_services_outlive_the_agent_and_a_new_agent_takes_over_its_maps() {
     // Entries deleted behind the agent's back come back at the next full sync (the first of
     // an agent, and hourly).
     let pinned = aya::maps::MapData::from_pin(lab.pins().join(layout::SERVICES_MAP)).unwrap();
-    let mut services: aya::maps::HashMap<_, [u8; 12], [u8; 12]> =
+    let mut services: aya::maps::HashMap<_, [u8; layout::KEY_LEN], [u8; layout::VALUE_LEN]> =
         aya::maps::HashMap::try_from(aya::maps::Map::HashMap(pinned)).unwrap();
-    let keys: Vec<[u8; 12]> = services.keys().map(Result::unwrap).collect();
+    let keys: Vec<[u8; layout::KEY_LEN]> = services.keys().map(Result::unwrap).collect();
     assert_eq!(keys.len(), 2);
     for key in &keys {
         services.remove(key).unwrap();

@@ -40,6 +40,7 @@ fn the_ebpf_programs_load_and_balance_on_the_vms_debian_kernel() -> Result<()> {
     for check in [
         "programs attached",
         "TCP to 10.96.0.10:80",
+        "TCP over IPv6 to [::ffff:10.96.0.10]:80",
         "UDP to 10.96.0.53:80",
         "refused",
     ] {

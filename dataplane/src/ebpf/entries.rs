@@ -5,7 +5,7 @@ use super::layout::{SlotKey, SlotValue};
 use crate::port_plan::PortPlan;
 use crate::{IpFamily, ProxyState, Service};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 
 /// Map entries by key.
 pub type Entries = BTreeMap<SlotKey, SlotValue>;
@@ -31,7 +31,7 @@ pub struct Frontend {
     /// Whether the address is a cluster IP: those win a key two Services claim.
     pub cluster_ip: bool,
     /// The endpoints, in slot order.
-    endpoints: Vec<SocketAddrV4>,
+    endpoints: Vec<SocketAddr>,
     /// With no endpoints: drop rather than refuse.
     drop: bool,
     /// `sessionAffinity: ClientIP`'s timeout in seconds; 0 without.
@@ -70,7 +70,7 @@ pub struct Desired {
 /// upstream's rules for both sit in one chain in map order, so which one serves is chance there,
 /// and a cluster IP taken over by another tenant's external IP is CVE-2020-8554.
 #[must_use]
-pub fn desired(state: &ProxyState, node_ports: &[Ipv4Addr]) -> Desired {
+pub fn desired(state: &ProxyState, node_ports: &[IpAddr]) -> Desired {
     let mut frontends: Vec<Frontend> = state
         .services
         .values()
@@ -113,7 +113,7 @@ pub fn reclaim(claims: &mut Claims, before: &[Frontend], after: &[Frontend]) -> 
     sole_before && sole(claims, after)
 }
 
-/// The frontends of `service`'s IPv4 addresses, per port: each cluster IP with the endpoints its
+/// The frontends of `service`'s addresses of both families, per port: each cluster IP with the endpoints its
 /// internal traffic policy sends traffic to; the node port on each of `node_ports`, each
 /// external IP and each load-balancer IP without source ranges with every endpoint, as
 /// upstream sends the node's own traffic to those (its short-circuit under
@@ -121,74 +121,67 @@ pub fn reclaim(claims: &mut Claims, before: &[Frontend], after: &[Frontend]) -> 
 /// network: the socket layer does not know yet which source a connection will have. A key the
 /// Service names twice (an external IP that is also its load-balancer IP) is its first frontend's.
 #[must_use]
-pub fn frontends(service: &Service, node_ports: &[Ipv4Addr]) -> Vec<Frontend> {
+pub fn frontends(service: &Service, node_ports: &[IpAddr]) -> Vec<Frontend> {
     let mut frontends: Vec<Frontend> = Vec::new();
     let mut headers = HashSet::new();
     for port in &service.ports {
-        let plan = PortPlan::new(service, port, IpFamily::V4);
-        let ipv4 = |endpoints: &[&crate::Endpoint]| -> Vec<SocketAddrV4> {
-            endpoints
-                .iter()
-                .filter_map(|endpoint| match endpoint.ip {
-                    IpAddr::V4(ip) => Some(SocketAddrV4::new(ip, endpoint.port)),
-                    IpAddr::V6(_) => None,
-                })
-                .collect()
-        };
-        let internal = ipv4(if plan.internal_policy_local {
-            &plan.local_endpoints
-        } else {
-            &plan.cluster_endpoints
-        });
-        let external = ipv4(&plan.cluster_endpoints);
-        let affinity_seconds = plan
-            .affinity_seconds
-            .map_or(0, |seconds| u32::try_from(seconds).unwrap_or(u32::MAX));
-        let at = |address: &IpAddr, port_number: u16| match address {
-            IpAddr::V4(address) => Some(SlotKey {
-                address: *address,
+        for family in IpFamily::ALL {
+            let plan = PortPlan::new(service, port, family);
+            let addresses = |endpoints: &[&crate::Endpoint]| -> Vec<SocketAddr> {
+                endpoints
+                    .iter()
+                    .map(|endpoint| SocketAddr::new(endpoint.ip, endpoint.port))
+                    .collect()
+            };
+            let internal = addresses(if plan.internal_policy_local {
+                &plan.local_endpoints
+            } else {
+                &plan.cluster_endpoints
+            });
+            let external = addresses(&plan.cluster_endpoints);
+            let affinity_seconds = plan
+                .affinity_seconds
+                .map_or(0, |seconds| u32::try_from(seconds).unwrap_or(u32::MAX));
+            let at = |address: IpAddr, port_number: u16| SlotKey {
+                address,
                 port: port_number,
                 protocol: port.protocol,
                 slot: 0,
-            }),
-            IpAddr::V6(_) => None,
-        };
-        let cluster_ips = plan.cluster_ips.iter().filter_map(|ip| at(ip, port.port));
-        let node_ports = port
-            .node_port
-            .into_iter()
-            .flat_map(|node_port| {
+            };
+            let cluster_ips = plan.cluster_ips.iter().map(|ip| at(*ip, port.port));
+            let node_ports = port.node_port.into_iter().flat_map(|node_port| {
                 node_ports
                     .iter()
-                    .map(move |ip| (IpAddr::V4(*ip), node_port))
-            })
-            .filter_map(|(ip, node_port)| at(&ip, node_port));
-        let balancers = if plan.source_ranges.is_empty() {
-            plan.load_balancer_ips.as_slice()
-        } else {
-            &[]
-        };
-        let outside = plan
-            .external_ips
-            .iter()
-            .chain(balancers)
-            .filter_map(|ip| at(ip, port.port));
-        let keyed = cluster_ips.map(|header| (header, true, &internal)).chain(
-            node_ports
-                .chain(outside)
-                .map(|header| (header, false, &external)),
-        );
-        for (header, cluster_ip, endpoints) in keyed {
-            if !headers.insert(header) {
-                continue;
-            }
-            frontends.push(Frontend {
-                header,
-                cluster_ip,
-                endpoints: endpoints.clone(),
-                drop: plan.has_endpoints,
-                affinity_seconds,
+                    .filter(|ip| family.contains(ip))
+                    .map(move |ip| at(*ip, node_port))
             });
+            let balancers = if plan.source_ranges.is_empty() {
+                plan.load_balancer_ips.as_slice()
+            } else {
+                &[]
+            };
+            let outside = plan
+                .external_ips
+                .iter()
+                .chain(balancers)
+                .map(|ip| at(*ip, port.port));
+            let keyed = cluster_ips.map(|header| (header, true, &internal)).chain(
+                node_ports
+                    .chain(outside)
+                    .map(|header| (header, false, &external)),
+            );
+            for (header, cluster_ip, endpoints) in keyed {
+                if !headers.insert(header) {
+                    continue;
+                }
+                frontends.push(Frontend {
+                    header,
+                    cluster_ip,
+                    endpoints: endpoints.clone(),
+                    drop: plan.has_endpoints,
+                    affinity_seconds,
+                });
+            }
         }
     }
     frontends

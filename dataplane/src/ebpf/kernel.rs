@@ -17,7 +17,7 @@ use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError};
 use aya::{EbpfError, EbpfLoader};
 use nix::sys::statfs::{BPF_FS_MAGIC, CGROUP2_SUPER_MAGIC, statfs};
 use std::fs::{self, File};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -25,11 +25,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock.o"));
 
 /// The programs of `bpf/sock.c`, each attached to the cgroup.
-const PROGRAMS: [&str; 4] = [
+const PROGRAMS: [&str; 8] = [
     "sp_connect4",
+    "sp_connect6",
     "sp_sendmsg4",
+    "sp_sendmsg6",
     "sp_recvmsg4",
+    "sp_recvmsg6",
     "sp_getpeername4",
+    "sp_getpeername6",
 ];
 
 /// The folder of splitproxy's pins under a BPF filesystem.
@@ -261,7 +265,7 @@ fn remove(
     }
 }
 
-/// The IPv4 addresses taking node ports under `selection`
+/// The addresses taking node ports under `selection`
 /// ([`Config::node_port_addresses`](super::Config::node_port_addresses)), the node's interfaces
 /// listed only when the selection needs them. Never loopback ones: a pod's own loopback
 /// connections go through the same programs, and must stay its own (upstream's nftables mode
@@ -270,20 +274,14 @@ fn remove(
 /// # Errors
 ///
 /// Returns an error when the interfaces cannot be listed.
-pub fn node_port_addresses(selection: Option<&[IpAddr]>) -> Result<Vec<Ipv4Addr>, Error> {
+pub fn node_port_addresses(selection: Option<&[IpAddr]>) -> Result<Vec<IpAddr>, Error> {
     let interfaces = if crate::node_port_addresses::needs_interfaces(selection) {
         if_addrs::get_if_addrs().map_err(Error::NodeAddresses)?
     } else {
         Vec::new()
     };
-    let mut addresses: Vec<Ipv4Addr> =
-        crate::node_port_addresses::select(selection, &interfaces, "")
-            .into_iter()
-            .filter_map(|ip| match ip {
-                IpAddr::V4(ip) if !ip.is_loopback() => Some(ip),
-                _ => None,
-            })
-            .collect();
+    let mut addresses = crate::node_port_addresses::select(selection, &interfaces, "");
+    addresses.retain(|ip| !ip.is_loopback());
     addresses.sort_unstable();
     addresses.dedup();
     Ok(addresses)

@@ -3,7 +3,7 @@
 //! together, and [`VERSION`] with them, so an agent never reads maps an older layout wrote.
 
 use crate::Protocol;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// The layout's version: the maps of each version are pinned apart, so an upgrade that changes
 /// the layout fills new maps while the old programs keep serving from the old ones.
@@ -13,10 +13,10 @@ pub const VERSION: &str = "v2";
 pub const SERVICES_MAP: &str = "sp_services";
 
 /// A key's length in bytes.
-pub const KEY_LEN: usize = 12;
+pub const KEY_LEN: usize = 24;
 
 /// A value's length in bytes.
-pub const VALUE_LEN: usize = 12;
+pub const VALUE_LEN: usize = 28;
 
 /// `SP_DROP` in the programs: a header without endpoints drops rather than refuses.
 const DROP: u16 = 1;
@@ -26,7 +26,7 @@ const DROP: u16 = 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SlotKey {
     /// The Service address connections are aimed at.
-    pub address: Ipv4Addr,
+    pub address: IpAddr,
     /// The Service port.
     pub port: u16,
     /// The protocol.
@@ -49,8 +49,8 @@ pub enum SlotValue {
         /// `sessionAffinity: ClientIP`'s timeout in seconds; 0 without affinity.
         affinity_seconds: u32,
     },
-    /// An endpoint slot.
-    Endpoint(SocketAddrV4),
+    /// An endpoint slot, of the key's family.
+    Endpoint(SocketAddr),
 }
 
 impl SlotKey {
@@ -64,23 +64,23 @@ impl SlotKey {
     #[must_use]
     pub fn to_bytes(self) -> [u8; KEY_LEN] {
         let mut bytes = [0; KEY_LEN];
-        bytes[0..4].copy_from_slice(&self.address.octets());
-        bytes[4..6].copy_from_slice(&self.port.to_be_bytes());
-        bytes[6] = protocol_number(self.protocol);
-        bytes[8..12].copy_from_slice(&self.slot.to_ne_bytes());
+        bytes[0..16].copy_from_slice(&held(self.address));
+        bytes[16..18].copy_from_slice(&self.port.to_be_bytes());
+        bytes[18] = protocol_number(self.protocol);
+        bytes[20..24].copy_from_slice(&self.slot.to_ne_bytes());
         bytes
     }
 
     /// A key the programs hold, or `None` for bytes no agent of this layout writes.
     #[must_use]
     pub fn from_bytes(bytes: [u8; KEY_LEN]) -> Option<Self> {
-        let protocol = protocol_of(bytes[6])?;
-        (bytes[7] == 0).then_some(())?;
+        let protocol = protocol_of(bytes[18])?;
+        (bytes[19] == 0).then_some(())?;
         Some(Self {
-            address: Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]),
-            port: u16::from_be_bytes([bytes[4], bytes[5]]),
+            address: address_of(&bytes[0..16]),
+            port: u16::from_be_bytes([bytes[16], bytes[17]]),
             protocol,
-            slot: u32::from_ne_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]),
+            slot: u32::from_ne_bytes([bytes[20], bytes[21], bytes[22], bytes[23]]),
         })
     }
 }
@@ -96,13 +96,13 @@ impl SlotValue {
                 drop,
                 affinity_seconds,
             } => {
-                bytes[0..4].copy_from_slice(&affinity_seconds.to_ne_bytes());
-                bytes[6..8].copy_from_slice(&(if drop { DROP } else { 0 }).to_ne_bytes());
-                bytes[8..12].copy_from_slice(&count.to_ne_bytes());
+                bytes[18..20].copy_from_slice(&(if drop { DROP } else { 0 }).to_ne_bytes());
+                bytes[20..24].copy_from_slice(&count.to_ne_bytes());
+                bytes[24..28].copy_from_slice(&affinity_seconds.to_ne_bytes());
             }
             Self::Endpoint(endpoint) => {
-                bytes[0..4].copy_from_slice(&endpoint.ip().octets());
-                bytes[4..6].copy_from_slice(&endpoint.port().to_be_bytes());
+                bytes[0..16].copy_from_slice(&held(endpoint.ip()));
+                bytes[16..18].copy_from_slice(&endpoint.port().to_be_bytes());
             }
         }
         bytes
@@ -111,19 +111,38 @@ impl SlotValue {
     /// The value of `key`'s slot as the programs hold it.
     #[must_use]
     pub fn from_bytes(key: SlotKey, bytes: [u8; VALUE_LEN]) -> Self {
+        let word = |at: usize| {
+            u32::from_ne_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+        };
         if key.slot == 0 {
             Self::Header {
-                count: u32::from_ne_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]),
-                drop: u16::from_ne_bytes([bytes[6], bytes[7]]) & DROP != 0,
-                affinity_seconds: u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+                count: word(20),
+                drop: u16::from_ne_bytes([bytes[18], bytes[19]]) & DROP != 0,
+                affinity_seconds: word(24),
             }
         } else {
-            Self::Endpoint(SocketAddrV4::new(
-                Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]),
-                u16::from_be_bytes([bytes[4], bytes[5]]),
+            Self::Endpoint(SocketAddr::new(
+                address_of(&bytes[0..16]),
+                u16::from_be_bytes([bytes[16], bytes[17]]),
             ))
         }
     }
+}
+
+/// An address as the programs hold it: an IPv6 one, an IPv4 one mapped (`::ffff:a.b.c.d`).
+fn held(address: IpAddr) -> [u8; 16] {
+    match address {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The address the programs hold in `bytes` (16 of them).
+fn address_of(bytes: &[u8]) -> IpAddr {
+    let mut octets = [0; 16];
+    octets.copy_from_slice(bytes);
+    let v6 = Ipv6Addr::from(octets);
+    v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
 }
 
 /// The IP protocol number the programs compare with the socket's.
@@ -147,27 +166,39 @@ mod tests {
     use super::*;
 
     const KEY: SlotKey = SlotKey {
-        address: Ipv4Addr::new(10, 96, 0, 10),
+        address: IpAddr::V4(std::net::Ipv4Addr::new(10, 96, 0, 10)),
         port: 53,
         protocol: Protocol::Udp,
         slot: 2,
     };
 
     #[test]
-    fn a_key_is_the_service_address_and_port_in_network_order_then_protocol_and_slot() {
+    fn a_key_is_the_service_address_mapped_and_port_in_network_order_then_protocol_and_slot() {
         let bytes = KEY.to_bytes();
-        assert_eq!(&bytes[0..8], &[10, 96, 0, 10, 0, 53, 17, 0]);
-        assert_eq!(u32::from_ne_bytes(bytes[8..12].try_into().unwrap()), 2);
+        assert_eq!(
+            &bytes[0..20],
+            &[
+                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 96, 0, 10, 0, 53, 17, 0
+            ]
+        );
+        assert_eq!(u32::from_ne_bytes(bytes[20..24].try_into().unwrap()), 2);
         assert_eq!(SlotKey::from_bytes(bytes), Some(KEY));
+        let v6 = SlotKey {
+            address: "fd00:96::10".parse().unwrap(),
+            ..KEY
+        };
+        let bytes = v6.to_bytes();
+        assert_eq!(&bytes[0..4], &[0xfd, 0, 0, 0x96]);
+        assert_eq!(SlotKey::from_bytes(bytes), Some(v6));
     }
 
     #[test]
     fn bytes_no_agent_writes_are_not_read_as_a_key() {
         let mut unknown_protocol = KEY.to_bytes();
-        unknown_protocol[6] = 1;
+        unknown_protocol[18] = 1;
         assert_eq!(SlotKey::from_bytes(unknown_protocol), None);
         let mut padded = KEY.to_bytes();
-        padded[7] = 1;
+        padded[19] = 1;
         assert_eq!(SlotKey::from_bytes(padded), None);
     }
 
@@ -175,8 +206,10 @@ mod tests {
     fn an_endpoint_slot_holds_the_address_and_port_in_network_order() {
         let value = SlotValue::Endpoint("10.244.1.10:8080".parse().unwrap());
         let bytes = value.to_bytes();
-        assert_eq!(&bytes[0..6], &[10, 244, 1, 10, 0x1f, 0x90]);
+        assert_eq!(&bytes[10..18], &[0xff, 0xff, 10, 244, 1, 10, 0x1f, 0x90]);
         assert_eq!(SlotValue::from_bytes(KEY, bytes), value);
+        let v6 = SlotValue::Endpoint("[fd00:10:244::1]:8080".parse().unwrap());
+        assert_eq!(SlotValue::from_bytes(KEY, v6.to_bytes()), v6);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `sp-ebpf`: the ebpf mode's smoke test, for a kernel the development machine does not run
 //! (the qemu VM's): loads and attaches the programs to a cgroup this process is in, syncs three
-//! Services and connects through them with real sockets on 127.0.0.1.
+//! Services and connects through them with real sockets on 127.0.0.1, over IPv4 and IPv6.
 //!
 //! ```text
 //! sp-ebpf --cgroup /sys/fs/cgroup/node --bpf-root /sys/fs/bpf
@@ -87,6 +87,19 @@ async fn smoke(flags: Flags) -> Result<()> {
         "TCP: {answer:?} from peer {peer}"
     );
     println!("ok: TCP to {vip} reached {tcp_endpoint}, peer read as {peer}");
+
+    // The IPv6 programs: a dual-stack socket aimed at the IPv4 Service's mapped address.
+    let mapped: SocketAddr = "[::ffff:10.96.0.10]:80".parse()?;
+    let mut stream =
+        TcpStream::connect(mapped).context("TCP over IPv6 to the mapped cluster IP")?;
+    let peer = stream.peer_addr()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    ensure!(
+        answer == "tcp-endpoint" && peer == mapped,
+        "TCP over IPv6: {answer:?} from peer {peer}"
+    );
+    println!("ok: TCP over IPv6 to {mapped} reached {tcp_endpoint}, peer read as {peer}");
 
     let dns: SocketAddr = "10.96.0.53:80".parse()?;
     let client = UdpSocket::bind("0.0.0.0:0")?;

@@ -51,14 +51,17 @@ fn a_port_gets_a_header_with_its_count_then_one_slot_per_endpoint() {
         ready("fd00:10:180:2::1", 8080),
     ])]));
     let http = key("172.30.0.41", 80, Protocol::Tcp, 0);
+    let http6 = key("fd00:172:30::41", 80, Protocol::Tcp, 0);
     assert_eq!(
         entries,
         Entries::from([
             (http, header(2)),
             (http.with_slot(1), endpoint("10.180.2.1:8080")),
             (http.with_slot(2), endpoint("10.180.0.1:8080")),
+            (http6, header(1)),
+            (http6.with_slot(1), endpoint("[fd00:10:180:2::1]:8080")),
         ]),
-        "IPv4 only: the IPv6 cluster IP and endpoint have no entry"
+        "each family's cluster IP with that family's endpoints"
     );
 }
 
@@ -96,21 +99,24 @@ fn each_protocol_of_a_port_number_is_its_own_port() {
 fn a_port_without_endpoints_refuses_and_one_whose_local_policy_finds_none_drops() {
     let refused = entries_of(&state(vec![web(Vec::new())]));
     let http = key("172.30.0.41", 80, Protocol::Tcp, 0);
-    assert_eq!(refused, Entries::from([(http, header(0))]));
+    let http6 = key("fd00:172:30::41", 80, Protocol::Tcp, 0);
+    assert_eq!(
+        refused,
+        Entries::from([(http, header(0)), (http6, header(0))])
+    );
 
     let mut local_only = web(vec![ready("10.180.2.1", 8080)]);
     local_only.internal_traffic_policy = TrafficPolicy::Local;
     let dropped = entries_of(&state(vec![local_only]));
+    let drop = SlotValue::Header {
+        count: 0,
+        drop: true,
+        affinity_seconds: 0,
+    };
     assert_eq!(
         dropped,
-        Entries::from([(
-            http,
-            SlotValue::Header {
-                count: 0,
-                drop: true,
-                affinity_seconds: 0,
-            }
-        )])
+        Entries::from([(http, drop), (http6, header(0))]),
+        "IPv6 has no endpoint at all: refused"
     );
 }
 
@@ -209,7 +215,7 @@ fn nothing_is_written_when_nothing_changed() {
 /// The node's address in the unit tests' plan.
 const NODE: &str = "192.168.0.2";
 
-fn node() -> Vec<Ipv4Addr> {
+fn node() -> Vec<IpAddr> {
     vec![NODE.parse().unwrap()]
 }
 
