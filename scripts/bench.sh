@@ -13,9 +13,9 @@
 #       endpoints; `--nodes 5000 --restart`, `--hints`, `--min-sync-period-ms 500` for the rest.
 #   b5: datapath, connections per second and latency through a Service: kube-proxy and
 #       splitproxy in iptables and nftables mode next to the no-proxy limits, at 1, 1,000, 10,000
-#       and 50,000 Services (root; the first three sizes take about 20 minutes, and the API
-#       server had created 47,000 of the 50,000 Services after 20 minutes); `--profile quick` for
-#       1 / 1k / 10k, ClusterIP and pod IP only.
+#       and 50,000 Services (root; the first three sizes take about 20 minutes, and
+#       `--profile quick --services 1,50000` 43 minutes, 30 of them the API server creating the
+#       Services); `--profile quick` for 1 / 1k / 10k, ClusterIP and pod IP only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
