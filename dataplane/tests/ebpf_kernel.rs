@@ -125,6 +125,23 @@ fn tcp_endpoint_at(address: &str, name: &'static str) -> SocketAddr {
     address
 }
 
+/// A TCP endpoint on 127.0.0.1 that sends back what each connection sends it.
+fn tcp_echo_endpoint() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let stream = stream.unwrap();
+            std::thread::spawn(move || {
+                let mut reader = stream.try_clone().unwrap();
+                let mut writer = stream;
+                let _ = std::io::copy(&mut reader, &mut writer);
+            });
+        }
+    });
+    address
+}
+
 /// A UDP endpoint on 127.0.0.1 that answers each datagram with `name`.
 fn udp_endpoint(name: &'static str) -> SocketAddr {
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -435,6 +452,46 @@ async fn a_port_without_endpoints_refuses_and_one_without_local_endpoints_drops(
         ErrorKind::PermissionDenied,
         "the endpoint on another node is not used under internalTrafficPolicy Local"
     );
+}
+
+/// One round trip on each: a line echoed over `stream`, a datagram answered on `udp`, whose
+/// peer still reads as `service`.
+fn round_trip(stream: &mut TcpStream, udp: &UdpSocket, service: SocketAddr) {
+    stream.write_all(b"ping\n").unwrap();
+    let mut line = [0; 5];
+    stream.read_exact(&mut line).unwrap();
+    assert_eq!(&line, b"ping\n");
+    udp.send(b"q").unwrap();
+    let mut buffer = [0; 64];
+    let length = udp.recv(&mut buffer).unwrap();
+    assert_eq!(&buffer[..length], b"dns");
+    assert_eq!(udp.peer_addr().unwrap(), service);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_long_lived_tcp_connection_and_a_connected_udp_client_outlive_an_agent_restart() {
+    let lab = Lab::new("established");
+    let services = state(vec![
+        service("echo", "10.96.0.70", Protocol::Tcp, &[tcp_echo_endpoint()]),
+        service("dns", "10.96.0.71", Protocol::Udp, &[udp_endpoint("dns")]),
+    ]);
+    let dns: SocketAddr = "10.96.0.71:80".parse().unwrap();
+    let timeout = Some(Duration::from_secs(10));
+    let mut first = EbpfBackend::new(lab.config());
+    first.sync(&services).await.unwrap();
+    let mut stream = TcpStream::connect("10.96.0.70:80").unwrap();
+    stream.set_read_timeout(timeout).unwrap();
+    let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
+    udp.set_read_timeout(timeout).unwrap();
+    udp.connect(dns).unwrap();
+    round_trip(&mut stream, &udp, dns);
+
+    drop(first);
+    round_trip(&mut stream, &udp, dns);
+    // A new agent attaches its programs and unpins the old ones': the sockets carry on.
+    let mut second = EbpfBackend::new(lab.config());
+    second.sync(&services).await.unwrap();
+    round_trip(&mut stream, &udp, dns);
 }
 
 #[tokio::test(flavor = "current_thread")]
