@@ -33,6 +33,10 @@ pub const SERVICE_PORT: u16 = 80;
 pub const NODE_PORT: u16 = 30080;
 /// The port the web pods listen on (the Service's named target port `web`).
 pub const POD_PORT: u16 = 8080;
+/// The IPv6-only Service `demo/web6`'s cluster IP ([`DemoCluster::web6_yaml`]).
+pub const WEB6_IP: &str = "fd00:10:96::20";
+/// `demo/web6`'s node port.
+pub const WEB6_NODE_PORT: u16 = 30620;
 /// The port the controller listens on.
 pub const CONTROLLER_PORT: u16 = 10660;
 /// Where the controller serves its inspection, inside the control-plane host (its default).
@@ -615,6 +619,34 @@ impl DemoCluster {
             .map(|w| (&w.pod, Conditions::ready(w.ready)))
             .collect();
         slice_yaml(service, family, "TCP", port, &endpoints)
+    }
+
+    /// `demo/web6`: an IPv6-only NodePort Service on [`WEB6_IP`] and [`WEB6_NODE_PORT`], port 80
+    /// to the web pods' [`POD_PORT`], with one IPv6 EndpointSlice.
+    #[must_use]
+    pub fn web6_yaml(&self) -> String {
+        format!(
+            "apiVersion: v1
+kind: Service
+metadata:
+  name: web6
+  namespace: demo
+spec:
+  type: NodePort
+  clusterIP: '{WEB6_IP}'
+  clusterIPs: ['{WEB6_IP}']
+  ipFamilies: [IPv6]
+  ipFamilyPolicy: SingleStack
+  ports:
+  - name: http
+    protocol: TCP
+    port: 80
+    targetPort: {POD_PORT}
+    nodePort: {WEB6_NODE_PORT}
+---
+{}",
+            self.endpoint_slice_yaml_for("web6", IpFamily::V6, POD_PORT)
+        )
     }
 
     /// Writes `<name>.yaml`: the Service `demo/<name>` with port [`PortSpec::WEB`], `spec` and

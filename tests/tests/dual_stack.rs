@@ -18,7 +18,7 @@ use anyhow::{Context, Result, ensure};
 use splitproxy_dataplane::{IpFamily, Protocol, iptables::chain_names::endpoint_chain};
 use splitproxy_e2e::{
     agent_metric,
-    demo_cluster::{DemoCluster, POD_PORT},
+    demo_cluster::{DemoCluster, POD_PORT, WEB6_IP, WEB6_NODE_PORT},
     eventually, hit,
     lab::HasNamespace,
 };
@@ -29,8 +29,6 @@ const CONVERGE: Duration = Duration::from_secs(90);
 /// gets none of 40 is 2 × 2⁻⁴⁰.
 const REQUESTS: u32 = 40;
 
-const WEB6_IP: &str = "fd00:10:96::20";
-const WEB6_NODE_PORT: u16 = 30620;
 const DUAL_IP: &str = "10.96.0.30";
 const DUAL_IP6: &str = "fd00:10:96::30";
 const DUAL_NODE_PORT: u16 = 30630;
@@ -74,32 +72,6 @@ fn ready(cluster: &DemoCluster, suffix: &str) -> BTreeSet<String> {
         .into_iter()
         .map(|name| format!("{name}{suffix}"))
         .collect()
-}
-
-/// `demo/web6`: IPv6-only NodePort with one IPv6 EndpointSlice.
-fn web6_yaml(cluster: &DemoCluster) -> String {
-    format!(
-        "apiVersion: v1
-kind: Service
-metadata:
-  name: web6
-  namespace: demo
-spec:
-  type: NodePort
-  clusterIP: '{WEB6_IP}'
-  clusterIPs: ['{WEB6_IP}']
-  ipFamilies: [IPv6]
-  ipFamilyPolicy: SingleStack
-  ports:
-  - name: http
-    protocol: TCP
-    port: 80
-    targetPort: {POD_PORT}
-    nodePort: {WEB6_NODE_PORT}
----
-{}",
-        cluster.endpoint_slice_yaml_for("web6", IpFamily::V6, POD_PORT)
-    )
 }
 
 /// `demo/web-dual`: dual-stack NodePort (IPv4 primary) with an IPv4 and an IPv6 EndpointSlice,
@@ -155,7 +127,7 @@ fn serve_per_family(cluster: &mut DemoCluster) -> Result<()> {
 #[test]
 fn an_ipv6_only_cluster_ip_answers_pods_and_nodes_over_ipv6() -> Result<()> {
     let cluster = DemoCluster::start("sixonly")?;
-    cluster.write_manifest("web6.yaml", &web6_yaml(&cluster))?;
+    cluster.write_manifest("web6.yaml", &cluster.web6_yaml())?;
     let expected: BTreeSet<String> = cluster.ready_web().into_iter().collect();
     let url = format!("http://[{WEB6_IP}]:80/");
     for from in pods_and_nodes(&cluster) {
@@ -199,7 +171,7 @@ fn a_dual_stack_service_sends_each_family_to_the_pods_address_of_that_family() -
 fn node_ports_answer_an_outside_client_over_ipv6() -> Result<()> {
     let mut cluster = DemoCluster::start("sixnodeport")?;
     serve_per_family(&mut cluster)?;
-    cluster.write_manifest("web6.yaml", &web6_yaml(&cluster))?;
+    cluster.write_manifest("web6.yaml", &cluster.web6_yaml())?;
     cluster.write_manifest("dual.yaml", &dual_yaml(&cluster))?;
     let plain: BTreeSet<String> = cluster.ready_web().into_iter().collect();
     let (v4, v6) = (ready(&cluster, "@ipv4"), ready(&cluster, "@ipv6"));
@@ -235,7 +207,7 @@ fn node_ports_answer_an_outside_client_over_ipv6() -> Result<()> {
 fn a_kernel_refusing_one_familys_change_costs_that_family_alone() -> Result<()> {
     let sync_period = Duration::from_secs(3);
     let mut cluster = DemoCluster::start_with("refusesix", &["--iptables-sync-period", "3s"])?;
-    cluster.write_manifest("web6.yaml", &web6_yaml(&cluster))?;
+    cluster.write_manifest("web6.yaml", &cluster.web6_yaml())?;
     let before: BTreeSet<String> = cluster.ready_web().into_iter().collect();
     ensure!(before.contains("web-c"), "web-c is not ready: {before:?}");
     let after: BTreeSet<String> = before.iter().filter(|p| *p != "web-c").cloned().collect();
@@ -268,7 +240,7 @@ fn a_kernel_refusing_one_familys_change_costs_that_family_alone() -> Result<()> 
 
     // web-c leaves both Services: node-1's ip6tables cannot delete its chain.
     cluster.set_web(&[("web-a", true), ("web-b", false)])?;
-    cluster.write_manifest("web6.yaml", &web6_yaml(&cluster))?;
+    cluster.write_manifest("web6.yaml", &cluster.web6_yaml())?;
     eventually("node-1 to reject the change", CONVERGE, || {
         ensure!(rejected(&cluster)? >= 1.0, "no rejection yet");
         Ok(())

@@ -8,7 +8,7 @@
 //! and web-c on node-2 ready, web-b on node-2 not.
 
 use anyhow::{Context, Result, ensure};
-use splitproxy_e2e::demo_cluster::{CONVERGE, DemoCluster};
+use splitproxy_e2e::demo_cluster::{CONVERGE, DemoCluster, WEB6_IP};
 use splitproxy_e2e::{eventually, hit};
 
 /// Requests per check: with two ready endpoints picked at random, the chance that one of them gets
@@ -25,8 +25,13 @@ fn the_agent_in_ebpf_mode_serves_cluster_ips_and_node_ports_from_pods_and_the_no
     let (_bpffs, flags) = cluster.switch_to_ebpf(0)?;
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     eventually("node-1's iptables rules are removed", CONVERGE, || {
-        let nat = cluster.run(&node, "iptables-save", &["-t", "nat"])?;
-        ensure!(!nat.contains("KUBE-SERVICES"), "nat still holds:\n{nat}");
+        for save in ["iptables-save", "ip6tables-save"] {
+            let nat = cluster.run(&node, save, &["-t", "nat"])?;
+            ensure!(
+                !nat.contains("KUBE-SERVICES"),
+                "{save}: nat still holds:\n{nat}"
+            );
+        }
         Ok(())
     })
     .with_context(|| cluster.logs())?;
@@ -41,6 +46,11 @@ fn the_agent_in_ebpf_mode_serves_cluster_ips_and_node_ports_from_pods_and_the_no
     }
     let node_port = DemoCluster::node_port_url(&node);
     cluster.expect_answers(&node, &node_port, &["web-a", "web-c"], REQUESTS)?;
+    // IPv6: node-1's ip6tables rules went with the switch, so only the IPv6 programs serve it.
+    cluster.write_manifest("web6.yaml", &cluster.web6_yaml())?;
+    let url6 = format!("http://[{WEB6_IP}]:80/");
+    cluster.expect_answers(&client, &url6, &["web-a", "web-c"], REQUESTS)?;
+    cluster.expect_answers(&node, &url6, &["web-a", "web-c"], REQUESTS)?;
 
     cluster.set_web(&[("web-a", true), ("web-b", true), ("web-c", true)])?;
     cluster.expect_answers(&client, &url, &["web-a", "web-b", "web-c"], REQUESTS)?;
