@@ -1,5 +1,6 @@
 //! kube-proxy's `healthCheckNodePort` server for `externalTrafficPolicy: Local`, asked over real
-//! TCP from outside the cluster, on the demo cluster (manifests source, iptables mode). Needs root.
+//! TCP from outside the cluster, on the demo cluster (manifests source, iptables mode; one test
+//! with node-1 in ebpf mode). Needs root.
 //!
 //! Addresses: see `splitproxy_e2e::addresses`. `web-a` runs on node-1, `web-b` (not ready) and
 //! `web-c` on node-2.
@@ -170,4 +171,18 @@ fn with_node_port_addresses_health_checks_listen_only_there() -> Result<()> {
         Ok(())
     })
     .with_context(|| cluster.logs())
+}
+
+#[test]
+fn the_server_answers_the_same_on_a_node_in_ebpf_mode() -> Result<()> {
+    let mut cluster = DemoCluster::start("hcnpebpf")?;
+    // The BPF filesystem is unmounted when the test ends, and the pins with it.
+    let (_bpffs, _flags) = cluster.switch_to_ebpf(0)?;
+    let web_a = web(&cluster, "web-a")?.clone();
+    let web_c = web(&cluster, "web-c")?.clone();
+    cluster.write_manifest(MANIFEST, &web_local_yaml(&[&web_a, &web_c]))?;
+    expect_health(&cluster, 0, 200, 1)?;
+    cluster.write_manifest(MANIFEST, &web_local_yaml(&[&web_c]))?;
+    expect_health(&cluster, 0, 503, 0)?;
+    Ok(())
 }
