@@ -77,29 +77,15 @@ async fn smoke(flags: Flags) -> Result<()> {
     let report = backend.sync(&state).await.context("the first sync")?;
     println!("ok: programs attached, {:?} entries", report.rules_total());
 
-    let vip: SocketAddr = "10.96.0.10:80".parse()?;
-    let mut stream = TcpStream::connect(vip).context("TCP to the cluster IP")?;
-    let peer = stream.peer_addr()?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer)?;
-    ensure!(
-        answer == "tcp-endpoint" && peer == vip,
-        "TCP: {answer:?} from peer {peer}"
-    );
-    println!("ok: TCP to {vip} reached {tcp_endpoint}, peer read as {peer}");
-
-    // The IPv6 programs: a dual-stack socket aimed at the IPv4 Service's mapped address.
-    let mapped: SocketAddr = "[::ffff:10.96.0.10]:80".parse()?;
-    let mut stream =
-        TcpStream::connect(mapped).context("TCP over IPv6 to the mapped cluster IP")?;
-    let peer = stream.peer_addr()?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer)?;
-    ensure!(
-        answer == "tcp-endpoint" && peer == mapped,
-        "TCP over IPv6: {answer:?} from peer {peer}"
-    );
-    println!("ok: TCP over IPv6 to {mapped} reached {tcp_endpoint}, peer read as {peer}");
+    // IPv4, then the IPv6 programs: a dual-stack socket aimed at the mapped address.
+    for (what, service) in [
+        ("TCP", "10.96.0.10:80"),
+        ("TCP over IPv6", "[::ffff:10.96.0.10]:80"),
+    ] {
+        let service: SocketAddr = service.parse()?;
+        let peer = expect_tcp_endpoint(service).with_context(|| format!("{what} to {service}"))?;
+        println!("ok: {what} to {service} reached {tcp_endpoint}, peer read as {peer}");
+    }
 
     let dns: SocketAddr = "10.96.0.53:80".parse()?;
     let client = UdpSocket::bind("0.0.0.0:0")?;
@@ -122,6 +108,20 @@ async fn smoke(flags: Flags) -> Result<()> {
     );
     println!("ok: a Service without endpoints refused");
     Ok(())
+}
+
+/// Connects to `service`, expects the TCP endpoint's answer and the Service as the socket's
+/// peer; returns the peer.
+fn expect_tcp_endpoint(service: SocketAddr) -> Result<SocketAddr> {
+    let mut stream = TcpStream::connect(service)?;
+    let peer = stream.peer_addr()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    ensure!(
+        answer == "tcp-endpoint" && peer == service,
+        "{answer:?} from peer {peer}"
+    );
+    Ok(peer)
 }
 
 fn service(name: &str, cluster_ip: &str, protocol: Protocol, endpoints: &[SocketAddr]) -> Service {
