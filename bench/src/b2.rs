@@ -8,7 +8,7 @@ use crate::{
     cluster::Shape,
     process::{self, Memory},
     prometheus::{self, Histogram},
-    proxied::{OWN_SERVICES, Programmed, Proxy, SPLITPROXY, SYNCS, Wanted, populate},
+    proxied::{OWN_SERVICES, Programmed, Proxy, SYNCS, Wanted, populate},
     svg,
 };
 use anyhow::{Context as _, Result, ensure};
@@ -26,8 +26,6 @@ use std::{
 
 /// Endpoint changes received but not yet taken in by a sync.
 const PENDING: &str = "kubeproxy_sync_proxy_rules_endpoint_changes_pending";
-/// The host's default iptables (B2 measures the backend the node has).
-const IPTABLES_SAVE: &str = "iptables-save";
 
 /// B2's flags.
 #[derive(Debug, clap::Args)]
@@ -141,7 +139,8 @@ pub struct Row {
     pub services: usize,
     /// How many endpoints.
     pub endpoints: usize,
-    /// The backend both proxies used.
+    /// splitproxy's backend; kube-proxy ran the same one, or nftables beside ebpf
+    /// ([`ProxyMode::kube_proxy`]).
     pub proxy_mode: ProxyMode,
     /// Seconds taken to create the Services and EndpointSlices.
     pub populate_s: f64,
@@ -170,7 +169,7 @@ pub struct Proxied {
     /// Syncs seen during the changes (one per change, plus any periodic ones).
     pub partial_syncs: f64,
     /// Rules in the proxy's namespace at the end (`-A` lines of `iptables-save`; rules in the
-    /// `kube-proxy` table's chains in nftables mode).
+    /// `kube-proxy` table's chains in nftables mode; entries of the services map in ebpf mode).
     pub rules: usize,
     /// The state programmed at the end, checked against the cluster.
     pub programmed: Programmed,
@@ -249,28 +248,15 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
     let mut wanted = Wanted {
         service_chains: size.services + OWN_SERVICES,
         endpoint_jumps: size.endpoints + OWN_SERVICES,
+        node_port_headers: 0,
+        node_port_endpoints: 0,
     };
     // The controller and agent first, then kube-proxy, so each full sync has the machine to
     // itself (the controller is idle by the time kube-proxy starts).
     let controller = control_plane.start_controller(&mut lab, &control_plane.admin_kubeconfig())?;
-    let agent =
-        control_plane.start_agent_with(&mut lab, &nodes[0], &["--proxy-mode", mode.flag()])?;
-    let splitproxy = Proxy {
-        name: SPLITPROXY,
-        node: nodes[0].clone(),
-        process: agent,
-        mode,
-        iptables_save: IPTABLES_SAVE,
-    };
+    let splitproxy = Proxy::start_splitproxy(&mut lab, &control_plane, &nodes[0], mode, &[], &[])?;
     let splitproxy_full = splitproxy.await_full_sync(&lab, wanted, timeout)?;
-    let kube_proxy_process = control_plane.start_kube_proxy(&mut lab, &nodes[1], mode.flag())?;
-    let kube_proxy = Proxy {
-        name: "kube-proxy",
-        node: nodes[1].clone(),
-        process: kube_proxy_process,
-        mode,
-        iptables_save: IPTABLES_SAVE,
-    };
+    let kube_proxy = Proxy::start_kube_proxy(&mut lab, &control_plane, &nodes[1], mode, &[], &[])?;
     let kube_proxy_full = kube_proxy.await_full_sync(&lab, wanted, timeout)?;
     eprintln!(
         "b2: both proxies programmed the cluster; {} changes",
@@ -296,7 +282,7 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
         let what = format!("{} removes the changed endpoints", proxy.name);
         let last = eventually(&what, timeout, || {
             let save = proxy.save(&lab)?;
-            let found = Programmed::count(&save, wanted, mode);
+            let found = Programmed::count(&save, wanted, proxy.mode);
             ensure!(found.matches(), "found {found:?}");
             Ok(save)
         });
@@ -316,7 +302,7 @@ fn run_size(binaries: &Binaries, params: &Params, size: Size, mode: ProxyMode) -
             partial_sync_max_s: changes.max(),
             partial_syncs: changes.syncs,
             rules: proxy.rules(&save),
-            programmed: Programmed::count(&save, wanted, mode),
+            programmed: Programmed::count(&save, wanted, proxy.mode),
             memory: Memory::of(proxy.process.pid()),
         });
     }

@@ -27,7 +27,7 @@ mod results;
 use crate::{
     cluster::Shape,
     process::Memory,
-    proxied::{OWN_SERVICES, Proxy, ProxyMode, SPLITPROXY, Wanted, populate},
+    proxied::{OWN_SERVICES, Proxy, ProxyMode, Wanted, populate},
 };
 use anyhow::{Context as _, Result, ensure};
 use counters::Counters;
@@ -176,11 +176,12 @@ pub enum Subject {
 }
 
 /// The measured subjects, in their nodes' order (node-1 first).
-const SUBJECTS: [Subject; 6] = [
+const SUBJECTS: [Subject; 7] = [
     Subject::KubeProxy(ProxyMode::Iptables),
     Subject::Splitproxy(ProxyMode::Iptables),
     Subject::KubeProxy(ProxyMode::Nftables),
     Subject::Splitproxy(ProxyMode::Nftables),
+    Subject::Splitproxy(ProxyMode::Ebpf),
     Subject::NoProxy,
     Subject::NoProxyConntrack,
 ];
@@ -199,6 +200,13 @@ impl Subject {
 
     fn is_limit(self) -> bool {
         matches!(self, Self::NoProxy | Self::NoProxyConntrack)
+    }
+
+    /// Whether it serves node ports to clients outside the node: not the limits, which have
+    /// no rules, nor yet the ebpf mode, whose socket programs serve the node's own sockets
+    /// only (docs/features.md).
+    fn serves_outside(self) -> bool {
+        !self.is_limit() && self != Self::Splitproxy(ProxyMode::Ebpf)
     }
 }
 
@@ -414,6 +422,9 @@ fn run_size(binaries: &Binaries, params: &Params, services: usize) -> Result<Siz
     let wanted = Wanted {
         service_chains: services + measured.len() + OWN_SERVICES,
         endpoint_jumps: services + measured.len() + OWN_SERVICES,
+        // A TCP and a UDP node port per measured Service, on the node's one address.
+        node_port_headers: 2 * measured.len(),
+        node_port_endpoints: 2 * measured.len(),
     };
     let _controller =
         control_plane.start_controller(&mut lab, &control_plane.admin_kubeconfig())?;
@@ -430,9 +441,9 @@ fn run_size(binaries: &Binaries, params: &Params, services: usize) -> Result<Siz
     let mut programming = Vec::new();
     // One at a time, so each first sync has the machine to itself.
     for (i, &subject) in SUBJECTS.iter().enumerate() {
-        let (name, mode) = match subject {
-            Subject::KubeProxy(mode) => ("kube-proxy", mode),
-            Subject::Splitproxy(mode) => (SPLITPROXY, mode),
+        let (kube_proxy, mode) = match subject {
+            Subject::KubeProxy(mode) => (true, mode),
+            Subject::Splitproxy(mode) => (false, mode),
             Subject::NoProxy | Subject::NoProxyConntrack => continue,
         };
         let node = bench.nodes[i].clone();
@@ -446,20 +457,13 @@ fn run_size(binaries: &Binaries, params: &Params, services: usize) -> Result<Siz
             "--iptables-sync-period=1h",
             &format!("--cluster-cidr={CLUSTER_POD_CIDR}"),
         ];
-        let process = if name == "kube-proxy" {
-            control_plane.start_kube_proxy_with(&mut bench.lab, &node, mode.flag(), &flags, &env)?
+        let start = if kube_proxy {
+            Proxy::start_kube_proxy
         } else {
-            let mut extra = vec!["--proxy-mode", mode.flag()];
-            extra.extend_from_slice(&flags);
-            control_plane.start_agent_with_env(&mut bench.lab, &node, &extra, &env)?
+            Proxy::start_splitproxy
         };
-        let proxy = Proxy {
-            name,
-            node,
-            process,
-            mode,
-            iptables_save: backend.save(mode),
-        };
+        let proxy = start(&mut bench.lab, &control_plane, &node, mode, &flags, &env)?
+            .listed_by(backend.save(mode));
         let full = proxy.await_full_sync(&bench.lab, wanted, timeout)?;
         eprintln!(
             "b5: {} programmed {services} Services in {:.2} s ({} syncs)",
@@ -634,7 +638,7 @@ impl Bench {
         Some(match (scenario, subject.is_limit()) {
             (Scenario::ClusterIp | Scenario::KeptAlive, false) => (client, vips(SERVICE_TCP_PORT)),
             (Scenario::Udp, false) => (client, vips(SERVICE_UDP_PORT)),
-            (Scenario::NodePort, false) => {
+            (Scenario::NodePort, false) if subject.serves_outside() => {
                 let node_ip = self.nodes[subject_index].ip();
                 let ports = (0..self.measured.len())
                     .map(|k| {
@@ -645,7 +649,7 @@ impl Bench {
                     .collect();
                 (self.outside.ns_name().to_owned(), ports)
             }
-            (Scenario::NodePort, true) => return None,
+            (Scenario::NodePort, _) => return None,
             (Scenario::Udp, true) => (client, vec![server_udp]),
             (Scenario::PodIp, _) | (Scenario::ClusterIp | Scenario::KeptAlive, true) => {
                 (client, vec![server_tcp])

@@ -3,9 +3,15 @@
 
 use crate::{cluster::NAMESPACE, prometheus::Histogram};
 use anyhow::{Context as _, Result, ensure};
+use aya::maps::{HashMap, Map, MapData};
 use serde::Serialize;
+use splitproxy_dataplane::ebpf::{
+    kernel,
+    layout::{self, SlotKey, SlotValue},
+};
 use splitproxy_dataplane::iptables::save;
 use splitproxy_e2e::{
+    bpffs::BpfFs,
     control_plane::ControlPlane,
     eventually,
     lab::{Lab, Node, Process},
@@ -26,6 +32,10 @@ const POPULATE_CHUNK: usize = 1_000;
 pub const OWN_SERVICES: usize = 1;
 /// The agent's name in results.
 pub const SPLITPROXY: &str = "splitproxy";
+/// Upstream kube-proxy's name in results.
+pub const KUBE_PROXY: &str = "kube-proxy";
+/// The host's default iptables (what the proxies use unless a bench picks a backend).
+const IPTABLES_SAVE: &str = "iptables-save";
 
 /// A dataplane backend both proxies offer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -35,6 +45,9 @@ pub enum ProxyMode {
     Iptables,
     /// nftables, programmed with `nft -f -`.
     Nftables,
+    /// splitproxy's socket programs and their map (kube-proxy has no such mode: beside it, it
+    /// runs [`kube_proxy`](Self::kube_proxy)'s).
+    Ebpf,
 }
 
 impl ProxyMode {
@@ -43,15 +56,17 @@ impl ProxyMode {
         match self {
             Self::Iptables => "iptables",
             Self::Nftables => "nftables",
+            Self::Ebpf => "ebpf",
         }
     }
 
-    /// The command listing a proxy's rules in this mode, in its node, `iptables_save` being
-    /// the iptables backend's `iptables-save`.
-    fn listing(self, iptables_save: &'static str) -> (&'static str, &'static [&'static str]) {
+    /// The mode kube-proxy runs beside splitproxy in this mode: the same one, or nftables,
+    /// upstream's fastest at every size (B2, B5), beside the ebpf mode upstream lacks.
+    #[must_use]
+    pub fn kube_proxy(self) -> Self {
         match self {
-            Self::Iptables => (iptables_save, &[]),
-            Self::Nftables => ("nft", &["list", "table", "ip", "kube-proxy"]),
+            Self::Ebpf => Self::Nftables,
+            mode => mode,
         }
     }
 }
@@ -78,6 +93,11 @@ pub struct Wanted {
     pub service_chains: usize,
     /// Jumps to endpoints: one per ready endpoint of each Service port.
     pub endpoint_jumps: usize,
+    /// In ebpf mode, the headers of node ports on the node's addresses, beside those of the
+    /// cluster IPs (the other modes' node-port rules are not counted).
+    pub node_port_headers: usize,
+    /// In ebpf mode, the endpoint slots of those node ports.
+    pub node_port_endpoints: usize,
 }
 
 impl Programmed {
@@ -85,7 +105,8 @@ impl Programmed {
     /// prints), next to `wanted`: in iptables mode the jumps from `KUBE-SVC-` to `KUBE-SEP-`
     /// chains, in nftables mode the `service-` chains and the endpoints of their
     /// `numgen random mod N` choices (kube-proxy's inline maps, splitproxy's ranges of its
-    /// endpoint maps).
+    /// endpoint maps), in ebpf mode the services map's headers and endpoint slots
+    /// ([`ebpf_listing`]).
     pub fn count(listing: &str, wanted: Wanted, mode: ProxyMode) -> Self {
         let (service_chains, endpoint_jumps) = match mode {
             ProxyMode::Iptables => {
@@ -115,12 +136,25 @@ impl Programmed {
                     .filter_map(|rest| rest.split_whitespace().next()?.parse::<usize>().ok())
                     .sum(),
             ),
+            ProxyMode::Ebpf => {
+                let kind = |kind: &str| {
+                    listing
+                        .lines()
+                        .filter(|line| line.split(' ').next() == Some(kind))
+                        .count()
+                };
+                (kind(EBPF_HEADER), kind(EBPF_ENDPOINT))
+            }
+        };
+        let (node_port_headers, node_port_endpoints) = match mode {
+            ProxyMode::Ebpf => (wanted.node_port_headers, wanted.node_port_endpoints),
+            ProxyMode::Iptables | ProxyMode::Nftables => (0, 0),
         };
         Self {
             service_chains,
-            expected_service_chains: wanted.service_chains,
+            expected_service_chains: wanted.service_chains + node_port_headers,
             endpoint_jumps,
-            expected_endpoint_jumps: wanted.endpoint_jumps,
+            expected_endpoint_jumps: wanted.endpoint_jumps + node_port_endpoints,
         }
     }
 
@@ -145,9 +179,86 @@ pub struct Proxy {
     /// The `iptables-save` of the iptables backend it uses (`iptables-save` is the host's
     /// default, `iptables-legacy-save` the legacy one).
     pub iptables_save: &'static str,
+    /// In ebpf mode, the BPF filesystem holding its pins (unmounted with the proxy).
+    pins: Option<BpfFs>,
 }
 
 impl Proxy {
+    /// Starts splitproxy's agent on `node` in `mode`, with `extra` flags and `env`. In ebpf
+    /// mode the node gets a lab cgroup, which its processes and pods join and the programs
+    /// attach to, and a BPF filesystem for the pins.
+    ///
+    /// # Errors
+    ///
+    /// If the cgroup or filesystem cannot be made or the agent cannot start.
+    pub fn start_splitproxy(
+        lab: &mut Lab,
+        control_plane: &ControlPlane,
+        node: &Node,
+        mode: ProxyMode,
+        extra: &[&str],
+        env: &[(String, String)],
+    ) -> Result<Self> {
+        let mut flags: Vec<String> = vec!["--proxy-mode".into(), mode.flag().into()];
+        let pins = if mode == ProxyMode::Ebpf {
+            let cgroup = lab.node_cgroup(node)?;
+            let pins = BpfFs::mount()?;
+            flags.extend([
+                "--bpf-root".into(),
+                pins.path().to_string_lossy().into_owned(),
+                "--cgroup-root".into(),
+                cgroup.to_string_lossy().into_owned(),
+            ]);
+            Some(pins)
+        } else {
+            None
+        };
+        let mut flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        flags.extend_from_slice(extra);
+        Ok(Self {
+            name: SPLITPROXY,
+            node: node.clone(),
+            process: control_plane.start_agent_with_env(lab, node, &flags, env)?,
+            mode,
+            iptables_save: IPTABLES_SAVE,
+            pins,
+        })
+    }
+
+    /// Starts upstream kube-proxy on `node` in the mode it runs beside splitproxy's `mode`
+    /// ([`ProxyMode::kube_proxy`]), with `extra` flags and `env`.
+    ///
+    /// # Errors
+    ///
+    /// If kube-proxy cannot start.
+    pub fn start_kube_proxy(
+        lab: &mut Lab,
+        control_plane: &ControlPlane,
+        node: &Node,
+        mode: ProxyMode,
+        extra: &[&str],
+        env: &[(String, String)],
+    ) -> Result<Self> {
+        let mode = mode.kube_proxy();
+        Ok(Self {
+            name: KUBE_PROXY,
+            node: node.clone(),
+            process: control_plane.start_kube_proxy_with(lab, node, mode.flag(), extra, env)?,
+            mode,
+            iptables_save: IPTABLES_SAVE,
+            pins: None,
+        })
+    }
+
+    /// The same proxy listing its iptables rules with `iptables_save` (its backend's).
+    #[must_use]
+    pub fn listed_by(self, iptables_save: &'static str) -> Self {
+        Self {
+            iptables_save,
+            ..self
+        }
+    }
+
     /// The proxy's `/metrics` (Prometheus text).
     pub fn metrics(&self, lab: &Lab) -> Result<String> {
         lab.exec_ok(
@@ -192,17 +303,59 @@ impl Proxy {
 
     /// The proxy's rules, as its mode lists them.
     pub fn save(&self, lab: &Lab) -> Result<String> {
-        let (program, args) = self.mode.listing(self.iptables_save);
-        lab.exec_ok(&self.node, program, args)
+        match (self.mode, &self.pins) {
+            (ProxyMode::Iptables, _) => lab.exec_ok(&self.node, self.iptables_save, &[]),
+            (ProxyMode::Nftables, _) => {
+                lab.exec_ok(&self.node, "nft", &["list", "table", "ip", "kube-proxy"])
+            }
+            (ProxyMode::Ebpf, Some(pins)) => ebpf_listing(pins.path()),
+            (ProxyMode::Ebpf, None) => anyhow::bail!("{} in ebpf mode has no pins", self.name),
+        }
     }
 
-    /// How many rules `listing` holds.
+    /// How many rules `listing` holds (in ebpf mode, map entries).
     pub fn rules(&self, listing: &str) -> usize {
         match self.mode {
             ProxyMode::Iptables => listing.lines().filter(|l| l.starts_with("-A ")).count(),
             ProxyMode::Nftables => nft_rules(listing),
+            ProxyMode::Ebpf => listing.lines().count(),
         }
     }
+}
+
+/// An ebpf listing's line for a Service port's header (slot 0).
+const EBPF_HEADER: &str = "header";
+/// An ebpf listing's line for an endpoint slot.
+const EBPF_ENDPOINT: &str = "endpoint";
+
+/// The entries of the services map pinned under the BPF filesystem `bpf_root`, read from the
+/// kernel, one line each: `header ADDRESS PORT PROTOCOL count=N` or
+/// `endpoint ADDRESS PORT PROTOCOL slot=N ENDPOINT`, sorted.
+///
+/// # Errors
+///
+/// If the pinned map cannot be opened or read.
+pub fn ebpf_listing(bpf_root: &Path) -> Result<String> {
+    let pin = kernel::map_pins(bpf_root).join(layout::SERVICES_MAP);
+    let data = MapData::from_pin(&pin).with_context(|| format!("opening {}", pin.display()))?;
+    let map: HashMap<MapData, [u8; layout::KEY_LEN], [u8; layout::VALUE_LEN]> =
+        HashMap::try_from(Map::from_map_data(data)?)?;
+    let mut lines = Vec::new();
+    for entry in map.iter() {
+        let (key, value) = entry.with_context(|| format!("reading {}", pin.display()))?;
+        let Some(key) = SlotKey::from_bytes(key) else {
+            continue;
+        };
+        let service = format!("{} {} {:?}", key.address, key.port, key.protocol);
+        lines.push(match SlotValue::from_bytes(key, value) {
+            SlotValue::Header { count, .. } => format!("{EBPF_HEADER} {service} count={count}"),
+            SlotValue::Endpoint(endpoint) => {
+                format!("{EBPF_ENDPOINT} {service} slot={} {endpoint}", key.slot)
+            }
+        });
+    }
+    lines.sort_unstable();
+    Ok(lines.iter().map(|line| format!("{line}\n")).collect())
 }
 
 /// The rules in the chains of an `nft list table` listing: every line inside a `chain … {`
@@ -351,6 +504,8 @@ COMMIT
         let wanted = Wanted {
             service_chains: 1,
             endpoint_jumps: 2,
+            node_port_headers: 0,
+            node_port_endpoints: 0,
         };
         let found = Programmed::count(SAVED, wanted, ProxyMode::Iptables);
         assert_eq!((found.service_chains, found.endpoint_jumps), (1, 2));
@@ -405,6 +560,8 @@ table ip kube-proxy {
         let wanted = Wanted {
             service_chains: 1,
             endpoint_jumps: 2,
+            node_port_headers: 0,
+            node_port_endpoints: 0,
         };
         let found = Programmed::count(LISTED, wanted, ProxyMode::Nftables);
         assert_eq!((found.service_chains, found.endpoint_jumps), (1, 2));
@@ -415,6 +572,35 @@ table ip kube-proxy {
             nft_rules(LISTED),
             5,
             "the chains' rules, not their type lines"
+        );
+    }
+
+    #[test]
+    fn in_ebpf_mode_node_ports_add_headers_and_slots_the_other_modes_do_not_count() {
+        let listing = "\
+endpoint 10.96.1.0 80 Tcp slot=1 10.244.1.2:8080
+endpoint 192.168.1.2 30000 Tcp slot=1 10.244.1.2:8080
+header 10.96.1.0 80 Tcp count=1
+header 192.168.1.2 30000 Tcp count=1
+";
+        let wanted = Wanted {
+            service_chains: 1,
+            endpoint_jumps: 1,
+            node_port_headers: 1,
+            node_port_endpoints: 1,
+        };
+        let found = Programmed::count(listing, wanted, ProxyMode::Ebpf);
+        assert_eq!((found.service_chains, found.endpoint_jumps), (2, 2));
+        assert!(found.matches());
+        let without = Wanted {
+            node_port_headers: 0,
+            node_port_endpoints: 0,
+            ..wanted
+        };
+        assert!(!Programmed::count(listing, without, ProxyMode::Ebpf).matches());
+        assert_eq!(
+            Programmed::count(SAVED, wanted, ProxyMode::Iptables).expected_service_chains,
+            1
         );
     }
 }

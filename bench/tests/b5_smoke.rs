@@ -45,8 +45,9 @@ fn run_smallest_quick_profile() -> Result<(), String> {
     let size = &results["sizes"][0];
     assert_eq!(size["services"], 1);
     let cells = size["cells"].as_array().expect("cells");
-    // ClusterIP and pod IP, each through four proxies and two limits.
-    assert_eq!(cells.len(), 12, "{cells:#?}");
+    // ClusterIP and pod IP, each through five proxies (kube-proxy's two modes, splitproxy's
+    // three) and two limits.
+    assert_eq!(cells.len(), 14, "{cells:#?}");
     let invalid: Vec<String> = cells
         .iter()
         .filter(|cell| cell["valid"] != true)
@@ -64,7 +65,7 @@ fn run_smallest_quick_profile() -> Result<(), String> {
         assert!(rate > 0.0, "{what}: no exchange in the rate trial");
     }
     let programming = size["programming"].as_array().expect("programming");
-    assert_eq!(programming.len(), 4);
+    assert_eq!(programming.len(), 5);
     for proxy in programming {
         assert!(proxy["rules"].as_u64() > Some(0), "{proxy}");
     }

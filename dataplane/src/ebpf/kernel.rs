@@ -136,7 +136,7 @@ impl Attached {
         ensure_bpffs(bpf_root)?;
         check_cgroup2(cgroup)?;
         let pins = bpf_root.join(PIN_FOLDER);
-        let current = pins.join(layout::VERSION);
+        let current = map_pins(bpf_root);
         let links = current.join("links");
         fs::create_dir_all(&links).map_err(|source| pins_error(&links, source))?;
         let mut ebpf = EbpfLoader::new()
@@ -252,6 +252,12 @@ impl Attached {
         }
         Ok(())
     }
+}
+
+/// Where the maps of this layout are pinned under the BPF filesystem `bpf_root`, each by its name.
+#[must_use]
+pub fn map_pins(bpf_root: &Path) -> PathBuf {
+    bpf_root.join(PIN_FOLDER).join(layout::VERSION)
 }
 
 /// Removes `key`; one already gone is fine.
