@@ -143,7 +143,13 @@ impl Programmed {
                         .filter(|line| line.split(' ').next() == Some(kind))
                         .count()
                 };
-                (kind(EBPF_HEADER), kind(EBPF_ENDPOINT))
+                // A header without endpoints (a node port on an address of the other
+                // family, say) refuses: like a Service chain, only one with endpoints counts.
+                let empty = listing
+                    .lines()
+                    .filter(|line| line.starts_with(EBPF_HEADER) && line.ends_with(" count=0"))
+                    .count();
+                (kind(EBPF_HEADER) - empty, kind(EBPF_ENDPOINT))
             }
         };
         let (node_port_headers, node_port_endpoints) = match mode {
@@ -582,6 +588,7 @@ endpoint 10.96.1.0 80 Tcp slot=1 10.244.1.2:8080
 endpoint 192.168.1.2 30000 Tcp slot=1 10.244.1.2:8080
 header 10.96.1.0 80 Tcp count=1
 header 192.168.1.2 30000 Tcp count=1
+header fd00::2 30000 Tcp count=0
 ";
         let wanted = Wanted {
             service_chains: 1,
