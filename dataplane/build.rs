@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// The programs, by file stem under `bpf/`.
-const PROGRAMS: [&str; 1] = ["sock"];
+const PROGRAMS: [&str; 2] = ["sock", "tc"];
 
 fn main() {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
@@ -15,6 +15,8 @@ fn main() {
     let arch = env::var("CARGO_CFG_TARGET_ARCH").expect("cargo sets CARGO_CFG_TARGET_ARCH");
     let asm_include = format!("/usr/include/{arch}-linux-gnu");
     println!("cargo:rerun-if-env-changed=SPLITPROXY_CLANG");
+    // Included by every program.
+    println!("cargo:rerun-if-changed=bpf/services.h");
     for program in PROGRAMS {
         let source = format!("bpf/{program}.c");
         println!("cargo:rerun-if-changed={source}");

@@ -201,13 +201,6 @@ impl Subject {
     fn is_limit(self) -> bool {
         matches!(self, Self::NoProxy | Self::NoProxyConntrack)
     }
-
-    /// Whether it serves node ports to clients outside the node: not the limits, which have
-    /// no rules, nor yet the ebpf mode, whose socket programs serve the node's own sockets
-    /// only (docs/features.md).
-    fn serves_outside(self) -> bool {
-        !self.is_limit() && self != Self::Splitproxy(ProxyMode::Ebpf)
-    }
 }
 
 /// What one B5 run does.
@@ -638,7 +631,7 @@ impl Bench {
         Some(match (scenario, subject.is_limit()) {
             (Scenario::ClusterIp | Scenario::KeptAlive, false) => (client, vips(SERVICE_TCP_PORT)),
             (Scenario::Udp, false) => (client, vips(SERVICE_UDP_PORT)),
-            (Scenario::NodePort, false) if subject.serves_outside() => {
+            (Scenario::NodePort, false) => {
                 let node_ip = self.nodes[subject_index].ip();
                 let ports = (0..self.measured.len())
                     .map(|k| {

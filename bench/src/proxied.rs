@@ -7,7 +7,7 @@ use aya::maps::{HashMap, Map, MapData};
 use serde::Serialize;
 use splitproxy_dataplane::ebpf::{
     kernel,
-    layout::{self, SlotKey, SlotValue},
+    layout::{self, Scope, SlotKey, SlotValue},
 };
 use splitproxy_dataplane::iptables::save;
 use splitproxy_e2e::{
@@ -336,7 +336,9 @@ const EBPF_ENDPOINT: &str = "endpoint";
 
 /// The entries of the services map pinned under the BPF filesystem `bpf_root`, read from the
 /// kernel, one line each: `header ADDRESS PORT PROTOCOL count=N` or
-/// `endpoint ADDRESS PORT PROTOCOL slot=N ENDPOINT`, sorted.
+/// `endpoint ADDRESS PORT PROTOCOL slot=N ENDPOINT`, prefixed `outside-` for the entries
+/// serving traffic from outside the node (the node's own are what the benchmarks count),
+/// sorted.
 ///
 /// # Errors
 ///
@@ -353,10 +355,19 @@ pub fn ebpf_listing(bpf_root: &Path) -> Result<String> {
             continue;
         };
         let service = format!("{} {} {:?}", key.address, key.port, key.protocol);
+        let scope = match key.scope {
+            Scope::Node => "",
+            Scope::Outside => "outside-",
+        };
         lines.push(match SlotValue::from_bytes(key, value) {
-            SlotValue::Header { count, .. } => format!("{EBPF_HEADER} {service} count={count}"),
+            SlotValue::Header { count, .. } => {
+                format!("{scope}{EBPF_HEADER} {service} count={count}")
+            }
             SlotValue::Endpoint(endpoint) => {
-                format!("{EBPF_ENDPOINT} {service} slot={} {endpoint}", key.slot)
+                format!(
+                    "{scope}{EBPF_ENDPOINT} {service} slot={} {endpoint}",
+                    key.slot
+                )
             }
         });
     }
@@ -589,6 +600,8 @@ endpoint 192.168.1.2 30000 Tcp slot=1 10.244.1.2:8080
 header 10.96.1.0 80 Tcp count=1
 header 192.168.1.2 30000 Tcp count=1
 header fd00::2 30000 Tcp count=0
+outside-endpoint 192.168.1.2 30000 Tcp slot=1 10.244.1.2:8080
+outside-header 192.168.1.2 30000 Tcp count=1
 ";
         let wanted = Wanted {
             service_chains: 1,

@@ -26,32 +26,9 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
+#include "services.h"
+
 #define ECONNREFUSED 111
-
-// An address in network order, an IPv4 one mapped.
-struct address {
-	__be32 word[4];
-};
-
-// A Service port's entry: slot 0 holds the number of endpoints, slots 1..count the endpoints.
-struct service_key {
-	struct address address;
-	__be16 port;
-	__u8 protocol;
-	__u8 pad;
-	__u32 slot;
-};
-
-// Slot 0 with no endpoints: connections are dropped (EPERM) rather than refused.
-#define SP_DROP 1
-
-struct service_value {
-	struct address address;  // slot > 0: the endpoint's address
-	__be16 port;             // slot > 0: the endpoint's port
-	__u16 flags;             // slot 0: SP_DROP
-	__u32 count;             // slot 0: the endpoints in slots 1..count
-	__u32 affinity;          // slot 0: sessionAffinity ClientIP's timeout in seconds, or 0
-};
 
 // What a redirected socket was aimed at, per socket (cookie) and endpoint.
 struct reverse_key {
@@ -91,15 +68,6 @@ struct affinity_value {
 // How many slots an affinity's endpoint is looked for in when it left its slot (the Service's
 // endpoints changed); past them the client gets a new endpoint.
 #define SP_AFFINITY_SCAN 64
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, struct service_key);
-	__type(value, struct service_value);
-	__uint(max_entries, 1 << 20);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sp_services SEC(".maps");
 
 // Least recently used entries go first: a socket long closed needs no reverse translation.
 struct {
@@ -153,12 +121,6 @@ static __always_inline void redirect(struct bpf_sock_addr *ctx, int ipv6, struct
 	ctx->user_port = port;
 }
 
-static __always_inline int same_address(struct address *a, struct address *b)
-{
-	return a->word[0] == b->word[0] && a->word[1] == b->word[1] && a->word[2] == b->word[2] &&
-	       a->word[3] == b->word[3];
-}
-
 // The Service port the program's context is aimed at, or NULL.
 static __always_inline struct service_value *service_of(struct bpf_sock_addr *ctx, int ipv6,
 							 struct service_key *key)
@@ -170,6 +132,7 @@ static __always_inline struct service_value *service_of(struct bpf_sock_addr *ct
 	destination(ctx, ipv6, &key->address);
 	key->port = (__be16)ctx->user_port;
 	key->protocol = (__u8)protocol;
+	key->scope = SP_SCOPE_NODE;
 	key->slot = 0;
 	return bpf_map_lookup_elem(&sp_services, key);
 }

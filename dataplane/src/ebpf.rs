@@ -7,16 +7,20 @@
 //! * [`entries`]: what a [`ProxyState`] asks the maps to hold, and the order of writes that gets
 //!   there without a half-written Service port (pure);
 //! * [`kernel`]: the programs and maps, pinned so they outlive the agent, and the map's
-//!   reads and writes.
+//!   reads and writes;
+//! * [`packets`]: the tc programs on the node's devices, for traffic from outside the node, and
+//!   the masquerade rule they mark connections for.
 //!
-//! This first part serves Services of both families to clients on the node (pods and host
-//! processes): cluster IPs with both traffic policies' endpoint choice and session affinity, and
-//! node ports, external IPs and load-balancer IPs as upstream serves the node's own traffic to
-//! them; `docs/features.md` lists what the mode does not do yet.
+//! It serves Services of both families to clients on the node (pods and host processes):
+//! cluster IPs with both traffic policies' endpoint choice and session affinity, and node ports,
+//! external IPs and load-balancer IPs as upstream serves the node's own traffic to them; and
+//! node ports, external IPs and load-balancer IPs to clients outside the node, as the external
+//! traffic policy says; `docs/features.md` lists what the mode does not do yet.
 
 pub mod entries;
 pub mod kernel;
 pub mod layout;
+pub mod packets;
 
 use crate::full_sync::FullSyncClock;
 use crate::{Dataplane, FailedStep, IpFamily, ProxyState, SyncError, SyncReport};
@@ -38,6 +42,12 @@ pub struct Config {
     /// ([`NodeOptions::node_port_addresses`](crate::node_options::NodeOptions::node_port_addresses));
     /// `None` for every address of the node's interfaces, listed at each sync.
     pub node_port_addresses: Option<Vec<IpAddr>>,
+    /// The devices whose traffic from outside is balanced; `None` for those holding the
+    /// node-port addresses, listed at each sync.
+    pub devices: Option<Vec<String>>,
+    /// The mark the packet programs set on connections to masquerade
+    /// ([`NodeOptions::masquerade_bit`](crate::node_options::NodeOptions::masquerade_bit)'s).
+    pub masquerade_mark: u32,
 }
 
 impl SyncError for kernel::Error {
@@ -165,6 +175,10 @@ impl Dataplane for EbpfBackend {
 
     async fn sync(&mut self, state: &ProxyState) -> Result<SyncReport, kernel::Error> {
         let node_ports = kernel::node_port_addresses(self.config.node_port_addresses.as_deref())?;
+        let devices = match &self.config.devices {
+            Some(devices) => devices.clone(),
+            None => packets::devices_holding(&node_ports)?,
+        };
         let (change, claims) = self.change_to(state, &node_ports);
         let attached = self.attached.take();
         let config = self.config.clone();
@@ -173,12 +187,16 @@ impl Dataplane for EbpfBackend {
         let (attached, outcome) = tokio::task::spawn_blocking(move || {
             let mut attached = match attached {
                 Some(attached) => attached,
-                None => match Attached::new(&config.bpf_root, &config.cgroup) {
-                    Ok(attached) => attached,
-                    Err(err) => return (None, Err(err)),
-                },
+                None => {
+                    match Attached::new(&config.bpf_root, &config.cgroup, config.masquerade_mark) {
+                        Ok(attached) => attached,
+                        Err(err) => return (None, Err(err)),
+                    }
+                }
             };
-            let outcome = apply(&mut attached, &change).map(|written| (written, change));
+            let outcome = apply(&mut attached, &change)
+                .and_then(|written| attached.attach_devices(&devices).map(|()| written))
+                .map(|written| (written, change));
             (Some(attached), outcome)
         })
         .await

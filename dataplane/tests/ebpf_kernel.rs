@@ -60,6 +60,8 @@ impl Lab {
             bpf_root: self.bpf_root.clone(),
             cgroup: self.cgroup.clone(),
             node_port_addresses: None,
+            devices: Some(Vec::new()),
+            masquerade_mark: 0x4000,
         }
     }
 
@@ -358,7 +360,9 @@ async fn node_ports_on_the_nodes_addresses_and_external_ips_reach_the_endpoints(
     );
     let mut backend = EbpfBackend::new(lab.config());
     let report = backend.sync(&state(vec![web.clone()])).await.unwrap();
-    assert_eq!(report.rules_total(), vec![("services".to_owned(), 6)]);
+    // A header and a slot for each of the three addresses, then for the node port and the
+    // external IP again, as traffic from outside reaches them.
+    assert_eq!(report.rules_total(), vec![("services".to_owned(), 10)]);
     for address in ["10.99.0.1:30080", "192.168.99.1:80", "10.96.0.40:80"] {
         let (answer, peer) = tcp_answer(address).unwrap();
         assert_eq!(answer, "web", "{address}");
@@ -568,10 +572,237 @@ async fn the_services_outlive_the_agent_and_a_new_agent_takes_over_its_maps() {
 fn a_folder_outside_cgroup_v2_is_refused_by_name() {
     let lab = Lab::new("refused");
     let not_cgroup = Path::new("/proc");
-    let err = kernel::Attached::new(&lab.bpf_root, not_cgroup).unwrap_err();
+    let err = kernel::Attached::new(&lab.bpf_root, not_cgroup, 0x4000).unwrap_err();
     assert!(
         err.to_string()
             .contains("/proc is not a cgroup v2 hierarchy"),
         "{err}"
+    );
+}
+
+/// A network namespace `name` (under `/run/netns`) joined to the test's by a veth pair:
+/// `here` on the test's side with `here_address`, `eth0` there with `there_address` and a
+/// default route through `here_address`'s host. Removed when dropped.
+struct Neighbour {
+    name: String,
+}
+
+impl Neighbour {
+    fn new(name: &str, here: &str, here_address: &str, there_address: &str) -> Self {
+        let name = format!("{name}-{}", std::process::id());
+        let gateway = here_address.split('/').next().unwrap();
+        run("ip", &["netns", "add", &name]);
+        run(
+            "ip",
+            &[
+                "link", "add", here, "type", "veth", "peer", "name", "eth0", "netns", &name,
+            ],
+        );
+        run("ip", &["addr", "add", here_address, "dev", here]);
+        run("ip", &["link", "set", here, "up"]);
+        for args in [
+            &["addr", "add", there_address, "dev", "eth0"][..],
+            &["link", "set", "eth0", "up"],
+            &["link", "set", "lo", "up"],
+            &["route", "add", "default", "via", gateway],
+        ] {
+            run("ip", &[&["-n", name.as_str()][..], args].concat());
+        }
+        Self { name }
+    }
+
+    /// Runs `f` on a thread inside the namespace.
+    fn enter<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
+        let namespace = std::fs::File::open(format!("/run/netns/{}", self.name)).unwrap();
+        std::thread::spawn(move || {
+            nix::sched::setns(namespace, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            f()
+        })
+    }
+}
+
+impl Drop for Neighbour {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// What a client in `outside` got from a TCP connection to `address` (UDP: from one datagram
+/// there), made by a process in `home_cgroup` (outside the lab's cgroup, so the socket programs
+/// do not see it, as they do not see a client on another machine): the endpoint's answer, or
+/// the error.
+fn outside_answer(
+    outside: &Neighbour,
+    home_cgroup: &Path,
+    protocol: Protocol,
+    address: SocketAddr,
+) -> String {
+    let (ip, port) = (address.ip(), address.port());
+    let client = match protocol {
+        Protocol::Udp => {
+            format!(
+                "exec 3<>/dev/udp/{ip}/{port} && echo hi >&3 && dd bs=512 count=1 <&3 2>/dev/null"
+            )
+        }
+        _ => format!("exec 3<>/dev/tcp/{ip}/{port} && cat <&3"),
+    };
+    let output = Command::new("sh")
+        .args([
+            "-c",
+            r#"echo $$ > "$0/cgroup.procs" && exec "$@""#,
+            &home_cgroup.display().to_string(),
+            "ip",
+            "netns",
+            "exec",
+            &outside.name,
+            "timeout",
+            "5",
+            "bash",
+            "-c",
+            &client,
+        ])
+        .output()
+        .unwrap();
+    if output.status.success() {
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    } else {
+        format!(
+            "failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_node_port_from_outside_reaches_a_pod_masqueraded_under_cluster_policy_and_with_the_client_ip_under_local()
+ {
+    let lab = Lab::new("outside");
+    std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").unwrap();
+    let outside = Neighbour::new("sp-outside", "ext0", "198.51.100.1/24", "198.51.100.7/24");
+    let pod = Neighbour::new("sp-pod", "pod0", "10.244.0.1/24", "10.244.0.2/24");
+    // The pod's endpoints answer each connection and datagram with the client address they see.
+    let listening = std::sync::mpsc::channel();
+    pod.enter(move || {
+        let listener = TcpListener::bind("10.244.0.2:8080").unwrap();
+        let udp = UdpSocket::bind("10.244.0.2:5353").unwrap();
+        listening.0.send(()).unwrap();
+        std::thread::spawn(move || {
+            let mut buffer = [0; 64];
+            while let Ok((_, from)) = udp.recv_from(&mut buffer) {
+                let _ = udp.send_to(from.ip().to_string().as_bytes(), from);
+            }
+        });
+        for stream in listener.incoming() {
+            let mut stream = stream.unwrap();
+            let peer = stream.peer_addr().unwrap().ip();
+            let _ = stream.write_all(peer.to_string().as_bytes());
+        }
+    });
+    listening.1.recv().unwrap();
+    let node_port: SocketAddr = "198.51.100.1:30080".parse().unwrap();
+    let udp_node_port: SocketAddr = "198.51.100.1:30053".parse().unwrap();
+    let answer = |protocol, address| outside_answer(&outside, &lab.home_cgroup, protocol, address);
+    assert!(
+        answer(Protocol::Tcp, node_port).starts_with("failed"),
+        "without the programs nothing answers on the node port"
+    );
+
+    let web = |policy: TrafficPolicy, local: bool| {
+        let endpoint = |address: &str| {
+            let mut endpoint = Endpoint::ready(address.parse().unwrap());
+            endpoint.is_local = local;
+            vec![endpoint]
+        };
+        let mut service = Service::new(
+            ServiceKey::new("ns", "web"),
+            vec!["10.96.0.40".parse().unwrap()],
+            vec![
+                ServicePort::new(
+                    "p",
+                    Protocol::Tcp,
+                    80,
+                    Some(30080),
+                    endpoint("10.244.0.2:8080"),
+                ),
+                ServicePort::new(
+                    "dns",
+                    Protocol::Udp,
+                    53,
+                    Some(30053),
+                    endpoint("10.244.0.2:5353"),
+                ),
+            ],
+        );
+        service.external_traffic_policy = policy;
+        state(vec![service])
+    };
+    let mut backend = EbpfBackend::new(Config {
+        node_port_addresses: Some(vec![node_port.ip()]),
+        devices: Some(vec!["ext0".to_owned()]),
+        ..lab.config()
+    });
+    backend
+        .sync(&web(TrafficPolicy::Cluster, true))
+        .await
+        .unwrap();
+    assert_eq!(
+        answer(Protocol::Tcp, node_port),
+        "10.244.0.1",
+        "externalTrafficPolicy Cluster: the pod sees the node's address"
+    );
+    assert_eq!(
+        answer(Protocol::Udp, udp_node_port),
+        "10.244.0.1",
+        "UDP too, the answer read as the node port's (bash's socket is connected to it)"
+    );
+    let links = lab.links();
+    assert!(
+        links
+            .iter()
+            .any(|link| link.starts_with("sp_from_outside-"))
+            && links.iter().any(|link| link.starts_with("sp_to_outside-")),
+        "{links:?}"
+    );
+
+    backend
+        .sync(&web(TrafficPolicy::Local, true))
+        .await
+        .unwrap();
+    assert_eq!(
+        answer(Protocol::Tcp, node_port),
+        "198.51.100.7",
+        "externalTrafficPolicy Local: the pod sees the client"
+    );
+
+    // Local, with the endpoint on another node: dropped (the client times out), not refused.
+    backend
+        .sync(&web(TrafficPolicy::Local, false))
+        .await
+        .unwrap();
+    let dropped = answer(Protocol::Tcp, node_port);
+    assert!(
+        dropped.starts_with("failed") && !dropped.contains("refused"),
+        "{dropped}"
+    );
+
+    // A new agent takes the links over and the node port keeps answering.
+    drop(backend);
+    let mut next = EbpfBackend::new(Config {
+        node_port_addresses: Some(vec![node_port.ip()]),
+        devices: Some(vec!["ext0".to_owned()]),
+        ..lab.config()
+    });
+    next.sync(&web(TrafficPolicy::Cluster, true)).await.unwrap();
+    assert_eq!(answer(Protocol::Tcp, node_port), "10.244.0.1");
+    assert_eq!(
+        lab.links().len(),
+        links.len(),
+        "the earlier agent's links are unpinned"
     );
 }

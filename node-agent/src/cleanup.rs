@@ -100,17 +100,17 @@ pub async fn cleanup_all(ipvs_exclude: Vec<Cidr>, bpf_root: &Path) -> ExitCode {
     code
 }
 
-/// Unpins the ebpf mode's programs and maps, which detaches the programs; whether nothing
-/// failed (a failure is logged).
+/// Unpins the ebpf mode's programs and maps, which detaches the programs, and removes its
+/// masquerade rule; whether nothing failed (a failure is logged).
 fn remove_ebpf_pins(bpf_root: &Path) -> bool {
     match ebpf::remove_pins(bpf_root) {
         Ok(true) => {
-            tracing::info!(bpf_root = %bpf_root.display(), "removed the ebpf mode's programs and maps");
+            tracing::info!(bpf_root = %bpf_root.display(), "removed the ebpf mode's programs, maps and masquerade rule");
             true
         }
         Ok(false) => true,
         Err(err) => {
-            tracing::warn!(error = %err, "could not remove the ebpf mode's programs and maps");
+            tracing::warn!(error = %err, "could not remove the ebpf mode's programs, maps and masquerade rule");
             false
         }
     }

@@ -88,6 +88,10 @@ pub struct Cli {
     /// cgroup v2 hierarchy mounted on the node, which every process of the node is under).
     #[arg(long, env = "SPLITPROXY_CGROUP_ROOT")]
     pub cgroup_root: Option<PathBuf>,
+    /// The devices the ebpf mode balances traffic from outside the node on, comma-separated
+    /// (default: those holding the node-port addresses).
+    #[arg(long, env = "SPLITPROXY_EBPF_DEVICES", value_delimiter = ',')]
+    pub ebpf_devices: Option<Vec<String>>,
     /// This node's primary IP, as kube-proxy's flag of the same name overrides it (no socket is
     /// bound to it): `--nodeport-addresses primary` selects it, and when a Service's
     /// loadBalancerSourceRanges hold it the node may reach the load-balancer IPs it holds as

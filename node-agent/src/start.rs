@@ -192,6 +192,8 @@ pub async fn run_agent(cli: Cli, settings: Settings, node_name: String) -> anyho
         bpf_root: cli.bpf_root,
         cgroup_root: cli.cgroup_root,
         node_port_addresses: config.node_port_addresses.clone(),
+        devices: cli.ebpf_devices,
+        masquerade_mark: 1 << (settings.masquerade_bit & 31),
     };
     let span = tracing::info_span!("agent", node = %config.client.node_name);
     let agent = run(config, settings.mode, iptables, ipvs, ebpf).instrument(span);
@@ -210,6 +212,8 @@ struct EbpfFlags {
     bpf_root: std::path::PathBuf,
     cgroup_root: Option<std::path::PathBuf>,
     node_port_addresses: Option<Vec<IpAddr>>,
+    devices: Option<Vec<String>>,
+    masquerade_mark: u32,
 }
 
 impl EbpfFlags {
@@ -225,6 +229,8 @@ impl EbpfFlags {
             bpf_root: self.bpf_root,
             cgroup,
             node_port_addresses: self.node_port_addresses,
+            devices: self.devices,
+            masquerade_mark: self.masquerade_mark,
         })
     }
 }

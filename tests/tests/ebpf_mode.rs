@@ -1,6 +1,6 @@
 //! The agent in ebpf mode (`--proxy-mode ebpf`) on the demo cluster: controller → gRPC → agent →
-//! map writes → socket programs on node-1's cgroup → real connections from a pod and from the
-//! node. node-1 starts in iptables mode, as a node switching modes does; its agent then removes
+//! map writes → socket programs on node-1's cgroup and packet programs on its device → real
+//! connections from a pod, from the node and from outside the cluster. node-1 starts in iptables mode, as a node switching modes does; its agent then removes
 //! the iptables rules, so only the programs can send cluster-IP and its node-port traffic anywhere. Needs root and
 //! a cgroup v2 hierarchy; `scripts/test.sh` builds the binaries first.
 //!
@@ -16,7 +16,7 @@ use splitproxy_e2e::{eventually, hit};
 const REQUESTS: u32 = 60;
 
 #[test]
-fn the_agent_in_ebpf_mode_serves_cluster_ips_and_node_ports_from_pods_and_the_node_through_changes_and_restarts()
+fn the_agent_in_ebpf_mode_serves_cluster_ips_and_node_ports_from_pods_the_node_and_outside_through_changes_and_restarts()
 -> Result<()> {
     let mut cluster = DemoCluster::start("ebpf")?;
     let node = cluster.nodes[0].clone();
@@ -46,6 +46,9 @@ fn the_agent_in_ebpf_mode_serves_cluster_ips_and_node_ports_from_pods_and_the_no
     }
     let node_port = DemoCluster::node_port_url(&node);
     cluster.expect_answers(&node, &node_port, &["web-a", "web-c"], REQUESTS)?;
+    // From outside the cluster, through the packet programs on node-1's device: web-c, on
+    // node-2, is reached masqueraded and answers back through node-1.
+    cluster.expect_answers(&cluster.external, &node_port, &["web-a", "web-c"], REQUESTS)?;
     // IPv6: node-1's ip6tables rules went with the switch, so only the IPv6 programs serve it.
     cluster.write_manifest("web6.yaml", &cluster.web6_yaml())?;
     let url6 = format!("http://[{WEB6_IP}]:80/");

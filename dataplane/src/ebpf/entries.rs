@@ -1,7 +1,7 @@
 //! What the maps should hold for a [`ProxyState`], and the order of writes that takes them from
 //! what they hold there without a connection ever seeing a half-written Service port.
 
-use super::layout::{SlotKey, SlotValue};
+use super::layout::{Scope, SlotKey, SlotValue};
 use crate::port_plan::PortPlan;
 use crate::{IpFamily, ProxyState, Service};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -34,6 +34,8 @@ pub struct Frontend {
     endpoints: Vec<SocketAddr>,
     /// With no endpoints: drop rather than refuse.
     drop: bool,
+    /// Outside clients are masqueraded.
+    masquerade: bool,
     /// `sessionAffinity: ClientIP`'s timeout in seconds; 0 without.
     affinity_seconds: u32,
 }
@@ -45,6 +47,7 @@ impl Frontend {
         let header = SlotValue::Header {
             count,
             drop: self.drop && count == 0,
+            masquerade: self.masquerade,
             affinity_seconds: self.affinity_seconds,
         };
         std::iter::once((self.header, header)).chain(
@@ -113,13 +116,16 @@ pub fn reclaim(claims: &mut Claims, before: &[Frontend], after: &[Frontend]) -> 
     sole_before && sole(claims, after)
 }
 
-/// The frontends of `service`'s addresses of both families, per port: each cluster IP with the endpoints its
-/// internal traffic policy sends traffic to; the node port on each of `node_ports`, each
-/// external IP and each load-balancer IP without source ranges with every endpoint, as
-/// upstream sends the node's own traffic to those (its short-circuit under
-/// `externalTrafficPolicy: Local`). A load-balancer IP with source ranges is left to the
-/// network: the socket layer does not know yet which source a connection will have. A key the
-/// Service names twice (an external IP that is also its load-balancer IP) is its first frontend's.
+/// The frontends of `service`'s addresses of both families, per port, for the node's own
+/// traffic: each cluster IP with the endpoints its internal traffic policy sends traffic to;
+/// the node port on each of `node_ports`, each external IP and each load-balancer IP without
+/// source ranges with every endpoint, as upstream sends the node's own traffic to those (its
+/// short-circuit under `externalTrafficPolicy: Local`). Then the same node ports, external and
+/// load-balancer IPs for traffic from outside, with the endpoints the external traffic policy
+/// sends it to, masqueraded under `Cluster`. A load-balancer IP with source ranges is left to
+/// the network in both: the socket layer does not know yet which source a connection will
+/// have, and the packet programs do not check sources yet. A key the Service names twice (an
+/// external IP that is also its load-balancer IP) is its first frontend's.
 #[must_use]
 pub fn frontends(service: &Service, node_ports: &[IpAddr]) -> Vec<Frontend> {
     let mut frontends: Vec<Frontend> = Vec::new();
@@ -138,7 +144,12 @@ pub fn frontends(service: &Service, node_ports: &[IpAddr]) -> Vec<Frontend> {
             } else {
                 &plan.cluster_endpoints
             });
-            let external = addresses(&plan.cluster_endpoints);
+            let every = addresses(&plan.cluster_endpoints);
+            let outside = addresses(if plan.external_policy_local {
+                &plan.local_endpoints
+            } else {
+                &plan.cluster_endpoints
+            });
             let affinity_seconds = plan
                 .affinity_seconds
                 .map_or(0, |seconds| u32::try_from(seconds).unwrap_or(u32::MAX));
@@ -146,6 +157,7 @@ pub fn frontends(service: &Service, node_ports: &[IpAddr]) -> Vec<Frontend> {
                 address,
                 port: port_number,
                 protocol: port.protocol,
+                scope: Scope::Node,
                 slot: 0,
             };
             let cluster_ips = plan.cluster_ips.iter().map(|ip| at(*ip, port.port));
@@ -160,17 +172,27 @@ pub fn frontends(service: &Service, node_ports: &[IpAddr]) -> Vec<Frontend> {
             } else {
                 &[]
             };
-            let outside = plan
-                .external_ips
-                .iter()
-                .chain(balancers)
-                .map(|ip| at(*ip, port.port));
-            let keyed = cluster_ips.map(|header| (header, true, &internal)).chain(
-                node_ports
-                    .chain(outside)
-                    .map(|header| (header, false, &external)),
-            );
-            for (header, cluster_ip, endpoints) in keyed {
+            let external: Vec<SlotKey> = node_ports
+                .chain(
+                    plan.external_ips
+                        .iter()
+                        .chain(balancers)
+                        .map(|ip| at(*ip, port.port)),
+                )
+                .collect();
+            let from_outside = external.iter().map(|header| SlotKey {
+                scope: Scope::Outside,
+                ..*header
+            });
+            let node = |endpoints| (false, endpoints);
+            let keyed = cluster_ips
+                .map(|header| (header, true, node(&internal)))
+                .chain(external.iter().map(|header| (*header, false, node(&every))))
+                .chain(
+                    from_outside
+                        .map(|header| (header, false, (!plan.external_policy_local, &outside))),
+                );
+            for (header, cluster_ip, (masquerade, endpoints)) in keyed {
                 if !headers.insert(header) {
                     continue;
                 }
@@ -179,6 +201,7 @@ pub fn frontends(service: &Service, node_ports: &[IpAddr]) -> Vec<Frontend> {
                     cluster_ip,
                     endpoints: endpoints.clone(),
                     drop: plan.has_endpoints,
+                    masquerade,
                     affinity_seconds,
                 });
             }

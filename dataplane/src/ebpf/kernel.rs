@@ -11,6 +11,7 @@
 
 use super::entries::{Entries, Write};
 use super::layout::{self, KEY_LEN, SERVICES_MAP, SlotKey, SlotValue, VALUE_LEN};
+use super::packets::{self, Packets};
 use aya::maps::{HashMap, MapData, MapError};
 use aya::programs::links::FdLink;
 use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError};
@@ -94,6 +95,9 @@ pub enum Error {
     /// The services map refused a read or a write.
     #[error("the services map: {0}")]
     Map(#[source] MapError),
+    /// The masquerade rule for traffic from outside could not be written or removed.
+    #[error("the masquerade rule (nftables table {table}): {0}", table = packets::MASQUERADE_TABLE)]
+    Masquerade(String),
     /// The node's addresses could not be listed.
     #[error("cannot list the node's addresses for its node ports: {0}")]
     NodeAddresses(#[source] std::io::Error),
@@ -114,25 +118,30 @@ pub enum Error {
 pub struct Attached {
     services: HashMap<MapData, [u8; KEY_LEN], [u8; VALUE_LEN]>,
     capacity: usize,
+    /// The packet programs; `None` on a kernel without TCX.
+    packets: Option<Packets>,
 }
 
 impl std::fmt::Debug for Attached {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Attached")
             .field("capacity", &self.capacity)
+            .field("packets", &self.packets)
             .finish_non_exhaustive()
     }
 }
 
 impl Attached {
     /// Loads the programs, opens (or creates) the pinned maps under `bpf_root` and attaches the
-    /// programs to the cgroup v2 folder `cgroup`, replacing an earlier agent's links there.
+    /// socket programs to the cgroup v2 folder `cgroup`, replacing an earlier agent's links
+    /// there; loads the packet programs, which mark connections to masquerade with
+    /// `masquerade_mark`, for [`attach_devices`](Self::attach_devices).
     ///
     /// # Errors
     ///
     /// Returns an error naming what the kernel or the node lacks: a BPF filesystem, a cgroup v2
     /// hierarchy, a program the kernel refuses.
-    pub fn new(bpf_root: &Path, cgroup: &Path) -> Result<Self, Error> {
+    pub fn new(bpf_root: &Path, cgroup: &Path, masquerade_mark: u32) -> Result<Self, Error> {
         ensure_bpffs(bpf_root)?;
         check_cgroup2(cgroup)?;
         let pins = bpf_root.join(PIN_FOLDER);
@@ -157,31 +166,16 @@ impl Attached {
                 .ok_or_else(|| attach("missing from the embedded object".into()))?
                 .try_into()
                 .map_err(|err: ProgramError| attach(err.into()))?;
-            loaded.load().map_err(|err| match err {
-                ProgramError::LoadError {
-                    io_error,
-                    verifier_log,
-                } => Error::Refused {
-                    program,
-                    reason: refusal(&io_error, &verifier_log.to_string()),
-                },
-                other => attach(other.into()),
-            })?;
+            loaded.load().map_err(|err| load_error(program, err))?;
             // A link is never exclusive: attached with no flags, it runs beside other links
             // (an earlier agent's) and programs attached without one.
             let id = loaded
                 .attach(&cgroup_folder, CgroupAttachMode::Single)
                 .map_err(|err| attach(err.into()))?;
-            let link: FdLink = loaded
-                .take_link(id)
-                .map_err(|err| attach(err.into()))?
-                .try_into()
-                .map_err(|err: aya::programs::links::LinkError| attach(err.into()))?;
-            let name = format!("{program}-{stamp}");
-            link.pin(links.join(&name))
-                .map_err(|err| attach(err.into()))?;
-            unpin_other_links(&links, program, &name)?;
+            let link = loaded.take_link(id).map_err(|err| attach(err.into()))?;
+            pin_replacing(link, &links, program, stamp).map_err(attach)?;
         }
+        let packets = Packets::load(&current, &links, stamp, masquerade_mark)?;
         remove_other_versions(&pins)?;
         let map = ebpf.take_map(SERVICES_MAP).ok_or_else(|| {
             Error::Maps(EbpfError::MapError(MapError::InvalidName {
@@ -194,7 +188,23 @@ impl Attached {
             .info()
             .map_err(Error::Map)?
             .max_entries() as usize;
-        Ok(Self { services, capacity })
+        Ok(Self {
+            services,
+            capacity,
+            packets,
+        })
+    }
+
+    /// Attaches the packet programs to `devices` (once each), and takes them off devices no
+    /// longer named; nothing on a kernel without TCX.
+    ///
+    /// # Errors
+    ///
+    /// Returns an error when a device is missing or refuses them.
+    pub fn attach_devices(&mut self, devices: &[String]) -> Result<(), Error> {
+        self.packets
+            .as_mut()
+            .map_or(Ok(()), |packets| packets.attach(devices))
     }
 
     /// The services map's entries, and the keys no agent of this layout writes (to delete).
@@ -309,18 +319,37 @@ pub fn cgroup2_mount() -> std::io::Result<Option<PathBuf>> {
     }))
 }
 
-/// Removes everything the eBPF mode pinned under `bpf_root`: its links (the programs detach)
-/// and its maps. Returns whether there was anything.
+/// Removes everything the eBPF mode put in place: what it pinned under `bpf_root`, its links
+/// (the programs detach) and its maps, and its masquerade rule. Returns whether there was
+/// anything.
 ///
 /// # Errors
 ///
-/// Returns an error when a pin cannot be removed.
+/// Returns an error when a pin or the rule cannot be removed.
 pub fn remove_pins(bpf_root: &Path) -> Result<bool, Error> {
     let pins = bpf_root.join(PIN_FOLDER);
-    match fs::remove_dir_all(&pins) {
-        Ok(()) => Ok(true),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(source) => Err(pins_error(&pins, source)),
+    let pinned = match fs::remove_dir_all(&pins) {
+        Ok(()) => true,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => false,
+        Err(source) => return Err(pins_error(&pins, source)),
+    };
+    Ok(packets::remove_masquerade()? || pinned)
+}
+
+/// A program's load failure: the kernel's refusal, named, or another error.
+pub(super) fn load_error(program: &'static str, err: ProgramError) -> Error {
+    match err {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => Error::Refused {
+            program,
+            reason: refusal(&io_error, &verifier_log.to_string()),
+        },
+        other => Error::Attach {
+            program,
+            source: other.into(),
+        },
     }
 }
 
@@ -335,6 +364,24 @@ fn refusal(io_error: &std::io::Error, verifier_log: &str) -> String {
         Some(last) => format!("{io_error}; the verifier said: {}", last.trim()),
         None => io_error.to_string(),
     }
+}
+
+/// Pins `link` in `links` as `<prefix>-<stamp>`, then unpins the other links named `<prefix>-…`
+/// (an earlier agent's): the new program runs before the old ones stop.
+pub(super) fn pin_replacing<L>(
+    link: L,
+    links: &Path,
+    prefix: &str,
+    stamp: u128,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    L: TryInto<FdLink, Error = aya::programs::links::LinkError>,
+{
+    let link: FdLink = link.try_into()?;
+    let name = format!("{prefix}-{stamp}");
+    link.pin(links.join(&name))?;
+    unpin_other_links(links, prefix, &name)?;
+    Ok(())
 }
 
 /// Unpins `program`'s links other than `keep` (an earlier agent's): each detaches once unpinned.
@@ -404,7 +451,7 @@ fn check_cgroup2(path: &Path) -> Result<(), Error> {
     })
 }
 
-fn pins_error(path: &Path, source: std::io::Error) -> Error {
+pub(super) fn pins_error(path: &Path, source: std::io::Error) -> Error {
     Error::Pins {
         path: path.to_owned(),
         source,

@@ -1,4 +1,4 @@
-//! The maps' layout, as `bpf/sock.c` reads them: each key and value as the bytes the kernel
+//! The services map's layout, as `bpf/sock.c` and `bpf/tc.c` read it: each key and value as the bytes the kernel
 //! holds. Addresses and ports are in network order, counts in the host's; the two files change
 //! together, and [`VERSION`] with them, so an agent never reads maps an older layout wrote.
 
@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// The layout's version: the maps of each version are pinned apart, so an upgrade that changes
 /// the layout fills new maps while the old programs keep serving from the old ones.
-pub const VERSION: &str = "v2";
+pub const VERSION: &str = "v3";
 
 /// The map of Service ports and their endpoint slots.
 pub const SERVICES_MAP: &str = "sp_services";
@@ -21,8 +21,35 @@ pub const VALUE_LEN: usize = 28;
 /// `SP_DROP` in the programs: a header without endpoints drops rather than refuses.
 const DROP: u16 = 1;
 
-/// One entry's key: a Service port (address, port, protocol) and a slot, 0 for the port's header,
-/// 1..=count for its endpoints.
+/// `SP_MASQUERADE` in the programs: an outside connection's client is masqueraded.
+const MASQUERADE: u16 = 2;
+
+/// Whose traffic an entry serves (`SP_SCOPE_*` in the programs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// The node's own sockets, pods' and host processes' (`bpf/sock.c`).
+    Node,
+    /// Packets arriving on the node's devices from outside (`bpf/tc.c`).
+    Outside,
+}
+
+impl Scope {
+    const fn number(self) -> u8 {
+        match self {
+            Self::Node => 0,
+            Self::Outside => 1,
+        }
+    }
+
+    fn of(number: u8) -> Option<Self> {
+        [Self::Node, Self::Outside]
+            .into_iter()
+            .find(|scope| scope.number() == number)
+    }
+}
+
+/// One entry's key: a Service port (address, port, protocol), whose traffic it serves and a slot,
+/// 0 for the port's header, 1..=count for its endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SlotKey {
     /// The Service address connections are aimed at.
@@ -31,6 +58,8 @@ pub struct SlotKey {
     pub port: u16,
     /// The protocol.
     pub protocol: Protocol,
+    /// Whose traffic the entry serves.
+    pub scope: Scope,
     /// 0: the header; 1..=count: an endpoint.
     pub slot: u32,
 }
@@ -39,13 +68,16 @@ pub struct SlotKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotValue {
     /// Slot 0: how many endpoint slots follow; with none, whether connections are dropped
-    /// (`internalTrafficPolicy: Local` and every endpoint elsewhere) or refused (no endpoint at
-    /// all); and how long a client keeps its endpoint.
+    /// (a traffic policy `Local` and every endpoint elsewhere) or refused (no endpoint at
+    /// all); whether an outside client is masqueraded; and how long a client keeps its endpoint.
     Header {
         /// The endpoints in slots 1..=count.
         count: u32,
         /// With no endpoints: drop rather than refuse.
         drop: bool,
+        /// An outside entry's connections leave with the node's address as their source
+        /// (`externalTrafficPolicy: Cluster`).
+        masquerade: bool,
         /// `sessionAffinity: ClientIP`'s timeout in seconds; 0 without affinity.
         affinity_seconds: u32,
     },
@@ -67,6 +99,7 @@ impl SlotKey {
         bytes[0..16].copy_from_slice(&held(self.address));
         bytes[16..18].copy_from_slice(&self.port.to_be_bytes());
         bytes[18] = protocol_number(self.protocol);
+        bytes[19] = self.scope.number();
         bytes[20..24].copy_from_slice(&self.slot.to_ne_bytes());
         bytes
     }
@@ -75,11 +108,12 @@ impl SlotKey {
     #[must_use]
     pub fn from_bytes(bytes: [u8; KEY_LEN]) -> Option<Self> {
         let protocol = protocol_of(bytes[18])?;
-        (bytes[19] == 0).then_some(())?;
+        let scope = Scope::of(bytes[19])?;
         Some(Self {
             address: address_of(&bytes[0..16]),
             port: u16::from_be_bytes([bytes[16], bytes[17]]),
             protocol,
+            scope,
             slot: u32::from_ne_bytes([bytes[20], bytes[21], bytes[22], bytes[23]]),
         })
     }
@@ -94,9 +128,11 @@ impl SlotValue {
             Self::Header {
                 count,
                 drop,
+                masquerade,
                 affinity_seconds,
             } => {
-                bytes[18..20].copy_from_slice(&(if drop { DROP } else { 0 }).to_ne_bytes());
+                let flags = if drop { DROP } else { 0 } | if masquerade { MASQUERADE } else { 0 };
+                bytes[18..20].copy_from_slice(&flags.to_ne_bytes());
                 bytes[20..24].copy_from_slice(&count.to_ne_bytes());
                 bytes[24..28].copy_from_slice(&affinity_seconds.to_ne_bytes());
             }
@@ -115,9 +151,11 @@ impl SlotValue {
             u32::from_ne_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
         };
         if key.slot == 0 {
+            let flags = u16::from_ne_bytes([bytes[18], bytes[19]]);
             Self::Header {
                 count: word(20),
-                drop: u16::from_ne_bytes([bytes[18], bytes[19]]) & DROP != 0,
+                drop: flags & DROP != 0,
+                masquerade: flags & MASQUERADE != 0,
                 affinity_seconds: word(24),
             }
         } else {
@@ -169,6 +207,7 @@ mod tests {
         address: IpAddr::V4(std::net::Ipv4Addr::new(10, 96, 0, 10)),
         port: 53,
         protocol: Protocol::Udp,
+        scope: Scope::Node,
         slot: 2,
     };
 
@@ -190,6 +229,12 @@ mod tests {
         let bytes = v6.to_bytes();
         assert_eq!(&bytes[0..4], &[0xfd, 0, 0, 0x96]);
         assert_eq!(SlotKey::from_bytes(bytes), Some(v6));
+        let outside = SlotKey {
+            scope: Scope::Outside,
+            ..KEY
+        };
+        assert_eq!(outside.to_bytes()[19], 1);
+        assert_eq!(SlotKey::from_bytes(outside.to_bytes()), Some(outside));
     }
 
     #[test]
@@ -197,9 +242,9 @@ mod tests {
         let mut unknown_protocol = KEY.to_bytes();
         unknown_protocol[18] = 1;
         assert_eq!(SlotKey::from_bytes(unknown_protocol), None);
-        let mut padded = KEY.to_bytes();
-        padded[19] = 1;
-        assert_eq!(SlotKey::from_bytes(padded), None);
+        let mut unknown_scope = KEY.to_bytes();
+        unknown_scope[19] = 2;
+        assert_eq!(SlotKey::from_bytes(unknown_scope), None);
     }
 
     #[test]
@@ -213,16 +258,19 @@ mod tests {
     }
 
     #[test]
-    fn a_header_holds_the_count_whether_an_empty_port_drops_and_the_affinity_timeout() {
+    fn a_header_holds_the_count_whether_an_empty_port_drops_whether_clients_are_masqueraded_and_the_affinity_timeout()
+     {
         for value in [
             SlotValue::Header {
                 count: 70_000,
                 drop: false,
+                masquerade: true,
                 affinity_seconds: 86_400,
             },
             SlotValue::Header {
                 count: 0,
                 drop: true,
+                masquerade: false,
                 affinity_seconds: 0,
             },
         ] {

@@ -73,6 +73,8 @@ async fn smoke(flags: Flags) -> Result<()> {
         bpf_root: flags.bpf_root,
         cgroup: flags.cgroup,
         node_port_addresses: None,
+        devices: Some(Vec::new()),
+        masquerade_mark: 0x4000,
     });
     let report = backend.sync(&state).await.context("the first sync")?;
     println!("ok: programs attached, {:?} entries", report.rules_total());

@@ -8,12 +8,22 @@ use crate::testing::fixtures::{local, ready, service, state};
 use crate::testing::nftables::{draining, tcp};
 use crate::{Protocol, ProxyState, Service, ServicePort, TrafficPolicy};
 
+/// The node's own traffic's entry.
 fn key(address: &str, port: u16, protocol: Protocol, slot: u32) -> SlotKey {
     SlotKey {
         address: address.parse().unwrap(),
         port,
         protocol,
+        scope: Scope::Node,
         slot,
+    }
+}
+
+/// The entry for traffic from outside.
+fn outside_key(address: &str, port: u16, slot: u32) -> SlotKey {
+    SlotKey {
+        scope: Scope::Outside,
+        ..key(address, port, Protocol::Tcp, slot)
     }
 }
 
@@ -21,6 +31,7 @@ fn header(count: u32) -> SlotValue {
     SlotValue::Header {
         count,
         drop: false,
+        masquerade: false,
         affinity_seconds: 0,
     }
 }
@@ -111,6 +122,7 @@ fn a_port_without_endpoints_refuses_and_one_whose_local_policy_finds_none_drops(
     let drop = SlotValue::Header {
         count: 0,
         drop: true,
+        masquerade: false,
         affinity_seconds: 0,
     };
     assert_eq!(
@@ -264,7 +276,57 @@ fn node_ports_external_and_load_balancer_ips_send_the_nodes_own_traffic_to_every
             Some(&endpoint("10.180.2.1:8080"))
         );
     }
-    assert_eq!(entries.len(), 2 + 3 * 3);
+    // And for traffic from outside, eTP Local: the local endpoint only, the client's own address.
+    assert_eq!(entries.len(), 2 + 3 * 3 + 3 * 2);
+}
+
+#[test]
+fn traffic_from_outside_goes_where_the_external_policy_says_masqueraded_only_under_cluster() {
+    let local = desired(&state(vec![exposed_web()]), &node()).entries;
+    for address in [NODE, "192.168.99.1", "1.2.3.4"] {
+        let port = if address == NODE { 30080 } else { 80 };
+        let header = outside_key(address, port, 0);
+        assert_eq!(local.get(&header), Some(&self::header(1)), "{address}");
+        assert_eq!(
+            local.get(&header.with_slot(1)),
+            Some(&endpoint("10.180.0.1:8080"))
+        );
+    }
+    let mut cluster = exposed_web();
+    cluster.external_traffic_policy = TrafficPolicy::Cluster;
+    let entries = desired(&state(vec![cluster.clone()]), &node()).entries;
+    let masqueraded = SlotValue::Header {
+        count: 2,
+        drop: false,
+        masquerade: true,
+        affinity_seconds: 0,
+    };
+    assert_eq!(
+        entries.get(&outside_key(NODE, 30080, 0)),
+        Some(&masqueraded)
+    );
+
+    // eTP Local with every endpoint elsewhere: dropped, as upstream's rules drop it.
+    let mut elsewhere = exposed_web();
+    elsewhere.ports[0].endpoints = vec![ready("10.180.2.1", 8080)];
+    let entries = desired(&state(vec![elsewhere]), &node()).entries;
+    let dropped = SlotValue::Header {
+        count: 0,
+        drop: true,
+        masquerade: false,
+        affinity_seconds: 0,
+    };
+    assert_eq!(entries.get(&outside_key(NODE, 30080, 0)), Some(&dropped));
+    // No endpoint at all: left to the node, which refuses it.
+    cluster.ports[0].endpoints.clear();
+    let entries = desired(&state(vec![cluster]), &node()).entries;
+    let refused = SlotValue::Header {
+        count: 0,
+        drop: false,
+        masquerade: true,
+        affinity_seconds: 0,
+    };
+    assert_eq!(entries.get(&outside_key(NODE, 30080, 0)), Some(&refused));
 }
 
 #[test]
@@ -273,6 +335,7 @@ fn a_load_balancer_ip_with_source_ranges_is_left_to_the_network() {
     web.load_balancer_source_ranges = vec!["203.0.113.0/25".parse().unwrap()];
     let entries = desired(&state(vec![web]), &node()).entries;
     assert!(!entries.contains_key(&key("1.2.3.4", 80, Protocol::Tcp, 0)));
+    assert!(!entries.contains_key(&outside_key("1.2.3.4", 80, 0)));
     assert!(entries.contains_key(&key("192.168.99.1", 80, Protocol::Tcp, 0)));
 }
 
@@ -362,7 +425,11 @@ fn each_header_carries_its_services_affinity_timeout() {
         .filter(|(key, _)| key.slot == 0)
         .map(|(_, value)| value)
         .collect();
-    assert_eq!(headers.len(), 4);
+    assert_eq!(
+        headers.len(),
+        4 + 3,
+        "the cluster IP, then three from the node and outside"
+    );
     for header in headers {
         assert!(
             matches!(

@@ -1,0 +1,237 @@
+//! The packet programs (`bpf/tc.c`), which serve traffic from outside the node: loaded beside
+//! the socket programs and sharing their services map through its pin, attached to the ingress
+//! and egress of each device that takes node ports with TCX links pinned as the socket
+//! programs' links are, and the node's one masquerade rule, which acts on the mark they set.
+//!
+//! TCX (Linux 6.6) gives links that can be pinned and replaced without a moment with no program
+//! on the device; on an older kernel the programs are not attached, and only the node's own
+//! traffic is served (the agent says so once).
+
+use super::kernel::{Error, load_error, pin_replacing, pins_error};
+use aya::programs::tc::TcAttachOptions;
+use aya::programs::{LinkOrder, ProgramError, SchedClassifier, TcAttachType};
+use aya::util::KernelVersion;
+use aya::{Ebpf, EbpfLoader};
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// `bpf/tc.c`, compiled by the build script.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tc.o"));
+
+/// The programs, each with the direction it is attached in.
+const PROGRAMS: [(&str, TcAttachType); 2] = [
+    ("sp_from_outside", TcAttachType::Ingress),
+    ("sp_to_outside", TcAttachType::Egress),
+];
+
+/// The nftables table holding the masquerade rule.
+pub const MASQUERADE_TABLE: &str = "inet splitproxy-ebpf";
+
+/// The packet programs, loaded, and the devices they are attached to.
+#[derive(Debug)]
+pub struct Packets {
+    ebpf: Ebpf,
+    links: PathBuf,
+    stamp: u128,
+    attached: BTreeSet<u32>,
+}
+
+impl Packets {
+    /// Loads the programs with the maps pinned in `maps` (the services map the socket programs
+    /// hold included) and puts the masquerade rule for `masquerade_mark` in place; `None` on a
+    /// kernel without TCX. Links go in `links`, named with `stamp`.
+    ///
+    /// # Errors
+    ///
+    /// Returns an error when the kernel refuses a program or the rule cannot be written.
+    pub fn load(
+        maps: &Path,
+        links: &Path,
+        stamp: u128,
+        masquerade_mark: u32,
+    ) -> Result<Option<Self>, Error> {
+        if KernelVersion::current().is_ok_and(|version| version < KernelVersion::new(6, 6, 0)) {
+            tracing::warn!(
+                "this kernel has no TCX (Linux 6.6): the ebpf mode serves the node's own \
+                 traffic only, and its node ports answer nothing from outside"
+            );
+            return Ok(None);
+        }
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(maps)
+            .override_global("masquerade_mark", &masquerade_mark, true)
+            .load(OBJECT)
+            .map_err(Error::Maps)?;
+        for (program, _) in PROGRAMS {
+            classifier(&mut ebpf, program)?
+                .load()
+                .map_err(|err| load_error(program, err))?;
+        }
+        install_masquerade(masquerade_mark)?;
+        Ok(Some(Self {
+            ebpf,
+            links: links.to_owned(),
+            stamp,
+            attached: BTreeSet::new(),
+        }))
+    }
+
+    /// Attaches the programs to each of `devices` they are not attached to yet, replacing an
+    /// earlier agent's links there, and unpins the links on devices no longer named.
+    ///
+    /// # Errors
+    ///
+    /// Returns an error when a device is missing or refuses the programs.
+    pub fn attach(&mut self, devices: &[String]) -> Result<(), Error> {
+        let mut wanted = BTreeSet::new();
+        for device in devices {
+            let index =
+                nix::net::if_::if_nametoindex(device.as_str()).map_err(|errno| Error::Attach {
+                    program: PROGRAMS[0].0,
+                    source: format!("device {device}: {}", errno.desc()).into(),
+                })?;
+            wanted.insert(index);
+            if self.attached.contains(&index) {
+                continue;
+            }
+            for (program, direction) in PROGRAMS {
+                let attach = |source: Box<dyn std::error::Error + Send + Sync>| Error::Attach {
+                    program,
+                    source: format!("device {device}: {source}").into(),
+                };
+                let loaded = classifier(&mut self.ebpf, program)?;
+                let id = loaded
+                    .attach_with_options(
+                        device,
+                        direction,
+                        TcAttachOptions::TcxOrder(LinkOrder::default()),
+                    )
+                    .map_err(|err| attach(err.into()))?;
+                let link = loaded.take_link(id).map_err(|err| attach(err.into()))?;
+                pin_replacing(link, &self.links, &format!("{program}-{index}"), self.stamp)
+                    .map_err(attach)?;
+            }
+            self.attached.insert(index);
+        }
+        self.attached.retain(|index| wanted.contains(index));
+        self.unpin_other_devices(&wanted)
+    }
+
+    /// Unpins the links of devices outside `wanted` (an earlier selection's, or gone).
+    fn unpin_other_devices(&self, wanted: &BTreeSet<u32>) -> Result<(), Error> {
+        let links = &self.links;
+        for entry in fs::read_dir(links).map_err(|source| pins_error(links, source))? {
+            let entry = entry.map_err(|source| pins_error(links, source))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let device = PROGRAMS.iter().find_map(|(program, _)| {
+                let rest = name.strip_prefix(program)?.strip_prefix('-')?;
+                rest.split('-').next()?.parse::<u32>().ok()
+            });
+            if device.is_some_and(|index| !wanted.contains(&index)) {
+                fs::remove_file(entry.path())
+                    .map_err(|source| pins_error(&entry.path(), source))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn classifier<'a>(
+    ebpf: &'a mut Ebpf,
+    program: &'static str,
+) -> Result<&'a mut SchedClassifier, Error> {
+    ebpf.program_mut(program)
+        .ok_or_else(|| Error::Attach {
+            program,
+            source: "missing from the embedded object".into(),
+        })?
+        .try_into()
+        .map_err(|err: ProgramError| Error::Attach {
+            program,
+            source: err.into(),
+        })
+}
+
+/// The devices holding any of `addresses` (the node-port addresses), by name.
+///
+/// # Errors
+///
+/// Returns an error when the interfaces cannot be listed.
+pub fn devices_holding(addresses: &[IpAddr]) -> Result<Vec<String>, Error> {
+    let mut devices: Vec<String> = if_addrs::get_if_addrs()
+        .map_err(Error::NodeAddresses)?
+        .into_iter()
+        .filter(|interface| !interface.is_loopback() && addresses.contains(&interface.ip()))
+        .map(|interface| interface.name)
+        .collect();
+    devices.sort_unstable();
+    devices.dedup();
+    Ok(devices)
+}
+
+/// The masquerade rule: a connection the packet programs marked leaves with the node's address
+/// as its source (the kernel's connection tracking undoes it for the replies), and the mark is
+/// cleared, as kube-proxy's own masquerade rule does. Written whole each time, so a changed
+/// mark replaces the old rule.
+fn install_masquerade(mark: u32) -> Result<(), Error> {
+    let script = format!(
+        "table {MASQUERADE_TABLE}\n\
+         delete table {MASQUERADE_TABLE}\n\
+         table {MASQUERADE_TABLE} {{\n\
+         \tchain postrouting {{\n\
+         \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+         \t\tmeta mark & {mark:#x} == {mark:#x} meta mark set meta mark ^ {mark:#x} masquerade fully-random\n\
+         \t}}\n\
+         }}\n"
+    );
+    nft(&script).map_err(Error::Masquerade)
+}
+
+/// Removes the masquerade rule's table; whether it was there. A node without `nft` has none.
+///
+/// # Errors
+///
+/// Returns an error when `nft` fails otherwise.
+pub fn remove_masquerade() -> Result<bool, Error> {
+    let listing = match Command::new("nft").args(["list", "tables"]).output() {
+        Ok(output) => String::from_utf8_lossy(&output.stdout).into_owned(),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(err) => return Err(Error::Masquerade(format!("running nft: {err}"))),
+    };
+    let present = listing
+        .lines()
+        .any(|line| line.trim() == format!("table {MASQUERADE_TABLE}"));
+    if present {
+        nft(&format!("delete table {MASQUERADE_TABLE}\n")).map_err(Error::Masquerade)?;
+    }
+    Ok(present)
+}
+
+/// Runs `script` with `nft -f -`; the error is what nft said.
+fn nft(script: &str) -> Result<(), String> {
+    let mut nft = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|err| format!("running nft: {err}"))?;
+    nft.stdin
+        .take()
+        .ok_or_else(|| "nft has no stdin".to_owned())?
+        .write_all(script.as_bytes())
+        .map_err(|err| format!("writing to nft: {err}"))?;
+    let output = nft
+        .wait_with_output()
+        .map_err(|err| format!("waiting for nft: {err}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
+    }
+}
