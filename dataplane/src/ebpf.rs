@@ -230,21 +230,29 @@ impl Dataplane for EbpfBackend {
 }
 
 /// Makes the map's change; returns the entries written per family. A full change reads the
-/// map first, removing what no agent of this layout writes.
+/// map first, removing what no agent of this layout writes. UDP connections from outside to
+/// endpoints gone choose again.
 fn apply(attached: &mut Attached, change: &Change) -> Result<PerFamily, kernel::Error> {
-    let (writes, total) = match change {
+    let (writes, total, gone) = match change {
         Change::Full(desired) => {
             let (held, foreign) = attached.entries()?;
             attached.delete_foreign(&foreign)?;
-            (entries::writes(&held, desired), desired.len())
+            let gone = entries::gone_udp_endpoints(&held, desired);
+            (entries::writes(&held, desired), desired.len(), gone)
         }
         Change::Services {
             before,
             after,
             total,
-        } => (entries::writes(before, after), total.iter().sum()),
+        } => (
+            entries::writes(before, after),
+            total.iter().sum(),
+            entries::gone_udp_endpoints(before, after),
+        ),
     };
     attached.write(total, &writes)?;
+    // Once the endpoints are gone from the map, so no new flow chooses them.
+    attached.forget_udp_flows(&gone)?;
     Ok(per_family(writes.iter().map(|write| match write {
         Write::Put(key, _) | Write::Delete(key) => key,
     })))

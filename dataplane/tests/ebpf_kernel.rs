@@ -632,8 +632,11 @@ impl Drop for Neighbour {
     }
 }
 
+/// The source port of [`outside_answer`]'s UDP client.
+const OUTSIDE_UDP_PORT: u16 = 40053;
+
 /// What a client in `outside` got from a TCP connection to `address` (UDP: from one datagram
-/// there), made by a process in `home_cgroup` (outside the lab's cgroup, so the socket programs
+/// there, sent from [`OUTSIDE_UDP_PORT`] by python3, which `scripts/test.sh` uses too), made by a process in `home_cgroup` (outside the lab's cgroup, so the socket programs
 /// do not see it, as they do not see a client on another machine): the endpoint's answer, or
 /// the error.
 fn outside_answer(
@@ -644,11 +647,12 @@ fn outside_answer(
 ) -> String {
     let (ip, port) = (address.ip(), address.port());
     let client = match protocol {
-        Protocol::Udp => {
-            format!(
-                "exec 3<>/dev/udp/{ip}/{port} && echo hi >&3 && dd bs=512 count=1 <&3 2>/dev/null"
-            )
-        }
+        // From one source port each time, as a DNS client's socket keeps it.
+        Protocol::Udp => format!(
+            "exec python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+             s.bind((\"0.0.0.0\", {OUTSIDE_UDP_PORT})); s.settimeout(3); \
+             s.sendto(b\"hi\", (\"{ip}\", {port})); print(s.recv(64).decode(), end=\"\")'"
+        ),
         _ => format!("exec 3<>/dev/tcp/{ip}/{port} && cat <&3"),
     };
     let output = Command::new("sh")
@@ -686,18 +690,33 @@ async fn a_node_port_from_outside_reaches_a_pod_masqueraded_under_cluster_policy
     std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").unwrap();
     let outside = Neighbour::new("sp-outside", "ext0", "198.51.100.1/24", "198.51.100.7/24");
     let pod = Neighbour::new("sp-pod", "pod0", "10.244.0.1/24", "10.244.0.2/24");
-    // The pod's endpoints answer each connection and datagram with the client address they see.
+    run(
+        "ip",
+        &[
+            "-n",
+            &pod.name,
+            "addr",
+            "add",
+            "10.244.0.3/24",
+            "dev",
+            "eth0",
+        ],
+    );
+    // The pod's endpoints answer each connection with the client address they see, each
+    // datagram with their own address and the client's.
     let listening = std::sync::mpsc::channel();
     pod.enter(move || {
         let listener = TcpListener::bind("10.244.0.2:8080").unwrap();
-        let udp = UdpSocket::bind("10.244.0.2:5353").unwrap();
+        for address in ["10.244.0.2:5353", "10.244.0.3:5353"] {
+            let udp = UdpSocket::bind(address).unwrap();
+            std::thread::spawn(move || {
+                let mut buffer = [0; 64];
+                while let Ok((_, from)) = udp.recv_from(&mut buffer) {
+                    let _ = udp.send_to(format!("{address} saw {}", from.ip()).as_bytes(), from);
+                }
+            });
+        }
         listening.0.send(()).unwrap();
-        std::thread::spawn(move || {
-            let mut buffer = [0; 64];
-            while let Ok((_, from)) = udp.recv_from(&mut buffer) {
-                let _ = udp.send_to(from.ip().to_string().as_bytes(), from);
-            }
-        });
         for stream in listener.incoming() {
             let mut stream = stream.unwrap();
             let peer = stream.peer_addr().unwrap().ip();
@@ -713,7 +732,7 @@ async fn a_node_port_from_outside_reaches_a_pod_masqueraded_under_cluster_policy
         "without the programs nothing answers on the node port"
     );
 
-    let web = |policy: TrafficPolicy, local: bool| {
+    let web_to = |policy: TrafficPolicy, local: bool, dns: &str| {
         let endpoint = |address: &str| {
             let mut endpoint = Endpoint::ready(address.parse().unwrap());
             endpoint.is_local = local;
@@ -730,18 +749,13 @@ async fn a_node_port_from_outside_reaches_a_pod_masqueraded_under_cluster_policy
                     Some(30080),
                     endpoint("10.244.0.2:8080"),
                 ),
-                ServicePort::new(
-                    "dns",
-                    Protocol::Udp,
-                    53,
-                    Some(30053),
-                    endpoint("10.244.0.2:5353"),
-                ),
+                ServicePort::new("dns", Protocol::Udp, 53, Some(30053), endpoint(dns)),
             ],
         );
         service.external_traffic_policy = policy;
         state(vec![service])
     };
+    let web = |policy, local| web_to(policy, local, "10.244.0.2:5353");
     let mut backend = EbpfBackend::new(Config {
         node_port_addresses: Some(vec![node_port.ip()]),
         devices: Some(vec!["ext0".to_owned()]),
@@ -758,8 +772,18 @@ async fn a_node_port_from_outside_reaches_a_pod_masqueraded_under_cluster_policy
     );
     assert_eq!(
         answer(Protocol::Udp, udp_node_port),
-        "10.244.0.1",
-        "UDP too, the answer read as the node port's (bash's socket is connected to it)"
+        "10.244.0.2:5353 saw 10.244.0.1",
+        "UDP too, the answer read as the node port's (python's recv takes only that)"
+    );
+    // The UDP endpoint moves: the client, from the same port, moves with it.
+    backend
+        .sync(&web_to(TrafficPolicy::Cluster, true, "10.244.0.3:5353"))
+        .await
+        .unwrap();
+    assert_eq!(
+        answer(Protocol::Udp, udp_node_port),
+        "10.244.0.3:5353 saw 10.244.0.1",
+        "a UDP flow to a removed endpoint is forgotten"
     );
     let links = lab.links();
     assert!(

@@ -3,7 +3,7 @@
 
 use super::layout::{Scope, SlotKey, SlotValue};
 use crate::port_plan::PortPlan;
-use crate::{IpFamily, ProxyState, Service};
+use crate::{IpFamily, Protocol, ProxyState, Service};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 
@@ -208,6 +208,29 @@ pub fn frontends(service: &Service, node_ports: &[IpAddr]) -> Vec<Frontend> {
         }
     }
     frontends
+}
+
+/// The Service ports reached from outside over UDP, each with an endpoint, that `before` holds
+/// and `after` does not: connections from outside that went there must choose again.
+#[must_use]
+pub fn gone_udp_endpoints(before: &Entries, after: &Entries) -> HashSet<(SocketAddr, SocketAddr)> {
+    let pairs = |entries: &Entries| -> HashSet<(SocketAddr, SocketAddr)> {
+        entries
+            .iter()
+            .filter(|(key, _)| key.scope == Scope::Outside && key.protocol == Protocol::Udp)
+            .filter_map(|(key, value)| match value {
+                SlotValue::Endpoint(endpoint) => {
+                    Some((SocketAddr::new(key.address, key.port), *endpoint))
+                }
+                SlotValue::Header { .. } => None,
+            })
+            .collect()
+    };
+    let after = pairs(after);
+    pairs(before)
+        .into_iter()
+        .filter(|pair| !after.contains(pair))
+        .collect()
 }
 
 /// The writes that take the map from `current` to `desired`, ordered so that a program reading

@@ -195,6 +195,21 @@ impl Attached {
         })
     }
 
+    /// Forgets the UDP connections from outside to endpoints gone from their Service port
+    /// ([`Packets::forget_udp_flows`]); nothing on a kernel without TCX.
+    ///
+    /// # Errors
+    ///
+    /// Returns an error when the programs' maps refuse.
+    pub fn forget_udp_flows(
+        &mut self,
+        gone: &std::collections::HashSet<(std::net::SocketAddr, std::net::SocketAddr)>,
+    ) -> Result<(), Error> {
+        self.packets
+            .as_mut()
+            .map_or(Ok(()), |packets| packets.forget_udp_flows(gone))
+    }
+
     /// Attaches the packet programs to `devices` (once each), and takes them off devices no
     /// longer named; nothing on a kernel without TCX.
     ///

@@ -167,6 +167,56 @@ impl SlotValue {
     }
 }
 
+/// The flows map's key length (`struct tuple` in `bpf/tc.c`): a connection from outside as its
+/// packets arrive, the client then the Service address it is aimed at; the replies map's keys
+/// have the same layout, the endpoint then the client.
+pub const TUPLE_LEN: usize = 40;
+
+/// The flows map's value length (`struct flow_value`): the endpoint the connection goes to.
+pub const FLOW_LEN: usize = 20;
+
+/// The replies map's value length (`struct reply_value`): the Service address they come from.
+pub const REPLY_LEN: usize = 20;
+
+/// One connection from outside, as the flows map holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flow {
+    /// The client.
+    pub client: SocketAddr,
+    /// The Service address and port the client is aimed at.
+    pub frontend: SocketAddr,
+    /// The protocol; `None` for a number no agent writes.
+    pub protocol: Option<Protocol>,
+    /// The endpoint the connection goes to.
+    pub endpoint: SocketAddr,
+}
+
+impl Flow {
+    /// The connection a flows map entry holds.
+    #[must_use]
+    pub fn from_bytes(key: &[u8; TUPLE_LEN], value: &[u8; FLOW_LEN]) -> Self {
+        let port = |bytes: &[u8]| u16::from_be_bytes([bytes[0], bytes[1]]);
+        Self {
+            client: SocketAddr::new(address_of(&key[0..16]), port(&key[32..34])),
+            frontend: SocketAddr::new(address_of(&key[16..32]), port(&key[34..36])),
+            protocol: protocol_of(key[36]),
+            endpoint: SocketAddr::new(address_of(&value[0..16]), port(&value[16..18])),
+        }
+    }
+
+    /// The key of its replies in the replies map: from the endpoint to the client.
+    #[must_use]
+    pub fn reply_key(&self, key: &[u8; TUPLE_LEN]) -> [u8; TUPLE_LEN] {
+        let mut reply = [0; TUPLE_LEN];
+        reply[0..16].copy_from_slice(&held(self.endpoint.ip()));
+        reply[16..32].copy_from_slice(&held(self.client.ip()));
+        reply[32..34].copy_from_slice(&self.endpoint.port().to_be_bytes());
+        reply[34..36].copy_from_slice(&self.client.port().to_be_bytes());
+        reply[36] = key[36];
+        reply
+    }
+}
+
 /// An address as the programs hold it: an IPv6 one, an IPv4 one mapped (`::ffff:a.b.c.d`).
 fn held(address: IpAddr) -> [u8; 16] {
     match address {
@@ -255,6 +305,35 @@ mod tests {
         assert_eq!(SlotValue::from_bytes(KEY, bytes), value);
         let v6 = SlotValue::Endpoint("[fd00:10:244::1]:8080".parse().unwrap());
         assert_eq!(SlotValue::from_bytes(KEY, v6.to_bytes()), v6);
+    }
+
+    #[test]
+    fn a_flow_is_read_from_the_tuple_of_its_packets_and_its_replies_are_keyed_the_other_way() {
+        let client: SocketAddr = "198.51.100.7:40000".parse().unwrap();
+        let frontend: SocketAddr = "198.51.100.1:30053".parse().unwrap();
+        let endpoint: SocketAddr = "10.244.0.2:5353".parse().unwrap();
+        let mut key = [0; TUPLE_LEN];
+        key[0..16].copy_from_slice(&held(client.ip()));
+        key[16..32].copy_from_slice(&held(frontend.ip()));
+        key[32..34].copy_from_slice(&client.port().to_be_bytes());
+        key[34..36].copy_from_slice(&frontend.port().to_be_bytes());
+        key[36] = 17;
+        let mut value = [0; FLOW_LEN];
+        value[0..18].copy_from_slice(&SlotValue::Endpoint(endpoint).to_bytes()[0..18]);
+        let flow = Flow::from_bytes(&key, &value);
+        assert_eq!(
+            flow,
+            Flow {
+                client,
+                frontend,
+                protocol: Some(Protocol::Udp),
+                endpoint
+            }
+        );
+        let reply = flow.reply_key(&key);
+        assert_eq!(&reply[10..16], &[0xff, 0xff, 10, 244, 0, 2]);
+        assert_eq!(&reply[26..32], &[0xff, 0xff, 198, 51, 100, 7]);
+        assert_eq!(&reply[32..37], &[0x14, 0xe9, 0x9c, 0x40, 17]);
     }
 
     #[test]

@@ -8,14 +8,17 @@
 //! traffic is served (the agent says so once).
 
 use super::kernel::{Error, load_error, pin_replacing, pins_error};
+use super::layout::{FLOW_LEN, Flow, REPLY_LEN, TUPLE_LEN};
+use crate::Protocol;
+use aya::maps::{HashMap as AyaHashMap, MapData, MapError};
 use aya::programs::tc::TcAttachOptions;
 use aya::programs::{LinkOrder, ProgramError, SchedClassifier, TcAttachType};
 use aya::util::KernelVersion;
 use aya::{Ebpf, EbpfLoader};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fs;
 use std::io::Write as _;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -27,6 +30,12 @@ const PROGRAMS: [(&str, TcAttachType); 2] = [
     ("sp_from_outside", TcAttachType::Ingress),
     ("sp_to_outside", TcAttachType::Egress),
 ];
+
+/// The map of connections from outside and their endpoints (`sp_flows`).
+const FLOWS_MAP: &str = "sp_flows";
+
+/// The map of their replies' translations (`sp_replies`).
+const REPLIES_MAP: &str = "sp_replies";
 
 /// The nftables table holding the masquerade rule.
 pub const MASQUERADE_TABLE: &str = "inet splitproxy-ebpf";
@@ -121,6 +130,55 @@ impl Packets {
         self.unpin_other_devices(&wanted)
     }
 
+    /// Forgets the UDP connections from outside that went to an endpoint their Service port no
+    /// longer has (`gone`: Service address and endpoint), and their replies' translation, so
+    /// their next datagram chooses again, as kube-proxy deletes such conntrack entries. TCP
+    /// connections keep theirs: a terminating endpoint finishes what it serves.
+    ///
+    /// # Errors
+    ///
+    /// Returns an error when the maps cannot be read or written.
+    pub fn forget_udp_flows(
+        &mut self,
+        gone: &HashSet<(SocketAddr, SocketAddr)>,
+    ) -> Result<(), Error> {
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let mut stale = Vec::new();
+        let mut flows = self.map::<FLOW_LEN>(FLOWS_MAP)?;
+        for entry in flows.iter() {
+            let (key, value) = entry.map_err(Error::Map)?;
+            let flow = Flow::from_bytes(&key, &value);
+            if flow.protocol == Some(Protocol::Udp)
+                && gone.contains(&(flow.frontend, flow.endpoint))
+            {
+                stale.push((key, flow.reply_key(&key)));
+            }
+        }
+        for (key, _) in &stale {
+            forget(&mut flows, key)?;
+        }
+        let mut replies = self.map::<REPLY_LEN>(REPLIES_MAP)?;
+        for (_, reply) in &stale {
+            forget(&mut replies, reply)?;
+        }
+        Ok(())
+    }
+
+    /// One of the programs' LRU maps, by name.
+    fn map<const V: usize>(
+        &mut self,
+        name: &str,
+    ) -> Result<AyaHashMap<&mut MapData, [u8; TUPLE_LEN], [u8; V]>, Error> {
+        let map = self.ebpf.map_mut(name).ok_or_else(|| {
+            Error::Maps(aya::EbpfError::MapError(MapError::InvalidName {
+                name: name.to_owned(),
+            }))
+        })?;
+        AyaHashMap::try_from(map).map_err(Error::Map)
+    }
+
     /// Unpins the links of devices outside `wanted` (an earlier selection's, or gone).
     fn unpin_other_devices(&self, wanted: &BTreeSet<u32>) -> Result<(), Error> {
         let links = &self.links;
@@ -138,6 +196,17 @@ impl Packets {
             }
         }
         Ok(())
+    }
+}
+
+/// Removes `key`; one already gone (evicted) is fine.
+fn forget<const V: usize>(
+    map: &mut AyaHashMap<&mut MapData, [u8; TUPLE_LEN], [u8; V]>,
+    key: &[u8; TUPLE_LEN],
+) -> Result<(), Error> {
+    match map.remove(key) {
+        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+        Err(err) => Err(Error::Map(err)),
     }
 }
 

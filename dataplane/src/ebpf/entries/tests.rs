@@ -443,3 +443,43 @@ fn each_header_carries_its_services_affinity_timeout() {
         );
     }
 }
+
+#[test]
+fn the_udp_endpoints_a_port_reached_from_outside_lost_are_the_ones_to_forget() {
+    let mut dns = service(
+        "ns",
+        "dns",
+        &["172.30.0.10"],
+        vec![
+            ServicePort::new(
+                "dns",
+                Protocol::Udp,
+                53,
+                Some(30053),
+                vec![ready("10.180.2.1", 53), ready("10.180.2.2", 53)],
+            ),
+            ServicePort::new(
+                "dns-tcp",
+                Protocol::Tcp,
+                53,
+                Some(30054),
+                vec![ready("10.180.2.1", 53), ready("10.180.2.2", 53)],
+            ),
+        ],
+    );
+    let before = desired(&state(vec![dns.clone()]), &node()).entries;
+    for port in &mut dns.ports {
+        port.endpoints
+            .retain(|endpoint| endpoint.ip.to_string() == "10.180.2.2");
+    }
+    let after = desired(&state(vec![dns]), &node()).entries;
+    assert_eq!(
+        gone_udp_endpoints(&before, &after),
+        HashSet::from([(
+            format!("{NODE}:30053").parse().unwrap(),
+            "10.180.2.1:53".parse().unwrap()
+        )]),
+        "UDP only (a TCP connection keeps its endpoint, which may be finishing it), from outside \
+         only (the node's own sockets hold no flow)"
+    );
+}
