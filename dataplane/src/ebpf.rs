@@ -18,8 +18,10 @@
 //! traffic policy says; `docs/features.md` lists what the mode does not do yet.
 
 pub mod entries;
+mod error;
 pub mod kernel;
 pub mod layout;
+mod links;
 pub mod packets;
 
 use crate::full_sync::FullSyncClock;

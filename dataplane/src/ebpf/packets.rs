@@ -7,8 +7,9 @@
 //! on the device; on an older kernel the programs are not attached, and only the node's own
 //! traffic is served (the agent says so once).
 
-use super::kernel::{Error, load_error, pin_replacing, pins_error};
+use super::error::{Error, load_error, pins_error};
 use super::layout::{FLOW_LEN, Flow, REPLY_LEN, TUPLE_LEN};
+use super::links::pin_replacing;
 use crate::Protocol;
 use aya::maps::{HashMap as AyaHashMap, MapData, MapError};
 use aya::programs::tc::TcAttachOptions;
@@ -258,7 +259,7 @@ fn install_masquerade(mark: u32) -> Result<(), Error> {
          \t}}\n\
          }}\n"
     );
-    nft(&script).map_err(Error::Masquerade)
+    nft(&script).map_err(masquerade_error)
 }
 
 /// Removes the masquerade rule's table; whether it was there. A node without `nft` has none.
@@ -276,9 +277,13 @@ pub fn remove_masquerade() -> Result<bool, Error> {
         .lines()
         .any(|line| line.trim() == format!("table {MASQUERADE_TABLE}"));
     if present {
-        nft(&format!("delete table {MASQUERADE_TABLE}\n")).map_err(Error::Masquerade)?;
+        nft(&format!("delete table {MASQUERADE_TABLE}\n")).map_err(masquerade_error)?;
     }
     Ok(present)
+}
+
+fn masquerade_error(reason: String) -> Error {
+    Error::Masquerade(format!("table {MASQUERADE_TABLE}: {reason}"))
 }
 
 /// Runs `script` with `nft -f -`; the error is what nft said.
