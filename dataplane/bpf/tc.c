@@ -203,6 +203,32 @@ static __always_inline int choose(struct service_key *key, struct flow_value *ch
 	return 1;
 }
 
+// Makes sure the connection's replies are translated back to its Service address. The two maps
+// drop their least recently used entries apart, so a known flow may have lost its reply entry;
+// and a client port used again for another Service address on the same endpoint finds the
+// earlier connection's. Either is written over, or the replies would leave with the wrong
+// address.
+static __always_inline void remember_reply(struct tuple *flow, struct flow_value *chosen)
+{
+	struct tuple reply = {
+		.source = chosen->endpoint,
+		.destination = flow->source,
+		.source_port = chosen->port,
+		.destination_port = flow->source_port,
+		.protocol = flow->protocol,
+	};
+	struct reply_value original = {
+		.frontend = flow->destination,
+		.port = flow->destination_port,
+	};
+
+	struct reply_value *held = bpf_map_lookup_elem(&sp_replies, &reply);
+
+	if (!held || !same_address(&held->frontend, &original.frontend) ||
+	    held->port != original.port)
+		bpf_map_update_elem(&sp_replies, &reply, &original, BPF_ANY);
+}
+
 SEC("classifier")
 int sp_from_outside(struct __sk_buff *skb)
 {
@@ -225,23 +251,12 @@ int sp_from_outside(struct __sk_buff *skb)
 			.protocol = p.tuple.protocol,
 			.scope = SP_SCOPE_OUTSIDE,
 		};
-		struct tuple reply = {
-			.destination = p.tuple.source,
-			.destination_port = p.tuple.source_port,
-			.protocol = p.tuple.protocol,
-		};
-		struct reply_value original = {
-			.frontend = p.tuple.destination,
-			.port = p.tuple.destination_port,
-		};
 
 		if (!choose(&key, &chosen, &verdict))
 			return verdict;
-		reply.source = chosen.endpoint;
-		reply.source_port = chosen.port;
 		bpf_map_update_elem(&sp_flows, &p.tuple, &chosen, BPF_ANY);
-		bpf_map_update_elem(&sp_replies, &reply, &original, BPF_ANY);
 	}
+	remember_reply(&p.tuple, &chosen);
 	// Each family's entries hold that family's endpoints; anything else is left alone.
 	if (is_mapped(&chosen.endpoint) == p.ipv6)
 		return TC_ACT_OK;

@@ -636,7 +636,8 @@ impl Drop for Neighbour {
 const OUTSIDE_UDP_PORT: u16 = 40053;
 
 /// What a client in `outside` got from a TCP connection to `address` (UDP: from one datagram
-/// there, sent from [`OUTSIDE_UDP_PORT`] by python3, which `scripts/test.sh` uses too), made by a process in `home_cgroup` (outside the lab's cgroup, so the socket programs
+/// there, sent from [`OUTSIDE_UDP_PORT`] by python3, which `scripts/test.sh` uses too, and the
+/// port it came back from), made by a process in `home_cgroup` (outside the lab's cgroup, so the socket programs
 /// do not see it, as they do not see a client on another machine): the endpoint's answer, or
 /// the error.
 fn outside_answer(
@@ -651,7 +652,8 @@ fn outside_answer(
         Protocol::Udp => format!(
             "exec python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
              s.bind((\"0.0.0.0\", {OUTSIDE_UDP_PORT})); s.settimeout(3); \
-             s.sendto(b\"hi\", (\"{ip}\", {port})); print(s.recv(64).decode(), end=\"\")'"
+             s.sendto(b\"hi\", (\"{ip}\", {port})); answer, source = s.recvfrom(64); \
+             print(answer.decode(), \"from\", source[1], end=\"\")'"
         ),
         _ => format!("exec 3<>/dev/tcp/{ip}/{port} && cat <&3"),
     };
@@ -750,6 +752,7 @@ async fn a_node_port_from_outside_reaches_a_pod_masqueraded_under_cluster_policy
                     endpoint("10.244.0.2:8080"),
                 ),
                 ServicePort::new("dns", Protocol::Udp, 53, Some(30053), endpoint(dns)),
+                ServicePort::new("dns-alt", Protocol::Udp, 5353, Some(30054), endpoint(dns)),
             ],
         );
         service.external_traffic_policy = policy;
@@ -772,8 +775,8 @@ async fn a_node_port_from_outside_reaches_a_pod_masqueraded_under_cluster_policy
     );
     assert_eq!(
         answer(Protocol::Udp, udp_node_port),
-        "10.244.0.2:5353 saw 10.244.0.1",
-        "UDP too, the answer read as the node port's (python's recv takes only that)"
+        "10.244.0.2:5353 saw 10.244.0.1 from 30053",
+        "UDP too, the answer from the node port"
     );
     // The UDP endpoint moves: the client, from the same port, moves with it.
     backend
@@ -782,9 +785,18 @@ async fn a_node_port_from_outside_reaches_a_pod_masqueraded_under_cluster_policy
         .unwrap();
     assert_eq!(
         answer(Protocol::Udp, udp_node_port),
-        "10.244.0.3:5353 saw 10.244.0.1",
+        "10.244.0.3:5353 saw 10.244.0.1 from 30053",
         "a UDP flow to a removed endpoint is forgotten"
     );
+    // The same client port to another node port on the same endpoint, then back: each answer
+    // comes from the port asked.
+    let other_node_port: SocketAddr = "198.51.100.1:30054".parse().unwrap();
+    for (asked, from) in [(other_node_port, 30054), (udp_node_port, 30053)] {
+        assert_eq!(
+            answer(Protocol::Udp, asked),
+            format!("10.244.0.3:5353 saw 10.244.0.1 from {from}")
+        );
+    }
     let links = lab.links();
     assert!(
         links

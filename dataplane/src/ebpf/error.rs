@@ -115,3 +115,15 @@ pub(super) fn pins_error(path: &Path, source: std::io::Error) -> Error {
         source,
     }
 }
+
+/// Whether a map's refusal says only that the key is not there (aya reports a deletion's
+/// `ENOENT` as the system call's error, a lookup's as `KeyNotFound`).
+pub(super) fn is_missing(err: &MapError) -> bool {
+    match err {
+        MapError::KeyNotFound => true,
+        MapError::SyscallError(aya::sys::SyscallError { io_error, .. }) => {
+            io_error.kind() == std::io::ErrorKind::NotFound
+        }
+        _ => false,
+    }
+}

@@ -11,7 +11,7 @@
 
 use super::entries::{Entries, Write};
 pub use super::error::Error;
-use super::error::{load_error, pins_error};
+use super::error::{is_missing, load_error, pins_error};
 use super::layout::{self, KEY_LEN, SERVICES_MAP, SlotKey, SlotValue, VALUE_LEN};
 use super::links::pin_replacing;
 use super::packets::{self, Packets};
@@ -219,8 +219,8 @@ fn remove(
     key: &[u8; KEY_LEN],
 ) -> Result<(), Error> {
     match services.remove(key) {
-        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-        Err(err) => Err(Error::Map(err)),
+        Err(err) if !is_missing(&err) => Err(Error::Map(err)),
+        _ => Ok(()),
     }
 }
 

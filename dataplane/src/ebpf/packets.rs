@@ -7,7 +7,7 @@
 //! on the device; on an older kernel the programs are not attached, and only the node's own
 //! traffic is served (the agent says so once).
 
-use super::error::{Error, load_error, pins_error};
+use super::error::{Error, is_missing, load_error, pins_error};
 use super::layout::{FLOW_LEN, Flow, REPLY_LEN, TUPLE_LEN};
 use super::links::pin_replacing;
 use crate::Protocol;
@@ -206,8 +206,8 @@ fn forget<const V: usize>(
     key: &[u8; TUPLE_LEN],
 ) -> Result<(), Error> {
     match map.remove(key) {
-        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-        Err(err) => Err(Error::Map(err)),
+        Err(err) if !is_missing(&err) => Err(Error::Map(err)),
+        _ => Ok(()),
     }
 }
 
