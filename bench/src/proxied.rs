@@ -412,7 +412,7 @@ pub fn populate(
     services: usize,
     objects: impl Fn(usize) -> String + Sync,
 ) -> Result<()> {
-    control_plane.kubectl(lab, &["create", "namespace", NAMESPACE])?;
+    control_plane.create_namespace(lab, NAMESPACE)?;
     let dir = tempfile::tempdir().context("creating the populate directory")?;
     let chunks: Vec<std::ops::Range<usize>> = (0..services)
         .step_by(POPULATE_CHUNK)

@@ -270,7 +270,7 @@ impl ControlPlane {
         for node in &nodes {
             control_plane.register_node(&lab, node)?;
         }
-        control_plane.kubectl(&lab, &["create", "namespace", namespace])?;
+        control_plane.create_namespace(&lab, namespace)?;
         Ok((lab, host, nodes, control_plane))
     }
 
@@ -571,6 +571,22 @@ spec:
         let mut all = vec![kubeconfig.as_str()];
         all.extend_from_slice(args);
         lab.exec_ok(&self.host, self.binaries.kubectl(), &all)
+    }
+
+    /// Creates `namespace` and waits for the ServiceAccount controller's `default` account in it:
+    /// until that exists the API server's admission refuses every Pod of the namespace.
+    ///
+    /// # Errors
+    ///
+    /// If kubectl fails or the account does not appear in time.
+    pub fn create_namespace(&self, lab: &Lab, namespace: &str) -> Result<()> {
+        self.kubectl(lab, &["create", "namespace", namespace])?;
+        crate::eventually(
+            &format!("the default ServiceAccount of {namespace}"),
+            READY_TIMEOUT,
+            || self.kubectl(lab, &["-n", namespace, "get", "serviceaccount", "default"]),
+        )?;
+        Ok(())
     }
 
     /// The cluster IP of the Service `namespace/name`, as the API server allocated it.

@@ -187,7 +187,7 @@ fn api_server_reviews_decide_which_node_a_token_may_receive() -> Result<()> {
     for node in &nodes {
         control_plane.register_node(&lab, node)?;
     }
-    control_plane.kubectl(&lab, &["create", "namespace", "demo"])?;
+    control_plane.create_namespace(&lab, "demo")?;
     let pod = lab.add_pod(&nodes[1], "web-a", addresses::pod_ip(2, 2))?;
     serve(&mut lab, &pod, "web-a", POD_PORT)?;
     control_plane.create_pod(&lab, "demo", &pod, "web", POD_PORT, true)?;

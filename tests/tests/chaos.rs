@@ -139,7 +139,7 @@ impl Cluster {
         for node in &nodes {
             control_plane.register_node(&lab, node)?;
         }
-        control_plane.kubectl(&lab, &["create", "namespace", NAMESPACE])?;
+        control_plane.create_namespace(&lab, NAMESPACE)?;
         let mut clients = Vec::new();
         for (i, node) in nodes.iter().enumerate() {
             let n = u8::try_from(i + 1)?;

@@ -185,7 +185,7 @@ fn services_from_a_real_api_server_reach_ready_pods_and_survive_its_restart() ->
     for node in &nodes {
         control_plane.register_node(&lab, node)?;
     }
-    control_plane.kubectl(&lab, &["create", "namespace", NAMESPACE])?;
+    control_plane.create_namespace(&lab, NAMESPACE)?;
     let mut pods: Vec<Pod> = Vec::new();
     for (name, node, host) in [("web-a", 0, 2), ("web-b", 1, 2), ("web-c", 1, 3)] {
         let n = u8::try_from(node + 1)?;

@@ -217,7 +217,7 @@ fn agents_find_controllers_through_their_service_and_keep_their_stream_through_a
     }
     let cp_ip = cp_host.ip().to_string();
     // deploy/'s ServiceAccounts and permissions, in the namespace kustomize would give them.
-    control_plane.kubectl(&lab, &["create", "namespace", AGENT_NAMESPACE])?;
+    control_plane.create_namespace(&lab, AGENT_NAMESPACE)?;
     let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/rbac.yaml");
     control_plane.kubectl(
         &lab,
@@ -229,7 +229,7 @@ fn agents_find_controllers_through_their_service_and_keep_their_stream_through_a
             &rbac.to_string_lossy(),
         ],
     )?;
-    control_plane.kubectl(&lab, &["create", "namespace", "demo"])?;
+    control_plane.create_namespace(&lab, "demo")?;
     let pod = lab.add_pod(&nodes[1], "web-a", addresses::pod_ip(2, 2))?;
     serve(&mut lab, &pod, "web-a", POD_PORT)?;
     control_plane.create_pod(&lab, "demo", &pod, "web", POD_PORT, true)?;

@@ -201,7 +201,7 @@ fn differential(
     for node in &nodes {
         control_plane.register_labelled_node(&lab, node, &[])?;
     }
-    control_plane.kubectl(&lab, &["create", "namespace", NAMESPACE])?;
+    control_plane.create_namespace(&lab, NAMESPACE)?;
     let dir = tempfile::tempdir()?;
     // node-1's own configuration for both; a node that is a network namespace cannot size the
     // machine's conntrack table, so maxPerCore is 0 (kind's setting).

@@ -73,8 +73,8 @@ fn a_replica_made_ready_takes_its_share_of_the_nodes_from_the_one_they_crowded_o
         control_plane.register_node(&lab, node)?;
     }
     let cp_ip = cp_host.ip().to_string();
-    control_plane.kubectl(&lab, &["create", "namespace", AGENT_NAMESPACE])?;
-    control_plane.kubectl(&lab, &["create", "namespace", "demo"])?;
+    control_plane.create_namespace(&lab, AGENT_NAMESPACE)?;
+    control_plane.create_namespace(&lab, "demo")?;
     let pod = lab.add_pod(&nodes[0], "web-a", addresses::pod_ip(1, 2))?;
     serve(&mut lab, &pod, "web-a", POD_PORT)?;
     control_plane.create_pod(&lab, "demo", &pod, "web", POD_PORT, true)?;

@@ -178,7 +178,7 @@ fn traffic_follows_zone_and_node_hints_and_falls_back_when_they_cannot_be_truste
             control_plane.register_labelled_node(&lab, node, &[(ZONE_LABEL, zone)])?;
         }
     }
-    control_plane.kubectl(&lab, &["create", "namespace", NAMESPACE])?;
+    control_plane.create_namespace(&lab, NAMESPACE)?;
     let mut pods = Vec::new();
     for (name, n) in [("web-a1", 1), ("web-b2", 2), ("web-a3", 3), ("web-x5", 5)] {
         let pod = lab.add_pod(&nodes[usize::from(n) - 1], name, addresses::pod_ip(n, 2))?;
