@@ -53,10 +53,70 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sp_services SEC(".maps");
 
+// A map of per-connection or per-client state, pinned by name: 65,536 entries, the least
+// recently used going first when it is full (a connection or client long idle needs it least).
+#define SP_LRU_MAP(name, key_type, value_type)                                                \
+	struct {                                                                              \
+		__uint(type, BPF_MAP_TYPE_LRU_HASH);                                          \
+		__type(key, key_type);                                                        \
+		__type(value, value_type);                                                    \
+		__uint(max_entries, 1 << 16);                                                 \
+		__uint(pinning, LIBBPF_PIN_BY_NAME);                                          \
+	} name SEC(".maps")
+
 static __always_inline int same_address(struct address *a, struct address *b)
 {
 	return a->word[0] == b->word[0] && a->word[1] == b->word[1] && a->word[2] == b->word[2] &&
 	       a->word[3] == b->word[3];
+}
+
+// Under session affinity, the endpoint a client last reached through a Service port. Each
+// program keeps its own clients' (sock.c by network namespace, tc.c by address).
+struct affinity_value {
+	__u64 used_ns;           // when the client last connected
+	struct address address;  // the endpoint
+	__be16 port;
+	__u16 pad;
+	__u32 slot;              // where the endpoint was
+};
+
+// How many slots an affinity's endpoint is looked for in when it left its slot (the Service's
+// endpoints changed); past them the client gets a new endpoint.
+#define SP_AFFINITY_SCAN 64
+
+static __always_inline int is_endpoint(struct service_value *slot, struct affinity_value *affinity)
+{
+	return slot && same_address(&slot->address, &affinity->address) &&
+	       slot->port == affinity->port;
+}
+
+// The slot of the Service port `key` names that holds the affinity's endpoint, or NULL when
+// none of the first SP_AFFINITY_SCAN does; `key` is left on the slot found.
+static __always_inline struct service_value *affine(struct service_key *key, __u32 count,
+						     struct affinity_value *affinity)
+{
+	struct service_value *slot;
+	__u32 i;
+
+	key->slot = affinity->slot;
+	slot = bpf_map_lookup_elem(&sp_services, key);
+	if (is_endpoint(slot, affinity))
+		return slot;
+	for (i = 1; i <= SP_AFFINITY_SCAN; i++) {
+		if (i > count)
+			break;
+		key->slot = i;
+		slot = bpf_map_lookup_elem(&sp_services, key);
+		if (is_endpoint(slot, affinity))
+			return slot;
+	}
+	return NULL;
+}
+
+// Whether `affinity` still holds `now` under a `timeout` in seconds.
+static __always_inline int affinity_holds(struct affinity_value *affinity, __u64 now, __u32 timeout)
+{
+	return affinity && now - affinity->used_ns <= (__u64)timeout * 1000000000ULL;
 }
 
 #endif

@@ -57,35 +57,11 @@ struct affinity_key {
 	__u32 pad2;
 };
 
-struct affinity_value {
-	__u64 used_ns;           // when the client last connected
-	struct address address;  // the endpoint
-	__be16 port;
-	__u16 pad;
-	__u32 slot;              // where the endpoint was
-};
+// What each redirected socket was aimed at.
+SP_LRU_MAP(sp_reverse, struct reverse_key, struct reverse_value);
 
-// How many slots an affinity's endpoint is looked for in when it left its slot (the Service's
-// endpoints changed); past them the client gets a new endpoint.
-#define SP_AFFINITY_SCAN 64
-
-// Least recently used entries go first: a socket long closed needs no reverse translation.
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct reverse_key);
-	__type(value, struct reverse_value);
-	__uint(max_entries, 1 << 16);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sp_reverse SEC(".maps");
-
-// Least recently used entries go first: an affinity long unused has expired anyway.
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct affinity_key);
-	__type(value, struct affinity_value);
-	__uint(max_entries, 1 << 16);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sp_affinity SEC(".maps");
+// Each client namespace's endpoint per Service port, under session affinity.
+SP_LRU_MAP(sp_affinity, struct affinity_key, struct affinity_value);
 
 // The destination of the context: `ipv6` says which family's fields hold it.
 static __always_inline void destination(struct bpf_sock_addr *ctx, int ipv6, struct address *to)
@@ -137,35 +113,6 @@ static __always_inline struct service_value *service_of(struct bpf_sock_addr *ct
 	return bpf_map_lookup_elem(&sp_services, key);
 }
 
-static __always_inline int is_endpoint(struct service_value *slot, struct affinity_value *affinity)
-{
-	return slot && same_address(&slot->address, &affinity->address) &&
-	       slot->port == affinity->port;
-}
-
-// The slot of the Service port `key` names that holds the affinity's endpoint, or NULL when
-// none of the first SP_AFFINITY_SCAN does; `key` is left on the slot found.
-static __always_inline struct service_value *affine(struct service_key *key, __u32 count,
-						     struct affinity_value *affinity)
-{
-	struct service_value *slot;
-	__u32 i;
-
-	key->slot = affinity->slot;
-	slot = bpf_map_lookup_elem(&sp_services, key);
-	if (is_endpoint(slot, affinity))
-		return slot;
-	for (i = 1; i <= SP_AFFINITY_SCAN; i++) {
-		if (i > count)
-			break;
-		key->slot = i;
-		slot = bpf_map_lookup_elem(&sp_services, key);
-		if (is_endpoint(slot, affinity))
-			return slot;
-	}
-	return NULL;
-}
-
 // Sends the socket to one of the Service's endpoints; returns 0 (refused) when it has none.
 static __always_inline int balance(struct bpf_sock_addr *ctx, int ipv6)
 {
@@ -195,7 +142,7 @@ static __always_inline int balance(struct bpf_sock_addr *ctx, int ipv6)
 		client.protocol = key.protocol;
 		now = bpf_ktime_get_ns();
 		affinity = bpf_map_lookup_elem(&sp_affinity, &client);
-		if (affinity && now - affinity->used_ns <= (__u64)timeout * 1000000000ULL)
+		if (affinity_holds(affinity, now, timeout))
 			endpoint = affine(&key, count, affinity);
 	}
 	if (!endpoint) {

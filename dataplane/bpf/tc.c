@@ -6,7 +6,8 @@
 //
 //   sp_from_outside (ingress)  a TCP or UDP packet to a Service address and port of the outside
 //                              scope (node ports, external and load-balancer IPs) goes to one
-//                              endpoint: its connection's, else one chosen at random. The
+//                              endpoint: its connection's, else (under session affinity)
+//                              the client's last one, else one chosen at random. The
 //                              destination is rewritten and, under externalTrafficPolicy
 //                              Cluster, the packet carries the masquerade mark, which the
 //                              node's one masquerade rule acts on, as kube-proxy's do. A port
@@ -17,8 +18,9 @@
 //                              Service address and port again.
 //
 // The kernel's connection tracking sees the translated packets, so it carries the masquerade
-// and its reversal; these programs keep only which endpoint each connection went to and how
-// to translate its replies back, in LRU maps (a connection long gone leaves first).
+// and its reversal; these programs keep only which endpoint each connection went to, how to
+// translate its replies back and, under session affinity, each client's last endpoint, in LRU
+// maps (a connection long gone leaves first).
 //
 // Frames with an Ethernet header only; SCTP (its checksum covers the ports) and IPv4 fragments
 // after the first (no ports) pass untouched. The maps' layout is the agent's
@@ -68,21 +70,21 @@ struct reply_value {
 	__u16 pad;
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct tuple);
-	__type(value, struct flow_value);
-	__uint(max_entries, 1 << 16);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sp_flows SEC(".maps");
+// Under session affinity, an outside client's endpoint for a Service address and port.
+struct affinity_key {
+	struct address client;
+	struct address frontend;
+	__be16 port;
+	__u8 protocol;
+	__u8 pad;
+};
 
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct tuple);
-	__type(value, struct reply_value);
-	__uint(max_entries, 1 << 16);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sp_replies SEC(".maps");
+SP_LRU_MAP(sp_flows, struct tuple, struct flow_value);
+
+SP_LRU_MAP(sp_replies, struct tuple, struct reply_value);
+
+// Each outside client's endpoint per Service address and port, under session affinity.
+SP_LRU_MAP(sp_outside_affinity, struct affinity_key, struct affinity_value);
 
 // A packet's tuple, its family and where its transport header starts.
 struct packet {
@@ -177,27 +179,57 @@ static __always_inline int rewrite(struct __sk_buff *skb, struct packet *p, int 
 	return 1;
 }
 
-// The endpoint for a new connection to the outside entry `key` names, or 0 with the verdict.
-static __always_inline int choose(struct service_key *key, struct flow_value *chosen, int *verdict)
+// The endpoint for a new connection from `client` to the outside entry `key` names (under
+// session affinity, the client's last one while it holds), or 0 with the verdict.
+static __always_inline int choose(struct service_key *key, struct address *client,
+				  struct flow_value *chosen, int *verdict)
 {
 	struct service_value *service = bpf_map_lookup_elem(&sp_services, key);
-	struct service_value *endpoint;
+	struct service_value *endpoint = NULL;
+	struct affinity_key affinity_key = {};
+	struct affinity_value *affinity;
+	__u64 now = 0;
+	__u32 count, timeout;
 
 	*verdict = TC_ACT_OK;
 	if (!service)
 		return 0;
-	if (service->count == 0) {
+	count = service->count;
+	timeout = service->affinity;
+	if (count == 0) {
 		if (service->flags & SP_DROP)
 			*verdict = TC_ACT_SHOT;
 		return 0;
 	}
 	chosen->flags = service->flags & SP_MASQUERADE;
-	key->slot = bpf_get_prandom_u32() % service->count + 1;
+	if (timeout) {
+		affinity_key.client = *client;
+		affinity_key.frontend = key->address;
+		affinity_key.port = key->port;
+		affinity_key.protocol = key->protocol;
+		now = bpf_ktime_get_ns();
+		affinity = bpf_map_lookup_elem(&sp_outside_affinity, &affinity_key);
+		if (affinity_holds(affinity, now, timeout))
+			endpoint = affine(key, count, affinity);
+	}
+	if (!endpoint) {
+		key->slot = bpf_get_prandom_u32() % count + 1;
+		endpoint = bpf_map_lookup_elem(&sp_services, key);
+	}
 	// A slot can be missing only while the agent shrinks the Service: the packet goes on
 	// untranslated, as if unbalanced.
-	endpoint = bpf_map_lookup_elem(&sp_services, key);
 	if (!endpoint)
 		return 0;
+	if (timeout) {
+		struct affinity_value last = {
+			.used_ns = now,
+			.address = endpoint->address,
+			.port = endpoint->port,
+			.slot = key->slot,
+		};
+
+		bpf_map_update_elem(&sp_outside_affinity, &affinity_key, &last, BPF_ANY);
+	}
 	chosen->endpoint = endpoint->address;
 	chosen->port = endpoint->port;
 	return 1;
@@ -252,7 +284,7 @@ int sp_from_outside(struct __sk_buff *skb)
 			.scope = SP_SCOPE_OUTSIDE,
 		};
 
-		if (!choose(&key, &chosen, &verdict))
+		if (!choose(&key, &p.tuple.source, &chosen, &verdict))
 			return verdict;
 		bpf_map_update_elem(&sp_flows, &p.tuple, &chosen, BPF_ANY);
 	}

@@ -123,7 +123,7 @@ impl Topology {
         );
         for (index, ip) in self.hosts.iter().enumerate() {
             let ns = self.namespace(*ip);
-            let veth = format!("veth{index}");
+            let veth = veth(index);
             let _ = writeln!(
                 script,
                 "ip netns add {ns}\n\
@@ -167,8 +167,9 @@ impl Topology {
             // and the next scenario reuses the name.
             let _ = writeln!(
                 script,
-                "ip link del veth{index} 2>/dev/null || true\n\
+                "ip link del {} 2>/dev/null || true\n\
                  ip netns del {} 2>/dev/null || true",
+                veth(index),
                 self.namespace(*ip)
             );
         }
@@ -245,6 +246,23 @@ impl Topology {
         words
     }
 
+    /// The node's interfaces toward the outside clients of `scenario`'s rows (the veths of
+    /// their hosts), which a mode balancing traffic from outside on chosen devices watches.
+    #[must_use]
+    pub fn outside_interfaces(&self, scenario: &Scenario) -> Vec<String> {
+        self.hosts
+            .iter()
+            .enumerate()
+            .filter(|(_, ip)| {
+                scenario
+                    .cases
+                    .iter()
+                    .any(|case| case.flow.origin == Origin::External && case.flow.source == **ip)
+            })
+            .map(|(index, _)| veth(index))
+            .collect()
+    }
+
     /// `ip netns exec NS` for the host holding `ip`.
     fn netns_exec(&self, ip: IpAddr) -> Vec<String> {
         ["ip", "netns", "exec"]
@@ -253,6 +271,11 @@ impl Topology {
             .chain([self.namespace(ip)])
             .collect()
     }
+}
+
+/// The node's end of the veth to the `index`th host.
+fn veth(index: usize) -> String {
+    format!("veth{index}")
 }
 
 /// `/32` for IPv4, `/128` for IPv6.
@@ -325,6 +348,8 @@ pub enum Observed {
     Refused,
     /// Every connection timed out.
     TimedOut,
+    /// Every connection was refused by the client's own kernel (`EPERM`).
+    Forbidden,
     /// Anything else: some answered, some failed, an answer that names no server, other errors.
     Mixed(String),
 }
@@ -365,6 +390,8 @@ pub fn observe(case: &FlowCase, report: &HitReport) -> Observed {
         Observed::Refused
     } else if all_failed && every_error(&["timed out", "temporarily unavailable"]) {
         Observed::TimedOut
+    } else if all_failed && every_error(&["Operation not permitted"]) {
+        Observed::Forbidden
     } else {
         Observed::Mixed(format!("{report:?}"))
     }
@@ -393,6 +420,7 @@ pub fn fulfils(case: &FlowCase, expected: &Expected, observed: &Observed, sticky
         )])),
         Expected::Reject => *observed == Observed::Refused,
         Expected::Drop => *observed == Observed::TimedOut,
+        Expected::Forbidden => *observed == Observed::Forbidden,
     }
 }
 
@@ -700,5 +728,6 @@ impl std::fmt::Display for Verdict {
     }
 }
 
+pub mod ebpf;
 #[cfg(test)]
 mod tests;

@@ -268,8 +268,9 @@ pub struct Lab {
     logs: Option<tempfile::TempDir>,
     /// The node each pod namespace is on.
     pod_nodes: BTreeMap<String, String>,
-    /// The nodes given a cgroup ([`Lab::node_cgroup`]), and the folder of each.
-    node_cgroups: BTreeMap<String, PathBuf>,
+    /// The cgroups made: nodes' ([`Lab::node_cgroup`]) by node name, namespaces'
+    /// ([`Lab::namespace_cgroup`]) by namespace name.
+    cgroups: BTreeMap<String, PathBuf>,
 }
 
 impl Lab {
@@ -306,7 +307,7 @@ impl Lab {
             spawned: 0,
             logs: Some(logs),
             pod_nodes: BTreeMap::new(),
-            node_cgroups: BTreeMap::new(),
+            cgroups: BTreeMap::new(),
         };
         // From here on, dropping `lab` on an error removes whatever was made.
         let lan = lab.add_namespace("lan")?;
@@ -715,14 +716,34 @@ impl Lab {
             "node {} is not part of this lab",
             node.name
         );
-        if let Some(folder) = self.node_cgroups.get(&node.name) {
+        let (name, ns) = (node.name.clone(), node.ns.clone());
+        self.cgroup(&name, &ns)
+    }
+
+    /// A cgroup v2 folder for the lab namespace `ns` (one [`add_namespace`](Self::add_namespace)
+    /// made), for a caller that starts its processes there itself; removed with the lab.
+    ///
+    /// # Errors
+    ///
+    /// If `ns` is not this lab's, no cgroup v2 hierarchy is mounted, or the folder cannot be made.
+    pub fn namespace_cgroup(&mut self, ns: &str) -> Result<PathBuf> {
+        ensure!(
+            self.namespaces.iter().any(|n| n == ns),
+            "namespace {ns} is not part of this lab"
+        );
+        self.cgroup(ns, ns)
+    }
+
+    /// The cgroup folder `folder` under the lab's cgroup v2 mount, made on the first call and
+    /// kept under `key`.
+    fn cgroup(&mut self, key: &str, folder: &str) -> Result<PathBuf> {
+        if let Some(folder) = self.cgroups.get(key) {
             return Ok(folder.clone());
         }
-        let mount = cgroup2_mount()?;
-        let folder = mount.join(&node.ns);
+        let folder = cgroup2_mount()?.join(folder);
         std::fs::create_dir_all(&folder)
             .with_context(|| format!("cannot create cgroup {}", folder.display()))?;
-        self.node_cgroups.insert(node.name.clone(), folder.clone());
+        self.cgroups.insert(key.to_owned(), folder.clone());
         Ok(folder)
     }
 
@@ -734,7 +755,7 @@ impl Lab {
             .find(|node| node.ns == ns)
             .map(|node| &node.name)
             .or_else(|| self.pod_nodes.get(ns));
-        match node.and_then(|node| self.node_cgroups.get(node)) {
+        match node.and_then(|node| self.cgroups.get(node)) {
             // The process joins the cgroup before `ip netns exec`, which hides /sys/fs/cgroup.
             Some(cgroup) => {
                 let mut command = Command::new("sh");
@@ -850,7 +871,7 @@ impl Drop for Lab {
                 eprintln!("lab: {e:#}");
             }
         }
-        for folder in self.node_cgroups.values() {
+        for folder in self.cgroups.values() {
             if let Err(e) = remove_cgroup(folder) {
                 eprintln!("lab: {e:#}");
             }

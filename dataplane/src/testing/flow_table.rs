@@ -89,6 +89,9 @@ pub enum Expected {
     Reject,
     /// Silently dropped.
     Drop,
+    /// Refused by the socket layer at `connect()` or `sendto()` (`EPERM`), before any packet
+    /// leaves: the client fails at once. No kube-proxy mode does this; a mode that does says why.
+    Forbidden,
     /// Left alone by the service rules: not translated, not masqueraded, not refused.
     Pass,
 }

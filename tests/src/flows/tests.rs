@@ -97,6 +97,22 @@ fn refusals_and_timeouts_are_told_apart_and_anything_else_is_mixed() {
 }
 
 #[test]
+fn a_connection_its_own_kernel_forbids_is_neither_refused_nor_dropped() {
+    let case = flow_from("10.244.0.5");
+    let forbidden = "connect 10.96.0.73:80: Operation not permitted (os error 1)";
+    let refused = "connect 10.96.0.10:80: Connection refused (os error 111)";
+    let observed = observe(&case, &report(&[], 2, &[forbidden]));
+    assert_eq!(observed, Observed::Forbidden);
+    assert!(fulfils(&case, &Expected::Forbidden, &observed, false));
+    assert!(!fulfils(&case, &Expected::Drop, &observed, false));
+    assert!(!fulfils(&case, &Expected::Reject, &observed, false));
+    assert!(matches!(
+        observe(&case, &report(&[], 2, &[forbidden, refused])),
+        Observed::Mixed(_)
+    ));
+}
+
+#[test]
 fn endpoints_must_all_answer_unless_the_service_is_sticky() {
     let case = flow_from("10.244.0.5");
     let web_1: SocketAddr = "10.244.1.10:8080".parse().unwrap();
@@ -199,4 +215,35 @@ fn node_rows_send_from_the_node_address_and_pod_rows_from_their_namespace() {
     let words = topology.hit_command(&udp, 4, 3000);
     assert_eq!(words[..4], ["ip", "netns", "exec", "h-10-244-0-5"]);
     assert!(words.contains(&"udp://10.96.0.53:53/source".to_owned()));
+}
+
+#[test]
+fn ebpf_forbids_where_iptables_drops_and_knows_pods_without_a_cluster_cidr() {
+    let scenario = scenario("node with edge, elsewhere");
+    let itp = row(
+        &scenario,
+        "pod to internalTrafficPolicy Local cluster IP without a local endpoint is dropped",
+    );
+    assert_eq!(ebpf::expected(&scenario, &itp).0, Expected::Forbidden);
+    let pod = row(
+        &scenario,
+        "pod to externalTrafficPolicy Local node port follows the Local policy without a cluster CIDR",
+    );
+    let (expected, why) = ebpf::expected(&scenario, &pod);
+    assert_eq!(
+        expected,
+        Expected::endpoints([
+            ("10.244.0.70:8080".parse().unwrap(), false),
+            ("10.244.1.70:8080".parse().unwrap(), false),
+        ])
+    );
+    assert!(why.is_some());
+    let outside = row(
+        &scenario,
+        "external client to node port with a local endpoint reaches only it, client IP kept",
+    );
+    assert_eq!(
+        ebpf::expected(&scenario, &outside),
+        (outside.expected.clone(), None)
+    );
 }
