@@ -8,8 +8,9 @@
 //!   there without a half-written Service port (pure);
 //! * [`kernel`]: the programs and maps, pinned so they outlive the agent, and the map's
 //!   reads and writes;
-//! * [`packets`]: the tc programs on the node's devices, for traffic from outside the node, and
-//!   the masquerade rule they mark connections for.
+//! * [`packets`]: the tc programs on the node's devices, for traffic from outside the node;
+//! * [`nft_table`]: the nftables table that masquerades the connections they mark and refuses
+//!   Service addresses without endpoints they let through.
 //!
 //! It serves Services of both families to clients on the node (pods and host processes):
 //! cluster IPs with both traffic policies' endpoint choice and session affinity, and node ports,
@@ -22,6 +23,7 @@ mod error;
 pub mod kernel;
 pub mod layout;
 mod links;
+pub mod nft_table;
 pub mod packets;
 
 use crate::full_sync::FullSyncClock;
@@ -233,28 +235,43 @@ impl Dataplane for EbpfBackend {
 
 /// Makes the map's change; returns the entries written per family. A full change reads the
 /// map first, removing what no agent of this layout writes. UDP connections from outside to
-/// endpoints gone choose again.
+/// endpoints gone choose again, and what is refused from outside follows the change.
 fn apply(attached: &mut Attached, change: &Change) -> Result<PerFamily, kernel::Error> {
-    let (writes, total, gone) = match change {
+    let (writes, total, gone, refused) = match change {
         Change::Full(desired) => {
             let (held, foreign) = attached.entries()?;
             attached.delete_foreign(&foreign)?;
             let gone = entries::gone_udp_endpoints(&held, desired);
-            (entries::writes(&held, desired), desired.len(), gone)
+            let refused = entries::refused_from_outside(desired).collect();
+            (
+                entries::writes(&held, desired),
+                desired.len(),
+                gone,
+                refused,
+            )
         }
         Change::Services {
             before,
             after,
             total,
-        } => (
-            entries::writes(before, after),
-            total.iter().sum(),
-            entries::gone_udp_endpoints(before, after),
-        ),
+        } => {
+            let mut refused = attached.refused();
+            for gone in entries::refused_from_outside(before) {
+                refused.remove(&gone);
+            }
+            refused.extend(entries::refused_from_outside(after));
+            (
+                entries::writes(before, after),
+                total.iter().sum(),
+                entries::gone_udp_endpoints(before, after),
+                refused,
+            )
+        }
     };
     attached.write(total, &writes)?;
     // Once the endpoints are gone from the map, so no new flow chooses them.
     attached.forget_udp_flows(&gone)?;
+    attached.refuse(refused)?;
     Ok(per_family(writes.iter().map(|write| match write {
         Write::Put(key, _) | Write::Delete(key) => key,
     })))

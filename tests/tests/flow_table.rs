@@ -118,5 +118,5 @@ fn every_row_of_the_packet_flow_table_holds_for_the_nftables_mode_with_real_traf
 fn every_row_of_the_packet_flow_table_the_ebpf_mode_serves_holds_with_real_traffic() -> Result<()> {
     let verdict = run_flows("ebpf")?;
     println!("{verdict}");
-    verdict.ensure_held(87)
+    verdict.ensure_held(89)
 }

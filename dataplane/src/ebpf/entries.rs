@@ -2,6 +2,7 @@
 //! what they hold there without a connection ever seeing a half-written Service port.
 
 use super::layout::{Scope, SlotKey, SlotValue};
+use super::nft_table::Refused;
 use crate::port_plan::PortPlan;
 use crate::{IpFamily, Protocol, ProxyState, Service};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -133,6 +134,12 @@ pub fn frontends(service: &Service, node_ports: &[IpAddr]) -> Vec<Frontend> {
     for port in &service.ports {
         for family in IpFamily::ALL {
             let plan = PortPlan::new(service, port, family);
+            // A family the Service has no cluster IP of is not the Service's (upstream's
+            // proxier of that family never sees it): no node port, external or load-balancer
+            // IP of it either.
+            if plan.cluster_ips.is_empty() {
+                continue;
+            }
             let addresses = |endpoints: &[&crate::Endpoint]| -> Vec<SocketAddr> {
                 endpoints
                     .iter()
@@ -231,6 +238,20 @@ pub fn gone_udp_endpoints(before: &Entries, after: &Entries) -> HashSet<(SocketA
         .into_iter()
         .filter(|pair| !after.contains(pair))
         .collect()
+}
+
+/// The Service addresses and ports of `entries` that refuse connections from outside: the
+/// outside headers without endpoints that do not drop. The packet programs let those through
+/// untranslated, for the nftables table to reject.
+pub fn refused_from_outside(entries: &Entries) -> impl Iterator<Item = Refused> + '_ {
+    entries.iter().filter_map(|(key, value)| match value {
+        SlotValue::Header {
+            count: 0,
+            drop: false,
+            ..
+        } if key.scope == Scope::Outside => Some((key.address, key.protocol, key.port)),
+        _ => None,
+    })
 }
 
 /// The writes that take the map from `current` to `desired`, ordered so that a program reading

@@ -60,9 +60,10 @@ pub enum Error {
     /// The services map refused a read or a write.
     #[error("the services map: {0}")]
     Map(#[source] MapError),
-    /// The masquerade rule for traffic from outside could not be written or removed.
-    #[error("the masquerade rule: {0}")]
-    Masquerade(String),
+    /// The nftables table for traffic from outside (masquerade, refusals) could not be written
+    /// or removed.
+    #[error("the nftables table {0}")]
+    Table(String),
     /// The node's addresses could not be listed.
     #[error("cannot list the node's addresses for its node ports: {0}")]
     NodeAddresses(#[source] std::io::Error),

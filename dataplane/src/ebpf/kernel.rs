@@ -14,11 +14,13 @@ pub use super::error::Error;
 use super::error::{is_missing, load_error, pins_error};
 use super::layout::{self, KEY_LEN, SERVICES_MAP, SlotKey, SlotValue, VALUE_LEN};
 use super::links::pin_replacing;
-use super::packets::{self, Packets};
+use super::nft_table::{self, Refused};
+use super::packets::Packets;
 use aya::maps::{HashMap, MapData, MapError};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError};
 use aya::{EbpfError, EbpfLoader};
 use nix::sys::statfs::{BPF_FS_MAGIC, CGROUP2_SUPER_MAGIC, statfs};
+use std::collections::BTreeSet;
 use std::fs::{self, File};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -136,6 +138,28 @@ impl Attached {
         self.packets
             .as_mut()
             .map_or(Ok(()), |packets| packets.forget_udp_flows(gone))
+    }
+
+    /// What the packet programs' nftables table refuses from outside now; nothing on a kernel
+    /// without TCX.
+    #[must_use]
+    pub fn refused(&self) -> BTreeSet<Refused> {
+        self.packets
+            .as_ref()
+            .map(|packets| packets.refused().clone())
+            .unwrap_or_default()
+    }
+
+    /// Makes `refused` what the packet programs' nftables table refuses from outside
+    /// ([`Packets::refuse`]); nothing on a kernel without TCX.
+    ///
+    /// # Errors
+    ///
+    /// Returns what nft said when it refuses.
+    pub fn refuse(&mut self, refused: BTreeSet<Refused>) -> Result<(), Error> {
+        self.packets
+            .as_mut()
+            .map_or(Ok(()), |packets| packets.refuse(refused))
     }
 
     /// Attaches the packet programs to `devices` (once each), and takes them off devices no
@@ -263,12 +287,12 @@ pub fn cgroup2_mount() -> std::io::Result<Option<PathBuf>> {
 }
 
 /// Removes everything the eBPF mode put in place: what it pinned under `bpf_root`, its links
-/// (the programs detach) and its maps, and its masquerade rule. Returns whether there was
+/// (the programs detach) and its maps, and its nftables table. Returns whether there was
 /// anything.
 ///
 /// # Errors
 ///
-/// Returns an error when a pin or the rule cannot be removed.
+/// Returns an error when a pin or the table cannot be removed.
 pub fn remove_pins(bpf_root: &Path) -> Result<bool, Error> {
     let pins = bpf_root.join(PIN_FOLDER);
     let pinned = match fs::remove_dir_all(&pins) {
@@ -276,7 +300,7 @@ pub fn remove_pins(bpf_root: &Path) -> Result<bool, Error> {
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => false,
         Err(source) => return Err(pins_error(&pins, source)),
     };
-    Ok(packets::remove_masquerade()? || pinned)
+    Ok(nft_table::remove()? || pinned)
 }
 
 /// Removes the pins of other layout versions, once this version's programs are attached.

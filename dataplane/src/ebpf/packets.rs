@@ -1,7 +1,8 @@
 //! The packet programs (`bpf/tc.c`), which serve traffic from outside the node: loaded beside
 //! the socket programs and sharing their services map through its pin, attached to the ingress
 //! and egress of each device that takes node ports with TCX links pinned as the socket
-//! programs' links are, and the node's one masquerade rule, which acts on the mark they set.
+//! programs' links are, and the nftables table ([`nft_table`]) that masquerades what they mark
+//! and refuses what they let through for want of endpoints.
 //!
 //! TCX (Linux 6.6) gives links that can be pinned and replaced without a moment with no program
 //! on the device; on an older kernel the programs are not attached, and only the node's own
@@ -10,6 +11,7 @@
 use super::error::{Error, is_missing, load_error, pins_error};
 use super::layout::{FLOW_LEN, Flow, REPLY_LEN, TUPLE_LEN};
 use super::links::pin_replacing;
+use super::nft_table::{self, Refused};
 use crate::Protocol;
 use aya::maps::{HashMap as AyaHashMap, MapData, MapError};
 use aya::programs::tc::TcAttachOptions;
@@ -18,10 +20,8 @@ use aya::util::KernelVersion;
 use aya::{Ebpf, EbpfLoader};
 use std::collections::{BTreeSet, HashSet};
 use std::fs;
-use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 /// `bpf/tc.c`, compiled by the build script.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tc.o"));
@@ -38,9 +38,6 @@ const FLOWS_MAP: &str = "sp_flows";
 /// The map of their replies' translations (`sp_replies`).
 const REPLIES_MAP: &str = "sp_replies";
 
-/// The nftables table holding the masquerade rule.
-pub const MASQUERADE_TABLE: &str = "inet splitproxy-ebpf";
-
 /// The packet programs, loaded, and the devices they are attached to.
 #[derive(Debug)]
 pub struct Packets {
@@ -48,16 +45,19 @@ pub struct Packets {
     links: PathBuf,
     stamp: u128,
     attached: BTreeSet<u32>,
+    /// What the nftables table refuses now.
+    refused: BTreeSet<Refused>,
 }
 
 impl Packets {
     /// Loads the programs with the maps pinned in `maps` (the services map the socket programs
-    /// hold included) and puts the masquerade rule for `masquerade_mark` in place; `None` on a
+    /// hold included) and writes the nftables table, its masquerade rule for
+    /// `masquerade_mark`; `None` on a
     /// kernel without TCX. Links go in `links`, named with `stamp`.
     ///
     /// # Errors
     ///
-    /// Returns an error when the kernel refuses a program or the rule cannot be written.
+    /// Returns an error when the kernel refuses a program or the table cannot be written.
     pub fn load(
         maps: &Path,
         links: &Path,
@@ -81,12 +81,13 @@ impl Packets {
                 .load()
                 .map_err(|err| load_error(program, err))?;
         }
-        install_masquerade(masquerade_mark)?;
+        nft_table::install(masquerade_mark)?;
         Ok(Some(Self {
             ebpf,
             links: links.to_owned(),
             stamp,
             attached: BTreeSet::new(),
+            refused: BTreeSet::new(),
         }))
     }
 
@@ -167,6 +168,26 @@ impl Packets {
         Ok(())
     }
 
+    /// What the nftables table refuses from outside now.
+    #[must_use]
+    pub fn refused(&self) -> &BTreeSet<Refused> {
+        &self.refused
+    }
+
+    /// Makes `refused` what the nftables table refuses from outside (the Service addresses and
+    /// ports without endpoints the packet programs let through), when that changes it.
+    ///
+    /// # Errors
+    ///
+    /// Returns what nft said when it refuses.
+    pub fn refuse(&mut self, refused: BTreeSet<Refused>) -> Result<(), Error> {
+        if refused != self.refused {
+            nft_table::refuse(&refused)?;
+            self.refused = refused;
+        }
+        Ok(())
+    }
+
     /// One of the programs' LRU maps, by name.
     fn map<const V: usize>(
         &mut self,
@@ -242,70 +263,4 @@ pub fn devices_holding(addresses: &[IpAddr]) -> Result<Vec<String>, Error> {
     devices.sort_unstable();
     devices.dedup();
     Ok(devices)
-}
-
-/// The masquerade rule: a connection the packet programs marked leaves with the node's address
-/// as its source (the kernel's connection tracking undoes it for the replies), and the mark is
-/// cleared, as kube-proxy's own masquerade rule does. Written whole each time, so a changed
-/// mark replaces the old rule.
-fn install_masquerade(mark: u32) -> Result<(), Error> {
-    let script = format!(
-        "table {MASQUERADE_TABLE}\n\
-         delete table {MASQUERADE_TABLE}\n\
-         table {MASQUERADE_TABLE} {{\n\
-         \tchain postrouting {{\n\
-         \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
-         \t\tmeta mark & {mark:#x} == {mark:#x} meta mark set meta mark ^ {mark:#x} masquerade fully-random\n\
-         \t}}\n\
-         }}\n"
-    );
-    nft(&script).map_err(masquerade_error)
-}
-
-/// Removes the masquerade rule's table; whether it was there. A node without `nft` has none.
-///
-/// # Errors
-///
-/// Returns an error when `nft` fails otherwise.
-pub fn remove_masquerade() -> Result<bool, Error> {
-    let listing = match Command::new("nft").args(["list", "tables"]).output() {
-        Ok(output) => String::from_utf8_lossy(&output.stdout).into_owned(),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(err) => return Err(Error::Masquerade(format!("running nft: {err}"))),
-    };
-    let present = listing
-        .lines()
-        .any(|line| line.trim() == format!("table {MASQUERADE_TABLE}"));
-    if present {
-        nft(&format!("delete table {MASQUERADE_TABLE}\n")).map_err(masquerade_error)?;
-    }
-    Ok(present)
-}
-
-fn masquerade_error(reason: String) -> Error {
-    Error::Masquerade(format!("table {MASQUERADE_TABLE}: {reason}"))
-}
-
-/// Runs `script` with `nft -f -`; the error is what nft said.
-fn nft(script: &str) -> Result<(), String> {
-    let mut nft = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|err| format!("running nft: {err}"))?;
-    nft.stdin
-        .take()
-        .ok_or_else(|| "nft has no stdin".to_owned())?
-        .write_all(script.as_bytes())
-        .map_err(|err| format!("writing to nft: {err}"))?;
-    let output = nft
-        .wait_with_output()
-        .map_err(|err| format!("waiting for nft: {err}"))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
-    }
 }

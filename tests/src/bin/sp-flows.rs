@@ -25,7 +25,7 @@ use splitproxy_dataplane::{
     iptables::{self, FamilyExecutor, IptablesBackend},
     ipvs::backend::{self, IpvsBackend},
     nftables::{self, NftablesBackend},
-    testing::flow_table::{self, Expected, FlowCase, Origin, Scenario},
+    testing::flow_table::{self, Expected, Origin, Scenario},
 };
 use splitproxy_e2e::{
     HitReport,
@@ -183,10 +183,7 @@ async fn run(mode: &Mode, scenario: &Scenario) -> Result<()> {
             difference: difference.map(str::to_owned),
             observed,
             ok,
-            pending: case
-                .pending
-                .or_else(|| pending(mode, scenario, case))
-                .map(str::to_owned),
+            pending: case.pending.map(str::to_owned),
         };
         println!("ROW {}", serde_json::to_string(&row)?);
     }
@@ -244,14 +241,6 @@ async fn clean(mode: &Mode, scenario: &Scenario) -> Result<()> {
         Mode::Ipvs(_) => {}
     }
     Ok(())
-}
-
-/// Why `mode` gets `case` wrong for now, where it is a known gap rather than a failure.
-fn pending(mode: &Mode, scenario: &Scenario, case: &FlowCase) -> Option<&'static str> {
-    match mode {
-        Mode::Ebpf(_) => flows::ebpf::pending(scenario, case),
-        Mode::Ipvs(_) | Mode::Iptables(_) | Mode::Nftables(_) => None,
-    }
 }
 
 /// `words` run by a process that first joins `cgroup` (before any `ip netns exec` in `words`,

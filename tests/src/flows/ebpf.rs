@@ -89,25 +89,6 @@ pub fn unsupported(scenario: &Scenario, case: &FlowCase) -> Option<&'static str>
     }
 }
 
-/// Why a row the eBPF mode gets wrong still counts as work to do rather than a failure, if it
-/// does (`docs/features.md` lists the same gaps): the runner reports it as pending.
-#[must_use]
-pub fn pending(scenario: &Scenario, case: &FlowCase) -> Option<&'static str> {
-    let outside_to_external = case.flow.origin == Origin::External
-        && matches!(
-            destination(scenario, &case.flow),
-            Some((
-                Destination::ExternalIp | Destination::LoadBalancer { .. },
-                _,
-                _
-            ))
-        );
-    (outside_to_external && case.expected == Expected::Reject).then_some(
-        "the packet programs leave an external or load-balancer IP without endpoints to the \
-         node, which routes it on rather than refusing it as kube-proxy's REJECT does",
-    )
-}
-
 /// What the eBPF mode does with `case`, where it differs from the table's expectation, and
 /// why; the table's expectation otherwise.
 #[must_use]

@@ -330,6 +330,46 @@ fn traffic_from_outside_goes_where_the_external_policy_says_masqueraded_only_und
 }
 
 #[test]
+fn outside_traffic_to_a_port_without_endpoints_is_refused_by_the_table_and_dropping_ports_are_not()
+{
+    let mut none = exposed_web();
+    none.ports[0].endpoints.clear();
+    let mut elsewhere = exposed_web();
+    elsewhere.key.name = "elsewhere".to_owned();
+    elsewhere.cluster_ips = vec!["172.30.0.42".parse().unwrap()];
+    elsewhere.external_ips.clear();
+    elsewhere.load_balancer_ips.clear();
+    elsewhere.ports[0].node_port = Some(30081);
+    elsewhere.ports[0].endpoints = vec![ready("10.180.2.1", 8080)];
+    let mut plain = web(vec![]);
+    plain.key.name = "plain".to_owned();
+    plain.cluster_ips = vec!["172.30.0.43".parse().unwrap()];
+    let entries = desired(&state(vec![none, elsewhere, plain]), &node()).entries;
+    let refused: Vec<_> = refused_from_outside(&entries).collect();
+    let at = |address: &str, port| (address.parse().unwrap(), Protocol::Tcp, port);
+    assert_eq!(
+        refused,
+        [at("1.2.3.4", 80), at(NODE, 30080), at("192.168.99.1", 80)],
+        "the node port, external and load-balancer IPs of the Service without endpoints; not \
+         its cluster IP (the socket layer refuses the node's own), not eTP Local's drop"
+    );
+}
+
+#[test]
+fn a_single_stack_service_gets_no_entries_of_the_other_family() {
+    let mut web6 = exposed_web();
+    web6.cluster_ips = vec!["fd00:172:30::41".parse().unwrap()];
+    web6.ports[0].endpoints = vec![local("fd00:10:180::1", 8080)];
+    let node_ips = [NODE.parse().unwrap(), "fd00:192:168::2".parse().unwrap()];
+    let entries = desired(&state(vec![web6]), &node_ips).entries;
+    assert!(!entries.is_empty());
+    assert!(
+        entries.keys().all(|key| key.address.is_ipv6()),
+        "the node's IPv4 address takes no node port of an IPv6-only Service: {entries:?}"
+    );
+}
+
+#[test]
 fn a_load_balancer_ip_with_source_ranges_is_left_to_the_network() {
     let mut web = exposed_web();
     web.load_balancer_source_ranges = vec!["203.0.113.0/25".parse().unwrap()];
