@@ -178,7 +178,8 @@ pub struct ControlPlane {
     dir: tempfile::TempDir,
     etcd: Process,
     apiserver: Option<Process>,
-    controller_manager: Process,
+    /// Started once the API server is ready.
+    controller_manager: Option<Process>,
     /// The controller's serving certificate and the CA agents trust.
     tls: ControllerTls,
 }
@@ -226,31 +227,38 @@ impl ControlPlane {
                 "warn",
             ],
         )?;
-        let controller_manager = lab.spawn(
-            host,
-            binaries.kubernetes.join("kube-controller-manager"),
-            &[
-                "--kubeconfig",
-                &path(&dir.path().join("admin.kubeconfig")),
-                // The EndpointSlice controller makes the slices; the ServiceAccount controller
-                // makes each namespace's default account, which Pod admission needs.
-                "--controllers",
-                "endpointslice,serviceaccount",
-                "--leader-elect=false",
-                "--secure-port=0",
-                "--v=1",
-            ],
-        )?;
         let mut control_plane = Self {
             host: host.clone(),
             binaries,
             dir,
             etcd,
             apiserver: None,
-            controller_manager,
+            controller_manager: None,
             tls,
         };
         control_plane.start_apiserver(lab)?;
+        // Only now: kube-controller-manager exits when the API server is not healthy within
+        // 10 s of its start, which a loaded machine's API server can take.
+        control_plane.controller_manager = Some(
+            lab.spawn(
+                host,
+                control_plane
+                    .binaries
+                    .kubernetes
+                    .join("kube-controller-manager"),
+                &[
+                    "--kubeconfig",
+                    &path(&control_plane.dir.path().join("admin.kubeconfig")),
+                    // The EndpointSlice controller makes the slices; the ServiceAccount controller
+                    // makes each namespace's default account, which Pod admission needs.
+                    "--controllers",
+                    "endpointslice,serviceaccount",
+                    "--leader-elect=false",
+                    "--secure-port=0",
+                    "--v=1",
+                ],
+            )?,
+        );
         Ok(control_plane)
     }
 
@@ -585,7 +593,8 @@ spec:
             &format!("the default ServiceAccount of {namespace}"),
             READY_TIMEOUT,
             || self.kubectl(lab, &["-n", namespace, "get", "serviceaccount", "default"]),
-        )?;
+        )
+        .with_context(|| self.logs())?;
         Ok(())
     }
 
@@ -847,7 +856,7 @@ spec:
         for process in [
             Some(&self.etcd),
             self.apiserver.as_ref(),
-            Some(&self.controller_manager),
+            self.controller_manager.as_ref(),
         ]
         .into_iter()
         .flatten()
