@@ -756,12 +756,11 @@ impl Lab {
             .map(|node| &node.name)
             .or_else(|| self.pod_nodes.get(ns));
         match node.and_then(|node| self.cgroups.get(node)) {
-            // The process joins the cgroup before `ip netns exec`, which hides /sys/fs/cgroup.
             Some(cgroup) => {
-                let mut command = Command::new("sh");
+                let mut words = in_cgroup(cgroup);
+                let mut command = Command::new(words.remove(0));
                 command
-                    .args(["-c", r#"echo $$ > "$0/cgroup.procs" && exec "$@""#])
-                    .arg(cgroup)
+                    .args(words)
                     .args(["ip", "netns", "exec", ns])
                     .arg(program)
                     .args(args);
@@ -1055,6 +1054,17 @@ fn sysctl(ns: &str, key: &str, value: &str) -> Result<()> {
         String::from_utf8_lossy(&output.stderr).trim()
     );
     Ok(())
+}
+
+/// The words of a command line that joins `cgroup` and then runs the words that follow them
+/// (which may start with `ip netns exec`: the process joins the cgroup first, since
+/// `ip netns exec` remounts /sys and hides the cgroup tree).
+pub fn in_cgroup(cgroup: &Path) -> Vec<String> {
+    ["sh", "-c", r#"echo $$ > "$0/cgroup.procs" && exec "$@""#]
+        .into_iter()
+        .map(str::to_owned)
+        .chain([cgroup.display().to_string()])
+        .collect()
 }
 
 /// `ip netns exec <ns> <program> <args…>`.

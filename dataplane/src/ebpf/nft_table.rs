@@ -150,7 +150,7 @@ fn nft(script: &str) -> Result<(), String> {
     if output.status.success() {
         Ok(())
     } else {
-        Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
+        Err(crate::tool::stderr_text(&output.stderr))
     }
 }
 

@@ -30,6 +30,7 @@ use splitproxy_dataplane::{
 use splitproxy_e2e::{
     HitReport,
     flows::{self, RowResult, Topology},
+    lab,
 };
 
 /// How long one connection of a row may take before it counts as dropped.
@@ -171,7 +172,10 @@ async fn run(mode: &Mode, scenario: &Scenario) -> Result<()> {
         if let Mode::Ebpf(ebpf) = mode
             && case.flow.origin != Origin::External
         {
-            words = in_cgroup(&ebpf.cgroup, words);
+            words = lab::in_cgroup(&ebpf.cgroup)
+                .into_iter()
+                .chain(words)
+                .collect();
         }
         let report = run_hit(&words)?;
         let observed = flows::observe(case, &report);
@@ -241,17 +245,6 @@ async fn clean(mode: &Mode, scenario: &Scenario) -> Result<()> {
         Mode::Ipvs(_) => {}
     }
     Ok(())
-}
-
-/// `words` run by a process that first joins `cgroup` (before any `ip netns exec` in `words`,
-/// which hides the cgroup tree).
-fn in_cgroup(cgroup: &std::path::Path, words: Vec<String>) -> Vec<String> {
-    ["sh", "-c", r#"echo $$ > "$0/cgroup.procs" && exec "$@""#]
-        .into_iter()
-        .map(str::to_owned)
-        .chain([cgroup.display().to_string()])
-        .chain(words)
-        .collect()
 }
 
 /// The IP families of the node's addresses.
