@@ -2,12 +2,12 @@
 # Runs upstream Kubernetes' own [sig-network] Service e2e tests (v1.36.3, tests/cluster/e2e)
 # against the lab cluster (scripts/cluster.sh) with a Service proxy, and writes a results table.
 #
-#   scripts/conformance.sh [--proxy kube-proxy|iptables|nftables]... [--focus REGEX]
+#   scripts/conformance.sh [--proxy kube-proxy|iptables|nftables|ebpf]... [--focus REGEX]
 #                          [--skip REGEX] [--procs N] [--workers N] [--output DIR]
 #
-# --proxy     kube-proxy (upstream, as kubeadm installs it), iptables or nftables (splitproxy,
-#             from deploy/); repeat for several. Default: all three, each on a fresh cluster, in
-#             that order. A single one brings the cluster up if needed and installs the proxy
+# --proxy     kube-proxy (upstream, as kubeadm installs it), iptables, nftables (splitproxy,
+#             from deploy/) or ebpf (from deploy/ebpf/); repeat for several. Default: all four,
+#             each on a fresh cluster, in that order. A single one brings the cluster up if needed and installs the proxy
 #             (replacing another).
 # --focus     the specs to run (default: Services, Networking Granular Checks: Services,
 #             Conntrack, EndpointSlice, Topology Hints, Traffic Distribution)
@@ -42,7 +42,7 @@ while (($#)); do
         *) sed -n '2,/^set -euo/p' "$0" | sed '$d' >&2; exit 64 ;;
     esac
 done
-((${#proxies[@]})) || proxies=(kube-proxy iptables nftables)
+((${#proxies[@]})) || proxies=(kube-proxy iptables nftables ebpf)
 fresh=$(( ${#proxies[@]} > 1 ))
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -56,7 +56,7 @@ status=0
 for proxy in "${proxies[@]}"; do
     case $proxy in
         kube-proxy) install=kube-proxy ;;
-        iptables | nftables) install=splitproxy-$proxy ;;
+        iptables | nftables | ebpf) install=splitproxy-$proxy ;;
         *) echo "conformance.sh: unknown proxy $proxy" >&2; exit 64 ;;
     esac
     ((fresh)) && scripts/cluster.sh down

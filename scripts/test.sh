@@ -10,7 +10,7 @@
 #                           docs/testing.md)
 #   scripts/test.sh --all   the CI tier, then what is too long for CI: upstream's whole e2e
 #                           matrix (scripts/conformance.sh: every selected [sig-network] spec
-#                           against kube-proxy and both splitproxy modes, about 75 minutes), the
+#                           against kube-proxy and splitproxy's three modes, about 110 minutes), the
 #                           differential test over 20 seeds (scripts/differential.sh) and 10
 #                           minutes of fuzzing per target
 set -euo pipefail

@@ -18,6 +18,7 @@
 //! node ports, external IPs and load-balancer IPs to clients outside the node, as the external
 //! traffic policy says; `docs/features.md` lists what the mode does not do yet.
 
+mod capabilities;
 pub mod entries;
 mod error;
 pub mod kernel;

@@ -3,10 +3,10 @@
 use clap::Parser;
 use splitproxy_agent::{
     cleanup,
-    cli::Cli,
+    cli::{Cli, ProxyMode},
     host_setup,
     kube_proxy_config::{self, Settings},
-    start::{run_agent, set_up_node},
+    start::{run_agent, set_up_bpffs, set_up_node},
 };
 use splitproxy_telemetry::trace::{self, KeyValue};
 use std::process::ExitCode;
@@ -112,6 +112,12 @@ async fn start(cli: Cli, settings: Settings, node_name: String) -> ExitCode {
         tracing::debug!(error = %err, "could not set the OOM score adjustment");
     }
     if let Err(code) = set_up_node(&settings, cli.init_only()) {
+        return code;
+    }
+    if cli.init_only()
+        && settings.mode == ProxyMode::Ebpf
+        && let Err(code) = set_up_bpffs(&cli.bpf_root)
+    {
         return code;
     }
     if cli.init_only() {

@@ -82,6 +82,19 @@ pub fn set_up_node(settings: &Settings, init_only: bool) -> Result<(), ExitCode>
     }
 }
 
+/// Mounts the ebpf mode's BPF filesystem for `--init-only`. The init container is privileged
+/// and mounts the node's folder with Bidirectional propagation (deploy/ebpf), so a filesystem
+/// mounted here is the node's and the pins in it outlive the agent's container.
+pub fn set_up_bpffs(bpf_root: &std::path::Path) -> Result<(), ExitCode> {
+    ebpf::kernel::ensure_bpffs(bpf_root).map_err(|err| {
+        tracing::error!(
+            error = format!("{:#}", anyhow::Error::from(err)),
+            "could not mount the ebpf mode's BPF filesystem"
+        );
+        ExitCode::FAILURE
+    })
+}
+
 /// Runs the agent until it fails or is interrupted.
 pub async fn run_agent(cli: Cli, settings: Settings, node_name: String) -> anyhow::Result<()> {
     let config_file = cli.config.clone();

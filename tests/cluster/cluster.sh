@@ -10,8 +10,9 @@
 #   cluster.sh up [--workers N]    starts (or finishes starting) the cluster with N workers
 #                                  (default 2; one of another size is taken down first); the
 #                                  last stdout line is the admin kubeconfig's path
-#   cluster.sh install PROXY       installs splitproxy-iptables, splitproxy-nftables or
-#                                  kube-proxy (iptables mode), replacing the one installed
+#   cluster.sh install PROXY       installs splitproxy-iptables, splitproxy-nftables,
+#                                  splitproxy-ebpf or kube-proxy (iptables mode), replacing
+#                                  the one installed
 #   cluster.sh down                stops everything and removes the cluster's state
 #   cluster.sh status              what runs, and which proxy is installed
 #   cluster.sh kubeconfig          the admin kubeconfig's path
@@ -112,7 +113,7 @@ case ${1:-} in
     status) cmd_status ;;
     kubeconfig) echo "$CLUSTER_DIR/admin.kubeconfig" ;;
     install)
-        [[ $# -eq 2 ]] || die "usage: $0 install splitproxy-iptables|splitproxy-nftables|kube-proxy|splitproxy-migrated"
+        [[ $# -eq 2 ]] || die "usage: $0 install splitproxy-iptables|splitproxy-nftables|splitproxy-ebpf|kube-proxy|splitproxy-migrated"
         _binaries
         proxy_install "$2"
         ;;

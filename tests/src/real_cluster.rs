@@ -28,6 +28,9 @@ pub enum Proxy {
     SplitproxyIptables,
     /// splitproxy from `deploy/`, agents in nftables mode.
     SplitproxyNftables,
+    /// splitproxy from `deploy/ebpf/`, agents in ebpf mode; over another splitproxy mode, the
+    /// agents switch to it as a rolling update.
+    SplitproxyEbpf,
     /// Upstream kube-proxy as kubeadm installs it (iptables mode).
     KubeProxy,
     /// kube-proxy (installed first if it is not) turned into splitproxy in place by
@@ -42,6 +45,7 @@ impl Proxy {
         match self {
             Self::SplitproxyIptables => "splitproxy-iptables",
             Self::SplitproxyNftables => "splitproxy-nftables",
+            Self::SplitproxyEbpf => "splitproxy-ebpf",
             Self::KubeProxy => "kube-proxy",
             Self::SplitproxyMigrated => "splitproxy-migrated",
         }

@@ -101,24 +101,16 @@ fn services_from_a_real_api_server_reach_ready_pods_and_survive_its_restart() ->
         &lab,
         &["apply", "-f", &repo_path("deploy/base/namespace.yaml")],
     )?;
-    // The whole deploy/ base is accepted by the real API server (dry run: it needs images).
-    control_plane
-        .kubectl(
-            &lab,
-            &["apply", "--dry-run=server", "-k", &repo_path("deploy")],
-        )
-        .context("deploy/ must pass server-side validation")?;
-    control_plane
-        .kubectl(
-            &lab,
-            &[
-                "apply",
-                "--dry-run=server",
-                "-k",
-                &repo_path("deploy/migrate-from-kube-proxy"),
-            ],
-        )
-        .context("deploy/migrate-from-kube-proxy must pass server-side validation")?;
+    // The whole deploy/ base and its variants are accepted by the real API server (dry run:
+    // they need images).
+    for folder in ["deploy", "deploy/ebpf", "deploy/migrate-from-kube-proxy"] {
+        control_plane
+            .kubectl(
+                &lab,
+                &["apply", "--dry-run=server", "-k", &repo_path(folder)],
+            )
+            .with_context(|| format!("{folder}/ must pass server-side validation"))?;
+    }
 
     control_plane.kubectl(
         &lab,

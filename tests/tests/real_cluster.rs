@@ -9,7 +9,10 @@
 //! Service; the cluster DNS answers through its Service IP on a new cluster; a rolling update of the agent DaemonSet and then of the controller Deployment, under
 //! steady traffic from pods to a Service name and to a node port, loses no request; and after
 //! every node's rules are flushed and every splitproxy process killed at once (a full restart of
-//! the cluster, as far as Service rules go) Services come back with nobody acting.
+//! the cluster, as far as Service rules go) Services come back with nobody acting. Then the
+//! operator switches the agents to ebpf mode (`deploy/ebpf/` applied over `deploy/`), which rolls
+//! node by node without a failed request, and every ebpf agent killed at once fails no request
+//! either: the programs stay attached while the kubelets restart the agents.
 
 use anyhow::{Context, Result, ensure};
 use splitproxy_e2e::{
@@ -323,7 +326,8 @@ fn restart_everything() -> Result<()> {
 static ONE_CLUSTER: Mutex<()> = Mutex::new(());
 
 #[test]
-fn splitproxy_from_deploy_serves_a_real_cluster_through_rollouts_and_restarts() -> Result<()> {
+fn splitproxy_from_deploy_serves_a_real_cluster_through_rollouts_restarts_and_a_switch_to_ebpf()
+-> Result<()> {
     let _cluster = ONE_CLUSTER.lock().unwrap_or_else(PoisonError::into_inner);
     let cluster = RealCluster::fresh()?;
     let started = Instant::now();
@@ -332,15 +336,7 @@ fn splitproxy_from_deploy_serves_a_real_cluster_through_rollouts_and_restarts() 
         "install: splitproxy from deploy/ ready, cluster DNS serving, in {:.0} s",
         started.elapsed().as_secs_f64()
     );
-    let agents = cluster.kubectl(&[
-        "-n",
-        SPLITPROXY_NAMESPACE,
-        "get",
-        "daemonset/splitproxy-agent",
-        "-o",
-        "jsonpath={.status.numberReady}",
-    ])?;
-    ensure!(agents == NODES.len().to_string(), "{agents} agents ready");
+    agents_ready(&cluster)?;
     controllers_on_ordinary_nodes(&cluster, SPLITPROXY_NAMESPACE)?;
 
     start_traffic(&cluster)?;
@@ -378,7 +374,75 @@ fn splitproxy_from_deploy_serves_a_real_cluster_through_rollouts_and_restarts() 
         "full restart: Services answered again {:.0} s after every node's rules were flushed",
         recovered.as_secs_f64()
     );
+
+    // An operator switching modes: deploy/ebpf applied over deploy/. The agents roll node by
+    // node; each ebpf agent programs its node, then removes the iptables rules it took over.
+    for node in NODES {
+        ensure!(
+            has_service_chains(node)?,
+            "{node} has no iptables Service chain in iptables mode"
+        );
+    }
+    without_loss(&cluster, "switch from iptables to ebpf mode", || {
+        cluster.install(Proxy::SplitproxyEbpf)
+    })?;
+    for node in NODES {
+        let mode = RealCluster::on_node(
+            node,
+            &["curl", "-sS", "-m", "5", "http://127.0.0.1:10249/proxyMode"],
+        )?;
+        ensure!(
+            mode == "ebpf",
+            "{node}'s agent serves {mode:?} at /proxyMode"
+        );
+        ensure!(
+            !has_service_chains(node)?,
+            "{node} keeps iptables mode's Service chains after the switch"
+        );
+    }
+    // Fail static: with every agent killed at once, the programs pinned in each node's BPF
+    // filesystem go on balancing, and each restarted agent reconciles its maps in place.
+    let restarts_before = restart_count(&cluster)?;
+    without_loss(&cluster, "every ebpf agent killed and restarted", || {
+        let killed = std::process::Command::new("pkill")
+            .args(["-9", "-f", "^/usr/local/bin/splitproxy-agent"])
+            .status()
+            .context("running pkill")?;
+        ensure!(killed.success(), "found no agent to kill");
+        eventually("every agent restarted and ready", READY, || {
+            let restarts = restart_count(&cluster)?;
+            ensure!(
+                restarts >= restarts_before + NODES.len(),
+                "{restarts_before} restarts before, {restarts} now"
+            );
+            agents_ready(&cluster)
+        })
+    })?;
     cluster.down()
+}
+
+/// Whether `node` has a Service chain of kube-proxy's iptables layout, in either iptables
+/// variant (the agent's wrapper picks the node's).
+fn has_service_chains(node: &str) -> Result<bool> {
+    let mut found = false;
+    for save in ["iptables-nft-save", "iptables-legacy-save"] {
+        found |= RealCluster::on_node(node, &[save, "-t", "nat"])?.contains(":KUBE-SVC-");
+    }
+    Ok(found)
+}
+
+/// Every node's agent is ready.
+fn agents_ready(cluster: &RealCluster) -> Result<()> {
+    let ready = cluster.kubectl(&[
+        "-n",
+        SPLITPROXY_NAMESPACE,
+        "get",
+        "daemonset/splitproxy-agent",
+        "-o",
+        "jsonpath={.status.numberReady}",
+    ])?;
+    ensure!(ready == NODES.len().to_string(), "{ready} agents ready");
+    Ok(())
 }
 
 #[test]

@@ -16,6 +16,15 @@ pub enum Error {
         /// What failed.
         reason: String,
     },
+    /// The agent lacks capabilities the mode needs.
+    #[error(
+        "the ebpf mode needs capabilities the agent lacks: {missing}; add them to its container \
+         (deploy/ebpf does)"
+    )]
+    Capabilities {
+        /// Each missing capability, with why it is needed.
+        missing: String,
+    },
     /// The cgroup to attach to is not part of a cgroup v2 hierarchy.
     #[error(
         "{path} is not a cgroup v2 hierarchy ({reason}): the ebpf mode attaches its programs to \

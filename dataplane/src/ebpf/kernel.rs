@@ -9,6 +9,7 @@
 //! program. The old and new programs may both run for a moment: a socket the first sends to an
 //! endpoint no longer matches a Service for the second.
 
+use super::capabilities;
 use super::entries::{Entries, Write};
 pub use super::error::Error;
 use super::error::{is_missing, load_error, pins_error};
@@ -69,9 +70,10 @@ impl Attached {
     ///
     /// # Errors
     ///
-    /// Returns an error naming what the kernel or the node lacks: a BPF filesystem, a cgroup v2
-    /// hierarchy, a program the kernel refuses.
+    /// Returns an error naming what the kernel, the node or the agent lacks: a capability, a
+    /// BPF filesystem, a cgroup v2 hierarchy, a program the kernel refuses.
     pub fn new(bpf_root: &Path, cgroup: &Path, masquerade_mark: u32) -> Result<Self, Error> {
+        capabilities::check()?;
         ensure_bpffs(bpf_root)?;
         check_cgroup2(cgroup)?;
         let pins = bpf_root.join(PIN_FOLDER);
@@ -316,9 +318,15 @@ fn remove_other_versions(pins: &Path) -> Result<(), Error> {
 
 /// Mounts a BPF filesystem at `path` unless one is there.
 ///
-/// A mount made here lives in the agent's mount namespace: in a container or under
-/// `ip netns exec`, it (and every pin in it) goes when the agent does, so the warning says so.
-fn ensure_bpffs(path: &Path) -> Result<(), Error> {
+/// A mount made here lives in the caller's mount namespace: in a container or under
+/// `ip netns exec`, it (and every pin in it) goes when the caller does, unless it propagates to
+/// the node (a privileged init container's hostPath with Bidirectional propagation), so the
+/// warning says so.
+///
+/// # Errors
+///
+/// Returns an error when the folder cannot be made or the filesystem cannot be mounted.
+pub fn ensure_bpffs(path: &Path) -> Result<(), Error> {
     let fail = |reason: String| Error::BpfFs {
         path: path.to_owned(),
         reason,

@@ -1,11 +1,15 @@
 # shellcheck shell=bash
 # Sourced by tests/cluster/cluster.sh: the cluster's Service proxy. splitproxy is installed as a
-# user installs it (scripts/images.sh, then `kubectl apply -k` of an overlay of deploy/ that sets
-# only the images, the proxy mode, the cluster CIDR and the API server's address); kube-proxy as kubeadm
-# installs it. One at a time: installing another first removes the one in place and cleans the
-# nodes' rules with `splitproxy-agent --cleanup`.
+# user installs it (scripts/images.sh, then `kubectl apply -k` of an overlay of deploy/, or of
+# deploy/ebpf/, that sets only the images, the proxy mode, the cluster CIDR and the API server's
+# address, and for the lab's shared host each node's BPF and cgroup folders); kube-proxy as
+# kubeadm installs it. One at a time: installing another splitproxy mode applies its overlay over
+# the installed one, as an operator switches modes; anything else first removes the one in place
+# and cleans the nodes' rules with `splitproxy-agent --cleanup`.
 
 PROXY_FILE="$CLUSTER_DIR/proxy"
+# Where the nodes' agents mount their BPF filesystems in ebpf mode: NODE/ for each node.
+BPF_DIR="$RUN_DIR/bpf"
 SPLITPROXY_TAG=lab
 
 proxy_installed() {
@@ -28,12 +32,18 @@ images:
 YAML
 }
 
-# _splitproxy_overlay MODE: the overlay of deploy/ for this cluster, in the cluster's folder.
+# _splitproxy_overlay MODE: the overlay of deploy/ (deploy/ebpf/ for the ebpf mode) for this
+# cluster, in the cluster's folder.
 _splitproxy_overlay() {
     local dir="$CLUSTER_DIR/splitproxy-overlay"
     mkdir -p "$dir"
     {
-        _overlay_head "$dir" deploy
+        if [[ $1 == ebpf ]]; then
+            _overlay_head "$dir" deploy/ebpf
+        else
+            _overlay_head "$dir" deploy
+        fi
+        _node_folders "$1"
         cat <<YAML
 configMapGenerator:
 - name: agent-config
@@ -48,6 +58,46 @@ configMapGenerator:
 YAML
     } >"$dir/kustomization.yaml"
     echo "$dir"
+}
+
+# _node_folders MODE: the lab's nodes share the host's mounts, so each node's agent gets its own
+# BPF filesystem (in every mode, which removes the ebpf mode's pins; in ebpf mode mounted by the
+# init container under the lab's shared folder, as on a node's /sys/fs/bpf) and, in ebpf mode,
+# its own cgroup root (the node's, under the hybrid host's unified hierarchy).
+_node_folders() {
+    local init_args="" cgroup_arg=""
+    mkdir -p "$BPF_DIR"
+    if ! mountpoint -q "$BPF_DIR"; then
+        mount -t tmpfs splitproxy-lab-bpf "$BPF_DIR"
+        mount --make-shared "$BPF_DIR"
+    fi
+    if [[ $1 == ebpf ]]; then
+        init_args='
+          initContainers:
+          - name: node-setup
+            args: [--init-only, --bpf-root=/sys/fs/bpf/$(NODE_NAME)]'
+        cgroup_arg="
+            - --cgroup-root=/host/cgroup/unified/$NETNS_PREFIX\$(NODE_NAME)"
+    fi
+    cat <<YAML
+patches:
+- patch: |
+    apiVersion: apps/v1
+    kind: DaemonSet
+    metadata:
+      name: splitproxy-agent
+    spec:
+      template:
+        spec:$init_args
+          containers:
+          - name: agent
+            args:
+            - --bpf-root=/sys/fs/bpf/\$(NODE_NAME)$cgroup_arg
+          volumes:
+          - name: bpffs
+            hostPath:
+              path: $BPF_DIR
+YAML
 }
 
 # _migration_overlay: deploy/migrate-from-kube-proxy with this cluster's image tags, which turns
@@ -89,7 +139,7 @@ _proxy_remove() {
     wait_for "the $installed Pods to go" 120 _no_proxy_pods
     agent="$(_release_dir)/splitproxy-agent"
     for node in "${NODES[@]}"; do
-        in_node "$node" "$agent" --cleanup >/dev/null 2>&1 ||
+        in_node "$node" "$agent" --cleanup --bpf-root "$BPF_DIR/$node" >/dev/null 2>&1 ||
             log "splitproxy-agent --cleanup on $node failed"
     done
     rm -f "$PROXY_FILE"
@@ -110,13 +160,17 @@ _no_proxy_pods() {
 proxy_install() {
     local proxy=$1 installed mode
     case $proxy in
-        splitproxy-iptables | splitproxy-nftables | kube-proxy | splitproxy-migrated) ;;
-        *) die "unknown proxy $proxy (splitproxy-iptables, splitproxy-nftables, kube-proxy, splitproxy-migrated)" ;;
+        splitproxy-iptables | splitproxy-nftables | splitproxy-ebpf | kube-proxy | splitproxy-migrated) ;;
+        *) die "unknown proxy $proxy (splitproxy-iptables, splitproxy-nftables, splitproxy-ebpf, kube-proxy, splitproxy-migrated)" ;;
     esac
     installed="$(proxy_installed)"
     if [[ $proxy == splitproxy-migrated && $installed != "$proxy" ]]; then
         [[ $installed == kube-proxy ]] || proxy_install kube-proxy
         installed=kube-proxy
+    elif [[ $installed == splitproxy-@(iptables|nftables|ebpf) && $proxy == splitproxy-@(iptables|nftables|ebpf) ]]; then
+        # Another mode, as an operator switches it: the new overlay applied over the old one,
+        # so the agents roll node by node and each takes its node over from the old mode.
+        log "switching $installed to $proxy in place"
     elif [[ $installed != "$proxy" && $installed != none ]]; then
         _proxy_remove
     fi
