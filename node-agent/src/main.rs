@@ -114,13 +114,12 @@ async fn start(cli: Cli, settings: Settings, node_name: String) -> ExitCode {
     if let Err(code) = set_up_node(&settings, cli.init_only()) {
         return code;
     }
-    if cli.init_only()
-        && settings.mode == ProxyMode::Ebpf
-        && let Err(code) = set_up_bpffs(&cli.bpf_root)
-    {
-        return code;
-    }
     if cli.init_only() {
+        if settings.mode == ProxyMode::Ebpf
+            && let Err(code) = set_up_bpffs(&cli.bpf_root)
+        {
+            return code;
+        }
         tracing::info!("the node is set up and --init-only was given; exiting");
         return ExitCode::SUCCESS;
     }

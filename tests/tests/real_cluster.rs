@@ -309,16 +309,22 @@ fn restart_everything() -> Result<()> {
             RealCluster::on_node(node, &["conntrack", "-F"]).map(drop)
         }));
     }
-    let killed = std::process::Command::new("pkill")
-        .args(["-9", "-f", "^/usr/local/bin/splitproxy-(agent|controller)"])
-        .status()
-        .context("running pkill")?;
-    ensure!(killed.success(), "found no splitproxy process to kill");
+    kill_all("^/usr/local/bin/splitproxy-(agent|controller)")?;
     for flush in flushes {
         flush
             .join()
             .map_err(|_| anyhow::anyhow!("a flush thread panicked"))??;
     }
+    Ok(())
+}
+
+/// Kills, with SIGKILL, every process whose command line matches `pattern`; at least one must.
+fn kill_all(pattern: &str) -> Result<()> {
+    let killed = std::process::Command::new("pkill")
+        .args(["-9", "-f", pattern])
+        .status()
+        .context("running pkill")?;
+    ensure!(killed.success(), "found no process matching {pattern}");
     Ok(())
 }
 
@@ -404,11 +410,7 @@ fn splitproxy_from_deploy_serves_a_real_cluster_through_rollouts_restarts_and_a_
     // filesystem go on balancing, and each restarted agent reconciles its maps in place.
     let restarts_before = restart_count(&cluster)?;
     without_loss(&cluster, "every ebpf agent killed and restarted", || {
-        let killed = std::process::Command::new("pkill")
-            .args(["-9", "-f", "^/usr/local/bin/splitproxy-agent"])
-            .status()
-            .context("running pkill")?;
-        ensure!(killed.success(), "found no agent to kill");
+        kill_all("^/usr/local/bin/splitproxy-agent")?;
         eventually("every agent restarted and ready", READY, || {
             let restarts = restart_count(&cluster)?;
             ensure!(
